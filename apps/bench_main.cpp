@@ -1,0 +1,179 @@
+// kqlora-bench: kernel benchmarks, a table on stdout and optionally JSON records
+// (name, median_s, bytes, flops). Run one thread per rank (OMP_NUM_THREADS=1,
+// OPENBLAS_NUM_THREADS=1) unless a record says otherwise.
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <random>
+#include <sstream>
+
+#include "app_main.hpp"
+#include "kqlora/core/build_info.hpp"
+#include "kqlora/quant/nf4_kernels.hpp"
+
+namespace {
+
+const char* usage =
+    "usage: kqlora-bench [--json FILE] [--filter TEXT] [--sizes N,N,...] [--repeats N]\n"
+    "\n"
+    "Benchmarks kqlora's kernels and prints a table (median time, bandwidth, throughput).\n"
+    "Records (for each size N, an N x N weight):\n"
+    "  memcpy_NxN_f32           std::memcpy of the float32 output size (bandwidth reference)\n"
+    "  nf4_dequant_NxN_f32|bf16 NF4 -> float32 / bfloat16 (the NF4 dtype's own)\n"
+    "  nf4_quant_NxN_f32|bf16   float32 / bfloat16 -> NF4\n"
+    "Bytes count what a kernel reads plus what it writes.\n"
+    "\n"
+    "  --json FILE     also write the records as a JSON list\n"
+    "  --filter TEXT   only records whose name contains TEXT\n"
+    "  --sizes LIST    matrix sizes (default 4096,8192)\n"
+    "  --repeats N     timed repetitions per record, after one warm-up (default 7)\n"
+    "  --version       version and build configuration\n";
+
+using Exec = Kokkos::DefaultExecutionSpace;
+using Mem = Exec::memory_space;
+
+struct Record {
+  std::string name;
+  double median_s = 0;
+  double bytes = 0;
+  double flops = 0;
+  double elements = 0;
+};
+
+template <class F>
+double median_seconds(int repeats, F&& f) {
+  f();  // warm-up: page faults, caches, lazy initialisation
+  std::vector<double> t;
+  for (int i = 0; i < repeats; ++i) {
+    const auto a = std::chrono::steady_clock::now();
+    f();
+    Kokkos::fence();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+template <class T>
+void nf4_records(int64_t n, int repeats, const std::string& filter, std::vector<Record>& out) {
+  const std::string tag = std::is_same<T, float>::value ? "f32" : "bf16";
+  const std::string size = std::to_string(n) + "x" + std::to_string(n);
+  const std::string qname = "nf4_quant_" + size + "_" + tag;
+  const std::string dname = "nf4_dequant_" + size + "_" + tag;
+  const bool want_q = qname.find(filter) != std::string::npos;
+  const bool want_d = dname.find(filter) != std::string::npos;
+  if (!want_q && !want_d) return;
+  Exec exec;
+  const int64_t numel = n * n;
+  Kokkos::View<T*, Mem> w(Kokkos::view_alloc(Kokkos::WithoutInitializing, "bench::w"), numel);
+  {
+    auto h = Kokkos::create_mirror_view(w);
+    std::mt19937 gen(1234);
+    std::normal_distribution<float> dist;
+    for (int64_t i = 0; i < numel; ++i) h(i) = T(dist(gen));
+    Kokkos::deep_copy(w, h);
+  }
+  kqlora::Nf4Layout layout;
+  layout.shape = {n, n};
+  auto nf4 = kqlora::nf4_quantize<T>(exec, Kokkos::View<const T*, Mem>(w), layout);
+  const double nf4_bytes = static_cast<double>(nf4.storage_bytes());
+  if (want_q) {
+    Record r{qname};
+    r.median_s = median_seconds(repeats, [&] {
+      nf4 = kqlora::nf4_quantize<T>(exec, Kokkos::View<const T*, Mem>(w), layout);
+    });
+    r.bytes = numel * sizeof(T) + nf4_bytes;
+    r.elements = numel;
+    out.push_back(r);
+  }
+  if (want_d) {
+    Kokkos::View<T*, Mem> y(Kokkos::view_alloc(Kokkos::WithoutInitializing, "bench::y"), numel);
+    Record r{dname};
+    r.median_s = median_seconds(repeats, [&] { kqlora::nf4_dequantize(exec, nf4, y); });
+    r.bytes = nf4_bytes + numel * sizeof(T);
+    r.elements = numel;
+    out.push_back(r);
+  }
+}
+
+void memcpy_record(int64_t n, int repeats, const std::string& filter, std::vector<Record>& out) {
+  const std::string name = "memcpy_" + std::to_string(n) + "x" + std::to_string(n) + "_f32";
+  if (name.find(filter) == std::string::npos) return;
+  const size_t bytes = static_cast<size_t>(n * n) * sizeof(float);
+  std::vector<float> a(n * n, 1.0f), b(n * n, 0.0f);  // touched: no page faults timed
+  Record r{name};
+  r.median_s = median_seconds(repeats, [&] { std::memcpy(b.data(), a.data(), bytes); });
+  r.bytes = 2.0 * bytes;
+  r.elements = static_cast<double>(n * n);
+  out.push_back(r);
+}
+
+int bench_main(std::vector<std::string>& args) {
+  std::string json_path, filter, sizes_text = "4096,8192", v;
+  int repeats = 7;
+  kqlora::app::take_option(args, "--json", &json_path);
+  kqlora::app::take_option(args, "--filter", &filter);
+  kqlora::app::take_option(args, "--sizes", &sizes_text);
+  if (kqlora::app::take_option(args, "--repeats", &v))
+    repeats = static_cast<int>(kqlora::app::parse_int(v, "--repeats"));
+  KQLORA_INPUT_CHECK(args.empty(), "unexpected argument '" << args[0] << "' (see --help)");
+  KQLORA_INPUT_CHECK(repeats >= 1, "--repeats must be at least 1");
+  std::vector<int64_t> sizes;
+  std::stringstream ss(sizes_text);
+  for (std::string s; std::getline(ss, s, ',');) {
+    const long long n = kqlora::app::parse_int(s, "--sizes");
+    KQLORA_INPUT_CHECK(n > 0 && (n * n) % 16384 == 0,
+                       "--sizes: " << n << " x " << n << " is not a multiple of 16384 elements");
+    sizes.push_back(n);
+  }
+
+  std::cout << kqlora::build_configuration() << "  threads: " << Exec().concurrency() << "\n\n";
+  std::vector<Record> records;
+  for (int64_t n : sizes) {
+    memcpy_record(n, repeats, filter, records);
+    nf4_records<float>(n, repeats, filter, records);
+    nf4_records<kqlora::bfloat16>(n, repeats, filter, records);
+  }
+
+  std::cout << std::left << std::setw(30) << "record" << std::right << std::setw(12)
+            << "median ms" << std::setw(10) << "GB/s" << std::setw(12) << "Melem/s"
+            << std::setw(14) << "vs memcpy" << "\n";
+  double memcpy_bw = 0;
+  for (const auto& r : records) {
+    const double bw = r.bytes / r.median_s / 1e9;
+    if (r.name.rfind("memcpy_", 0) == 0) memcpy_bw = bw;
+    std::cout << std::left << std::setw(30) << r.name << std::right << std::fixed
+              << std::setprecision(3) << std::setw(12) << r.median_s * 1e3 << std::setprecision(2)
+              << std::setw(10) << bw << std::setprecision(1) << std::setw(12)
+              << r.elements / r.median_s / 1e6;
+    if (memcpy_bw > 0) std::cout << std::setw(13) << std::setprecision(1) << 100 * bw / memcpy_bw << "%";
+    std::cout << std::defaultfloat << "\n";
+  }
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    KQLORA_INPUT_CHECK(f.good(), json_path << ": cannot write");
+    f << "[\n";
+    for (size_t i = 0; i < records.size(); ++i) {
+      const auto& r = records[i];
+      f << "  {\"name\": \"" << r.name << "\", \"median_s\": " << std::setprecision(9)
+        << r.median_s << ", \"bytes\": " << std::setprecision(15) << r.bytes
+        << ", \"flops\": " << r.flops << ", \"elements\": " << r.elements << "}"
+        << (i + 1 < records.size() ? "," : "") << "\n";
+    }
+    f << "]\n";
+    KQLORA_THROW_IF(!f.good(), json_path << ": write failed");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return kqlora::app::run(argc, argv, "kqlora-bench", usage, bench_main);
+}

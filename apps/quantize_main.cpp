@@ -1,0 +1,146 @@
+// kqlora-quantize: float weights (safetensors, sharded safetensors, HDF5) to NF4 groups in
+// the checkpoint schema's /params, usable as a training run's init_file.
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <iomanip>
+#include <iostream>
+
+#include "app_main.hpp"
+#include "kqlora/core/build_info.hpp"
+#include "kqlora/io/hdf5_params.hpp"
+#include "kqlora/io/tensor_source.hpp"
+#include "kqlora/quant/nf4_kernels.hpp"
+
+namespace {
+
+const char* usage =
+    "usage: kqlora-quantize IN OUT.h5 [--block-size 64] [--scaler-block-size 256]\n"
+    "\n"
+    "Quantizes every 2-D float tensor of IN to NF4 (double-quantized scalers, torchao's\n"
+    "bytes) and writes OUT.h5 with /params/<name> in kqlora's checkpoint schema, usable as\n"
+    "init_file. IN is a .safetensors file (F32, BF16, F16), a sharded checkpoint's\n"
+    "model.safetensors.index.json, or an HDF5 file of float datasets. Tensors that cannot\n"
+    "be quantized (1-D, numel not a multiple of the block size) are copied as float\n"
+    "datasets, with a note. BF16 tensors give bfloat16 NF4; F32 and F16 give float32 NF4.\n"
+    "Prints the relative Frobenius error of each dequantized weight.\n"
+    "\n"
+    "  --block-size N          elements per absmax block (even; default 64)\n"
+    "  --scaler-block-size N   block scalers per double-quantization block (default 256)\n"
+    "  --version               version and build configuration\n"
+    "Exit codes: 0 done, 2 bad input (nothing written), 1 other failure.\n";
+
+using Exec = Kokkos::DefaultExecutionSpace;
+using Mem = Exec::memory_space;
+
+template <class T>
+kqlora::h5::HostNf4 quantize(const std::vector<T>& values, const kqlora::Nf4Layout& layout,
+                             const std::string& name, double* rel_error) {
+  Exec exec;
+  Kokkos::View<T*, Mem> in(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::quantize::in"),
+                           values.size());
+  Kokkos::deep_copy(in, Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
+                            values.data(), values.size()));
+  auto nf4 = kqlora::nf4_quantize<T>(exec, Kokkos::View<const T*, Mem>(in), layout, name);
+  Kokkos::View<float*, Mem> out(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::quantize::dequantized"),
+      values.size());
+  kqlora::nf4_dequantize(exec, nf4, out);
+  auto out_h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const double x = static_cast<float>(values[i]);
+    num += (out_h(i) - x) * (out_h(i) - x);
+    den += x * x;
+  }
+  *rel_error = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  return kqlora::nf4_copy_to<Kokkos::HostSpace>(nf4);
+}
+
+int quantize_main(std::vector<std::string>& args) {
+  kqlora::Nf4Layout defaults;
+  std::string v;
+  if (kqlora::app::take_option(args, "--block-size", &v))
+    defaults.block_size = kqlora::app::parse_int(v, "--block-size");
+  if (kqlora::app::take_option(args, "--scaler-block-size", &v))
+    defaults.scaler_block_size = kqlora::app::parse_int(v, "--scaler-block-size");
+  for (const auto& a : args)
+    KQLORA_INPUT_CHECK(a.empty() || a[0] != '-' || a == "-",
+                       "unknown option '" << a << "' (see --help)");
+  KQLORA_INPUT_CHECK(args.size() == 2, "expected IN and OUT.h5, got " << args.size()
+                                                                      << " arguments (see --help)");
+  KQLORA_INPUT_CHECK(defaults.block_size > 0 && defaults.block_size % 2 == 0,
+                     "--block-size must be a positive even number, got " << defaults.block_size);
+  KQLORA_INPUT_CHECK(defaults.scaler_block_size > 0,
+                     "--scaler-block-size must be positive, got " << defaults.scaler_block_size);
+  const std::string in_path = args[0], out_path = args[1];
+
+  auto source = kqlora::open_tensor_source(in_path);
+  // Written under a temporary name and renamed at the end: a failure leaves no half file.
+  const std::string tmp_path = out_path + ".tmp";
+  int quantized = 0, copied = 0, skipped = 0;
+  {
+    auto file = kqlora::h5::create_file(tmp_path);
+    try {
+      kqlora::h5::write_attribute(file, "format", std::string("kqlora-params"));
+      kqlora::h5::write_attribute(file, "format_version", int64_t(1));
+      kqlora::h5::write_attribute(file, "kqlora_version", kqlora::version());
+      kqlora::h5::write_attribute(file, "created_by", std::string("kqlora-quantize"));
+      auto params = kqlora::h5::create_group(file, "params");
+      std::cout << std::left << std::setw(48) << "tensor" << std::setw(16) << "shape"
+                << std::setw(7) << "dtype"
+                << "result\n";
+      for (const auto& e : source->entries()) {
+        std::ostringstream shape;
+        for (size_t i = 0; i < e.shape.size(); ++i) shape << (i ? "x" : "") << e.shape[i];
+        std::cout << std::left << std::setw(48) << e.name << std::setw(16) << shape.str()
+                  << std::setw(7) << e.dtype;
+        if (!e.is_float()) {
+          std::cout << "skipped: not a float tensor\n";
+          ++skipped;
+          continue;
+        }
+        kqlora::Nf4Layout layout = defaults;
+        layout.shape = e.shape;
+        int64_t numel = 1;
+        for (int64_t d : e.shape) numel *= d;
+        std::string why;
+        if (e.shape.size() != 2) why = "1-D or >2-D";
+        else if (numel % layout.block_size != 0) why = "numel not a multiple of the block size";
+        const kqlora::HostTensor t = source->load(e.name);
+        if (!why.empty()) {
+          if (t.is_bf16) kqlora::h5::write_bfloat16(params, e.name, t.shape, t.bf16.data());
+          else kqlora::h5::write_float(params, e.name, t.shape, t.f32.data());
+          std::cout << "copied as float (" << why << ")\n";
+          ++copied;
+          continue;
+        }
+        double err = 0.0;
+        const auto nf4 = t.is_bf16 ? quantize(t.bf16, layout, e.name, &err)
+                                   : quantize(t.f32, layout, e.name, &err);
+        kqlora::h5::write_nf4(params, e.name, nf4);
+        std::cout << "NF4 " << kqlora::dtype_name(nf4.layout.dtype)
+                  << ", rel. Frobenius error " << std::setprecision(4) << std::scientific << err
+                  << std::defaultfloat << "\n";
+        ++quantized;
+      }
+      file.close();
+    } catch (...) {
+      std::remove(tmp_path.c_str());
+      throw;
+    }
+  }
+  KQLORA_THROW_IF(std::rename(tmp_path.c_str(), out_path.c_str()) != 0,
+                  "cannot rename " << tmp_path << " to " << out_path);
+  std::cout << out_path << ": " << quantized << " quantized, " << copied << " copied, " << skipped
+            << " skipped\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return kqlora::app::run(argc, argv, "kqlora-quantize", usage, quantize_main);
+}

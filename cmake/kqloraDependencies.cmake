@@ -1,0 +1,77 @@
+# Finds kqlora's dependencies; included by the project and by the installed
+# kqloraConfig.cmake, so a consumer gets the same targets.
+#
+# Kokkos: 3.4 (Debian 12's Trilinos build) or newer. Debian's KokkosConfig.cmake points
+# Kokkos::kokkos at <prefix>/lib/<arch>/include, which does not exist; the fix-up below is
+# the only place that knows about it. Remove it when the floor moves past Debian 12.
+# Kokkos Kernels: the target is Kokkos::kokkoskernels (4.x) or trilinos_kokkoskernels
+# (Trilinos); kqlora::kokkoskernels names whichever this install has.
+
+include(CMakeFindDependencyMacro)
+
+macro(kqlora_find_package name)
+  if(kqlora_FINDING_AS_DEPENDENCY)
+    find_dependency(${name} ${ARGN})
+  else()
+    find_package(${name} ${ARGN} REQUIRED)
+  endif()
+endmacro()
+
+kqlora_find_package(Kokkos 3.4)
+
+if(TARGET Kokkos::kokkos)
+  get_target_property(_kqlora_kokkos_inc Kokkos::kokkos INTERFACE_INCLUDE_DIRECTORIES)
+  set(_kqlora_kokkos_inc_ok TRUE)
+  foreach(_dir IN LISTS _kqlora_kokkos_inc)
+    if(NOT _dir MATCHES "^\\$<" AND NOT IS_DIRECTORY "${_dir}")
+      set(_kqlora_kokkos_inc_ok FALSE)
+    endif()
+  endforeach()
+  if(NOT _kqlora_kokkos_inc_ok)
+    if(NOT Kokkos_INCLUDE_DIRS OR NOT EXISTS "${Kokkos_INCLUDE_DIRS}/Kokkos_Core.hpp")
+      message(FATAL_ERROR "Kokkos::kokkos names a missing include directory "
+                          "(${_kqlora_kokkos_inc}) and Kokkos_INCLUDE_DIRS has no Kokkos_Core.hpp")
+    endif()
+    set_target_properties(Kokkos::kokkos PROPERTIES INTERFACE_INCLUDE_DIRECTORIES
+                                                    "${Kokkos_INCLUDE_DIRS}")
+  endif()
+endif()
+
+kqlora_find_package(KokkosKernels)
+if(NOT TARGET kqlora::kokkoskernels)
+  add_library(kqlora::kokkoskernels INTERFACE IMPORTED)
+  if(TARGET Kokkos::kokkoskernels)
+    set_target_properties(kqlora::kokkoskernels PROPERTIES INTERFACE_LINK_LIBRARIES
+                                                           Kokkos::kokkoskernels)
+  elseif(TARGET trilinos_kokkoskernels)
+    set_target_properties(kqlora::kokkoskernels PROPERTIES
+      INTERFACE_LINK_LIBRARIES "trilinos_kokkoskernels;Kokkos::kokkos"
+      INTERFACE_INCLUDE_DIRECTORIES "${KokkosKernels_INCLUDE_DIRS}")
+  else()
+    message(FATAL_ERROR "Kokkos Kernels found, but neither Kokkos::kokkoskernels nor "
+                        "trilinos_kokkoskernels is defined")
+  endif()
+endif()
+
+if(KQLORA_ENABLE_MPI)
+  kqlora_find_package(MPI COMPONENTS CXX)
+endif()
+
+if(KQLORA_ENABLE_HDF5)
+  # FindHDF5 probes HDF5's C compiler wrapper, which needs the C language enabled.
+  get_property(_kqlora_langs GLOBAL PROPERTY ENABLED_LANGUAGES)
+  if(NOT "C" IN_LIST _kqlora_langs)
+    enable_language(C)
+  endif()
+  set(HDF5_PREFER_PARALLEL TRUE)
+  kqlora_find_package(HDF5 COMPONENTS C)
+  if(NOT HDF5_IS_PARALLEL)
+    message(FATAL_ERROR
+      "kqlora needs a parallel HDF5 (built with MPI), but the HDF5 found (${HDF5_C_INCLUDE_DIRS}) "
+      "is serial. On Debian: apt-get install libhdf5-openmpi-dev; elsewhere point HDF5_ROOT at "
+      "an MPI build, or configure with -DKQLORA_ENABLE_HDF5=OFF.")
+  endif()
+  if(NOT KQLORA_ENABLE_MPI)
+    message(FATAL_ERROR "KQLORA_ENABLE_HDF5 needs KQLORA_ENABLE_MPI (parallel HDF5)")
+  endif()
+endif()

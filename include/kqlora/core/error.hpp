@@ -1,0 +1,49 @@
+#pragma once
+// Errors with context. The library throws; the apps turn an error into a message and an
+// exit code (InputError: 2, anything else: 1).
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace kqlora {
+
+/// A failure inside kqlora or a library it calls (MPI, HDF5, CUDA, NCCL, Kokkos).
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Bad input from the user: a file, an argument, a size that cannot be used.
+class InputError : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+[[noreturn]] void throw_error(const std::string& what, const char* file, int line);
+[[noreturn]] void throw_input_error(const std::string& what);
+}  // namespace detail
+
+}  // namespace kqlora
+
+/// Throws kqlora::Error with the message and the source location when cond holds.
+#define KQLORA_THROW_IF(cond, msg)                                        \
+  do {                                                                    \
+    if (cond) {                                                           \
+      std::ostringstream kqlora_msg_;                                     \
+      kqlora_msg_ << msg;                                                 \
+      ::kqlora::detail::throw_error(kqlora_msg_.str(), __FILE__, __LINE__); \
+    }                                                                     \
+  } while (0)
+
+/// Throws kqlora::InputError with the message when cond holds (no source location: the
+/// message is for the user and names the file or argument at fault).
+#define KQLORA_INPUT_CHECK(cond, msg)                       \
+  do {                                                      \
+    if (!(cond)) {                                          \
+      std::ostringstream kqlora_msg_;                       \
+      kqlora_msg_ << msg;                                   \
+      ::kqlora::detail::throw_input_error(kqlora_msg_.str()); \
+    }                                                       \
+  } while (0)

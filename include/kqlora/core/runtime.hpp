@@ -1,0 +1,22 @@
+#pragma once
+// Process-wide start-up and shut-down: MPI (when built with it), then Kokkos; undone in
+// reverse order. Apps and test mains hold one for their whole life.
+
+namespace kqlora {
+
+class Runtime {
+ public:
+  Runtime(int& argc, char**& argv);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+ private:
+  bool owns_mpi_ = false;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace kqlora

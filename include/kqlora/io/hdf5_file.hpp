@@ -1,0 +1,88 @@
+#pragma once
+// Checked HDF5: every call goes through KQLORA_H5, which throws kqlora::Error naming the
+// call, HDF5's own error stack, the file and the line. Handles close themselves.
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kqlora/core/error.hpp"
+
+namespace kqlora::h5 {
+
+[[noreturn]] void throw_h5_error(const char* call, const char* file, int line);
+
+template <class R>
+R check(R ret, const char* call, const char* file, int line) {
+  if (ret < 0) throw_h5_error(call, file, line);
+  return ret;
+}
+
+/// An hid_t that closes itself with the right H5*close.
+class Handle {
+ public:
+  Handle() = default;
+  explicit Handle(hid_t id) : id_(id) {}
+  Handle(Handle&& o) noexcept : id_(o.id_) { o.id_ = H5I_INVALID_HID; }
+  Handle& operator=(Handle&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = o.id_;
+      o.id_ = H5I_INVALID_HID;
+    }
+    return *this;
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  ~Handle() { reset(); }
+  hid_t get() const { return id_; }
+  operator hid_t() const { return id_; }
+  void reset();
+  /// Closes now and reports a failure (a destructor cannot); files flush here.
+  void close();
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+};
+
+/// Silences HDF5's automatic error printing (errors are reported through exceptions).
+void quiet_errors();
+
+Handle create_file(const std::string& path);
+Handle open_file(const std::string& path, bool writable = false);
+Handle open_group(hid_t loc, const std::string& name);
+/// Creates a group (and any missing parents).
+Handle create_group(hid_t loc, const std::string& name);
+bool exists(hid_t loc, const std::string& name);
+
+/// bfloat16 as a 2-byte IEEE-style float: sign bit 15, exponent bits 7-14 (bias 127),
+/// mantissa bits 0-6; h5py and h5dump read it as float32.
+hid_t bfloat16_type();
+
+/// A chunked dataset with the Fletcher32 checksum filter, written in one call.
+void write_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type,
+                   const std::vector<int64_t>& dims, const void* data);
+/// Dimensions of a dataset, or an InputError naming `file` and the object.
+std::vector<int64_t> dataset_dims(hid_t loc, const std::string& name, const std::string& file);
+/// Reads a whole dataset converted to mem_type; checks the element count.
+void read_dataset(hid_t loc, const std::string& name, hid_t mem_type, int64_t expected_numel,
+                  void* data, const std::string& file);
+/// The dataset's stored type class and size (e.g. H5T_FLOAT, 2 for bfloat16).
+void dataset_type(hid_t loc, const std::string& name, H5T_class_t* cls, size_t* size);
+
+void write_attribute(hid_t obj, const std::string& name, const std::string& value);
+void write_attribute(hid_t obj, const std::string& name, int64_t value);
+void write_attribute(hid_t obj, const std::string& name, const std::vector<int64_t>& value);
+bool has_attribute(hid_t obj, const std::string& name);
+std::string read_string_attribute(hid_t obj, const std::string& name, const std::string& where);
+std::vector<int64_t> read_int_attribute(hid_t obj, const std::string& name,
+                                        const std::string& where);
+
+/// Paths (relative to `loc`, no leading '/') of all datasets below loc, in name order.
+std::vector<std::string> list_datasets(hid_t loc);
+
+}  // namespace kqlora::h5
+
+#define KQLORA_H5(call) ::kqlora::h5::check((call), #call, __FILE__, __LINE__)

@@ -1,0 +1,32 @@
+#pragma once
+// Parameters in the checkpoint schema (DESIGN.md): /params/<name> is a float dataset, or an
+// NF4 group holding quantized_data, quantized_scalers, quantization_factor and scaler_mean
+// with shape, dtype, block_size and scaler_block_size attributes.
+
+#include <Kokkos_Core.hpp>
+
+#include <string>
+#include <vector>
+
+#include "kqlora/core/bfloat16.hpp"
+#include "kqlora/io/hdf5_file.hpp"
+#include "kqlora/quant/nf4_tensor.hpp"
+
+namespace kqlora::h5 {
+
+using HostNf4 = Nf4Tensor<Kokkos::HostSpace>;
+
+/// Writes an NF4 tensor as the group `name` under `loc`.
+void write_nf4(hid_t loc, const std::string& name, const HostNf4& t);
+/// True when `name` under `loc` is an NF4 group (as opposed to a float dataset).
+bool is_nf4_group(hid_t loc, const std::string& name);
+/// Reads and validates an NF4 group; errors name `file` and the object.
+HostNf4 read_nf4(hid_t loc, const std::string& name, const std::string& file);
+
+/// Float datasets: float32, or bfloat16 in the 2-byte type of bfloat16_type().
+void write_float(hid_t loc, const std::string& name, const std::vector<int64_t>& shape,
+                 const float* data);
+void write_bfloat16(hid_t loc, const std::string& name, const std::vector<int64_t>& shape,
+                    const bfloat16* data);
+
+}  // namespace kqlora::h5

@@ -1,0 +1,42 @@
+#pragma once
+// Named float tensors from a file, loaded one at a time: a .safetensors file, a sharded
+// checkpoint through its model.safetensors.index.json, or an HDF5 file of float datasets
+// (a checkpoint's /params when it has one).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kqlora/core/bfloat16.hpp"
+
+namespace kqlora {
+
+struct HostTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string source_dtype;  // as stored: F32, BF16, F16 (safetensors names), F64
+  bool is_bf16 = false;      // values in `bf16` (else in `f32`; float16 widens to float32)
+  std::vector<float> f32;
+  std::vector<bfloat16> bf16;
+  int64_t numel() const;
+};
+
+class TensorSource {
+ public:
+  struct Entry {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::string dtype;  // safetensors dtype name; float types are F32, BF16, F16, F64
+    bool is_float() const { return dtype == "F32" || dtype == "BF16" || dtype == "F16"; }
+  };
+  virtual ~TensorSource() = default;
+  virtual const std::vector<Entry>& entries() const = 0;
+  /// Loads one float tensor (F32, BF16 or F16); InputError for other dtypes.
+  virtual HostTensor load(const std::string& name) const = 0;
+};
+
+/// Opens `path` by its content: HDF5 signature, safetensors header, or JSON index.
+std::unique_ptr<TensorSource> open_tensor_source(const std::string& path);
+
+}  // namespace kqlora

@@ -1,0 +1,300 @@
+#pragma once
+// NF4 quantize and dequantize as Kokkos kernels, templated on the execution space.
+// Reductions use a fixed order (per scaler block, then over scaler blocks in index order,
+// in double), so every backend and thread count gives the same bytes.
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kqlora/core/bfloat16.hpp"
+#include "kqlora/core/error.hpp"
+#include "kqlora/core/kokkos_compat.hpp"
+#include "kqlora/quant/impl/nf4_host_simd.hpp"
+#include "kqlora/quant/nf4_codebook.hpp"
+#include "kqlora/quant/nf4_tensor.hpp"
+
+namespace kqlora {
+
+/// Which algorithm a kernel uses on an execution space: the AVX-512 block decoder on host
+/// spaces of CPUs that have it, the portable element-wise bodies elsewhere (CUDA).
+template <class ExecSpace>
+struct Nf4HostSimd {
+  static constexpr bool value = is_host_space<ExecSpace>() && KQLORA_HAVE_AVX512;
+};
+
+/// How dequantize writes its output: streaming (non-temporal) stores suit outputs larger
+/// than the caches that are not read again soon; `automatic` streams above 8 MiB.
+enum class Nf4Store { automatic, cached, streaming };
+
+namespace impl {
+
+template <class T, class MemSpace>
+struct Nf4BlockAbsmax {
+  Kokkos::View<const T*, MemSpace> input;
+  Kokkos::View<float*, MemSpace> absmax;
+  int64_t block_size;
+
+  KOKKOS_INLINE_FUNCTION void operator()(int64_t b) const {
+    float m = 0.0f;
+    const int64_t base = b * block_size;
+    for (int64_t i = 0; i < block_size; ++i) {
+      const float a = fabsf(Rounding<T>::load(input(base + i)));
+      m = (a > m || a != a) ? a : m;  // NaN wins, so a bad input is seen by the caller
+    }
+    absmax(b) = m;
+  }
+};
+
+/// Sum of each scaler block's absmaxes, in index order, in double.
+template <class MemSpace>
+struct Nf4ScalerPartialSums {
+  Kokkos::View<const float*, MemSpace> absmax;
+  Kokkos::View<double*, MemSpace> partial;
+  int64_t scaler_block_size, num_blocks;
+
+  KOKKOS_INLINE_FUNCTION void operator()(int64_t g) const {
+    const int64_t begin = g * scaler_block_size;
+    const int64_t end = begin + scaler_block_size < num_blocks ? begin + scaler_block_size
+                                                                : num_blocks;
+    double s = 0.0;
+    for (int64_t i = begin; i < end; ++i) s += absmax(i);
+    partial(g) = s;
+  }
+};
+
+template <class T, class MemSpace>
+struct Nf4DoubleQuantize {
+  using R = Rounding<T>;
+  Kokkos::View<const float*, MemSpace> absmax;
+  Kokkos::View<int8_t*, MemSpace> scalers;
+  Kokkos::View<float*, MemSpace> factor;
+  float mean;
+  int64_t scaler_block_size, num_blocks;
+
+  KOKKOS_INLINE_FUNCTION void operator()(int64_t g) const {
+    const int64_t begin = g * scaler_block_size;
+    const int64_t end = begin + scaler_block_size < num_blocks ? begin + scaler_block_size
+                                                                : num_blocks;
+    float amax = 0.0f;
+    for (int64_t i = begin; i < end; ++i) amax = fmaxf(amax, fabsf(R::round(absmax(i) - mean)));
+    // torchao: 256 / (2 * absmax), which PyTorch evaluates as reciprocal(2 * absmax) * 256.
+    // Constant scalers (absmax 0) get factor 1 instead of torchao's infinity.
+    const float f = amax > 0.0f ? R::round(R::round(1.0f / R::round(2.0f * amax)) * 256.0f) : 1.0f;
+    factor(g) = f;
+    for (int64_t i = begin; i < end; ++i) {
+      const float q = nearbyintf(R::round(R::round(absmax(i) - mean) * f));  // half to even
+      scalers(i) = static_cast<int8_t>(q < -128.0f ? -128.0f : (q > 127.0f ? 127.0f : q));
+    }
+  }
+};
+
+template <class T, class MemSpace>
+struct Nf4EncodeBlocks {
+  using R = Rounding<T>;
+  Kokkos::View<const T*, MemSpace> input;
+  Kokkos::View<const float*, MemSpace> absmax;
+  Kokkos::View<uint8_t*, MemSpace> data;
+  int64_t block_size;
+
+  KOKKOS_INLINE_FUNCTION void operator()(int64_t b) const {
+    const float a = absmax(b);
+    const int64_t half = block_size / 2;
+    const int64_t in0 = b * block_size, out0 = b * half;
+    for (int64_t j = 0; j < half; ++j) {
+      const int hi = nf4_nearest_code<T>(R::round(R::load(input(in0 + 2 * j)) / a));
+      const int lo = nf4_nearest_code<T>(R::round(R::load(input(in0 + 2 * j + 1)) / a));
+      data(out0 + j) = static_cast<uint8_t>((hi << 4) | lo);
+    }
+  }
+};
+
+/// Output conversion: float32 or bfloat16 from a float holding a value of the NF4 dtype.
+KOKKOS_INLINE_FUNCTION void nf4_store(float* p, float v) { *p = v; }
+KOKKOS_INLINE_FUNCTION void nf4_store(bfloat16* p, float v) { *p = bfloat16(v); }
+
+/// Portable dequantization: one block per work item.
+template <class T, class TOut, class MemSpace>
+struct Nf4DecodeBlocks {
+  Kokkos::View<const uint8_t*, MemSpace> data;
+  Kokkos::View<const int8_t*, MemSpace> scalers;
+  Kokkos::View<const float*, MemSpace> factor;
+  Kokkos::View<TOut*, MemSpace> out;
+  float mean;
+  int64_t block_size, scaler_block_size;
+
+  KOKKOS_INLINE_FUNCTION void operator()(int64_t b) const {
+    const float s = nf4_block_scale<T>(scalers(b), factor(b / scaler_block_size), mean);
+    const int64_t half = block_size / 2;
+    for (int64_t j = 0; j < half; ++j) {
+      const uint8_t byte = data(b * half + j);
+      nf4_store(&out(b * block_size + 2 * j), nf4_decode<T>(byte >> 4, s));
+      nf4_store(&out(b * block_size + 2 * j + 1), nf4_decode<T>(byte & 15, s));
+    }
+  }
+};
+
+#if KQLORA_HAVE_AVX512
+/// Host SIMD dequantization: a run of blocks per work item, a 16-entry table per block.
+template <class T, class TOut, bool Stream>
+struct Nf4DecodeBlocksAvx512 {
+  Kokkos::View<const uint8_t*, Kokkos::HostSpace> data;
+  Kokkos::View<const int8_t*, Kokkos::HostSpace> scalers;
+  Kokkos::View<const float*, Kokkos::HostSpace> factor;
+  Kokkos::View<TOut*, Kokkos::HostSpace> out;
+  float mean;
+  int64_t block_size, scaler_block_size, num_blocks, blocks_per_item;
+
+  static __m512 round_bf16(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
+    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(int(0xffff0000u))));
+  }
+
+  void operator()(int64_t item) const {
+    alignas(64) float codebook[16];
+    for (int k = 0; k < 16; ++k) codebook[k] = nf4_value<T>(k);
+    const __m512 cb = _mm512_load_ps(codebook);
+    const int64_t half = block_size / 2;
+    const int64_t b_end = (item + 1) * blocks_per_item < num_blocks ? (item + 1) * blocks_per_item
+                                                                     : num_blocks;
+    for (int64_t b = item * blocks_per_item; b < b_end; ++b) {
+      const float s = nf4_block_scale<T>(scalers(b), factor(b / scaler_block_size), mean);
+      __m512 table = _mm512_mul_ps(cb, _mm512_set1_ps(s));  // nf4_decode for all 16 codes
+      if (std::is_same<T, bfloat16>::value || std::is_same<TOut, bfloat16>::value) {
+        table = round_bf16(table);
+      }
+      if (std::is_same<TOut, float>::value) {
+        nf4_decode_f32_avx512<Stream>(data.data() + b * half, half, table,
+                                      reinterpret_cast<float*>(out.data()) + b * block_size);
+      } else {
+        nf4_decode_bf16_avx512<Stream>(data.data() + b * half, half, table,
+                                       reinterpret_cast<uint16_t*>(out.data()) + b * block_size);
+      }
+    }
+    if (Stream) stream_fence();
+  }
+};
+#endif
+
+
+template <class T, class TOut, class ExecSpace, class MemSpace>
+void nf4_dequantize_as(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t,
+                       Kokkos::View<TOut*, MemSpace> out, Nf4Store store) {
+  const Nf4Layout& L = t.layout;
+  using Policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>;
+  const int64_t nb = L.num_blocks();
+#if KQLORA_HAVE_AVX512
+  if constexpr (Nf4HostSimd<ExecSpace>::value &&
+                std::is_same<MemSpace, Kokkos::HostSpace>::value) {
+    const int64_t out_block_bytes = L.block_size * static_cast<int64_t>(sizeof(TOut));
+    if (L.block_size % 16 == 0) {
+      const bool aligned = reinterpret_cast<uintptr_t>(out.data()) % 64 == 0 &&
+                           out_block_bytes % 64 == 0;
+      const bool big = L.numel() * static_cast<int64_t>(sizeof(TOut)) > (int64_t(8) << 20);
+      const bool stream =
+          aligned && (store == Nf4Store::streaming || (store == Nf4Store::automatic && big));
+      // ~16 K elements per work item: enough items for threads, few fences.
+      const int64_t per_item = L.block_size >= 16384 ? 1 : 16384 / L.block_size;
+      const int64_t items = (nb + per_item - 1) / per_item;
+      if (stream) {
+        Kokkos::parallel_for(
+            "kqlora::Nf4::dequantize", Policy(exec, 0, items),
+            Nf4DecodeBlocksAvx512<T, TOut, true>{t.quantized_data, t.quantized_scalers,
+                                                 t.quantization_factor, out, t.scaler_mean,
+                                                 L.block_size, L.scaler_block_size, nb, per_item});
+      } else {
+        Kokkos::parallel_for(
+            "kqlora::Nf4::dequantize", Policy(exec, 0, items),
+            Nf4DecodeBlocksAvx512<T, TOut, false>{t.quantized_data, t.quantized_scalers,
+                                                  t.quantization_factor, out, t.scaler_mean,
+                                                  L.block_size, L.scaler_block_size, nb, per_item});
+      }
+      return;
+    }
+  }
+#endif
+  (void)store;
+  Kokkos::parallel_for("kqlora::Nf4::dequantize", Policy(exec, 0, nb),
+                       Nf4DecodeBlocks<T, TOut, MemSpace>{t.quantized_data, t.quantized_scalers,
+                                                          t.quantization_factor, out,
+                                                          t.scaler_mean, L.block_size,
+                                                          L.scaler_block_size});
+}
+
+}  // namespace impl
+
+/// Quantizes a contiguous float32 or bfloat16 tensor of `layout.shape` to NF4.
+/// Throws InputError when the layout breaks a size rule or the input has NaN or Inf.
+template <class T, class ExecSpace, class MemSpace>
+Nf4Tensor<MemSpace> nf4_quantize(const ExecSpace& exec, Kokkos::View<const T*, MemSpace> input,
+                                 Nf4Layout layout, const std::string& name = "tensor") {
+  static_assert(accessible_from<ExecSpace, MemSpace>(), "input memory not accessible from exec");
+  static_assert(std::is_same<T, float>::value || std::is_same<T, bfloat16>::value,
+                "NF4 quantizes float32 or bfloat16");
+  layout.dtype = Rounding<T>::dtype;
+  layout.validate(name);
+  KQLORA_INPUT_CHECK(static_cast<int64_t>(input.extent(0)) == layout.numel(),
+                     name << ": " << input.extent(0) << " elements for shape "
+                          << layout.shape_string());
+  const int64_t nb = layout.num_blocks(), nsb = layout.num_scaler_blocks();
+  auto t = Nf4Tensor<MemSpace>::allocate(layout);
+  Kokkos::View<float*, MemSpace> absmax(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::Nf4::absmax"), nb);
+  Kokkos::View<double*, MemSpace> partial(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::Nf4::absmax_sums"), nsb);
+  using Policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>;
+
+  Kokkos::parallel_for("kqlora::Nf4::block_absmax", Policy(exec, 0, nb),
+                       impl::Nf4BlockAbsmax<T, MemSpace>{input, absmax, layout.block_size});
+  Kokkos::parallel_for("kqlora::Nf4::absmax_sums", Policy(exec, 0, nsb),
+                       impl::Nf4ScalerPartialSums<MemSpace>{absmax, partial,
+                                                             layout.scaler_block_size, nb});
+  auto partial_host = Kokkos::create_mirror_view(partial);
+  Kokkos::deep_copy(exec, partial_host, partial);
+  fence(exec, "kqlora::Nf4::quantize::absmax_sums");
+  double sum = 0.0;
+  for (int64_t g = 0; g < nsb; ++g) sum += partial_host(g);
+  KQLORA_INPUT_CHECK(std::isfinite(sum), name << ": cannot quantize to NF4: the tensor holds NaN "
+                                                 "or Inf (or overflows float32)");
+  // The mean is rounded once to the dtype (DESIGN.md: the one exception to per-op rounding).
+  const double mean = sum / static_cast<double>(nb);
+  t.scaler_mean = std::is_same<T, float>::value ? static_cast<float>(mean)
+                                                : static_cast<float>(bf16_from_double(mean));
+
+  Kokkos::parallel_for("kqlora::Nf4::double_quantize", Policy(exec, 0, nsb),
+                       impl::Nf4DoubleQuantize<T, MemSpace>{absmax, t.quantized_scalers,
+                                                            t.quantization_factor, t.scaler_mean,
+                                                            layout.scaler_block_size, nb});
+  Kokkos::parallel_for("kqlora::Nf4::encode", Policy(exec, 0, nb),
+                       impl::Nf4EncodeBlocks<T, MemSpace>{input, absmax, t.quantized_data,
+                                                          layout.block_size});
+  fence(exec, "kqlora::Nf4::quantize");
+  return t;
+}
+
+/// Dequantizes to `out` (float32 or bfloat16, numel elements) with torchao's arithmetic
+/// in the NF4 dtype; a float32 NF4 dequantized to bfloat16 is rounded once at the end.
+template <class TOut, class ExecSpace, class MemSpace>
+void nf4_dequantize(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t,
+                    Kokkos::View<TOut*, MemSpace> out, Nf4Store store = Nf4Store::automatic) {
+  static_assert(accessible_from<ExecSpace, MemSpace>(), "NF4 memory not accessible from exec");
+  static_assert(std::is_same<TOut, float>::value || std::is_same<TOut, bfloat16>::value,
+                "NF4 dequantizes to float32 or bfloat16");
+  const Nf4Layout& L = t.layout;
+  KQLORA_THROW_IF(static_cast<int64_t>(out.extent(0)) != L.numel(),
+                  "nf4_dequantize: output has " << out.extent(0) << " elements, tensor "
+                                                << L.numel());
+  if (L.dtype == DType::float32) {
+    impl::nf4_dequantize_as<float>(exec, t, out, store);
+  } else {
+    impl::nf4_dequantize_as<bfloat16>(exec, t, out, store);
+  }
+}
+
+
+}  // namespace kqlora

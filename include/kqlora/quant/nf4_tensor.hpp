@@ -1,0 +1,60 @@
+#pragma once
+// The NF4 tensor: 4-bit NormalFloat codes with double-quantized block scalers, laid out
+// as torchao's NF4Tensor (see DESIGN.md, "NF4 semantics").
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+
+#include "kqlora/quant/nf4_layout.hpp"
+
+namespace kqlora {
+
+template <class MemorySpace>
+struct Nf4Tensor {
+  using memory_space = MemorySpace;
+
+  Nf4Layout layout;
+  /// numel/2 bytes, two codes per byte, the even element in the high nibble.
+  Kokkos::View<uint8_t*, MemorySpace> quantized_data;
+  /// One int8 per block of block_size elements.
+  Kokkos::View<int8_t*, MemorySpace> quantized_scalers;
+  /// One per scaler block; values of layout.dtype held as float (bfloat16 widens exactly).
+  Kokkos::View<float*, MemorySpace> quantization_factor;
+  /// Mean of the block absmaxes, a value of layout.dtype held as float.
+  float scaler_mean = 0.0f;
+
+  /// Allocates the components for `layout` (contents uninitialised).
+  static Nf4Tensor allocate(const Nf4Layout& layout) {
+    Nf4Tensor t;
+    t.layout = layout;
+    t.quantized_data = Kokkos::View<uint8_t*, MemorySpace>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::Nf4::quantized_data"),
+        layout.num_bytes());
+    t.quantized_scalers = Kokkos::View<int8_t*, MemorySpace>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::Nf4::quantized_scalers"),
+        layout.num_blocks());
+    t.quantization_factor = Kokkos::View<float*, MemorySpace>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::Nf4::quantization_factor"),
+        layout.num_scaler_blocks());
+    return t;
+  }
+
+  /// Bytes held by the four components.
+  int64_t storage_bytes() const {
+    return layout.num_bytes() + layout.num_blocks() + 4 * layout.num_scaler_blocks() + 4;
+  }
+};
+
+/// A deep copy of `src` into MemorySpace (e.g. to the host for I/O).
+template <class DstSpace, class SrcSpace>
+Nf4Tensor<DstSpace> nf4_copy_to(const Nf4Tensor<SrcSpace>& src) {
+  auto dst = Nf4Tensor<DstSpace>::allocate(src.layout);
+  Kokkos::deep_copy(dst.quantized_data, src.quantized_data);
+  Kokkos::deep_copy(dst.quantized_scalers, src.quantized_scalers);
+  Kokkos::deep_copy(dst.quantization_factor, src.quantization_factor);
+  dst.scaler_mean = src.scaler_mean;
+  return dst;
+}
+
+}  // namespace kqlora

@@ -1,0 +1,47 @@
+#include "kqlora/core/dtype.hpp"
+
+#include "kqlora/core/error.hpp"
+
+namespace kqlora {
+
+const char* dtype_name(DType t) { return t == DType::float32 ? "float32" : "bfloat16"; }
+
+DType parse_dtype(const std::string& s, const std::string& what) {
+  if (s == "float32") return DType::float32;
+  if (s == "bfloat16") return DType::bfloat16;
+  KQLORA_INPUT_CHECK(false, what << ": expected float32 or bfloat16, got '" << s << "'");
+}
+
+}  // namespace kqlora
+
+#include <cstring>
+
+#include "kqlora/core/float16.hpp"
+
+namespace kqlora {
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);  // Inf or NaN (payload kept)
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise
+    int e = -1;
+    uint32_t m = mant;
+    do {
+      ++e;
+      m <<= 1;
+    } while ((m & 0x400u) == 0);
+    bits = sign | ((112 - e) << 23) | ((m & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+}  // namespace kqlora

@@ -1,0 +1,45 @@
+#include "kqlora/core/runtime.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include "kqlora/core/mpi_check.hpp"
+
+namespace kqlora {
+
+#if KQLORA_HAVE_MPI
+namespace detail {
+void throw_mpi_error(int code, const char* call, const char* file, int line) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) len = 0;
+  throw_error(std::string(call) + " failed: " + std::string(text, len), file, line);
+}
+}  // namespace detail
+#endif
+
+Runtime::Runtime(int& argc, char**& argv) {
+#if KQLORA_HAVE_MPI
+  int initialized = 0;
+  KQLORA_CHECK_MPI(MPI_Initialized(&initialized));
+  if (!initialized) {
+    KQLORA_CHECK_MPI(MPI_Init(&argc, &argv));
+    owns_mpi_ = true;
+  }
+  // Errors come back as codes that KQLORA_CHECK_MPI turns into exceptions.
+  KQLORA_CHECK_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  KQLORA_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+  KQLORA_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+#endif
+  if (!Kokkos::is_initialized()) Kokkos::initialize(argc, argv);
+}
+
+Runtime::~Runtime() {
+  if (Kokkos::is_initialized()) Kokkos::finalize();
+#if KQLORA_HAVE_MPI
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (owns_mpi_ && !finalized) MPI_Finalize();  // no throw from a destructor
+#endif
+}
+
+}  // namespace kqlora

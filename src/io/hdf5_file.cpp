@@ -1,0 +1,244 @@
+#include "kqlora/io/hdf5_file.hpp"
+
+#include <algorithm>
+
+namespace kqlora::h5 {
+
+namespace {
+
+herr_t collect_error(unsigned n, const H5E_error2_t* e, void* out) {
+  auto* s = static_cast<std::string*>(out);
+  if (n < 3 && e->desc) *s += std::string(n ? "; " : "") + e->desc;
+  return 0;
+}
+
+}  // namespace
+
+void throw_h5_error(const char* call, const char* file, int line) {
+  std::string stack;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &stack);
+  H5Eclear2(H5E_DEFAULT);
+  detail::throw_error(std::string(call) + " failed" + (stack.empty() ? "" : ": " + stack), file,
+                      line);
+}
+
+void quiet_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+
+void Handle::reset() {
+  if (id_ == H5I_INVALID_HID) return;
+  H5Idec_ref(id_);  // closes any kind of object when the last reference goes
+  id_ = H5I_INVALID_HID;
+}
+
+void Handle::close() {
+  if (id_ == H5I_INVALID_HID) return;
+  const hid_t id = id_;
+  id_ = H5I_INVALID_HID;
+  if (H5Iget_type(id) == H5I_FILE) {
+    KQLORA_H5(H5Fclose(id));
+  } else {
+    KQLORA_H5(H5Idec_ref(id));
+  }
+}
+
+Handle create_file(const std::string& path) {
+  quiet_errors();
+  const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  KQLORA_INPUT_CHECK(f >= 0, path << ": cannot create the HDF5 file");
+  return Handle(f);
+}
+
+Handle open_file(const std::string& path, bool writable) {
+  quiet_errors();
+  // H5Fis_hdf5 became H5Fis_accessible in HDF5 1.12; the shim goes with 1.10 support.
+#if H5_VERSION_GE(1, 12, 0)
+  const htri_t is_hdf5 = H5Fis_accessible(path.c_str(), H5P_DEFAULT);
+#else
+  const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
+#endif
+  KQLORA_INPUT_CHECK(is_hdf5 > 0,
+                     path << ": not a readable HDF5 file");
+  const hid_t f = H5Fopen(path.c_str(), writable ? H5F_ACC_RDWR : H5F_ACC_RDONLY, H5P_DEFAULT);
+  KQLORA_INPUT_CHECK(f >= 0, path << ": cannot open the HDF5 file");
+  return Handle(f);
+}
+
+Handle open_group(hid_t loc, const std::string& name) {
+  return Handle(KQLORA_H5(H5Gopen2(loc, name.c_str(), H5P_DEFAULT)));
+}
+
+Handle create_group(hid_t loc, const std::string& name) {
+  Handle lcpl(KQLORA_H5(H5Pcreate(H5P_LINK_CREATE)));
+  KQLORA_H5(H5Pset_create_intermediate_group(lcpl, 1));
+  return Handle(KQLORA_H5(H5Gcreate2(loc, name.c_str(), lcpl, H5P_DEFAULT, H5P_DEFAULT)));
+}
+
+bool exists(hid_t loc, const std::string& name) {
+  // Walk the path so a missing parent is "no" rather than an error.
+  size_t pos = 0;
+  while (true) {
+    pos = name.find('/', pos + 1);
+    const std::string prefix = name.substr(0, pos);
+    if (KQLORA_H5(H5Lexists(loc, prefix.c_str(), H5P_DEFAULT)) <= 0) return false;
+    if (pos == std::string::npos) return true;
+  }
+}
+
+hid_t bfloat16_type() {
+  static hid_t type = [] {
+    const hid_t t = KQLORA_H5(H5Tcopy(H5T_IEEE_F32LE));
+    KQLORA_H5(H5Tset_fields(t, 15, 7, 8, 0, 7));  // sign, exponent pos/size, mantissa pos/size
+    KQLORA_H5(H5Tset_size(t, 2));
+    KQLORA_H5(H5Tset_precision(t, 16));
+    KQLORA_H5(H5Tset_ebias(t, 127));
+    return t;
+  }();
+  return type;
+}
+
+void write_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type,
+                   const std::vector<int64_t>& dims, const void* data) {
+  std::vector<hsize_t> hd(dims.begin(), dims.end()), chunk(dims.size());
+  // Chunks of at most ~1 Mi elements, whole rows where possible.
+  hsize_t budget = hsize_t(1) << 20;
+  for (size_t i = dims.size(); i-- > 0;) {
+    chunk[i] = std::max<hsize_t>(1, std::min<hsize_t>(hd[i], budget));
+    budget = std::max<hsize_t>(1, budget / chunk[i]);
+  }
+  Handle space(KQLORA_H5(H5Screate_simple(static_cast<int>(hd.size()), hd.data(), nullptr)));
+  Handle dcpl(KQLORA_H5(H5Pcreate(H5P_DATASET_CREATE)));
+  KQLORA_H5(H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data()));
+  KQLORA_H5(H5Pset_fletcher32(dcpl));
+  Handle lcpl(KQLORA_H5(H5Pcreate(H5P_LINK_CREATE)));
+  KQLORA_H5(H5Pset_create_intermediate_group(lcpl, 1));
+  Handle ds(KQLORA_H5(H5Dcreate2(loc, name.c_str(), file_type, space, lcpl, dcpl, H5P_DEFAULT)));
+  KQLORA_H5(H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
+  ds.close();
+}
+
+std::vector<int64_t> dataset_dims(hid_t loc, const std::string& name, const std::string& file) {
+  KQLORA_INPUT_CHECK(exists(loc, name), file << ": dataset '" << name << "' is missing");
+  const hid_t ds = H5Dopen2(loc, name.c_str(), H5P_DEFAULT);
+  KQLORA_INPUT_CHECK(ds >= 0, file << ": '" << name << "' is not a readable dataset");
+  Handle d(ds);
+  Handle space(KQLORA_H5(H5Dget_space(d)));
+  const int rank = KQLORA_H5(H5Sget_simple_extent_ndims(space));
+  std::vector<hsize_t> hd(rank);
+  KQLORA_H5(H5Sget_simple_extent_dims(space, hd.data(), nullptr));
+  return std::vector<int64_t>(hd.begin(), hd.end());
+}
+
+void dataset_type(hid_t loc, const std::string& name, H5T_class_t* cls, size_t* size) {
+  Handle d(KQLORA_H5(H5Dopen2(loc, name.c_str(), H5P_DEFAULT)));
+  Handle t(KQLORA_H5(H5Dget_type(d)));
+  *cls = H5Tget_class(t);
+  *size = H5Tget_size(t);
+}
+
+void read_dataset(hid_t loc, const std::string& name, hid_t mem_type, int64_t expected_numel,
+                  void* data, const std::string& file) {
+  const auto dims = dataset_dims(loc, name, file);
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  KQLORA_INPUT_CHECK(n == expected_numel, file << ": dataset '" << name << "' has " << n
+                                               << " elements, expected " << expected_numel);
+  Handle d(KQLORA_H5(H5Dopen2(loc, name.c_str(), H5P_DEFAULT)));
+  // A failed checksum (Fletcher32) or a truncated file fails here.
+  const herr_t rc = H5Dread(d, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
+  if (rc < 0) {
+    std::string stack;
+    H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &stack);
+    H5Eclear2(H5E_DEFAULT);
+    KQLORA_INPUT_CHECK(false, file << ": cannot read dataset '" << name << "' (damaged file or "
+                                   << "failed checksum): " << stack);
+  }
+}
+
+void write_attribute(hid_t obj, const std::string& name, const std::string& value) {
+  Handle type(KQLORA_H5(H5Tcopy(H5T_C_S1)));
+  KQLORA_H5(H5Tset_size(type, std::max<size_t>(1, value.size())));
+  KQLORA_H5(H5Tset_cset(type, H5T_CSET_UTF8));
+  Handle space(KQLORA_H5(H5Screate(H5S_SCALAR)));
+  Handle a(KQLORA_H5(H5Acreate2(obj, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT)));
+  const std::string padded = value.empty() ? std::string(1, '\0') : value;
+  KQLORA_H5(H5Awrite(a, type, padded.data()));
+}
+
+void write_attribute(hid_t obj, const std::string& name, int64_t value) {
+  Handle space(KQLORA_H5(H5Screate(H5S_SCALAR)));
+  Handle a(
+      KQLORA_H5(H5Acreate2(obj, name.c_str(), H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT)));
+  KQLORA_H5(H5Awrite(a, H5T_NATIVE_INT64, &value));
+}
+
+void write_attribute(hid_t obj, const std::string& name, const std::vector<int64_t>& value) {
+  const hsize_t n = value.size();
+  Handle space(KQLORA_H5(H5Screate_simple(1, &n, nullptr)));
+  Handle a(
+      KQLORA_H5(H5Acreate2(obj, name.c_str(), H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT)));
+  KQLORA_H5(H5Awrite(a, H5T_NATIVE_INT64, value.data()));
+}
+
+bool has_attribute(hid_t obj, const std::string& name) {
+  return KQLORA_H5(H5Aexists(obj, name.c_str())) > 0;
+}
+
+std::string read_string_attribute(hid_t obj, const std::string& name, const std::string& where) {
+  KQLORA_INPUT_CHECK(has_attribute(obj, name), where << ": attribute '" << name << "' is missing");
+  Handle a(KQLORA_H5(H5Aopen(obj, name.c_str(), H5P_DEFAULT)));
+  Handle type(KQLORA_H5(H5Aget_type(a)));
+  KQLORA_INPUT_CHECK(H5Tget_class(type) == H5T_STRING,
+                     where << ": attribute '" << name << "' is not a string");
+  if (KQLORA_H5(H5Tis_variable_str(type)) > 0) {
+    char* s = nullptr;
+    Handle mem(KQLORA_H5(H5Tcopy(H5T_C_S1)));
+    KQLORA_H5(H5Tset_size(mem, H5T_VARIABLE));
+    KQLORA_H5(H5Aread(a, mem, &s));
+    std::string out = s ? s : "";
+    H5free_memory(s);
+    return out;
+  }
+  const size_t n = H5Tget_size(type);
+  std::string out(n, '\0');
+  KQLORA_H5(H5Aread(a, type, &out[0]));
+  return out.substr(0, out.find('\0'));
+}
+
+std::vector<int64_t> read_int_attribute(hid_t obj, const std::string& name,
+                                        const std::string& where) {
+  KQLORA_INPUT_CHECK(has_attribute(obj, name), where << ": attribute '" << name << "' is missing");
+  Handle a(KQLORA_H5(H5Aopen(obj, name.c_str(), H5P_DEFAULT)));
+  Handle type(KQLORA_H5(H5Aget_type(a)));
+  KQLORA_INPUT_CHECK(H5Tget_class(type) == H5T_INTEGER,
+                     where << ": attribute '" << name << "' is not an integer");
+  Handle space(KQLORA_H5(H5Aget_space(a)));
+  const hssize_t n = KQLORA_H5(H5Sget_simple_extent_npoints(space));
+  std::vector<int64_t> out(static_cast<size_t>(n));
+  KQLORA_H5(H5Aread(a, H5T_NATIVE_INT64, out.data()));
+  return out;
+}
+
+namespace {
+// H5Ovisit's callback changed in HDF5 1.12 (H5O_info2_t); the shim goes with 1.10 support.
+#if H5_VERSION_GE(1, 12, 0)
+using ObjectInfo = H5O_info2_t;
+#else
+using ObjectInfo = H5O_info_t;
+#endif
+herr_t visit(hid_t, const char* name, const ObjectInfo* info, void* out) {
+  if (info->type == H5O_TYPE_DATASET) static_cast<std::vector<std::string>*>(out)->push_back(name);
+  return 0;
+}
+}  // namespace
+
+std::vector<std::string> list_datasets(hid_t loc) {
+  std::vector<std::string> names;
+#if H5_VERSION_GE(1, 12, 0)
+  KQLORA_H5(H5Ovisit3(loc, H5_INDEX_NAME, H5_ITER_INC, visit, &names, H5O_INFO_BASIC));
+#else
+  KQLORA_H5(H5Ovisit2(loc, H5_INDEX_NAME, H5_ITER_INC, visit, &names, H5O_INFO_BASIC));
+#endif
+  return names;
+}
+
+}  // namespace kqlora::h5

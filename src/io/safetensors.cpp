@@ -1,0 +1,228 @@
+#include "kqlora/io/safetensors.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "kqlora/core/error.hpp"
+#include "kqlora/io/json.hpp"
+
+namespace kqlora::safetensors {
+
+int64_t TensorInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+const TensorInfo* Header::find(const std::string& name) const {
+  for (const auto& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+int dtype_size(const std::string& dtype, const std::string& where) {
+  static const std::map<std::string, int> sizes = {
+      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4},
+      {"I16", 2}, {"I8", 1},  {"U8", 1},  {"BOOL", 1}, {"U16", 2}, {"U32", 4}, {"U64", 8}};
+  const auto it = sizes.find(dtype);
+  KQLORA_INPUT_CHECK(it != sizes.end(), where << ": unknown dtype '" << dtype << "'");
+  return it->second;
+}
+
+namespace {
+
+uint64_t file_size(std::ifstream& f, const std::string& path) {
+  f.seekg(0, std::ios::end);
+  const std::streamoff n = f.tellg();
+  KQLORA_INPUT_CHECK(n >= 0, path << ": cannot determine the file size");
+  f.seekg(0);
+  return static_cast<uint64_t>(n);
+}
+
+uint64_t as_offset(const json::Value& v, const std::string& where) {
+  KQLORA_INPUT_CHECK(v.kind == json::Value::Kind::number && v.is_integer && v.integer >= 0,
+                     where << ": data_offsets must hold non-negative integers");
+  return static_cast<uint64_t>(v.integer);
+}
+
+}  // namespace
+
+Header read_header(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  KQLORA_INPUT_CHECK(f.good(), path << ": cannot open: " << std::strerror(errno));
+  const uint64_t size = file_size(f, path);
+  KQLORA_INPUT_CHECK(size >= 8, path << ": not a safetensors file: " << size
+                                     << " bytes, shorter than the 8-byte header length");
+  unsigned char len8[8];
+  f.read(reinterpret_cast<char*>(len8), 8);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len8[i];
+  KQLORA_INPUT_CHECK(n >= 2 && n <= max_header_bytes,
+                     path << ": header length " << n << " is out of bounds (2.."
+                          << max_header_bytes << ")");
+  KQLORA_INPUT_CHECK(n <= size - 8, path << ": header length " << n << " runs past the end of the "
+                                         << size << "-byte file (truncated?)");
+  std::string text(n, '\0');
+  f.read(&text[0], static_cast<std::streamsize>(n));
+  KQLORA_INPUT_CHECK(f.good(), path << ": cannot read the " << n << "-byte header");
+
+  Header h;
+  h.path = path;
+  h.data_start = 8 + n;
+  const uint64_t data_size = size - h.data_start;
+  const json::Value doc = json::parse(text, path + " (header)");
+  KQLORA_INPUT_CHECK(doc.kind == json::Value::Kind::object,
+                     path << ": the header must be a JSON object, got " << doc.kind_name());
+  for (const auto& kv : doc.object) {
+    const std::string where = path + ": tensor '" + kv.first + "'";
+    if (kv.first == "__metadata__") {
+      KQLORA_INPUT_CHECK(kv.second.kind == json::Value::Kind::object,
+                         path << ": __metadata__ must be an object");
+      for (const auto& m : kv.second.object) {
+        KQLORA_INPUT_CHECK(m.second.kind == json::Value::Kind::string,
+                           path << ": __metadata__ value '" << m.first << "' is not a string");
+        h.metadata[m.first] = m.second.string;
+      }
+      continue;
+    }
+    const json::Value& e = kv.second;
+    KQLORA_INPUT_CHECK(e.kind == json::Value::Kind::object, where << ": entry is not an object");
+    const json::Value* dtype = e.find("dtype");
+    const json::Value* shape = e.find("shape");
+    const json::Value* offsets = e.find("data_offsets");
+    KQLORA_INPUT_CHECK(dtype && dtype->kind == json::Value::Kind::string,
+                       where << ": missing string 'dtype'");
+    KQLORA_INPUT_CHECK(shape && shape->kind == json::Value::Kind::array,
+                       where << ": missing array 'shape'");
+    KQLORA_INPUT_CHECK(offsets && offsets->kind == json::Value::Kind::array &&
+                           offsets->array.size() == 2,
+                       where << ": 'data_offsets' must be an array of two integers");
+    TensorInfo t;
+    t.name = kv.first;
+    t.dtype = dtype->string;
+    const int esize = dtype_size(t.dtype, where);
+    uint64_t numel = 1;
+    for (const auto& d : shape->array) {
+      KQLORA_INPUT_CHECK(d.kind == json::Value::Kind::number && d.is_integer && d.integer >= 0,
+                         where << ": shape entries must be non-negative integers");
+      t.shape.push_back(d.integer);
+      KQLORA_INPUT_CHECK(d.integer == 0 || numel <= data_size / static_cast<uint64_t>(d.integer),
+                         where << ": shape holds more elements than the file has bytes");
+      numel *= static_cast<uint64_t>(d.integer);
+    }
+    t.begin = as_offset(offsets->array[0], where);
+    t.end = as_offset(offsets->array[1], where);
+    KQLORA_INPUT_CHECK(t.begin <= t.end, where << ": data_offsets [" << t.begin << ", " << t.end
+                                               << "] are reversed");
+    KQLORA_INPUT_CHECK(t.end <= data_size, where << ": data_offsets end " << t.end
+                                                 << " lies past the data section of " << data_size
+                                                 << " bytes (truncated file?)");
+    KQLORA_INPUT_CHECK(t.end - t.begin == numel * static_cast<uint64_t>(esize),
+                       where << ": " << (t.end - t.begin) << " bytes for " << numel
+                             << " elements of " << t.dtype << " (expected "
+                             << numel * static_cast<uint64_t>(esize) << ")");
+    h.tensors.push_back(std::move(t));
+  }
+  // No two tensors may share bytes.
+  std::vector<const TensorInfo*> order;
+  for (const auto& t : h.tensors) order.push_back(&t);
+  std::sort(order.begin(), order.end(),
+            [](const TensorInfo* a, const TensorInfo* b) { return a->begin < b->begin; });
+  const TensorInfo* reach = nullptr;  // the tensor reaching furthest so far
+  for (const TensorInfo* t : order) {
+    if (t->begin == t->end) continue;  // empty tensors hold no bytes
+    KQLORA_INPUT_CHECK(!reach || t->begin >= reach->end,
+                       path << ": tensors '" << reach->name << "' [" << reach->begin << ", "
+                            << reach->end << ") and '" << t->name << "' [" << t->begin << ", "
+                            << t->end << ") overlap");
+    if (!reach || t->end > reach->end) reach = t;
+  }
+  return h;
+}
+
+std::vector<uint8_t> read_bytes(const Header& h, const TensorInfo& t) {
+  std::ifstream f(h.path, std::ios::binary);
+  KQLORA_INPUT_CHECK(f.good(), h.path << ": cannot open: " << std::strerror(errno));
+  std::vector<uint8_t> out(t.end - t.begin);
+  f.seekg(static_cast<std::streamoff>(h.data_start + t.begin));
+  f.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(out.size()));
+  KQLORA_INPUT_CHECK(f.good() || out.empty(),
+                     h.path << ": tensor '" << t.name << "': short read (file changed?)");
+  return out;
+}
+
+void write(const std::string& path, const std::vector<TensorToWrite>& tensors,
+           const std::map<std::string, std::string>& metadata) {
+  std::ostringstream hdr;
+  hdr << "{";
+  bool first = true;
+  if (!metadata.empty()) {
+    hdr << "\"__metadata__\":{";
+    for (auto it = metadata.begin(); it != metadata.end(); ++it) {
+      hdr << (it == metadata.begin() ? "" : ",") << json::quote(it->first) << ":"
+          << json::quote(it->second);
+    }
+    hdr << "}";
+    first = false;
+  }
+  uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    KQLORA_THROW_IF(static_cast<uint64_t>(numel) * dtype_size(t.dtype, t.name) != t.nbytes,
+                    "safetensors::write: '" << t.name << "' has " << t.nbytes
+                                            << " bytes for its shape and dtype");
+    hdr << (first ? "" : ",") << json::quote(t.name) << ":{\"dtype\":\"" << t.dtype
+        << "\",\"shape\":[";
+    for (size_t i = 0; i < t.shape.size(); ++i) hdr << (i ? "," : "") << t.shape[i];
+    hdr << "],\"data_offsets\":[" << offset << "," << offset + t.nbytes << "]}";
+    offset += t.nbytes;
+    first = false;
+  }
+  hdr << "}";
+  std::string text = hdr.str();
+  while (text.size() % 8 != 0) text += ' ';  // data starts 8-byte aligned
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  KQLORA_INPUT_CHECK(f.good(), path << ": cannot create: " << std::strerror(errno));
+  unsigned char len8[8];
+  uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) len8[i] = static_cast<unsigned char>((n >> (8 * i)) & 0xff);
+  f.write(reinterpret_cast<const char*>(len8), 8);
+  f.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (const auto& t : tensors)
+    f.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(t.nbytes));
+  f.close();
+  KQLORA_INPUT_CHECK(!f.fail(), path << ": write failed: " << std::strerror(errno));
+}
+
+std::vector<std::string> index_shards(const std::string& index_path,
+                                      std::map<std::string, std::string>* weight_map) {
+  std::ifstream f(index_path);
+  KQLORA_INPUT_CHECK(f.good(), index_path << ": cannot open: " << std::strerror(errno));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const json::Value doc = json::parse(ss.str(), index_path);
+  const json::Value* wm = doc.kind == json::Value::Kind::object ? doc.find("weight_map") : nullptr;
+  KQLORA_INPUT_CHECK(wm && wm->kind == json::Value::Kind::object,
+                     index_path << ": no 'weight_map' object (not a safetensors index)");
+  std::string dir = index_path.substr(0, index_path.find_last_of('/') + 1);
+  std::vector<std::string> files;
+  std::set<std::string> seen;
+  for (const auto& kv : wm->object) {
+    KQLORA_INPUT_CHECK(kv.second.kind == json::Value::Kind::string,
+                       index_path << ": weight_map['" << kv.first << "'] is not a file name");
+    const std::string& file = kv.second.string;
+    KQLORA_INPUT_CHECK(!file.empty() && file[0] != '/' && file.find("..") == std::string::npos,
+                       index_path << ": weight_map['" << kv.first << "'] = '" << file
+                                  << "' is not a file beside the index");
+    if (weight_map) (*weight_map)[kv.first] = dir + file;
+    if (seen.insert(file).second) files.push_back(dir + file);
+  }
+  return files;
+}
+
+}  // namespace kqlora::safetensors

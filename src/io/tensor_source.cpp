@@ -1,0 +1,154 @@
+#include "kqlora/io/tensor_source.hpp"
+
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include "kqlora/build_config.hpp"
+#include "kqlora/core/error.hpp"
+#include "kqlora/core/float16.hpp"
+#include "kqlora/io/safetensors.hpp"
+#if KQLORA_HAVE_HDF5
+#include "kqlora/io/hdf5_file.hpp"
+#endif
+
+namespace kqlora {
+
+int64_t HostTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+namespace {
+
+class SafetensorsSource : public TensorSource {
+ public:
+  explicit SafetensorsSource(const std::vector<std::string>& files) {
+    for (const auto& f : files) {
+      headers_.push_back(safetensors::read_header(f));
+      for (const auto& t : headers_.back().tensors) {
+        KQLORA_INPUT_CHECK(where_.emplace(t.name, headers_.size() - 1).second,
+                           f << ": tensor '" << t.name << "' is also in another shard");
+        entries_.push_back({t.name, t.shape, t.dtype});
+      }
+    }
+  }
+
+  const std::vector<Entry>& entries() const override { return entries_; }
+
+  HostTensor load(const std::string& name) const override {
+    const auto it = where_.find(name);
+    KQLORA_INPUT_CHECK(it != where_.end(), "no tensor '" << name << "'");
+    const safetensors::Header& h = headers_[it->second];
+    const safetensors::TensorInfo& info = *h.find(name);
+    const auto bytes = safetensors::read_bytes(h, info);
+    HostTensor t;
+    t.name = name;
+    t.shape = info.shape;
+    t.source_dtype = info.dtype;
+    const size_t n = static_cast<size_t>(info.numel());
+    if (info.dtype == "F32") {
+      t.f32.resize(n);
+      std::memcpy(t.f32.data(), bytes.data(), 4 * n);  // safetensors is little-endian, as x86/Arm
+    } else if (info.dtype == "BF16") {
+      t.is_bf16 = true;
+      t.bf16.resize(n);
+      std::memcpy(t.bf16.data(), bytes.data(), 2 * n);
+    } else if (info.dtype == "F16") {
+      t.f32.resize(n);
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h16;
+        std::memcpy(&h16, bytes.data() + 2 * i, 2);
+        t.f32[i] = half_to_float(h16);
+      }
+    } else {
+      KQLORA_INPUT_CHECK(false, h.path << ": tensor '" << name << "' has dtype " << info.dtype
+                                       << "; expected F32, BF16 or F16");
+    }
+    return t;
+  }
+
+ private:
+  std::vector<safetensors::Header> headers_;
+  std::map<std::string, size_t> where_;
+  std::vector<Entry> entries_;
+};
+
+#if KQLORA_HAVE_HDF5
+class Hdf5Source : public TensorSource {
+ public:
+  explicit Hdf5Source(const std::string& path) : path_(path), file_(h5::open_file(path)) {
+    // A checkpoint keeps its tensors under /params; any other file is read from the root.
+    prefix_ = h5::exists(file_, "params") ? "params/" : "";
+    h5::Handle root = h5::open_group(file_, prefix_.empty() ? "/" : "params");
+    for (const auto& name : h5::list_datasets(root)) {
+      H5T_class_t cls;
+      size_t size;
+      h5::dataset_type(root, name, &cls, &size);
+      std::string dtype = "other";
+      if (cls == H5T_FLOAT) dtype = size == 4 ? "F32" : size == 8 ? "F64" : size == 2 ? "BF16" : dtype;
+      if (cls == H5T_INTEGER) dtype = size == 1 ? "U8" : "I64";
+      entries_.push_back({name, h5::dataset_dims(root, name, path), dtype});
+    }
+  }
+
+  const std::vector<Entry>& entries() const override { return entries_; }
+
+  HostTensor load(const std::string& name) const override {
+    const Entry* e = nullptr;
+    for (const auto& x : entries_)
+      if (x.name == name) e = &x;
+    KQLORA_INPUT_CHECK(e, path_ << ": no dataset '" << name << "'");
+    KQLORA_INPUT_CHECK(e->dtype == "F32" || e->dtype == "BF16" || e->dtype == "F64",
+                       path_ << ": dataset '" << name << "' is not a float dataset");
+    HostTensor t;
+    t.name = name;
+    t.shape = e->shape;
+    t.source_dtype = e->dtype;
+    const std::string full = prefix_ + name;
+    if (e->dtype == "BF16") {
+      t.is_bf16 = true;
+      t.bf16.resize(static_cast<size_t>(t.numel()));
+      h5::read_dataset(file_, full, h5::bfloat16_type(), t.numel(), t.bf16.data(), path_);
+    } else {
+      t.f32.resize(static_cast<size_t>(t.numel()));
+      h5::read_dataset(file_, full, H5T_NATIVE_FLOAT, t.numel(), t.f32.data(), path_);
+    }
+    return t;
+  }
+
+ private:
+  std::string path_, prefix_;
+  h5::Handle file_;
+  std::vector<Entry> entries_;
+};
+#endif
+
+}  // namespace
+
+std::unique_ptr<TensorSource> open_tensor_source(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  KQLORA_INPUT_CHECK(f.good(), path << ": cannot open: " << std::strerror(errno));
+  char head[8] = {0};
+  f.read(head, 8);
+  const std::streamsize got = f.gcount();
+  static const char hdf5_sig[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
+  if (got == 8 && std::memcmp(head, hdf5_sig, 8) == 0) {
+#if KQLORA_HAVE_HDF5
+    return std::make_unique<Hdf5Source>(path);
+#else
+    KQLORA_INPUT_CHECK(false, path << ": an HDF5 file, but this kqlora was built without HDF5");
+#endif
+  }
+  // A JSON index starts with '{' (after optional whitespace); a safetensors file with a
+  // binary length.
+  size_t i = 0;
+  while (i < static_cast<size_t>(got) && std::isspace(static_cast<unsigned char>(head[i]))) ++i;
+  if (i < static_cast<size_t>(got) && head[i] == '{') {
+    return std::make_unique<SafetensorsSource>(safetensors::index_shards(path));
+  }
+  return std::make_unique<SafetensorsSource>(std::vector<std::string>{path});
+}
+
+}  // namespace kqlora

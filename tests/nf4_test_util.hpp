@@ -1,0 +1,63 @@
+#pragma once
+// Helpers shared by the NF4 tests: host vectors <-> Kokkos views, quantize/dequantize on
+// the default execution space.
+
+#include <Kokkos_Core.hpp>
+
+#include <vector>
+
+#include "kqlora/quant/nf4_kernels.hpp"
+
+namespace nf4test {
+
+using Exec = Kokkos::DefaultExecutionSpace;
+using Mem = Exec::memory_space;
+using HostNf4 = kqlora::Nf4Tensor<Kokkos::HostSpace>;
+
+template <class T>
+Kokkos::View<T*, Mem> to_device(const std::vector<T>& v) {
+  Kokkos::View<T*, Mem> d("nf4test::input", v.size());
+  Kokkos::deep_copy(d, Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
+                           v.data(), v.size()));
+  return d;
+}
+
+template <class T>
+std::vector<T> to_host(Kokkos::View<T*, Mem> d) {
+  std::vector<T> v(d.extent(0));
+  Kokkos::deep_copy(Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(v.data(), v.size()),
+                    d);
+  return v;
+}
+
+template <class T>
+HostNf4 quantize(const std::vector<T>& x, kqlora::Nf4Layout layout) {
+  auto d = to_device(x);
+  auto t = kqlora::nf4_quantize<T>(Exec(), Kokkos::View<const T*, Mem>(d), layout);
+  return kqlora::nf4_copy_to<Kokkos::HostSpace>(t);
+}
+
+template <class TOut>
+std::vector<TOut> dequantize(const HostNf4& t, kqlora::Nf4Store store = kqlora::Nf4Store::automatic) {
+  auto dt = kqlora::nf4_copy_to<Mem>(t);
+  Kokkos::View<TOut*, Mem> out("nf4test::out", t.layout.numel());
+  kqlora::nf4_dequantize(Exec(), dt, out, store);
+  return to_host(out);
+}
+
+/// The portable (non-SIMD) dequantization body run on the host, to check it against the
+/// SIMD one on machines that have AVX-512.
+template <class T, class TOut>
+std::vector<TOut> dequantize_portable(const HostNf4& t) {
+  Kokkos::View<TOut*, Kokkos::HostSpace> out("nf4test::out", t.layout.numel());
+  Kokkos::parallel_for(
+      Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace, Kokkos::IndexType<int64_t>>(
+          0, t.layout.num_blocks()),
+      kqlora::impl::Nf4DecodeBlocks<T, TOut, Kokkos::HostSpace>{
+          t.quantized_data, t.quantized_scalers, t.quantization_factor, out, t.scaler_mean,
+          t.layout.block_size, t.layout.scaler_block_size});
+  Kokkos::fence();
+  return std::vector<TOut>(out.data(), out.data() + out.extent(0));
+}
+
+}  // namespace nf4test

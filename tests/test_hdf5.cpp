@@ -1,0 +1,186 @@
+// HDF5 parameters in the checkpoint schema: NF4 groups round-trip exactly, bfloat16 uses the
+// 2-byte float type (checked from Python by check_bf16_h5py.py on the file written here),
+// checksums catch a flipped byte, and kqlora-quantize writes what nf4_quantize computes.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "kqlora/io/hdf5_params.hpp"
+#include "kqlora/io/safetensors.hpp"
+#include "nf4_test_util.hpp"
+
+using namespace nf4test;
+using kqlora::bfloat16;
+
+namespace {
+
+std::string tmp(const std::string& name) {
+  return std::string(KQLORA_TEST_BIN_DIR) + "/../tests/tmp_" + name;
+}
+
+std::vector<float> randn(int64_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(gen);
+  return v;
+}
+
+void expect_same(const HostNf4& a, const HostNf4& b) {
+  ASSERT_EQ(a.layout, b.layout);
+  const auto& L = a.layout;
+  EXPECT_EQ(0, std::memcmp(a.quantized_data.data(), b.quantized_data.data(), L.num_bytes()));
+  EXPECT_EQ(0, std::memcmp(a.quantized_scalers.data(), b.quantized_scalers.data(), L.num_blocks()));
+  EXPECT_EQ(0, std::memcmp(a.quantization_factor.data(), b.quantization_factor.data(),
+                           4 * L.num_scaler_blocks()));
+  EXPECT_EQ(a.scaler_mean, b.scaler_mean);
+}
+
+}  // namespace
+
+TEST(Hdf5Params, Nf4GroupsRoundTripBothDtypes) {
+  kqlora::Nf4Layout L;
+  L.shape = {300, 64};
+  const auto x = randn(L.numel(), 1);
+  std::vector<bfloat16> xb(x.size());
+  for (size_t i = 0; i < x.size(); ++i) xb[i] = bfloat16(x[i]);
+  const auto f32 = quantize(x, L);
+  const auto b16 = quantize(xb, L);
+  {
+    auto f = kqlora::h5::create_file(tmp("nf4.h5"));
+    auto params = kqlora::h5::create_group(f, "params");
+    kqlora::h5::write_nf4(params, "layers.0.weight", f32);
+    kqlora::h5::write_nf4(params, "layers.1.weight", b16);
+    f.close();
+  }
+  auto f = kqlora::h5::open_file(tmp("nf4.h5"));
+  auto params = kqlora::h5::open_group(f, "params");
+  EXPECT_TRUE(kqlora::h5::is_nf4_group(params, "layers.0.weight"));
+  expect_same(kqlora::h5::read_nf4(params, "layers.0.weight", "nf4.h5"), f32);
+  const auto back = kqlora::h5::read_nf4(params, "layers.1.weight", "nf4.h5");
+  expect_same(back, b16);
+  EXPECT_EQ(back.layout.dtype, kqlora::DType::bfloat16);
+  H5T_class_t cls;
+  size_t size;
+  kqlora::h5::dataset_type(params, "layers.1.weight/quantization_factor", &cls, &size);
+  EXPECT_EQ(size, 2u);  // stored as bfloat16, not widened
+  EXPECT_THROW(kqlora::h5::read_nf4(params, "layers.9.weight", "nf4.h5"), kqlora::InputError);
+}
+
+TEST(Hdf5Params, WritesBfloat16ForPython) {
+  // Values across the range, subnormals and signed zeros included; check_bf16_h5py.py
+  // rounds `source` to bfloat16 itself and compares with what h5py reads from `bf16`.
+  std::vector<float> src = randn(4096, 2);
+  for (size_t i = 0; i < src.size(); i += 7) src[i] *= std::ldexp(1.0f, static_cast<int>(i % 200) - 100);
+  src[1] = -0.0f;
+  src[2] = std::ldexp(1.0f, -130);  // float32 subnormal
+  src[3] = 3.0e38f;                 // rounds to bfloat16 infinity? no: 3e38 < max bf16 (3.39e38)
+  std::vector<bfloat16> b(src.size());
+  for (size_t i = 0; i < src.size(); ++i) b[i] = bfloat16(src[i]);
+  auto f = kqlora::h5::create_file(tmp("bf16_for_h5py.h5"));
+  kqlora::h5::write_float(f, "source", {64, 64}, src.data());
+  kqlora::h5::write_bfloat16(f, "bf16", {64, 64}, b.data());
+  f.close();
+  // Reading back through HDF5's conversion to float gives the bfloat16 values exactly.
+  auto r = kqlora::h5::open_file(tmp("bf16_for_h5py.h5"));
+  std::vector<float> back(src.size());
+  kqlora::h5::read_dataset(r, "bf16", H5T_NATIVE_FLOAT, 4096, back.data(), "bf16_for_h5py.h5");
+  for (size_t i = 0; i < src.size(); ++i) ASSERT_EQ(back[i], static_cast<float>(b[i])) << i;
+}
+
+TEST(Hdf5Params, ChecksumCatchesAFlippedByte) {
+  const std::string path = tmp("flip.h5");
+  std::vector<float> v(1000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 1.0f + i;
+  {
+    auto f = kqlora::h5::create_file(path);
+    kqlora::h5::write_float(f, "v", {1000}, v.data());
+    f.close();
+  }
+  // Find the value 500.0f's bytes in the raw file and flip one bit.
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const float needle = 500.0f;
+  const auto pos = bytes.find(std::string(reinterpret_cast<const char*>(&needle), 4));
+  ASSERT_NE(pos, std::string::npos);
+  f.seekp(static_cast<std::streamoff>(pos));
+  const char flipped = static_cast<char>(bytes[pos] ^ 0x10);
+  f.write(&flipped, 1);
+  f.close();
+  auto r = kqlora::h5::open_file(path);
+  std::vector<float> back(1000);
+  try {
+    kqlora::h5::read_dataset(r, "v", H5T_NATIVE_FLOAT, 1000, back.data(), path);
+    ADD_FAILURE() << "a flipped byte was read without error";
+  } catch (const kqlora::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
+  }
+}
+
+TEST(QuantizeApp, WritesWhatTheKernelComputes) {
+  const std::string bin = std::string(KQLORA_TEST_BIN_DIR) + "/kqlora-quantize";
+  const auto w = randn(128 * 256, 3);
+  std::vector<uint16_t> wb(64 * 256);
+  std::vector<uint16_t> wh(64 * 128);
+  for (size_t i = 0; i < wb.size(); ++i) wb[i] = bfloat16(w[i]).bits;
+  for (size_t i = 0; i < wh.size(); ++i) wh[i] = 0x3c00;  // float16 1.0
+  const std::vector<float> bias = randn(256, 4);
+  const std::vector<float> odd = randn(10 * 10, 5);
+  kqlora::safetensors::write(tmp("model.safetensors"),
+                             {{"q.weight", "F32", {128, 256}, w.data(), 4 * w.size()},
+                              {"k.weight", "BF16", {64, 256}, wb.data(), 2 * wb.size()},
+                              {"v.weight", "F16", {64, 128}, wh.data(), 2 * wh.size()},
+                              {"q.bias", "F32", {256}, bias.data(), 4 * bias.size()},
+                              {"odd.weight", "F32", {10, 10}, odd.data(), 4 * odd.size()}});
+  const std::string out = tmp("model_nf4.h5");
+  std::remove(out.c_str());
+  ASSERT_EQ(std::system((bin + " " + tmp("model.safetensors") + " " + out + " > " +
+                         tmp("quantize.log") + " 2>&1").c_str()),
+            0);
+  kqlora::Nf4Layout L;
+  L.shape = {128, 256};
+  auto f = kqlora::h5::open_file(out);
+  auto params = kqlora::h5::open_group(f, "params");
+  expect_same(kqlora::h5::read_nf4(params, "q.weight", out), quantize(w, L));
+  std::vector<bfloat16> kb(wb.size());
+  for (size_t i = 0; i < wb.size(); ++i) kb[i] = bfloat16::from_bits(wb[i]);
+  L.shape = {64, 256};
+  expect_same(kqlora::h5::read_nf4(params, "k.weight", out), quantize(kb, L));
+  const auto v = kqlora::h5::read_nf4(params, "v.weight", out);
+  EXPECT_EQ(v.layout.dtype, kqlora::DType::float32);  // float16 widens to float32
+  EXPECT_FALSE(kqlora::h5::is_nf4_group(params, "q.bias"));
+  std::vector<float> bias_back(256);
+  kqlora::h5::read_dataset(params, "q.bias", H5T_NATIVE_FLOAT, 256, bias_back.data(), out);
+  EXPECT_EQ(bias_back, bias);
+  EXPECT_FALSE(kqlora::h5::is_nf4_group(params, "odd.weight"));
+  // The log names each tensor and its error.
+  std::ifstream log(tmp("quantize.log"));
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("rel. Frobenius error"), std::string::npos) << text;
+  EXPECT_NE(text.find("copied as float (1-D"), std::string::npos) << text;
+  EXPECT_NE(text.find("3 quantized, 2 copied"), std::string::npos) << text;
+}
+
+TEST(QuantizeApp, BadInputExitsTwoAndWritesNothing) {
+  const std::string bin = std::string(KQLORA_TEST_BIN_DIR) + "/kqlora-quantize";
+  const std::string out = tmp("never.h5");
+  std::remove(out.c_str());
+  {
+    std::ofstream bad(tmp("bad.safetensors"), std::ios::binary);
+    bad << "\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":";
+  }
+  for (const std::string& args :
+       {tmp("bad.safetensors") + " " + out, tmp("missing.safetensors") + " " + out,
+        tmp("model.safetensors") + " " + out + " --block-size 7",
+        tmp("model.safetensors") + " " + out + " --frobnicate", std::string("onlyone")}) {
+    const int rc = std::system((bin + " " + args + " > /dev/null 2>&1").c_str());
+    EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 2) << args << " -> " << rc;
+    EXPECT_FALSE(std::ifstream(out).good()) << args;
+    EXPECT_FALSE(std::ifstream(out + ".tmp").good()) << args;
+  }
+  EXPECT_EQ(std::system((bin + " --help > /dev/null").c_str()), 0);
+}
