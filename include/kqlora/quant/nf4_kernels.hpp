@@ -39,13 +39,16 @@ struct Nf4BlockAbsmax {
   int64_t block_size;
 
   KOKKOS_INLINE_FUNCTION void operator()(int64_t b) const {
-    float m = 0.0f;
+    // The max of |x| as the max of the sign-cleared bit patterns: the same order for
+    // non-negative floats, an integer reduction that vectorises, and Inf/NaN land at or
+    // above the infinity pattern.
+    uint32_t m = 0;
     const int64_t base = b * block_size;
     for (int64_t i = 0; i < block_size; ++i) {
-      const float a = fabsf(Rounding<T>::load(input(base + i)));
-      m = (a > m || a != a) ? a : m;  // NaN wins, so a bad input is seen by the caller
+      const uint32_t u = bit_cast<uint32_t>(Rounding<T>::load(input(base + i))) & 0x7fffffffu;
+      m = u > m ? u : m;
     }
-    absmax(b) = m;
+    absmax(b) = m < 0x7f800000u ? bit_cast<float>(m) : NAN;  // caller sees NaN in the sums
   }
 };
 
@@ -112,6 +115,30 @@ struct Nf4EncodeBlocks {
   }
 };
 
+#if KQLORA_HAVE_AVX512
+/// Host SIMD encoding, one block per work item (block_size a multiple of 16).
+template <class T>
+struct Nf4EncodeBlocksAvx512 {
+  Kokkos::View<const T*, Kokkos::HostSpace> input;
+  Kokkos::View<const float*, Kokkos::HostSpace> absmax;
+  Kokkos::View<uint8_t*, Kokkos::HostSpace> data;
+  int64_t block_size;
+
+  void operator()(int64_t b) const {
+    alignas(64) float codebook[16];
+    for (int k = 0; k < 16; ++k) codebook[k] = nf4_value<T>(k);
+    const float a = absmax(b);
+    uint8_t* out = data.data() + b * (block_size / 2);
+    if (!(a > 0.0f)) {  // all-zero block: every code is 0.0
+      for (int64_t j = 0; j < block_size / 2; ++j) out[j] = nf4_zero_code * 17;
+      return;
+    }
+    nf4_encode_block_avx512<std::is_same<T, bfloat16>::value>(
+        input.data() + b * block_size, block_size, a, _mm512_load_ps(codebook), out);
+  }
+};
+#endif
+
 /// Output conversion: float32 or bfloat16 from a float holding a value of the NF4 dtype.
 KOKKOS_INLINE_FUNCTION void nf4_store(float* p, float v) { *p = v; }
 KOKKOS_INLINE_FUNCTION void nf4_store(bfloat16* p, float v) { *p = bfloat16(v); }
@@ -148,13 +175,6 @@ struct Nf4DecodeBlocksAvx512 {
   float mean;
   int64_t block_size, scaler_block_size, num_blocks, blocks_per_item;
 
-  static __m512 round_bf16(__m512 v) {
-    const __m512i u = _mm512_castps_si512(v);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
-    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(int(0xffff0000u))));
-  }
-
   void operator()(int64_t item) const {
     alignas(64) float codebook[16];
     for (int k = 0; k < 16; ++k) codebook[k] = nf4_value<T>(k);
@@ -166,7 +186,7 @@ struct Nf4DecodeBlocksAvx512 {
       const float s = nf4_block_scale<T>(scalers(b), factor(b / scaler_block_size), mean);
       __m512 table = _mm512_mul_ps(cb, _mm512_set1_ps(s));  // nf4_decode for all 16 codes
       if (std::is_same<T, bfloat16>::value || std::is_same<TOut, bfloat16>::value) {
-        table = round_bf16(table);
+        table = nf4_round_bf16(table);
       }
       if (std::is_same<TOut, float>::value) {
         nf4_decode_f32_avx512<Stream>(data.data() + b * half, half, table,
@@ -270,9 +290,23 @@ Nf4Tensor<MemSpace> nf4_quantize(const ExecSpace& exec, Kokkos::View<const T*, M
                        impl::Nf4DoubleQuantize<T, MemSpace>{absmax, t.quantized_scalers,
                                                             t.quantization_factor, t.scaler_mean,
                                                             layout.scaler_block_size, nb});
-  Kokkos::parallel_for("kqlora::Nf4::encode", Policy(exec, 0, nb),
-                       impl::Nf4EncodeBlocks<T, MemSpace>{input, absmax, t.quantized_data,
+  bool encoded = false;
+#if KQLORA_HAVE_AVX512
+  if constexpr (Nf4HostSimd<ExecSpace>::value &&
+                std::is_same<MemSpace, Kokkos::HostSpace>::value) {
+    if (layout.block_size % 16 == 0) {
+      Kokkos::parallel_for("kqlora::Nf4::encode", Policy(exec, 0, nb),
+                           impl::Nf4EncodeBlocksAvx512<T>{input, absmax, t.quantized_data,
                                                           layout.block_size});
+      encoded = true;
+    }
+  }
+#endif
+  if (!encoded) {
+    Kokkos::parallel_for("kqlora::Nf4::encode", Policy(exec, 0, nb),
+                         impl::Nf4EncodeBlocks<T, MemSpace>{input, absmax, t.quantized_data,
+                                                            layout.block_size});
+  }
   fence(exec, "kqlora::Nf4::quantize");
   return t;
 }

@@ -55,6 +55,60 @@ inline void nf4_decode_bf16_avx512(const uint8_t* bytes, int64_t nbytes, __m512 
   }
 }
 
+/// Rounds float lanes to bfloat16 values (nearest even), as kqlora::round_to_bf16 does for
+/// finite values.
+inline __m512 nf4_round_bf16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
+  return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(int(0xffff0000u))));
+}
+
+/// 16 inputs as float lanes: float32 loads as is, bfloat16 widens exactly.
+template <bool Bf16>
+inline __m512 nf4_load16(const void* p) {
+  if (Bf16) {
+    const __m256i h = _mm256_loadu_si256(static_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  return _mm512_loadu_ps(p);
+}
+
+/// Encodes `n` elements (a multiple of 16) of one block with absmax `a` (> 0) into n/2
+/// bytes: nf4_nearest_code for 16 lanes at once. `cb` holds the codebook in the dtype.
+/// The interval [c_lo, c_lo+1] around each scaled value is found by a 4-step branchless
+/// binary search (vpermps lookups), then the two rounded distances decide, ties low.
+template <bool Bf16>
+inline void nf4_encode_block_avx512(const void* in, int64_t n, float a, __m512 cb, uint8_t* out) {
+  const __m512 va = _mm512_set1_ps(a);
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  const __m512i one = _mm512_set1_epi32(1), fourteen = _mm512_set1_epi32(14);
+  const size_t esize = Bf16 ? 2 : 4;
+  for (int64_t i = 0; i < n; i += 16) {
+    __m512 v = _mm512_div_ps(nf4_load16<Bf16>(static_cast<const char*>(in) + i * esize), va);
+    if (Bf16) v = nf4_round_bf16(v);
+    __m512i idx = _mm512_setzero_si512();
+    for (int step = 8; step > 0; step >>= 1) {
+      const __m512i cand = _mm512_add_epi32(idx, _mm512_set1_epi32(step));
+      const __mmask16 ge = _mm512_cmp_ps_mask(v, _mm512_permutexvar_ps(cand, cb), _CMP_GE_OQ);
+      idx = _mm512_mask_mov_epi32(idx, ge, cand);
+    }
+    const __m512i lo = _mm512_min_epi32(idx, fourteen);
+    const __m512i hi = _mm512_add_epi32(lo, one);
+    __m512 d_lo = _mm512_andnot_ps(sign, _mm512_sub_ps(v, _mm512_permutexvar_ps(lo, cb)));
+    __m512 d_hi = _mm512_andnot_ps(sign, _mm512_sub_ps(v, _mm512_permutexvar_ps(hi, cb)));
+    if (Bf16) {
+      d_lo = nf4_round_bf16(d_lo);
+      d_hi = nf4_round_bf16(d_hi);
+    }
+    const __mmask16 up = _mm512_cmp_ps_mask(d_hi, d_lo, _CMP_LT_OQ);
+    const __m512i code = _mm512_mask_mov_epi32(lo, up, hi);
+    // Pairs of lanes -> one byte: even code in the high nibble.
+    const __m512i packed = _mm512_or_si512(_mm512_slli_epi64(code, 4), _mm512_srli_epi64(code, 32));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i / 2), _mm512_cvtepi64_epi8(packed));
+  }
+}
+
 inline void stream_fence() { _mm_sfence(); }
 
 #endif  // KQLORA_HAVE_AVX512
