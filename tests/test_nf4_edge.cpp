@@ -138,6 +138,24 @@ TEST(Nf4Edge, QuantizingTwiceGivesTheSameBytes) {
   EXPECT_EQ(bits(a.scaler_mean), bits(b.scaler_mean));
 }
 
+#ifdef KOKKOS_ENABLE_SERIAL
+TEST(Nf4Edge, SerialAndDefaultSpaceGiveTheSameBytes) {
+  // Fixed-order reductions: the bytes do not depend on the backend or its thread count
+  // (with Kokkos OpenMP this compares 1 thread against OMP_NUM_THREADS).
+  auto L = layout({1000, 64}, 64, 256);  // 1000 blocks: 3 full scaler blocks and a partial one
+  const auto x = randn(L.numel(), 8, 5.0f);
+  const auto a = quantize(x, L);
+  Kokkos::View<const float*, Kokkos::HostSpace> in(
+      Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(x.data(), x.size()));
+  const auto b = kqlora::nf4_quantize<float>(Kokkos::Serial(), in, L);
+  EXPECT_EQ(0, std::memcmp(a.quantized_data.data(), b.quantized_data.data(), L.num_bytes()));
+  EXPECT_EQ(0, std::memcmp(a.quantized_scalers.data(), b.quantized_scalers.data(), L.num_blocks()));
+  EXPECT_EQ(0, std::memcmp(a.quantization_factor.data(), b.quantization_factor.data(),
+                           4 * L.num_scaler_blocks()));
+  EXPECT_EQ(bits(a.scaler_mean), bits(b.scaler_mean));
+}
+#endif
+
 namespace {
 void expect_input_error(const std::vector<float>& x, const kqlora::Nf4Layout& L,
                         const std::string& needle) {
