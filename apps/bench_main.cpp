@@ -141,9 +141,9 @@ int bench_main(std::vector<std::string>& args) {
     nf4_records<kqlora::bfloat16>(n, repeats, filter, records);
   }
 
-  std::cout << std::left << std::setw(30) << "record" << std::right << std::setw(12)
-            << "median ms" << std::setw(10) << "GB/s" << std::setw(12) << "Melem/s"
-            << std::setw(14) << "vs memcpy" << "\n";
+  std::cout << std::left << std::setw(30) << "record" << std::right << std::setw(12) << "median ms"
+            << std::setw(10) << "GB/s" << std::setw(12) << "Melem/s" << std::setw(14) << "vs memcpy"
+            << "\n";
   double memcpy_bw = 0;
   for (const auto& r : records) {
     const double bw = r.bytes / r.median_s / 1e9;
@@ -152,7 +152,8 @@ int bench_main(std::vector<std::string>& args) {
               << std::setprecision(3) << std::setw(12) << r.median_s * 1e3 << std::setprecision(2)
               << std::setw(10) << bw << std::setprecision(1) << std::setw(12)
               << r.elements / r.median_s / 1e6;
-    if (memcpy_bw > 0) std::cout << std::setw(13) << std::setprecision(1) << 100 * bw / memcpy_bw << "%";
+    if (memcpy_bw > 0)
+      std::cout << std::setw(13) << std::setprecision(1) << 100 * bw / memcpy_bw << "%";
     std::cout << std::defaultfloat << "\n";
   }
   if (!json_path.empty()) {
@@ -161,10 +162,9 @@ int bench_main(std::vector<std::string>& args) {
     f << "[\n";
     for (size_t i = 0; i < records.size(); ++i) {
       const auto& r = records[i];
-      f << "  {\"name\": \"" << r.name << "\", \"median_s\": " << std::setprecision(9)
-        << r.median_s << ", \"bytes\": " << std::setprecision(15) << r.bytes
-        << ", \"flops\": " << r.flops << ", \"elements\": " << r.elements << "}"
-        << (i + 1 < records.size() ? "," : "") << "\n";
+      f << "  {\"name\": \"" << r.name << "\", \"median_s\": " << std::setprecision(9) << r.median_s
+        << ", \"bytes\": " << std::setprecision(15) << r.bytes << ", \"flops\": " << r.flops
+        << ", \"elements\": " << r.elements << "}" << (i + 1 < records.size() ? "," : "") << "\n";
     }
     f << "]\n";
     KQLORA_THROW_IF(!f.good(), json_path << ": write failed");

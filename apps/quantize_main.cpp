@@ -69,8 +69,8 @@ int quantize_main(std::vector<std::string>& args) {
   for (const auto& a : args)
     KQLORA_INPUT_CHECK(a.empty() || a[0] != '-' || a == "-",
                        "unknown option '" << a << "' (see --help)");
-  KQLORA_INPUT_CHECK(args.size() == 2, "expected IN and OUT.h5, got " << args.size()
-                                                                      << " arguments (see --help)");
+  KQLORA_INPUT_CHECK(args.size() == 2,
+                     "expected IN and OUT.h5, got " << args.size() << " arguments (see --help)");
   KQLORA_INPUT_CHECK(defaults.block_size > 0 && defaults.block_size % 2 == 0,
                      "--block-size must be a positive even number, got " << defaults.block_size);
   KQLORA_INPUT_CHECK(defaults.scaler_block_size > 0,
@@ -107,12 +107,16 @@ int quantize_main(std::vector<std::string>& args) {
         int64_t numel = 1;
         for (int64_t d : e.shape) numel *= d;
         std::string why;
-        if (e.shape.size() != 2) why = "1-D or >2-D";
-        else if (numel % layout.block_size != 0) why = "numel not a multiple of the block size";
+        if (e.shape.size() != 2)
+          why = "1-D or >2-D";
+        else if (numel % layout.block_size != 0)
+          why = "numel not a multiple of the block size";
         const kqlora::HostTensor t = source->load(e.name);
         if (!why.empty()) {
-          if (t.is_bf16) kqlora::h5::write_bfloat16(params, e.name, t.shape, t.bf16.data());
-          else kqlora::h5::write_float(params, e.name, t.shape, t.f32.data());
+          if (t.is_bf16)
+            kqlora::h5::write_bfloat16(params, e.name, t.shape, t.bf16.data());
+          else
+            kqlora::h5::write_float(params, e.name, t.shape, t.f32.data());
           std::cout << "copied as float (" << why << ")\n";
           ++copied;
           continue;
@@ -121,9 +125,8 @@ int quantize_main(std::vector<std::string>& args) {
         const auto nf4 = t.is_bf16 ? quantize(t.bf16, layout, e.name, &err)
                                    : quantize(t.f32, layout, e.name, &err);
         kqlora::h5::write_nf4(params, e.name, nf4);
-        std::cout << "NF4 " << kqlora::dtype_name(nf4.layout.dtype)
-                  << ", rel. Frobenius error " << std::setprecision(4) << std::scientific << err
-                  << std::defaultfloat << "\n";
+        std::cout << "NF4 " << kqlora::dtype_name(nf4.layout.dtype) << ", rel. Frobenius error "
+                  << std::setprecision(4) << std::scientific << err << std::defaultfloat << "\n";
         ++quantized;
       }
       file.close();

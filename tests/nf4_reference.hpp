@@ -24,7 +24,9 @@ struct Result {
 };
 
 // Rounds a float32 result to the dtype (identity for float32).
-inline float rd(float x, bool bf16) { return bf16 ? kqlora::round_to_bf16(x) : x; }
+inline float rd(float x, bool bf16) {
+  return bf16 ? kqlora::round_to_bf16(x) : x;
+}
 
 inline Result quantize(const std::vector<float>& x, int64_t bs, int64_t sbs, bool bf16) {
   const int64_t n = static_cast<int64_t>(x.size()), nb = n / bs, nsb = (nb + sbs - 1) / sbs;
@@ -47,7 +49,8 @@ inline Result quantize(const std::vector<float>& x, int64_t bs, int64_t sbs, boo
   for (int64_t g = 0; g < nsb; ++g) {
     const int64_t end = std::min(nb, (g + 1) * sbs);
     float amax = 0;
-    for (int64_t i = g * sbs; i < end; ++i) amax = std::max(amax, std::fabs(rd(absmax[i] - r.mean, bf16)));
+    for (int64_t i = g * sbs; i < end; ++i)
+      amax = std::max(amax, std::fabs(rd(absmax[i] - r.mean, bf16)));
     const float f = amax > 0 ? rd(rd(1.0f / rd(2 * amax, bf16), bf16) * 256.0f, bf16) : 1.0f;
     r.factors[g] = f;
     for (int64_t i = g * sbs; i < end; ++i) {
@@ -75,7 +78,8 @@ inline Result quantize(const std::vector<float>& x, int64_t bs, int64_t sbs, boo
     codes[i] = best;
   }
   r.data.resize(n / 2);
-  for (int64_t j = 0; j < n / 2; ++j) r.data[j] = static_cast<uint8_t>(codes[2 * j] << 4 | codes[2 * j + 1]);
+  for (int64_t j = 0; j < n / 2; ++j)
+    r.data[j] = static_cast<uint8_t>(codes[2 * j] << 4 | codes[2 * j + 1]);
   r.dequantized.resize(n);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t b = i / bs;

@@ -4,11 +4,28 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cstring>
+#include <random>
 #include <vector>
 
 #include "kqlora/quant/nf4_kernels.hpp"
 
 namespace nf4test {
+
+/// The bits of a float (values of bfloat16 widen exactly, so this compares them too).
+inline uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+inline std::vector<float> randn(int64_t n, unsigned seed, float scale = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = scale * d(gen);
+  return v;
+}
 
 using Exec = Kokkos::DefaultExecutionSpace;
 using Mem = Exec::memory_space;
@@ -17,16 +34,16 @@ using HostNf4 = kqlora::Nf4Tensor<Kokkos::HostSpace>;
 template <class T>
 Kokkos::View<T*, Mem> to_device(const std::vector<T>& v) {
   Kokkos::View<T*, Mem> d("nf4test::input", v.size());
-  Kokkos::deep_copy(d, Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
-                           v.data(), v.size()));
+  Kokkos::deep_copy(
+      d, Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(v.data(), v.size()));
   return d;
 }
 
 template <class T>
 std::vector<T> to_host(Kokkos::View<T*, Mem> d) {
   std::vector<T> v(d.extent(0));
-  Kokkos::deep_copy(Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(v.data(), v.size()),
-                    d);
+  Kokkos::deep_copy(
+      Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(v.data(), v.size()), d);
   return v;
 }
 
@@ -38,7 +55,8 @@ HostNf4 quantize(const std::vector<T>& x, kqlora::Nf4Layout layout) {
 }
 
 template <class TOut>
-std::vector<TOut> dequantize(const HostNf4& t, kqlora::Nf4Store store = kqlora::Nf4Store::automatic) {
+std::vector<TOut> dequantize(const HostNf4& t,
+                             kqlora::Nf4Store store = kqlora::Nf4Store::automatic) {
   auto dt = kqlora::nf4_copy_to<Mem>(t);
   Kokkos::View<TOut*, Mem> out("nf4test::out", t.layout.numel());
   kqlora::nf4_dequantize(Exec(), dt, out, store);

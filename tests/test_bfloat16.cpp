@@ -17,9 +17,12 @@ namespace {
 double reference_value(uint16_t b) {
   const int sign = b >> 15, exp = (b >> 7) & 0xff, mant = b & 0x7f;
   double v;
-  if (exp == 0xff) v = std::ldexp(1.0, 128);
-  else if (exp == 0) v = std::ldexp(mant / 128.0, -126);
-  else v = std::ldexp(1.0 + mant / 128.0, exp - 127);
+  if (exp == 0xff)
+    v = std::ldexp(1.0, 128);
+  else if (exp == 0)
+    v = std::ldexp(mant / 128.0, -126);
+  else
+    v = std::ldexp(1.0 + mant / 128.0, exp - 127);
   return sign ? -v : v;
 }
 

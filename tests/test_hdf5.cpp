@@ -22,14 +22,6 @@ std::string tmp(const std::string& name) {
   return std::string(KQLORA_TEST_BIN_DIR) + "/../tests/tmp_" + name;
 }
 
-std::vector<float> randn(int64_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d;
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(gen);
-  return v;
-}
-
 void expect_same(const HostNf4& a, const HostNf4& b) {
   ASSERT_EQ(a.layout, b.layout);
   const auto& L = a.layout;
@@ -75,7 +67,8 @@ TEST(Hdf5Params, WritesBfloat16ForPython) {
   // Values across the range, subnormals and signed zeros included; check_bf16_h5py.py
   // rounds `source` to bfloat16 itself and compares with what h5py reads from `bf16`.
   std::vector<float> src = randn(4096, 2);
-  for (size_t i = 0; i < src.size(); i += 7) src[i] *= std::ldexp(1.0f, static_cast<int>(i % 200) - 100);
+  for (size_t i = 0; i < src.size(); i += 7)
+    src[i] *= std::ldexp(1.0f, static_cast<int>(i % 200) - 100);
   src[1] = -0.0f;
   src[2] = std::ldexp(1.0f, -130);  // float32 subnormal
   src[3] = 3.0e38f;                 // rounds to bfloat16 infinity? no: 3e38 < max bf16 (3.39e38)
@@ -139,7 +132,8 @@ TEST(QuantizeApp, WritesWhatTheKernelComputes) {
   const std::string out = tmp("model_nf4.h5");
   std::remove(out.c_str());
   ASSERT_EQ(std::system((bin + " " + tmp("model.safetensors") + " " + out + " > " +
-                         tmp("quantize.log") + " 2>&1").c_str()),
+                         tmp("quantize.log") + " 2>&1")
+                            .c_str()),
             0);
   kqlora::Nf4Layout L;
   L.shape = {128, 256};

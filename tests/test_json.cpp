@@ -6,8 +6,8 @@
 using kqlora::json::parse;
 
 TEST(Json, ParsesNestedValues) {
-  const auto v = parse(R"( {"a": [1, -2.5e1, true, null], "b": {"c": "x\"\u00e9\ud83d\ude00"}} )",
-                       "t");
+  const auto v =
+      parse(R"( {"a": [1, -2.5e1, true, null], "b": {"c": "x\"\u00e9\ud83d\ude00"}} )", "t");
   ASSERT_EQ(v.object.size(), 2u);
   const auto& a = *v.find("a");
   ASSERT_EQ(a.array.size(), 4u);

@@ -22,20 +22,6 @@ kqlora::Nf4Layout layout(std::vector<int64_t> shape, int64_t bs = 64, int64_t sb
   return L;
 }
 
-std::vector<float> randn(int64_t n, unsigned seed, float scale = 1.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d;
-  std::vector<float> v(n);
-  for (auto& x : v) x = scale * d(gen);
-  return v;
-}
-
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
 template <class T>
 void expect_matches_reference(const std::vector<float>& x, const kqlora::Nf4Layout& L) {
   std::vector<T> in(x.begin(), x.end());
@@ -49,7 +35,8 @@ void expect_matches_reference(const std::vector<float>& x, const kqlora::Nf4Layo
   const auto t = quantize(in, L);
   ASSERT_EQ(bits(t.scaler_mean), bits(ref.mean));
   for (int64_t i = 0; i < L.num_bytes(); ++i) ASSERT_EQ(t.quantized_data(i), ref.data[i]) << i;
-  for (int64_t i = 0; i < L.num_blocks(); ++i) ASSERT_EQ(t.quantized_scalers(i), ref.scalers[i]) << i;
+  for (int64_t i = 0; i < L.num_blocks(); ++i)
+    ASSERT_EQ(t.quantized_scalers(i), ref.scalers[i]) << i;
   for (int64_t i = 0; i < L.num_scaler_blocks(); ++i)
     ASSERT_EQ(bits(t.quantization_factor(i)), bits(ref.factors[i])) << i;
   const auto deq = dequantize<T>(t);

@@ -30,7 +30,9 @@ struct Case {
   }
 };
 
-std::string dir() { return std::string(KQLORA_TEST_DATA_DIR) + "/nf4_golden/"; }
+std::string dir() {
+  return std::string(KQLORA_TEST_DATA_DIR) + "/nf4_golden/";
+}
 
 std::vector<Case> read_manifest() {
   std::ifstream f(dir() + "manifest.txt");
@@ -78,12 +80,6 @@ HostNf4 golden_tensor(const Case& c) {
 }
 
 // Bits of a float holding a value of the case's dtype.
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
 template <class T>
 void check_case(const Case& c, int* means_equal) {
   SCOPED_TRACE(c.name);
@@ -118,8 +114,10 @@ void check_case(const Case& c, int* means_equal) {
     }
   }
   for (int64_t b = 0; b < L.num_blocks(); ++b) {
-    if (same_mean) ASSERT_EQ(ours.quantized_scalers(b), golden.quantized_scalers(b)) << b;
-    else ASSERT_LE(std::abs(ours.quantized_scalers(b) - golden.quantized_scalers(b)), 1) << b;
+    if (same_mean)
+      ASSERT_EQ(ours.quantized_scalers(b), golden.quantized_scalers(b)) << b;
+    else
+      ASSERT_LE(std::abs(ours.quantized_scalers(b) - golden.quantized_scalers(b)), 1) << b;
   }
 
   // Dequantizing torchao's own components reproduces torchao's values bit for bit, on the
@@ -145,11 +143,12 @@ TEST(Nf4Golden, MatchesTorchao) {
   ASSERT_GE(cases.size(), 12u) << "golden data missing: " << dir();
   int means_equal = 0;
   for (const auto& c : cases) {
-    if (c.dtype == "float32") check_case<float>(c, &means_equal);
-    else check_case<bfloat16>(c, &means_equal);
+    if (c.dtype == "float32")
+      check_case<float>(c, &means_equal);
+    else
+      check_case<bfloat16>(c, &means_equal);
   }
   // Summation order rarely changes a rounded mean; most cases must agree exactly.
   EXPECT_GE(means_equal, static_cast<int>(cases.size()) - 2);
-  std::printf("scaler_mean identical to torchao's in %d of %zu cases\n", means_equal,
-              cases.size());
+  std::printf("scaler_mean identical to torchao's in %d of %zu cases\n", means_equal, cases.size());
 }

@@ -52,10 +52,10 @@ TEST(Nf4Shard, RoundTripForEveryShardCount) {
       const auto g = kqlora::nf4_gather(Kokkos::DefaultHostExecutionSpace(), shards);
       ASSERT_EQ(g.layout, L);
       EXPECT_EQ(0, std::memcmp(g.quantized_data.data(), t.quantized_data.data(), L.num_bytes()));
-      EXPECT_EQ(0, std::memcmp(g.quantized_scalers.data(), t.quantized_scalers.data(),
-                               L.num_blocks()));
-      EXPECT_EQ(0, std::memcmp(g.quantization_factor.data(), t.quantization_factor.data(),
-                               4 * nsb));
+      EXPECT_EQ(
+          0, std::memcmp(g.quantized_scalers.data(), t.quantized_scalers.data(), L.num_blocks()));
+      EXPECT_EQ(0,
+                std::memcmp(g.quantization_factor.data(), t.quantization_factor.data(), 4 * nsb));
       EXPECT_EQ(g.scaler_mean, t.scaler_mean);
     }
   }
@@ -68,11 +68,11 @@ TEST(Nf4Shard, GatherRejectsIncompleteSets) {
   x[3] = -2.0f;
   const auto t = quantize(x, L);
   auto s0 = kqlora::nf4_shard(Kokkos::DefaultHostExecutionSpace(), t, 0, 2);
-  EXPECT_THROW(kqlora::nf4_gather(Kokkos::DefaultHostExecutionSpace(),
-                                  std::vector<decltype(s0)>{s0, s0}),
-               kqlora::Error);
-  EXPECT_THROW(kqlora::nf4_gather(Kokkos::DefaultHostExecutionSpace(),
-                                  std::vector<decltype(s0)>{s0}),
-               kqlora::Error);
+  EXPECT_THROW(
+      kqlora::nf4_gather(Kokkos::DefaultHostExecutionSpace(), std::vector<decltype(s0)>{s0, s0}),
+      kqlora::Error);
+  EXPECT_THROW(
+      kqlora::nf4_gather(Kokkos::DefaultHostExecutionSpace(), std::vector<decltype(s0)>{s0}),
+      kqlora::Error);
   EXPECT_THROW(kqlora::nf4_shard(Kokkos::DefaultHostExecutionSpace(), t, 2, 2), kqlora::InputError);
 }

@@ -61,8 +61,8 @@ TEST(Safetensors, ReadsFileFromPythonPackage) {
   }
   EXPECT_TRUE(src->load("w_bf16").is_bf16);
   EXPECT_THROW(src->load("ids"), kqlora::InputError);  // I64 is not a float tensor
-  const auto h = st::read_header(std::string(KQLORA_TEST_DATA_DIR) +
-                                 "/safetensors/fixture.safetensors");
+  const auto h =
+      st::read_header(std::string(KQLORA_TEST_DATA_DIR) + "/safetensors/fixture.safetensors");
   EXPECT_EQ(h.metadata.at("format"), "pt");
 }
 
@@ -104,15 +104,15 @@ TEST(Safetensors, RejectsMalformedFiles) {
                             R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
                             16),
                   "overlap");
-  expect_rejected(make_file("count.st", R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,16]}})",
-                            16),
-                  "16 bytes for 3 elements of F32");
-  expect_rejected(make_file("dtype.st", R"({"t":{"dtype":"Q4","shape":[4],"data_offsets":[0,4]}})",
-                            16),
-                  "unknown dtype 'Q4'");
-  expect_rejected(make_file("reversed.st",
-                            R"({"t":{"dtype":"U8","shape":[0],"data_offsets":[8,0]}})", 16),
-                  "reversed");
+  expect_rejected(
+      make_file("count.st", R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,16]}})", 16),
+      "16 bytes for 3 elements of F32");
+  expect_rejected(
+      make_file("dtype.st", R"({"t":{"dtype":"Q4","shape":[4],"data_offsets":[0,4]}})", 16),
+      "unknown dtype 'Q4'");
+  expect_rejected(
+      make_file("reversed.st", R"({"t":{"dtype":"U8","shape":[0],"data_offsets":[8,0]}})", 16),
+      "reversed");
   expect_rejected(make_file("notobj.st", "[1,2]", 0), "must be a JSON object");
   expect_rejected(make_file("badjson.st", R"({"t": {)", 0), "JSON error");
   expect_rejected(make_file("noshape.st", R"({"t":{"dtype":"F32","data_offsets":[0,4]}})", 4),

@@ -7,13 +7,8 @@
 # with kqlora-quantize, and the NF4 benchmarks -- and says plainly which steps are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash tools/install_deps_debian.sh
-if [ "$(id -u)" -eq 0 ]; then
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fi
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" OPENBLAS_NUM_THREADS=1
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${KQLORA_CMAKE_ARGS:-}
-cmake --build build -j"$(nproc)"
+source tools/build.sh
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 bin=build/bin
 run=run/seed
 mkdir -p "$run"

@@ -15,7 +15,9 @@
 
 namespace kqlora {
 
-std::string version() { return KQLORA_VERSION_STRING; }
+std::string version() {
+  return KQLORA_VERSION_STRING;
+}
 
 std::string build_configuration() {
   std::ostringstream os;

@@ -4,7 +4,9 @@
 
 namespace kqlora {
 
-const char* dtype_name(DType t) { return t == DType::float32 ? "float32" : "bfloat16"; }
+const char* dtype_name(DType t) {
+  return t == DType::float32 ? "float32" : "bfloat16";
+}
 
 DType parse_dtype(const std::string& s, const std::string& what) {
   if (s == "float32") return DType::float32;

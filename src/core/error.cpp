@@ -8,6 +8,8 @@ void throw_error(const std::string& what, const char* file, int line) {
   throw Error(os.str());
 }
 
-void throw_input_error(const std::string& what) { throw InputError(what); }
+void throw_input_error(const std::string& what) {
+  throw InputError(what);
+}
 
 }  // namespace kqlora::detail

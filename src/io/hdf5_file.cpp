@@ -22,7 +22,9 @@ void throw_h5_error(const char* call, const char* file, int line) {
                       line);
 }
 
-void quiet_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+void quiet_errors() {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
 
 void Handle::reset() {
   if (id_ == H5I_INVALID_HID) return;
@@ -56,8 +58,7 @@ Handle open_file(const std::string& path, bool writable) {
 #else
   const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
 #endif
-  KQLORA_INPUT_CHECK(is_hdf5 > 0,
-                     path << ": not a readable HDF5 file");
+  KQLORA_INPUT_CHECK(is_hdf5 > 0, path << ": not a readable HDF5 file");
   const hid_t f = H5Fopen(path.c_str(), writable ? H5F_ACC_RDWR : H5F_ACC_RDONLY, H5P_DEFAULT);
   KQLORA_INPUT_CHECK(f >= 0, path << ": cannot open the HDF5 file");
   return Handle(f);

@@ -4,7 +4,9 @@ namespace kqlora::h5 {
 
 namespace {
 
-hid_t file_type_of(DType t) { return t == DType::float32 ? H5T_IEEE_F32LE : bfloat16_type(); }
+hid_t file_type_of(DType t) {
+  return t == DType::float32 ? H5T_IEEE_F32LE : bfloat16_type();
+}
 
 /// Components of the dtype are held as float; bfloat16 ones are written as bfloat16.
 void write_dtype_values(hid_t loc, const std::string& name, DType t, const float* v, int64_t n) {
@@ -84,8 +86,8 @@ HostNf4 read_nf4(hid_t loc, const std::string& name, const std::string& file) {
   auto t = HostNf4::allocate(L);
   read_dataset(g, "quantized_data", H5T_NATIVE_UINT8, L.num_bytes(), t.quantized_data.data(),
                where);
-  read_dataset(g, "quantized_scalers", H5T_NATIVE_INT8, L.num_blocks(),
-               t.quantized_scalers.data(), where);
+  read_dataset(g, "quantized_scalers", H5T_NATIVE_INT8, L.num_blocks(), t.quantized_scalers.data(),
+               where);
   read_dataset(g, "quantization_factor", H5T_NATIVE_FLOAT, L.num_scaler_blocks(),
                t.quantization_factor.data(), where);
   read_dataset(g, "scaler_mean", H5T_NATIVE_FLOAT, 1, &t.scaler_mean, where);

@@ -16,12 +16,18 @@ const Value* Value::find(const std::string& key) const {
 
 const char* Value::kind_name() const {
   switch (kind) {
-    case Kind::null: return "null";
-    case Kind::boolean: return "a boolean";
-    case Kind::number: return "a number";
-    case Kind::string: return "a string";
-    case Kind::array: return "an array";
-    default: return "an object";
+    case Kind::null:
+      return "null";
+    case Kind::boolean:
+      return "a boolean";
+    case Kind::number:
+      return "a number";
+    case Kind::string:
+      return "a string";
+    case Kind::array:
+      return "an array";
+    default:
+      return "an object";
   }
 }
 
@@ -53,8 +59,8 @@ class Parser {
         ++col;
       }
     }
-    KQLORA_INPUT_CHECK(false, where_ << ": JSON error at line " << line << ", column " << col
-                                     << ": " << what);
+    KQLORA_INPUT_CHECK(
+        false, where_ << ": JSON error at line " << line << ", column " << col << ": " << what);
   }
 
   void skip_ws() {
@@ -168,10 +174,14 @@ class Parser {
     for (int i = 0; i < 4; ++i) {
       const char h = s_[pos_++];
       u <<= 4;
-      if (h >= '0' && h <= '9') u |= h - '0';
-      else if (h >= 'a' && h <= 'f') u |= h - 'a' + 10;
-      else if (h >= 'A' && h <= 'F') u |= h - 'A' + 10;
-      else fail("bad hex digit in \\u escape");
+      if (h >= '0' && h <= '9')
+        u |= h - '0';
+      else if (h >= 'a' && h <= 'f')
+        u |= h - 'a' + 10;
+      else if (h >= 'A' && h <= 'F')
+        u |= h - 'A' + 10;
+      else
+        fail("bad hex digit in \\u escape");
     }
     return u;
   }
@@ -209,14 +219,30 @@ class Parser {
       if (pos_ >= s_.size()) fail("unterminated escape");
       const char e = s_[pos_++];
       switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           unsigned cp = hex4();
           if (cp >= 0xd800 && cp < 0xdc00) {
@@ -232,7 +258,8 @@ class Parser {
           utf8(out, cp);
           break;
         }
-        default: fail(std::string("bad escape '\\") + e + "'");
+        default:
+          fail(std::string("bad escape '\\") + e + "'");
       }
     }
   }
@@ -248,11 +275,21 @@ std::string quote(const std::string& s) {
   std::string out = "\"";
   for (const char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];

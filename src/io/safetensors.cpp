@@ -26,8 +26,8 @@ const TensorInfo* Header::find(const std::string& name) const {
 
 int dtype_size(const std::string& dtype, const std::string& where) {
   static const std::map<std::string, int> sizes = {
-      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4},
-      {"I16", 2}, {"I8", 1},  {"U8", 1},  {"BOOL", 1}, {"U16", 2}, {"U32", 4}, {"U64", 8}};
+      {"F64", 8}, {"F32", 4}, {"F16", 2},  {"BF16", 2}, {"I64", 8}, {"I32", 4}, {"I16", 2},
+      {"I8", 1},  {"U8", 1},  {"BOOL", 1}, {"U16", 2},  {"U32", 4}, {"U64", 8}};
   const auto it = sizes.find(dtype);
   KQLORA_INPUT_CHECK(it != sizes.end(), where << ": unknown dtype '" << dtype << "'");
   return it->second;
@@ -61,9 +61,9 @@ Header read_header(const std::string& path) {
   f.read(reinterpret_cast<char*>(len8), 8);
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len8[i];
-  KQLORA_INPUT_CHECK(n >= 2 && n <= max_header_bytes,
-                     path << ": header length " << n << " is out of bounds (2.."
-                          << max_header_bytes << ")");
+  KQLORA_INPUT_CHECK(n >= 2 && n <= max_header_bytes, path << ": header length " << n
+                                                           << " is out of bounds (2.."
+                                                           << max_header_bytes << ")");
   KQLORA_INPUT_CHECK(n <= size - 8, path << ": header length " << n << " runs past the end of the "
                                          << size << "-byte file (truncated?)");
   std::string text(n, '\0');
@@ -98,9 +98,9 @@ Header read_header(const std::string& path) {
                        where << ": missing string 'dtype'");
     KQLORA_INPUT_CHECK(shape && shape->kind == json::Value::Kind::array,
                        where << ": missing array 'shape'");
-    KQLORA_INPUT_CHECK(offsets && offsets->kind == json::Value::Kind::array &&
-                           offsets->array.size() == 2,
-                       where << ": 'data_offsets' must be an array of two integers");
+    KQLORA_INPUT_CHECK(
+        offsets && offsets->kind == json::Value::Kind::array && offsets->array.size() == 2,
+        where << ": 'data_offsets' must be an array of two integers");
     TensorInfo t;
     t.name = kv.first;
     t.dtype = dtype->string;
@@ -116,8 +116,8 @@ Header read_header(const std::string& path) {
     }
     t.begin = as_offset(offsets->array[0], where);
     t.end = as_offset(offsets->array[1], where);
-    KQLORA_INPUT_CHECK(t.begin <= t.end, where << ": data_offsets [" << t.begin << ", " << t.end
-                                               << "] are reversed");
+    KQLORA_INPUT_CHECK(t.begin <= t.end,
+                       where << ": data_offsets [" << t.begin << ", " << t.end << "] are reversed");
     KQLORA_INPUT_CHECK(t.end <= data_size, where << ": data_offsets end " << t.end
                                                  << " lies past the data section of " << data_size
                                                  << " bytes (truncated file?)");

@@ -87,7 +87,8 @@ class Hdf5Source : public TensorSource {
       size_t size;
       h5::dataset_type(root, name, &cls, &size);
       std::string dtype = "other";
-      if (cls == H5T_FLOAT) dtype = size == 4 ? "F32" : size == 8 ? "F64" : size == 2 ? "BF16" : dtype;
+      if (cls == H5T_FLOAT)
+        dtype = size == 4 ? "F32" : size == 8 ? "F64" : size == 2 ? "BF16" : dtype;
       if (cls == H5T_INTEGER) dtype = size == 1 ? "U8" : "I64";
       entries_.push_back({name, h5::dataset_dims(root, name, path), dtype});
     }

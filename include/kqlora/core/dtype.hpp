@@ -14,7 +14,9 @@ enum class DType { float32, bfloat16 };
 const char* dtype_name(DType t);
 /// Parses "float32" or "bfloat16"; throws InputError naming `what` otherwise.
 DType parse_dtype(const std::string& s, const std::string& what);
-inline int dtype_size(DType t) { return t == DType::float32 ? 4 : 2; }
+inline int dtype_size(DType t) {
+  return t == DType::float32 ? 4 : 2;
+}
 
 /// Arithmetic "in the dtype": a float32 result rounded once to the dtype and held as float.
 template <class T>

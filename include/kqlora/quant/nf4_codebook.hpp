@@ -14,22 +14,38 @@ namespace kqlora {
 /// The codebook literals of DESIGN.md (torchao's), as float32.
 KOKKOS_INLINE_FUNCTION float nf4_literal(int code) {
   switch (code) {
-    case 0: return -1.0f;
-    case 1: return -0.6962f;
-    case 2: return -0.5251f;
-    case 3: return -0.3949f;
-    case 4: return -0.2844f;
-    case 5: return -0.1848f;
-    case 6: return -0.0911f;
-    case 7: return 0.0f;
-    case 8: return 0.0796f;
-    case 9: return 0.1609f;
-    case 10: return 0.2461f;
-    case 11: return 0.3379f;
-    case 12: return 0.4407f;
-    case 13: return 0.5626f;
-    case 14: return 0.7230f;
-    default: return 1.0f;
+    case 0:
+      return -1.0f;
+    case 1:
+      return -0.6962f;
+    case 2:
+      return -0.5251f;
+    case 3:
+      return -0.3949f;
+    case 4:
+      return -0.2844f;
+    case 5:
+      return -0.1848f;
+    case 6:
+      return -0.0911f;
+    case 7:
+      return 0.0f;
+    case 8:
+      return 0.0796f;
+    case 9:
+      return 0.1609f;
+    case 10:
+      return 0.2461f;
+    case 11:
+      return 0.3379f;
+    case 12:
+      return 0.4407f;
+    case 13:
+      return 0.5626f;
+    case 14:
+      return 0.7230f;
+    default:
+      return 1.0f;
   }
 }
 
@@ -49,7 +65,7 @@ KOKKOS_INLINE_FUNCTION float nf4_value(int code) {
 template <class T>
 KOKKOS_INLINE_FUNCTION int nf4_nearest_code(float scaled) {
   if (!(scaled == scaled)) return nf4_zero_code;  // 0/0 of an all-zero block
-  int lo = 0;                                      // largest index with value <= scaled, <= 14
+  int lo = 0;                                     // largest index with value <= scaled, <= 14
   for (int k = 1; k < 15; ++k) lo += (scaled >= nf4_value<T>(k)) ? 1 : 0;
   const float d_lo = Rounding<T>::round(fabsf(scaled - nf4_value<T>(lo)));
   const float d_hi = Rounding<T>::round(fabsf(scaled - nf4_value<T>(lo + 1)));

@@ -52,6 +52,13 @@ struct Nf4BlockAbsmax {
   }
 };
 
+/// One past the last block of scaler block g (the last scaler block may be partial).
+KOKKOS_INLINE_FUNCTION int64_t scaler_block_end(int64_t g, int64_t scaler_block_size,
+                                                int64_t num_blocks) {
+  const int64_t end = (g + 1) * scaler_block_size;
+  return end < num_blocks ? end : num_blocks;
+}
+
 /// Sum of each scaler block's absmaxes, in index order, in double.
 template <class MemSpace>
 struct Nf4ScalerPartialSums {
@@ -61,8 +68,7 @@ struct Nf4ScalerPartialSums {
 
   KOKKOS_INLINE_FUNCTION void operator()(int64_t g) const {
     const int64_t begin = g * scaler_block_size;
-    const int64_t end = begin + scaler_block_size < num_blocks ? begin + scaler_block_size
-                                                                : num_blocks;
+    const int64_t end = scaler_block_end(g, scaler_block_size, num_blocks);
     double s = 0.0;
     for (int64_t i = begin; i < end; ++i) s += absmax(i);
     partial(g) = s;
@@ -80,8 +86,7 @@ struct Nf4DoubleQuantize {
 
   KOKKOS_INLINE_FUNCTION void operator()(int64_t g) const {
     const int64_t begin = g * scaler_block_size;
-    const int64_t end = begin + scaler_block_size < num_blocks ? begin + scaler_block_size
-                                                                : num_blocks;
+    const int64_t end = scaler_block_end(g, scaler_block_size, num_blocks);
     float amax = 0.0f;
     for (int64_t i = begin; i < end; ++i) amax = fmaxf(amax, fabsf(R::round(absmax(i) - mean)));
     // torchao: 256 / (2 * absmax), which PyTorch evaluates as reciprocal(2 * absmax) * 256.
@@ -140,8 +145,12 @@ struct Nf4EncodeBlocksAvx512 {
 #endif
 
 /// Output conversion: float32 or bfloat16 from a float holding a value of the NF4 dtype.
-KOKKOS_INLINE_FUNCTION void nf4_store(float* p, float v) { *p = v; }
-KOKKOS_INLINE_FUNCTION void nf4_store(bfloat16* p, float v) { *p = bfloat16(v); }
+KOKKOS_INLINE_FUNCTION void nf4_store(float* p, float v) {
+  *p = v;
+}
+KOKKOS_INLINE_FUNCTION void nf4_store(bfloat16* p, float v) {
+  *p = bfloat16(v);
+}
 
 /// Portable dequantization: one block per work item.
 template <class T, class TOut, class MemSpace>
@@ -180,8 +189,8 @@ struct Nf4DecodeBlocksAvx512 {
     for (int k = 0; k < 16; ++k) codebook[k] = nf4_value<T>(k);
     const __m512 cb = _mm512_load_ps(codebook);
     const int64_t half = block_size / 2;
-    const int64_t b_end = (item + 1) * blocks_per_item < num_blocks ? (item + 1) * blocks_per_item
-                                                                     : num_blocks;
+    const int64_t b_end =
+        (item + 1) * blocks_per_item < num_blocks ? (item + 1) * blocks_per_item : num_blocks;
     for (int64_t b = item * blocks_per_item; b < b_end; ++b) {
       const float s = nf4_block_scale<T>(scalers(b), factor(b / scaler_block_size), mean);
       __m512 table = _mm512_mul_ps(cb, _mm512_set1_ps(s));  // nf4_decode for all 16 codes
@@ -201,7 +210,6 @@ struct Nf4DecodeBlocksAvx512 {
 };
 #endif
 
-
 template <class T, class TOut, class ExecSpace, class MemSpace>
 void nf4_dequantize_as(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t,
                        Kokkos::View<TOut*, MemSpace> out, Nf4Store store) {
@@ -209,12 +217,11 @@ void nf4_dequantize_as(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t,
   using Policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>;
   const int64_t nb = L.num_blocks();
 #if KQLORA_HAVE_AVX512
-  if constexpr (Nf4HostSimd<ExecSpace>::value &&
-                std::is_same<MemSpace, Kokkos::HostSpace>::value) {
+  if constexpr (Nf4HostSimd<ExecSpace>::value && std::is_same<MemSpace, Kokkos::HostSpace>::value) {
     const int64_t out_block_bytes = L.block_size * static_cast<int64_t>(sizeof(TOut));
     if (L.block_size % 16 == 0) {
-      const bool aligned = reinterpret_cast<uintptr_t>(out.data()) % 64 == 0 &&
-                           out_block_bytes % 64 == 0;
+      const bool aligned =
+          reinterpret_cast<uintptr_t>(out.data()) % 64 == 0 && out_block_bytes % 64 == 0;
       const bool big = L.numel() * static_cast<int64_t>(sizeof(TOut)) > (int64_t(8) << 20);
       const bool stream =
           aligned && (store == Nf4Store::streaming || (store == Nf4Store::automatic && big));
@@ -222,17 +229,15 @@ void nf4_dequantize_as(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t,
       const int64_t per_item = L.block_size >= 16384 ? 1 : 16384 / L.block_size;
       const int64_t items = (nb + per_item - 1) / per_item;
       if (stream) {
-        Kokkos::parallel_for(
-            "kqlora::Nf4::dequantize", Policy(exec, 0, items),
-            Nf4DecodeBlocksAvx512<T, TOut, true>{t.quantized_data, t.quantized_scalers,
-                                                 t.quantization_factor, out, t.scaler_mean,
-                                                 L.block_size, L.scaler_block_size, nb, per_item});
+        Kokkos::parallel_for("kqlora::Nf4::dequantize", Policy(exec, 0, items),
+                             Nf4DecodeBlocksAvx512<T, TOut, true>{
+                                 t.quantized_data, t.quantized_scalers, t.quantization_factor, out,
+                                 t.scaler_mean, L.block_size, L.scaler_block_size, nb, per_item});
       } else {
-        Kokkos::parallel_for(
-            "kqlora::Nf4::dequantize", Policy(exec, 0, items),
-            Nf4DecodeBlocksAvx512<T, TOut, false>{t.quantized_data, t.quantized_scalers,
-                                                  t.quantization_factor, out, t.scaler_mean,
-                                                  L.block_size, L.scaler_block_size, nb, per_item});
+        Kokkos::parallel_for("kqlora::Nf4::dequantize", Policy(exec, 0, items),
+                             Nf4DecodeBlocksAvx512<T, TOut, false>{
+                                 t.quantized_data, t.quantized_scalers, t.quantization_factor, out,
+                                 t.scaler_mean, L.block_size, L.scaler_block_size, nb, per_item});
       }
       return;
     }
@@ -241,9 +246,8 @@ void nf4_dequantize_as(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t,
   (void)store;
   Kokkos::parallel_for("kqlora::Nf4::dequantize", Policy(exec, 0, nb),
                        Nf4DecodeBlocks<T, TOut, MemSpace>{t.quantized_data, t.quantized_scalers,
-                                                          t.quantization_factor, out,
-                                                          t.scaler_mean, L.block_size,
-                                                          L.scaler_block_size});
+                                                          t.quantization_factor, out, t.scaler_mean,
+                                                          L.block_size, L.scaler_block_size});
 }
 
 }  // namespace impl
@@ -258,9 +262,9 @@ Nf4Tensor<MemSpace> nf4_quantize(const ExecSpace& exec, Kokkos::View<const T*, M
                 "NF4 quantizes float32 or bfloat16");
   layout.dtype = Rounding<T>::dtype;
   layout.validate(name);
-  KQLORA_INPUT_CHECK(static_cast<int64_t>(input.extent(0)) == layout.numel(),
-                     name << ": " << input.extent(0) << " elements for shape "
-                          << layout.shape_string());
+  KQLORA_INPUT_CHECK(
+      static_cast<int64_t>(input.extent(0)) == layout.numel(),
+      name << ": " << input.extent(0) << " elements for shape " << layout.shape_string());
   const int64_t nb = layout.num_blocks(), nsb = layout.num_scaler_blocks();
   auto t = Nf4Tensor<MemSpace>::allocate(layout);
   Kokkos::View<float*, MemSpace> absmax(
@@ -271,9 +275,9 @@ Nf4Tensor<MemSpace> nf4_quantize(const ExecSpace& exec, Kokkos::View<const T*, M
 
   Kokkos::parallel_for("kqlora::Nf4::block_absmax", Policy(exec, 0, nb),
                        impl::Nf4BlockAbsmax<T, MemSpace>{input, absmax, layout.block_size});
-  Kokkos::parallel_for("kqlora::Nf4::absmax_sums", Policy(exec, 0, nsb),
-                       impl::Nf4ScalerPartialSums<MemSpace>{absmax, partial,
-                                                             layout.scaler_block_size, nb});
+  Kokkos::parallel_for(
+      "kqlora::Nf4::absmax_sums", Policy(exec, 0, nsb),
+      impl::Nf4ScalerPartialSums<MemSpace>{absmax, partial, layout.scaler_block_size, nb});
   auto partial_host = Kokkos::create_mirror_view(partial);
   Kokkos::deep_copy(exec, partial_host, partial);
   fence(exec, "kqlora::Nf4::quantize::absmax_sums");
@@ -286,26 +290,25 @@ Nf4Tensor<MemSpace> nf4_quantize(const ExecSpace& exec, Kokkos::View<const T*, M
   t.scaler_mean = std::is_same<T, float>::value ? static_cast<float>(mean)
                                                 : static_cast<float>(bf16_from_double(mean));
 
-  Kokkos::parallel_for("kqlora::Nf4::double_quantize", Policy(exec, 0, nsb),
-                       impl::Nf4DoubleQuantize<T, MemSpace>{absmax, t.quantized_scalers,
-                                                            t.quantization_factor, t.scaler_mean,
-                                                            layout.scaler_block_size, nb});
+  Kokkos::parallel_for(
+      "kqlora::Nf4::double_quantize", Policy(exec, 0, nsb),
+      impl::Nf4DoubleQuantize<T, MemSpace>{absmax, t.quantized_scalers, t.quantization_factor,
+                                           t.scaler_mean, layout.scaler_block_size, nb});
   bool encoded = false;
 #if KQLORA_HAVE_AVX512
-  if constexpr (Nf4HostSimd<ExecSpace>::value &&
-                std::is_same<MemSpace, Kokkos::HostSpace>::value) {
+  if constexpr (Nf4HostSimd<ExecSpace>::value && std::is_same<MemSpace, Kokkos::HostSpace>::value) {
     if (layout.block_size % 16 == 0) {
-      Kokkos::parallel_for("kqlora::Nf4::encode", Policy(exec, 0, nb),
-                           impl::Nf4EncodeBlocksAvx512<T>{input, absmax, t.quantized_data,
-                                                          layout.block_size});
+      Kokkos::parallel_for(
+          "kqlora::Nf4::encode", Policy(exec, 0, nb),
+          impl::Nf4EncodeBlocksAvx512<T>{input, absmax, t.quantized_data, layout.block_size});
       encoded = true;
     }
   }
 #endif
   if (!encoded) {
-    Kokkos::parallel_for("kqlora::Nf4::encode", Policy(exec, 0, nb),
-                         impl::Nf4EncodeBlocks<T, MemSpace>{input, absmax, t.quantized_data,
-                                                            layout.block_size});
+    Kokkos::parallel_for(
+        "kqlora::Nf4::encode", Policy(exec, 0, nb),
+        impl::Nf4EncodeBlocks<T, MemSpace>{input, absmax, t.quantized_data, layout.block_size});
   }
   fence(exec, "kqlora::Nf4::quantize");
   return t;
@@ -320,15 +323,14 @@ void nf4_dequantize(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t,
   static_assert(std::is_same<TOut, float>::value || std::is_same<TOut, bfloat16>::value,
                 "NF4 dequantizes to float32 or bfloat16");
   const Nf4Layout& L = t.layout;
-  KQLORA_THROW_IF(static_cast<int64_t>(out.extent(0)) != L.numel(),
-                  "nf4_dequantize: output has " << out.extent(0) << " elements, tensor "
-                                                << L.numel());
+  KQLORA_THROW_IF(
+      static_cast<int64_t>(out.extent(0)) != L.numel(),
+      "nf4_dequantize: output has " << out.extent(0) << " elements, tensor " << L.numel());
   if (L.dtype == DType::float32) {
     impl::nf4_dequantize_as<float>(exec, t, out, store);
   } else {
     impl::nf4_dequantize_as<bfloat16>(exec, t, out, store);
   }
 }
-
 
 }  // namespace kqlora

@@ -29,6 +29,8 @@ struct Nf4Layout {
 };
 
 bool operator==(const Nf4Layout& a, const Nf4Layout& b);
-inline bool operator!=(const Nf4Layout& a, const Nf4Layout& b) { return !(a == b); }
+inline bool operator!=(const Nf4Layout& a, const Nf4Layout& b) {
+  return !(a == b);
+}
 
 }  // namespace kqlora

@@ -31,10 +31,10 @@ struct Nf4Shard {
   Nf4Layout global;
   int shard_index = 0, num_shards = 1;
   Nf4ShardRange range;
-  Kokkos::View<uint8_t*, MemorySpace> quantized_data;    // capacity_blocks * block_size / 2
-  Kokkos::View<int8_t*, MemorySpace> quantized_scalers;  // capacity_blocks
+  Kokkos::View<uint8_t*, MemorySpace> quantized_data;     // capacity_blocks * block_size / 2
+  Kokkos::View<int8_t*, MemorySpace> quantized_scalers;   // capacity_blocks
   Kokkos::View<float*, MemorySpace> quantization_factor;  // capacity_scaler_blocks
-  float scaler_mean = 0.0f;                              // global, the same on every shard
+  float scaler_mean = 0.0f;                               // global, the same on every shard
 
   static Nf4Shard allocate(const Nf4Layout& global, int index, int count) {
     Nf4Shard s;
@@ -44,8 +44,8 @@ struct Nf4Shard {
     s.range = nf4_shard_range(global, index, count);
     s.quantized_data = Kokkos::View<uint8_t*, MemorySpace>(
         "kqlora::Nf4Shard::quantized_data", s.range.capacity_blocks * global.block_size / 2);
-    s.quantized_scalers = Kokkos::View<int8_t*, MemorySpace>(
-        "kqlora::Nf4Shard::quantized_scalers", s.range.capacity_blocks);
+    s.quantized_scalers = Kokkos::View<int8_t*, MemorySpace>("kqlora::Nf4Shard::quantized_scalers",
+                                                             s.range.capacity_blocks);
     s.quantization_factor = Kokkos::View<float*, MemorySpace>(
         "kqlora::Nf4Shard::quantization_factor", s.range.capacity_scaler_blocks);
     return s;
@@ -69,9 +69,9 @@ Nf4Shard<MemSpace> nf4_shard(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t
     Kokkos::deep_copy(exec, subview(s.quantized_data, make_pair(int64_t(0), r.num_blocks * half)),
                       subview(t.quantized_data, make_pair(r.first_block * half,
                                                           (r.first_block + r.num_blocks) * half)));
-    Kokkos::deep_copy(exec, subview(s.quantized_scalers, make_pair(int64_t(0), r.num_blocks)),
-                      subview(t.quantized_scalers,
-                              make_pair(r.first_block, r.first_block + r.num_blocks)));
+    Kokkos::deep_copy(
+        exec, subview(s.quantized_scalers, make_pair(int64_t(0), r.num_blocks)),
+        subview(t.quantized_scalers, make_pair(r.first_block, r.first_block + r.num_blocks)));
     Kokkos::deep_copy(
         exec, subview(s.quantization_factor, make_pair(int64_t(0), r.num_scaler_blocks)),
         subview(t.quantization_factor,
@@ -85,7 +85,8 @@ Nf4Shard<MemSpace> nf4_shard(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t
 /// Rebuilds the global tensor from its shards (any order of the vector is accepted; every
 /// index 0..N-1 must be there once, all cut from the same tensor).
 template <class ExecSpace, class MemSpace>
-Nf4Tensor<MemSpace> nf4_gather(const ExecSpace& exec, const std::vector<Nf4Shard<MemSpace>>& shards) {
+Nf4Tensor<MemSpace> nf4_gather(const ExecSpace& exec,
+                               const std::vector<Nf4Shard<MemSpace>>& shards) {
   KQLORA_THROW_IF(shards.empty(), "nf4_gather: no shards");
   const Nf4Layout& L = shards[0].global;
   const int n = shards[0].num_shards;
@@ -98,9 +99,8 @@ Nf4Tensor<MemSpace> nf4_gather(const ExecSpace& exec, const std::vector<Nf4Shard
   using Kokkos::make_pair;
   using Kokkos::subview;
   for (const auto& s : shards) {
-    KQLORA_THROW_IF(s.global != L || s.num_shards != n || s.shard_index < 0 ||
-                        s.shard_index >= n || seen[s.shard_index]++ ||
-                        s.scaler_mean != t.scaler_mean,
+    KQLORA_THROW_IF(s.global != L || s.num_shards != n || s.shard_index < 0 || s.shard_index >= n ||
+                        seen[s.shard_index]++ || s.scaler_mean != t.scaler_mean,
                     "nf4_gather: shard " << s.shard_index << " of " << s.num_shards
                                          << " does not belong to this set");
     const Nf4ShardRange& r = s.range;
@@ -109,10 +109,9 @@ Nf4Tensor<MemSpace> nf4_gather(const ExecSpace& exec, const std::vector<Nf4Shard
                       subview(t.quantized_data, make_pair(r.first_block * half,
                                                           (r.first_block + r.num_blocks) * half)),
                       subview(s.quantized_data, make_pair(int64_t(0), r.num_blocks * half)));
-    Kokkos::deep_copy(exec,
-                      subview(t.quantized_scalers,
-                              make_pair(r.first_block, r.first_block + r.num_blocks)),
-                      subview(s.quantized_scalers, make_pair(int64_t(0), r.num_blocks)));
+    Kokkos::deep_copy(
+        exec, subview(t.quantized_scalers, make_pair(r.first_block, r.first_block + r.num_blocks)),
+        subview(s.quantized_scalers, make_pair(int64_t(0), r.num_blocks)));
     Kokkos::deep_copy(
         exec,
         subview(t.quantization_factor,

@@ -109,7 +109,9 @@ inline void nf4_encode_block_avx512(const void* in, int64_t n, float a, __m512 c
   }
 }
 
-inline void stream_fence() { _mm_sfence(); }
+inline void stream_fence() {
+  _mm_sfence();
+}
 
 #endif  // KQLORA_HAVE_AVX512
 
