@@ -58,18 +58,31 @@ KOKKOS_INLINE_FUNCTION float nf4_value(int code) {
   return Rounding<T>::round(nf4_literal(code));
 }
 
+/// The codebook rounded to the dtype T, held by value in kernels (on CUDA it travels with
+/// the kernel's arguments; on CPUs its loads are hoisted out of the element loops).
+struct Nf4Codebook {
+  float v[16];
+
+  template <class T>
+  static Nf4Codebook make() {
+    Nf4Codebook c;
+    for (int k = 0; k < 16; ++k) c.v[k] = nf4_value<T>(k);
+    return c;
+  }
+};
+
 /// Index of the codebook value nearest to `scaled` (= x/absmax rounded to T), with the
 /// distances rounded to T and ties to the lower index, as torchao's argmin. Rounding is
 /// monotone, so the winner is one of the two codebook values around `scaled`: only those
 /// two distances are computed.
 template <class T>
-KOKKOS_INLINE_FUNCTION int nf4_nearest_code(float scaled) {
-  if (!(scaled == scaled)) return nf4_zero_code;  // 0/0 of an all-zero block
-  int lo = 0;                                     // largest index with value <= scaled, <= 14
-  for (int k = 1; k < 15; ++k) lo += (scaled >= nf4_value<T>(k)) ? 1 : 0;
-  const float d_lo = Rounding<T>::round(fabsf(scaled - nf4_value<T>(lo)));
-  const float d_hi = Rounding<T>::round(fabsf(scaled - nf4_value<T>(lo + 1)));
-  return d_hi < d_lo ? lo + 1 : lo;
+KOKKOS_INLINE_FUNCTION int nf4_nearest_code(float scaled, const Nf4Codebook& cb) {
+  int lo = 0;  // largest index <= 14 with value <= scaled
+  for (int k = 1; k < 15; ++k) lo += (scaled >= cb.v[k]) ? 1 : 0;
+  const float d_lo = Rounding<T>::round(fabsf(scaled - cb.v[lo]));
+  const float d_hi = Rounding<T>::round(fabsf(scaled - cb.v[lo + 1]));
+  const int code = d_hi < d_lo ? lo + 1 : lo;
+  return scaled == scaled ? code : nf4_zero_code;  // NaN: 0/0 of an all-zero block
 }
 
 /// Block scaler from its int8 and its scaler block's factor: q / factor + mean, each
@@ -79,10 +92,11 @@ KOKKOS_INLINE_FUNCTION float nf4_block_scale(int8_t q, float factor, float mean)
   return Rounding<T>::round(Rounding<T>::round(static_cast<float>(q) / factor) + mean);
 }
 
-/// Dequantized value of `code` in a block with scale `scale`, rounded to T.
+/// Dequantized value of a codebook value (already in T) in a block with scale `scale`,
+/// rounded to T.
 template <class T>
-KOKKOS_INLINE_FUNCTION float nf4_decode(int code, float scale) {
-  return Rounding<T>::round(nf4_value<T>(code) * scale);
+KOKKOS_INLINE_FUNCTION float nf4_decode(float codebook_value, float scale) {
+  return Rounding<T>::round(codebook_value * scale);
 }
 
 }  // namespace kqlora

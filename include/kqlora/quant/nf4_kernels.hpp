@@ -107,14 +107,15 @@ struct Nf4EncodeBlocks {
   Kokkos::View<const float*, MemSpace> absmax;
   Kokkos::View<uint8_t*, MemSpace> data;
   int64_t block_size;
+  Nf4Codebook cb = Nf4Codebook::make<T>();
 
   KOKKOS_INLINE_FUNCTION void operator()(int64_t b) const {
     const float a = absmax(b);
     const int64_t half = block_size / 2;
     const int64_t in0 = b * block_size, out0 = b * half;
     for (int64_t j = 0; j < half; ++j) {
-      const int hi = nf4_nearest_code<T>(R::round(R::load(input(in0 + 2 * j)) / a));
-      const int lo = nf4_nearest_code<T>(R::round(R::load(input(in0 + 2 * j + 1)) / a));
+      const int hi = nf4_nearest_code<T>(R::round(R::load(input(in0 + 2 * j)) / a), cb);
+      const int lo = nf4_nearest_code<T>(R::round(R::load(input(in0 + 2 * j + 1)) / a), cb);
       data(out0 + j) = static_cast<uint8_t>((hi << 4) | lo);
     }
   }
@@ -129,9 +130,9 @@ struct Nf4EncodeBlocksAvx512 {
   Kokkos::View<uint8_t*, Kokkos::HostSpace> data;
   int64_t block_size;
 
+  Nf4Codebook codebook = Nf4Codebook::make<T>();
+
   void operator()(int64_t b) const {
-    alignas(64) float codebook[16];
-    for (int k = 0; k < 16; ++k) codebook[k] = nf4_value<T>(k);
     const float a = absmax(b);
     uint8_t* out = data.data() + b * (block_size / 2);
     if (!(a > 0.0f)) {  // all-zero block: every code is 0.0
@@ -139,7 +140,7 @@ struct Nf4EncodeBlocksAvx512 {
       return;
     }
     nf4_encode_block_avx512<std::is_same<T, bfloat16>::value>(
-        input.data() + b * block_size, block_size, a, _mm512_load_ps(codebook), out);
+        input.data() + b * block_size, block_size, a, _mm512_loadu_ps(codebook.v), out);
   }
 };
 #endif
@@ -161,14 +162,17 @@ struct Nf4DecodeBlocks {
   Kokkos::View<TOut*, MemSpace> out;
   float mean;
   int64_t block_size, scaler_block_size;
+  Nf4Codebook cb = Nf4Codebook::make<T>();
 
   KOKKOS_INLINE_FUNCTION void operator()(int64_t b) const {
     const float s = nf4_block_scale<T>(scalers(b), factor(b / scaler_block_size), mean);
+    TOut table[16];  // this block's 16 output values
+    for (int k = 0; k < 16; ++k) nf4_store(&table[k], nf4_decode<T>(cb.v[k], s));
     const int64_t half = block_size / 2;
     for (int64_t j = 0; j < half; ++j) {
       const uint8_t byte = data(b * half + j);
-      nf4_store(&out(b * block_size + 2 * j), nf4_decode<T>(byte >> 4, s));
-      nf4_store(&out(b * block_size + 2 * j + 1), nf4_decode<T>(byte & 15, s));
+      out(b * block_size + 2 * j) = table[byte >> 4];
+      out(b * block_size + 2 * j + 1) = table[byte & 15];
     }
   }
 };
@@ -183,11 +187,10 @@ struct Nf4DecodeBlocksAvx512 {
   Kokkos::View<TOut*, Kokkos::HostSpace> out;
   float mean;
   int64_t block_size, scaler_block_size, num_blocks, blocks_per_item;
+  Nf4Codebook codebook = Nf4Codebook::make<T>();
 
   void operator()(int64_t item) const {
-    alignas(64) float codebook[16];
-    for (int k = 0; k < 16; ++k) codebook[k] = nf4_value<T>(k);
-    const __m512 cb = _mm512_load_ps(codebook);
+    const __m512 cb = _mm512_loadu_ps(codebook.v);
     const int64_t half = block_size / 2;
     const int64_t b_end =
         (item + 1) * blocks_per_item < num_blocks ? (item + 1) * blocks_per_item : num_blocks;
