@@ -167,3 +167,20 @@ TEST(Nf4Edge, BadSizesNameTheConstraint) {
   nan[77] = INFINITY;
   expect_input_error(nan, layout({128}), "NaN or Inf");
 }
+
+TEST(Nf4Edge, BlockRangesMatchTheWholeTensor) {
+  const auto L = layout({96, 96}, 32, 5);  // 288 blocks, partial last scaler block
+  const auto t = quantize(randn(L.numel(), 9), L);
+  const auto whole = dequantize<float>(t);
+  auto dt = kqlora::nf4_copy_to<Mem>(t);
+  for (auto [first, count] :
+       std::vector<std::pair<int64_t, int64_t>>{{0, 288}, {3, 7}, {287, 1}, {100, 0}}) {
+    Kokkos::View<float*, Mem> out("out", std::max<int64_t>(1, count * 32));
+    kqlora::nf4_dequantize_blocks(Exec(), dt, first, count, out);
+    const auto h = to_host(out);
+    for (int64_t i = 0; i < count * 32; ++i)
+      ASSERT_EQ(bits(h[i]), bits(whole[first * 32 + i])) << i;
+  }
+  Kokkos::View<float*, Mem> out("out", 64);
+  EXPECT_THROW(kqlora::nf4_dequantize_blocks(Exec(), dt, 287, 2, out), kqlora::Error);
+}

@@ -153,7 +153,8 @@ KOKKOS_INLINE_FUNCTION void nf4_store(bfloat16* p, float v) {
   *p = bfloat16(v);
 }
 
-/// Portable dequantization: one block per work item.
+/// Portable dequantization: one block per work item; block first_block + i of the tensor
+/// goes to out[i * block_size ...].
 template <class T, class TOut, class MemSpace>
 struct Nf4DecodeBlocks {
   Kokkos::View<const uint8_t*, MemSpace> data;
@@ -161,18 +162,19 @@ struct Nf4DecodeBlocks {
   Kokkos::View<const float*, MemSpace> factor;
   Kokkos::View<TOut*, MemSpace> out;
   float mean;
-  int64_t block_size, scaler_block_size;
+  int64_t block_size, scaler_block_size, first_block = 0;
   Nf4Codebook cb = Nf4Codebook::make<T>();
 
-  KOKKOS_INLINE_FUNCTION void operator()(int64_t b) const {
+  KOKKOS_INLINE_FUNCTION void operator()(int64_t i) const {
+    const int64_t b = first_block + i;
     const float s = nf4_block_scale<T>(scalers(b), factor(b / scaler_block_size), mean);
     TOut table[16];  // this block's 16 output values
     for (int k = 0; k < 16; ++k) nf4_store(&table[k], nf4_decode<T>(cb.v[k], s));
     const int64_t half = block_size / 2;
     for (int64_t j = 0; j < half; ++j) {
       const uint8_t byte = data(b * half + j);
-      out(b * block_size + 2 * j) = table[byte >> 4];
-      out(b * block_size + 2 * j + 1) = table[byte & 15];
+      out(i * block_size + 2 * j) = table[byte >> 4];
+      out(i * block_size + 2 * j + 1) = table[byte & 15];
     }
   }
 };
@@ -186,15 +188,16 @@ struct Nf4DecodeBlocksAvx512 {
   Kokkos::View<const float*, Kokkos::HostSpace> factor;
   Kokkos::View<TOut*, Kokkos::HostSpace> out;
   float mean;
-  int64_t block_size, scaler_block_size, num_blocks, blocks_per_item;
+  int64_t block_size, scaler_block_size, num_blocks, blocks_per_item, first_block;
   Nf4Codebook codebook = Nf4Codebook::make<T>();
 
   void operator()(int64_t item) const {
     const __m512 cb = _mm512_loadu_ps(codebook.v);
     const int64_t half = block_size / 2;
-    const int64_t b_end =
+    const int64_t i_end =
         (item + 1) * blocks_per_item < num_blocks ? (item + 1) * blocks_per_item : num_blocks;
-    for (int64_t b = item * blocks_per_item; b < b_end; ++b) {
+    for (int64_t i = item * blocks_per_item; i < i_end; ++i) {
+      const int64_t b = first_block + i;
       const float s = nf4_block_scale<T>(scalers(b), factor(b / scaler_block_size), mean);
       __m512 table = _mm512_mul_ps(cb, _mm512_set1_ps(s));  // nf4_decode for all 16 codes
       if (std::is_same<T, bfloat16>::value || std::is_same<TOut, bfloat16>::value) {
@@ -202,10 +205,10 @@ struct Nf4DecodeBlocksAvx512 {
       }
       if (std::is_same<TOut, float>::value) {
         nf4_decode_f32_avx512<Stream>(data.data() + b * half, half, table,
-                                      reinterpret_cast<float*>(out.data()) + b * block_size);
+                                      reinterpret_cast<float*>(out.data()) + i * block_size);
       } else {
         nf4_decode_bf16_avx512<Stream>(data.data() + b * half, half, table,
-                                       reinterpret_cast<uint16_t*>(out.data()) + b * block_size);
+                                       reinterpret_cast<uint16_t*>(out.data()) + i * block_size);
       }
     }
     if (Stream) stream_fence();
@@ -214,33 +217,34 @@ struct Nf4DecodeBlocksAvx512 {
 #endif
 
 template <class T, class TOut, class ExecSpace, class MemSpace>
-void nf4_dequantize_as(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t,
-                       Kokkos::View<TOut*, MemSpace> out, Nf4Store store) {
+void nf4_dequantize_as(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t, int64_t first_block,
+                       int64_t nb, Kokkos::View<TOut*, MemSpace> out, Nf4Store store) {
   const Nf4Layout& L = t.layout;
   using Policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>;
-  const int64_t nb = L.num_blocks();
 #if KQLORA_HAVE_AVX512
   if constexpr (Nf4HostSimd<ExecSpace>::value && std::is_same<MemSpace, Kokkos::HostSpace>::value) {
     const int64_t out_block_bytes = L.block_size * static_cast<int64_t>(sizeof(TOut));
     if (L.block_size % 16 == 0) {
       const bool aligned =
           reinterpret_cast<uintptr_t>(out.data()) % 64 == 0 && out_block_bytes % 64 == 0;
-      const bool big = L.numel() * static_cast<int64_t>(sizeof(TOut)) > (int64_t(8) << 20);
+      const bool big = nb * out_block_bytes > (int64_t(8) << 20);
       const bool stream =
           aligned && (store == Nf4Store::streaming || (store == Nf4Store::automatic && big));
       // ~16 K elements per work item: enough items for threads, few fences.
       const int64_t per_item = L.block_size >= 16384 ? 1 : 16384 / L.block_size;
       const int64_t items = (nb + per_item - 1) / per_item;
       if (stream) {
-        Kokkos::parallel_for("kqlora::Nf4::dequantize", Policy(exec, 0, items),
-                             Nf4DecodeBlocksAvx512<T, TOut, true>{
-                                 t.quantized_data, t.quantized_scalers, t.quantization_factor, out,
-                                 t.scaler_mean, L.block_size, L.scaler_block_size, nb, per_item});
+        Kokkos::parallel_for(
+            "kqlora::Nf4::dequantize", Policy(exec, 0, items),
+            Nf4DecodeBlocksAvx512<T, TOut, true>{
+                t.quantized_data, t.quantized_scalers, t.quantization_factor, out, t.scaler_mean,
+                L.block_size, L.scaler_block_size, nb, per_item, first_block});
       } else {
-        Kokkos::parallel_for("kqlora::Nf4::dequantize", Policy(exec, 0, items),
-                             Nf4DecodeBlocksAvx512<T, TOut, false>{
-                                 t.quantized_data, t.quantized_scalers, t.quantization_factor, out,
-                                 t.scaler_mean, L.block_size, L.scaler_block_size, nb, per_item});
+        Kokkos::parallel_for(
+            "kqlora::Nf4::dequantize", Policy(exec, 0, items),
+            Nf4DecodeBlocksAvx512<T, TOut, false>{
+                t.quantized_data, t.quantized_scalers, t.quantization_factor, out, t.scaler_mean,
+                L.block_size, L.scaler_block_size, nb, per_item, first_block});
       }
       return;
     }
@@ -248,9 +252,9 @@ void nf4_dequantize_as(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t,
 #endif
   (void)store;
   Kokkos::parallel_for("kqlora::Nf4::dequantize", Policy(exec, 0, nb),
-                       Nf4DecodeBlocks<T, TOut, MemSpace>{t.quantized_data, t.quantized_scalers,
-                                                          t.quantization_factor, out, t.scaler_mean,
-                                                          L.block_size, L.scaler_block_size});
+                       Nf4DecodeBlocks<T, TOut, MemSpace>{
+                           t.quantized_data, t.quantized_scalers, t.quantization_factor, out,
+                           t.scaler_mean, L.block_size, L.scaler_block_size, first_block});
 }
 
 }  // namespace impl
@@ -317,23 +321,39 @@ Nf4Tensor<MemSpace> nf4_quantize(const ExecSpace& exec, Kokkos::View<const T*, M
   return t;
 }
 
-/// Dequantizes to `out` (float32 or bfloat16, numel elements) with torchao's arithmetic
-/// in the NF4 dtype; a float32 NF4 dequantized to bfloat16 is rounded once at the end.
+/// Dequantizes blocks [first_block, first_block + num_blocks) into `out` (float32 or
+/// bfloat16, num_blocks * block_size elements) with torchao's arithmetic in the NF4 dtype;
+/// a float32 NF4 dequantized to bfloat16 is rounded once at the end. Row panels of a 2-D
+/// weight are block ranges when the panel's size is a multiple of block_size.
 template <class TOut, class ExecSpace, class MemSpace>
-void nf4_dequantize(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t,
-                    Kokkos::View<TOut*, MemSpace> out, Nf4Store store = Nf4Store::automatic) {
+void nf4_dequantize_blocks(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t, int64_t first_block,
+                           int64_t num_blocks, Kokkos::View<TOut*, MemSpace> out,
+                           Nf4Store store = Nf4Store::automatic) {
   static_assert(accessible_from<ExecSpace, MemSpace>(), "NF4 memory not accessible from exec");
   static_assert(std::is_same<TOut, float>::value || std::is_same<TOut, bfloat16>::value,
                 "NF4 dequantizes to float32 or bfloat16");
   const Nf4Layout& L = t.layout;
-  KQLORA_THROW_IF(
-      static_cast<int64_t>(out.extent(0)) != L.numel(),
-      "nf4_dequantize: output has " << out.extent(0) << " elements, tensor " << L.numel());
+  KQLORA_THROW_IF(first_block < 0 || num_blocks < 0 || first_block + num_blocks > L.num_blocks(),
+                  "nf4_dequantize: blocks [" << first_block << ", " << first_block + num_blocks
+                                             << ") outside the tensor's " << L.num_blocks());
+  KQLORA_THROW_IF(static_cast<int64_t>(out.extent(0)) < num_blocks * L.block_size,
+                  "nf4_dequantize: output has " << out.extent(0) << " elements, "
+                                                << num_blocks * L.block_size << " needed");
   if (L.dtype == DType::float32) {
-    impl::nf4_dequantize_as<float>(exec, t, out, store);
+    impl::nf4_dequantize_as<float>(exec, t, first_block, num_blocks, out, store);
   } else {
-    impl::nf4_dequantize_as<bfloat16>(exec, t, out, store);
+    impl::nf4_dequantize_as<bfloat16>(exec, t, first_block, num_blocks, out, store);
   }
+}
+
+/// Dequantizes the whole tensor into `out` (numel elements).
+template <class TOut, class ExecSpace, class MemSpace>
+void nf4_dequantize(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t,
+                    Kokkos::View<TOut*, MemSpace> out, Nf4Store store = Nf4Store::automatic) {
+  KQLORA_THROW_IF(
+      static_cast<int64_t>(out.extent(0)) != t.layout.numel(),
+      "nf4_dequantize: output has " << out.extent(0) << " elements, tensor " << t.layout.numel());
+  nf4_dequantize_blocks(exec, t, 0, t.layout.num_blocks(), out, store);
 }
 
 }  // namespace kqlora

@@ -1,0 +1,20 @@
+#pragma once
+// Memory accounting: every Kokkos allocation (all of kqlora's device and host buffers are
+// Kokkos Views) through Kokkos' tools callbacks, and the process's resident set.
+
+#include <cstdint>
+
+namespace kqlora::memory {
+
+/// Starts counting Kokkos allocations (after Kokkos::initialize); idempotent.
+void track_kokkos_allocations();
+/// Bytes held now and the peak since tracking started (or the last reset).
+int64_t tracked_bytes();
+int64_t tracked_peak_bytes();
+void reset_tracked_peak();
+
+/// Resident set size now, and the process's peak (VmHWM), in bytes; 0 where unknown.
+int64_t rss_bytes();
+int64_t peak_rss_bytes();
+
+}  // namespace kqlora::memory

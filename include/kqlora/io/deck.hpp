@@ -1,0 +1,68 @@
+#pragma once
+// Input decks (DESIGN.md): `key = value` lines, `#` comments, blank lines; `key=value`
+// overrides after the deck. Every error names the file and line (or the argument) and is
+// an InputError.
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kqlora/core/dtype.hpp"
+
+namespace kqlora {
+
+struct Config {
+  // model
+  int64_t dim = 128, num_linears = 1, lora_rank = 64;
+  double lora_alpha = 16, lora_dropout = 0;
+  std::string lora_b_init = "kaiming";  // zeros | kaiming
+  bool bias = false;
+  std::string activation = "none";  // none | relu | gelu | silu
+  int64_t block_size = 64, scaler_block_size = 256;
+  DType dtype = DType::float32;
+  std::string device = "auto";  // auto | host | cuda
+  int64_t seed = 42;
+  // batch and steps
+  int64_t global_bs = 8, micro_bs = 8, num_steps = 3;
+  std::string loss = "sum";  // sum | mse
+  // optimizer
+  std::string optimizer = "adam";  // sgd | adam | adamw
+  double lr = 1e-2, momentum = 0, eps = 1e-8, weight_decay = 0;
+  std::array<double, 2> betas = {0.9, 0.999};
+  std::string lr_schedule = "constant";  // constant | cosine
+  int64_t warmup_steps = 0;
+  double grad_clip = 0;
+  std::string nonfinite = "stop";  // stop | skip
+  // files
+  std::string init_file, data_file, eval_file;
+  int64_t eval_every = 0;
+  // parallelism
+  std::string parallel = "ddp", comm = "auto";
+  double bucket_mb = 25, comm_timeout_s = 300;
+  // checkpoints and logging
+  std::string save_dir = "./checkpoints";
+  int64_t checkpoint_every = 0;
+  std::string checkpoint_layout = "per_rank";
+  int64_t keep_last = 0;
+  std::string restart = "none";
+  int64_t log_every = 1;
+  std::string metrics_file;  // empty: none
+
+  /// The effective configuration as deck text (every key, one per line), for the log and
+  /// the checkpoints; parse_deck of this text gives back the same Config.
+  std::string to_deck_text() const;
+};
+
+/// Parses a deck file and `key=value` overrides. Checks types, ranges and consistency,
+/// including world_size <= global_bs and that named input files can be read.
+Config parse_deck(const std::string& path, const std::vector<std::string>& overrides,
+                  int world_size = 1);
+/// The same from deck text (`source` names it in messages).
+Config parse_deck_text(const std::string& text, const std::string& source,
+                       const std::vector<std::string>& overrides, int world_size = 1);
+
+/// Every deck key, in the order to_deck_text prints them.
+const std::vector<std::string>& deck_keys();
+
+}  // namespace kqlora

@@ -1,0 +1,156 @@
+#pragma once
+// Element-wise kernels of the LoRA model: activations, dropout, bias, bfloat16 rounding,
+// losses. Each is a labelled Kokkos kernel over a [tokens, features] LayoutLeft matrix.
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <string>
+
+#include "kqlora/core/bfloat16.hpp"
+#include "kqlora/core/random.hpp"
+#include "kqlora/nn/linear_nf4.hpp"
+
+namespace kqlora {
+
+enum class Activation { none, relu, gelu, silu };
+Activation parse_activation(const std::string& s);
+
+KOKKOS_INLINE_FUNCTION float activation_value(Activation a, float z) {
+  switch (a) {
+    case Activation::relu:
+      return z > 0.0f ? z : 0.0f;
+    case Activation::gelu:
+      return 0.5f * z * (1.0f + erff(z * 0.70710678118654752f));
+    case Activation::silu:
+      return z / (1.0f + expf(-z));
+    default:
+      return z;
+  }
+}
+
+KOKKOS_INLINE_FUNCTION float activation_derivative(Activation a, float z) {
+  switch (a) {
+    case Activation::relu:
+      return z > 0.0f ? 1.0f : 0.0f;
+    case Activation::gelu:
+      return 0.5f * (1.0f + erff(z * 0.70710678118654752f)) +
+             z * expf(-0.5f * z * z) * 0.39894228040143268f;
+    case Activation::silu: {
+      const float s = 1.0f / (1.0f + expf(-z));
+      return s * (1.0f + z * (1.0f - s));
+    }
+    default:
+      return 1.0f;
+  }
+}
+
+namespace nn {
+
+template <class ExecSpace>
+using Policy2 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2, Kokkos::Iterate::Left>,
+                                      Kokkos::IndexType<int64_t>>;
+
+template <class ExecSpace>
+Policy2<ExecSpace> over(const ExecSpace& exec, int64_t rows, int64_t cols) {
+  return Policy2<ExecSpace>(exec, {0, 0}, {rows, cols});
+}
+
+/// a = act(z) (round to bfloat16 when `bf16`).
+template <class ExecSpace, class M>
+void activation_forward(const ExecSpace& exec, Activation act, bool bf16, const Matrix<M>& z,
+                        const Matrix<M>& a) {
+  Kokkos::parallel_for(
+      "kqlora::nn::activation_forward", over(exec, z.extent(0), z.extent(1)),
+      KOKKOS_LAMBDA(int64_t t, int64_t f) {
+        const float v = activation_value(act, z(t, f));
+        a(t, f) = bf16 ? round_to_bf16(v) : v;
+      });
+}
+
+/// g *= act'(z) in place.
+template <class ExecSpace, class M>
+void activation_backward(const ExecSpace& exec, Activation act, bool bf16, const Matrix<M>& z,
+                         const Matrix<M>& g) {
+  Kokkos::parallel_for(
+      "kqlora::nn::activation_backward", over(exec, z.extent(0), z.extent(1)),
+      KOKKOS_LAMBDA(int64_t t, int64_t f) {
+        const float v = g(t, f) * activation_derivative(act, z(t, f));
+        g(t, f) = bf16 ? round_to_bf16(v) : v;
+      });
+}
+
+/// Inverted dropout on the adapter path: out = keep ? x / (1 - p) : 0, the mask a pure
+/// function of (seed, layer, step, global sample, feature).
+struct DropoutKey {
+  uint64_t seed, stream;
+  int64_t step, global_bs, first_sample, features;
+  float p;
+
+  KOKKOS_INLINE_FUNCTION bool keep(int64_t t, int64_t f) const {
+    const uint64_t index =
+        static_cast<uint64_t>((step * global_bs + first_sample + t) * features + f);
+    return random_uniform(seed, stream, index) >= static_cast<double>(p);
+  }
+};
+
+template <class ExecSpace, class M>
+void dropout_apply(const ExecSpace& exec, const DropoutKey& key, bool bf16, const Matrix<M>& x,
+                   const Matrix<M>& out, float beta) {
+  const float scale = 1.0f / (1.0f - key.p);
+  Kokkos::parallel_for(
+      "kqlora::nn::dropout", over(exec, x.extent(0), x.extent(1)),
+      KOKKOS_LAMBDA(int64_t t, int64_t f) {
+        float v = key.keep(t, f) ? x(t, f) * scale : 0.0f;
+        if (bf16) v = round_to_bf16(v);
+        out(t, f) = beta == 0.0f ? v : out(t, f) + v;
+      });
+}
+
+/// y(t, f) += bias(f).
+template <class ExecSpace, class M>
+void add_bias(const ExecSpace& exec, const Kokkos::View<const float*, M>& bias, bool bf16,
+              const Matrix<M>& y) {
+  Kokkos::parallel_for(
+      "kqlora::nn::add_bias", over(exec, y.extent(0), y.extent(1)),
+      KOKKOS_LAMBDA(int64_t t, int64_t f) {
+        const float v = y(t, f) + bias(f);
+        y(t, f) = bf16 ? round_to_bf16(v) : v;
+      });
+}
+
+/// gbias(f) += sum_t g(t, f) (one thread per feature: a fixed summation order).
+template <class ExecSpace, class M>
+void accumulate_bias_grad(const ExecSpace& exec, const Matrix<M>& g,
+                          const Kokkos::View<float*, M>& gbias) {
+  const int64_t T = g.extent(0);
+  Kokkos::parallel_for(
+      "kqlora::nn::bias_grad",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, g.extent(1)),
+      KOKKOS_LAMBDA(int64_t f) {
+        float s = 0.0f;
+        for (int64_t t = 0; t < T; ++t) s += g(t, f);
+        gbias(f) += s;
+      });
+}
+
+/// z = R(z + R(s * u)) with R the bfloat16 rounding: PyTorch's `out + lora_out * scaling`.
+template <class ExecSpace, class M>
+void add_scaled_bf16(const ExecSpace& exec, float s, const Matrix<M>& u, const Matrix<M>& z) {
+  Kokkos::parallel_for(
+      "kqlora::nn::add_scaled_bf16", over(exec, z.extent(0), z.extent(1)),
+      KOKKOS_LAMBDA(int64_t t, int64_t f) {
+        z(t, f) = round_to_bf16(z(t, f) + round_to_bf16(s * u(t, f)));
+      });
+}
+
+/// x = R(x) in place.
+template <class ExecSpace, class M>
+void round_bf16(const ExecSpace& exec, const Matrix<M>& x) {
+  Kokkos::parallel_for(
+      "kqlora::nn::round_bf16", over(exec, x.extent(0), x.extent(1)),
+      KOKKOS_LAMBDA(int64_t t, int64_t f) { x(t, f) = round_to_bf16(x(t, f)); });
+}
+
+}  // namespace nn
+}  // namespace kqlora

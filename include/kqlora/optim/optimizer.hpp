@@ -1,0 +1,88 @@
+#pragma once
+// SGD (with momentum), Adam and AdamW with PyTorch's update formulas and defaults, over
+// flat float32 buffers of parameters and gradients.
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kqlora {
+
+struct Config;
+
+struct OptimizerConfig {
+  enum class Kind { sgd, adam, adamw } kind = Kind::adam;
+  double lr = 1e-2, momentum = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+  static OptimizerConfig from(const Config& c);
+};
+
+template <class ExecSpace>
+class Optimizer {
+ public:
+  using Mem = typename ExecSpace::memory_space;
+  using Vec = Kokkos::View<float*, Mem>;
+
+  Optimizer(const ExecSpace& exec, const OptimizerConfig& cfg, int64_t n);
+
+  /// One update of `params` from `grads` with learning rate `lr` (the schedule's value).
+  void step(const Vec& params, const Vec& grads, double lr);
+
+  const OptimizerConfig& config() const { return cfg_; }
+  /// Updates done so far (PyTorch's per-parameter `step`).
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t s) { steps_ = s; }
+  /// The state tensors by PyTorch's names: exp_avg and exp_avg_sq (Adam/AdamW),
+  /// momentum_buffer (SGD with momentum); empty for plain SGD.
+  std::vector<std::pair<std::string, Vec>> state() const;
+
+ private:
+  ExecSpace exec_;
+  OptimizerConfig cfg_;
+  int64_t steps_ = 0;
+  Vec m_, v_;
+};
+
+/// The learning rate of step `step` (0-based): constant, or linear warmup then cosine
+/// decay to 0 over num_steps (torchtune's get_cosine_schedule_with_warmup); `constant`
+/// with warmup ramps up linearly and then stays.
+double scheduled_lr(const std::string& schedule, double lr, int64_t step, int64_t warmup,
+                    int64_t num_steps);
+
+/// Global L2 norm of the gradients (double accumulation); NaN or Inf when any gradient is.
+template <class ExecSpace>
+double grad_norm(const ExecSpace& exec,
+                 const Kokkos::View<float*, typename ExecSpace::memory_space>& g) {
+  double ss = 0.0;
+  Kokkos::parallel_reduce(
+      "kqlora::optim::grad_norm",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, g.extent(0)),
+      KOKKOS_LAMBDA(int64_t i, double& acc) { acc += static_cast<double>(g(i)) * g(i); }, ss);
+  return std::sqrt(ss);
+}
+
+/// Scales g by `factor`.
+template <class ExecSpace>
+void scale_grads(const ExecSpace& exec,
+                 const Kokkos::View<float*, typename ExecSpace::memory_space>& g, float factor) {
+  Kokkos::parallel_for(
+      "kqlora::optim::scale_grads",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, g.extent(0)),
+      KOKKOS_LAMBDA(int64_t i) { g(i) *= factor; });
+}
+
+/// torch.nn.utils.clip_grad_norm_: scales by max_norm / (norm + 1e-6) when that is < 1.
+/// Returns the norm before clipping.
+template <class ExecSpace>
+double clip_grad_norm(const ExecSpace& exec,
+                      const Kokkos::View<float*, typename ExecSpace::memory_space>& g,
+                      double max_norm) {
+  const double norm = grad_norm(exec, g);
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) scale_grads(exec, g, static_cast<float>(coef));
+  return norm;
+}
+
+}  // namespace kqlora

@@ -1,0 +1,350 @@
+#include "kqlora/io/deck.hpp"
+
+#include <Kokkos_Macros.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "kqlora/core/error.hpp"
+
+namespace kqlora {
+
+namespace {
+
+std::string trim(const std::string& s) {
+  const size_t a = s.find_first_not_of(" \t\r");
+  if (a == std::string::npos) return "";
+  const size_t b = s.find_last_not_of(" \t\r");
+  return s.substr(a, b - a + 1);
+}
+
+int64_t to_int(const std::string& v, const std::string& where) {
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  KQLORA_INPUT_CHECK(!v.empty() && *end == '\0' && errno == 0,
+                     where << ": expected an integer, got '" << v << "'");
+  return x;
+}
+
+double to_float(const std::string& v, const std::string& where) {
+  char* end = nullptr;
+  errno = 0;
+  const double x = std::strtod(v.c_str(), &end);
+  KQLORA_INPUT_CHECK(!v.empty() && *end == '\0' && errno == 0 && std::isfinite(x),
+                     where << ": expected a finite number, got '" << v << "'");
+  return x;
+}
+
+bool to_bool(const std::string& v, const std::string& where) {
+  if (v == "true" || v == "yes" || v == "on" || v == "1") return true;
+  if (v == "false" || v == "no" || v == "off" || v == "0") return false;
+  KQLORA_INPUT_CHECK(false, where << ": expected true or false, got '" << v << "'");
+}
+
+std::string to_choice(const std::string& v, const std::vector<std::string>& choices,
+                      const std::string& where) {
+  if (std::find(choices.begin(), choices.end(), v) != choices.end()) return v;
+  std::ostringstream os;
+  for (size_t i = 0; i < choices.size(); ++i) os << (i ? "|" : "") << choices[i];
+  KQLORA_INPUT_CHECK(false, where << ": expected " << os.str() << ", got '" << v << "'");
+}
+
+std::string fmt(double x) {
+  std::ostringstream os;
+  os.precision(17);
+  os << x;
+  return os.str();
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+struct Key {
+  std::string name;
+  std::function<void(Config&, const std::string&, const std::string&)> set;
+  std::function<std::string(const Config&)> get;
+};
+
+#define KQ_INT(field)                                                                            \
+  Key {                                                                                          \
+#field, [](Config & c, const std::string& v,                                                 \
+               const std::string&                                                                \
+                   w) { c.field = to_int(v, w); }, [](const Config&                              \
+                                                          c) { return std::to_string(c.field); } \
+  }
+#define KQ_FLOAT(field)                                                                           \
+  Key {                                                                                           \
+#field, [](Config & c, const std::string& v,                                                  \
+               const std::string&                                                                 \
+                   w) { c.field = to_float(v, w); }, [](const Config& c) { return fmt(c.field); } \
+  }
+#define KQ_CHOICE(field, ...)                                                                      \
+  Key {                                                                                            \
+#field, [](Config & c, const std::string& v,                                                   \
+               const std::string&                                                                  \
+                   w) { c.field = to_choice(v, {__VA_ARGS__}, w); }, [](const Config&              \
+                                                                            c) { return c.field; } \
+  }
+#define KQ_PATH(field)                                                                   \
+  Key {                                                                                  \
+#field, [](Config& c, const std::string& v, const std::string&) { c.field = v; },      \
+        [](const Config& c) { return c.field.empty() ? std::string("none") : c.field; } \
+  }
+
+const std::vector<Key>& keys() {
+  static const std::vector<Key> k = {
+      KQ_INT(dim),
+      KQ_INT(num_linears),
+      KQ_INT(lora_rank),
+      KQ_FLOAT(lora_alpha),
+      KQ_FLOAT(lora_dropout),
+      KQ_CHOICE(lora_b_init, "zeros", "kaiming"),
+      Key{"bias",
+          [](Config& c, const std::string& v, const std::string& w) { c.bias = to_bool(v, w); },
+          [](const Config& c) { return std::string(c.bias ? "true" : "false"); }},
+      KQ_CHOICE(activation, "none", "relu", "gelu", "silu"),
+      KQ_INT(block_size),
+      KQ_INT(scaler_block_size),
+      Key{"dtype",
+          [](Config& c, const std::string& v, const std::string& w) {
+            c.dtype = parse_dtype(v, w);
+          },
+          [](const Config& c) { return std::string(dtype_name(c.dtype)); }},
+      KQ_CHOICE(device, "auto", "host", "cuda"),
+      KQ_INT(seed),
+      KQ_INT(global_bs),
+      KQ_INT(micro_bs),
+      KQ_INT(num_steps),
+      KQ_CHOICE(loss, "sum", "mse"),
+      KQ_CHOICE(optimizer, "sgd", "adam", "adamw"),
+      KQ_FLOAT(lr),
+      KQ_FLOAT(momentum),
+      Key{"betas",
+          [](Config& c, const std::string& v, const std::string& w) {
+            std::string t = v;
+            std::replace(t.begin(), t.end(), ',', ' ');
+            std::istringstream ss(t);
+            std::string a, b, extra;
+            ss >> a >> b >> extra;
+            KQLORA_INPUT_CHECK(!a.empty() && !b.empty() && extra.empty(),
+                               w << ": expected two numbers (beta1, beta2), got '" << v << "'");
+            c.betas = {to_float(a, w), to_float(b, w)};
+          },
+          [](const Config& c) { return fmt(c.betas[0]) + ", " + fmt(c.betas[1]); }},
+      KQ_FLOAT(eps),
+      KQ_FLOAT(weight_decay),
+      KQ_CHOICE(lr_schedule, "constant", "cosine"),
+      KQ_INT(warmup_steps),
+      KQ_FLOAT(grad_clip),
+      KQ_CHOICE(nonfinite, "stop", "skip"),
+      KQ_PATH(init_file),
+      KQ_PATH(data_file),
+      KQ_PATH(eval_file),
+      KQ_INT(eval_every),
+      KQ_CHOICE(parallel, "ddp", "fsdp"),
+      KQ_CHOICE(comm, "auto", "mpi", "nccl"),
+      KQ_FLOAT(bucket_mb),
+      KQ_FLOAT(comm_timeout_s),
+      Key{"save_dir", [](Config& c, const std::string& v, const std::string&) { c.save_dir = v; },
+          [](const Config& c) { return c.save_dir; }},
+      KQ_INT(checkpoint_every),
+      KQ_CHOICE(checkpoint_layout, "per_rank", "shared"),
+      KQ_INT(keep_last),
+      Key{"restart", [](Config& c, const std::string& v, const std::string&) { c.restart = v; },
+          [](const Config& c) { return c.restart; }},
+      KQ_INT(log_every),
+      KQ_PATH(metrics_file),
+  };
+  return k;
+}
+
+const Key* find_key(const std::string& name) {
+  for (const auto& k : keys())
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+std::string did_you_mean(const std::string& name) {
+  const Key* best = nullptr;
+  size_t best_d = 4;  // suggest only close names
+  for (const auto& k : keys()) {
+    const size_t d = edit_distance(name, k.name);
+    if (d < best_d) {
+      best_d = d;
+      best = &k;
+    }
+  }
+  return best ? " (did you mean '" + best->name + "'?)" : "";
+}
+
+void check_readable(const std::string& path, const std::string& where) {
+  if (path.empty()) return;
+  std::ifstream f(path, std::ios::binary);
+  KQLORA_INPUT_CHECK(f.good(), where << ": cannot read '" << path << "': " << std::strerror(errno));
+}
+
+}  // namespace
+
+const std::vector<std::string>& deck_keys() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const auto& k : keys()) n.push_back(k.name);
+    return n;
+  }();
+  return names;
+}
+
+std::string Config::to_deck_text() const {
+  std::ostringstream os;
+  for (const auto& k : keys()) os << k.name << " = " << k.get(*this) << "\n";
+  return os.str();
+}
+
+Config parse_deck(const std::string& path, const std::vector<std::string>& overrides,
+                  int world_size) {
+  std::ifstream f(path);
+  KQLORA_INPUT_CHECK(f.good(), path << ": cannot open the deck: " << std::strerror(errno));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse_deck_text(ss.str(), path, overrides, world_size);
+}
+
+Config parse_deck_text(const std::string& text, const std::string& source,
+                       const std::vector<std::string>& overrides, int world_size) {
+  Config c;
+  std::map<std::string, std::string> where;  // key -> "deck.in:12" of its (last) setting
+  auto apply = [&](const std::string& line, const std::string& loc, bool is_override) {
+    std::string body = line;
+    if (!is_override) body = body.substr(0, body.find('#'));
+    body = trim(body);
+    if (body.empty()) return;
+    const size_t eq = body.find('=');
+    KQLORA_INPUT_CHECK(eq != std::string::npos,
+                       loc << ": expected 'key = value', got '" << body << "'");
+    const std::string name = trim(body.substr(0, eq)), value = trim(body.substr(eq + 1));
+    KQLORA_INPUT_CHECK(!name.empty(), loc << ": missing key before '='");
+    const Key* k = find_key(name);
+    KQLORA_INPUT_CHECK(k, loc << ": unknown key '" << name << "'" << did_you_mean(name));
+    KQLORA_INPUT_CHECK(!value.empty(), loc << ": " << name << ": missing value");
+    if (!is_override) {
+      const auto it = where.find(name);
+      KQLORA_INPUT_CHECK(it == where.end(), loc << ": duplicate key '" << name << "' (first set at "
+                                                << it->second << ")");
+    }
+    k->set(c, value, loc + ": " + name);
+    where[name] = loc;
+  };
+  std::istringstream in(text);
+  int lineno = 0;
+  for (std::string line; std::getline(in, line);)
+    apply(line, source + ":" + std::to_string(++lineno), false);
+  for (size_t i = 0; i < overrides.size(); ++i) {
+    KQLORA_INPUT_CHECK(overrides[i].find('=') != std::string::npos,
+                       "argument '" << overrides[i] << "': expected key=value");
+    apply(overrides[i], "argument '" + overrides[i] + "'", true);
+  }
+
+  // Defaults that follow other keys.
+  const auto set = [&](const char* k) { return where.count(k) > 0; };
+  const auto at = [&](const char* k) { return set(k) ? where[k] : source + " (default)"; };
+  if (!set("lora_rank")) c.lora_rank = std::max<int64_t>(1, c.dim / 2);
+  if (!set("micro_bs")) c.micro_bs = c.global_bs;
+  if (!set("weight_decay")) c.weight_decay = c.optimizer == "adamw" ? 0.01 : 0.0;
+  if (!set("checkpoint_layout")) c.checkpoint_layout = c.parallel == "fsdp" ? "shared" : "per_rank";
+
+  // Ranges.
+  const auto positive = [&](int64_t v, const char* k) {
+    KQLORA_INPUT_CHECK(v >= 1, at(k) << ": " << k << " must be at least 1, got " << v);
+  };
+  const auto non_negative = [&](double v, const char* k) {
+    KQLORA_INPUT_CHECK(v >= 0, at(k) << ": " << k << " must be >= 0, got " << v);
+  };
+  positive(c.dim, "dim");
+  positive(c.num_linears, "num_linears");
+  positive(c.lora_rank, "lora_rank");
+  positive(c.scaler_block_size, "scaler_block_size");
+  positive(c.global_bs, "global_bs");
+  positive(c.micro_bs, "micro_bs");
+  positive(c.log_every, "log_every");
+  non_negative(static_cast<double>(c.num_steps), "num_steps");
+  non_negative(static_cast<double>(c.seed), "seed");
+  non_negative(c.lr, "lr");
+  non_negative(c.momentum, "momentum");
+  non_negative(c.weight_decay, "weight_decay");
+  non_negative(static_cast<double>(c.warmup_steps), "warmup_steps");
+  non_negative(c.grad_clip, "grad_clip");
+  non_negative(static_cast<double>(c.eval_every), "eval_every");
+  non_negative(static_cast<double>(c.checkpoint_every), "checkpoint_every");
+  non_negative(static_cast<double>(c.keep_last), "keep_last");
+  KQLORA_INPUT_CHECK(c.eps > 0, at("eps") << ": eps must be > 0, got " << c.eps);
+  KQLORA_INPUT_CHECK(c.bucket_mb > 0, at("bucket_mb") << ": bucket_mb must be > 0");
+  KQLORA_INPUT_CHECK(c.comm_timeout_s > 0, at("comm_timeout_s") << ": comm_timeout_s must be > 0");
+  KQLORA_INPUT_CHECK(c.lora_dropout >= 0 && c.lora_dropout < 1,
+                     at("lora_dropout")
+                         << ": lora_dropout must be in [0, 1), got " << c.lora_dropout);
+  for (int i = 0; i < 2; ++i)
+    KQLORA_INPUT_CHECK(c.betas[i] >= 0 && c.betas[i] < 1,
+                       at("betas") << ": betas must be in [0, 1), got " << c.betas[i]);
+  KQLORA_INPUT_CHECK(c.block_size >= 2 && c.block_size % 2 == 0,
+                     at("block_size")
+                         << ": block_size must be a positive even number, got " << c.block_size);
+
+  // Consistency.
+  KQLORA_INPUT_CHECK(c.lora_rank <= c.dim,
+                     at("lora_rank") << ": lora_rank " << c.lora_rank << " > dim " << c.dim);
+  KQLORA_INPUT_CHECK((c.dim * c.dim) % c.block_size == 0,
+                     at("block_size")
+                         << ": block_size " << c.block_size
+                         << " does not divide the weight size dim*dim = " << c.dim * c.dim);
+  KQLORA_INPUT_CHECK(world_size <= c.global_bs,
+                     at("global_bs") << ": global_bs " << c.global_bs << " is smaller than the "
+                                     << world_size << " ranks (each rank needs a sample)");
+  KQLORA_INPUT_CHECK(
+      !(set("momentum") && c.optimizer != "sgd"),
+      where["momentum"] << ": momentum applies to optimizer = sgd, not " << c.optimizer);
+  KQLORA_INPUT_CHECK(!(set("betas") && c.optimizer == "sgd"),
+                     where["betas"] << ": betas apply to adam and adamw, not sgd");
+  KQLORA_INPUT_CHECK(!(set("eps") && c.optimizer == "sgd"),
+                     where["eps"] << ": eps applies to adam and adamw, not sgd");
+  KQLORA_INPUT_CHECK(c.eval_every == 0 || !c.eval_file.empty(),
+                     at("eval_every") << ": eval_every " << c.eval_every << " needs an eval_file");
+  KQLORA_INPUT_CHECK(c.eval_file.empty() || c.eval_every > 0,
+                     at("eval_file") << ": eval_file is set but eval_every is 0");
+#if !defined(KOKKOS_ENABLE_CUDA)
+  KQLORA_INPUT_CHECK(c.device != "cuda",
+                     at("device") << ": device = cuda, but this kqlora was built without CUDA");
+  KQLORA_INPUT_CHECK(c.comm != "nccl",
+                     at("comm") << ": comm = nccl, but this kqlora was built without NCCL");
+#endif
+  for (const char* k : {"init_file", "data_file", "eval_file"}) {
+    const std::string& p = std::string(k) == "init_file"   ? c.init_file
+                           : std::string(k) == "data_file" ? c.data_file
+                                                           : c.eval_file;
+    check_readable(p == "none" ? "" : p, at(k) + ": " + k);
+  }
+  for (std::string* p : {&c.init_file, &c.data_file, &c.eval_file, &c.metrics_file})
+    if (*p == "none") p->clear();
+  return c;
+}
+
+}  // namespace kqlora

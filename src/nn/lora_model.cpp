@@ -1,0 +1,237 @@
+#include "kqlora/nn/lora_model.hpp"
+
+#include "kqlora/core/kokkos_compat.hpp"
+#include "kqlora/io/deck.hpp"
+
+namespace kqlora {
+
+Activation parse_activation(const std::string& s) {
+  if (s == "relu") return Activation::relu;
+  if (s == "gelu") return Activation::gelu;
+  if (s == "silu") return Activation::silu;
+  KQLORA_INPUT_CHECK(s == "none", "activation: expected none|relu|gelu|silu, got '" << s << "'");
+  return Activation::none;
+}
+
+ModelConfig ModelConfig::from(const Config& c) {
+  ModelConfig m;
+  m.dim = c.dim;
+  m.num_layers = c.num_linears;
+  m.rank = c.lora_rank;
+  m.alpha = static_cast<float>(c.lora_alpha);
+  m.dropout = static_cast<float>(c.lora_dropout);
+  m.bias = c.bias;
+  m.activation = parse_activation(c.activation);
+  m.dtype = c.dtype;
+  m.block_size = c.block_size;
+  m.scaler_block_size = c.scaler_block_size;
+  m.seed = static_cast<uint64_t>(c.seed);
+  m.lora_b_zeros = c.lora_b_init == "zeros";
+  return m;
+}
+
+template <class ExecSpace>
+std::string LoraModel<ExecSpace>::base_name(int layer) {
+  return "layers." + std::to_string(layer) + ".weight";
+}
+
+template <class ExecSpace>
+LoraModel<ExecSpace>::LoraModel(const ExecSpace& exec, const ModelConfig& cfg)
+    : exec_(exec), cfg_(cfg) {
+  const int64_t d = cfg.dim, r = cfg.rank;
+  int64_t offset = 0;
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    info_.push_back({p + "lora_a.weight", {r, d}, offset, r * d});
+    offset += r * d;
+    info_.push_back({p + "lora_b.weight", {d, r}, offset, d * r});
+    offset += d * r;
+    if (cfg.bias) {
+      info_.push_back({p + "bias", {d}, offset, d});
+      offset += d;
+    }
+  }
+  params = Vec("kqlora::LoraModel::params", offset);
+  grads = Vec("kqlora::LoraModel::grads", offset);
+  compute_ = cfg.bf16() ? Vec("kqlora::LoraModel::params_bf16", offset) : params;
+  base.resize(cfg.num_layers);
+  cache_.resize(cfg.num_layers);
+}
+
+template <class ExecSpace>
+const ParamInfo& LoraModel<ExecSpace>::param(const std::string& name) const {
+  for (const auto& p : info_)
+    if (p.name == name) return p;
+  KQLORA_THROW_IF(true, "no parameter named '" << name << "'");
+}
+
+template <class ExecSpace>
+int64_t LoraModel<ExecSpace>::base_bytes() const {
+  int64_t n = 0;
+  for (const auto& b : base) n += b.storage_bytes();
+  return n;
+}
+
+template <class ExecSpace>
+void LoraModel<ExecSpace>::params_changed() {
+  if (!cfg_.bf16()) return;
+  auto src = params;
+  auto dst = compute_;
+  Kokkos::parallel_for(
+      "kqlora::LoraModel::round_params",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec_, 0, params.extent(0)),
+      KOKKOS_LAMBDA(int64_t i) { dst(i) = round_to_bf16(src(i)); });
+}
+
+template <class ExecSpace>
+Matrix<typename ExecSpace::memory_space> LoraModel<ExecSpace>::a_t(const Vec& v, int l) const {
+  // A is row-major [rank, dim]: the same memory is the LayoutLeft [dim, rank] matrix A^T.
+  return Matrix<Mem>(v.data() + info_[l * (cfg_.bias ? 3 : 2)].offset, cfg_.dim, cfg_.rank);
+}
+
+template <class ExecSpace>
+Matrix<typename ExecSpace::memory_space> LoraModel<ExecSpace>::b_t(const Vec& v, int l) const {
+  // B is row-major [dim, rank]: the LayoutLeft [rank, dim] matrix B^T.
+  return Matrix<Mem>(v.data() + info_[l * (cfg_.bias ? 3 : 2) + 1].offset, cfg_.rank, cfg_.dim);
+}
+
+template <class ExecSpace>
+Kokkos::View<float*, typename ExecSpace::memory_space> LoraModel<ExecSpace>::bias(const Vec& v,
+                                                                                  int l) const {
+  return Kokkos::View<float*, Mem>(v.data() + info_[l * 3 + 2].offset, cfg_.dim);
+}
+
+template <class ExecSpace>
+nn::DropoutKey LoraModel<ExecSpace>::dropout_key(int layer) const {
+  return {cfg_.seed,     layer_stream(RandomStream::dropout, layer),
+          step_,         global_bs_,
+          first_sample_, cfg_.dim,
+          cfg_.dropout};
+}
+
+namespace {
+// A [T, cols] LayoutLeft matrix over the start of a flat buffer (contiguous, so it stays
+// a plain LayoutLeft matrix that the BLAS path takes).
+template <class Mem>
+Matrix<Mem> head(const Kokkos::View<float*, Mem>& buf, int64_t T, int64_t cols) {
+  return Matrix<Mem>(buf.data(), T, cols);
+}
+}  // namespace
+
+template <class ExecSpace>
+void LoraModel<ExecSpace>::ensure_tokens(int64_t T) {
+  const int64_t d = cfg_.dim, r = cfg_.rank;
+  if (T > tokens_) {
+    // Owned flat buffers, sized for T; the matrices below are views of their heads.
+    auto alloc = [](const char* label, int64_t n) {
+      return Vec(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n);
+    };
+    buffers_.clear();
+    for (int l = 0; l < cfg_.num_layers; ++l) {
+      buffers_.push_back(alloc("kqlora::LoraModel::z", T * d));
+      buffers_.push_back(alloc("kqlora::LoraModel::h", T * r));
+      buffers_.push_back(l > 0 && cfg_.activation != Activation::none
+                             ? alloc("kqlora::LoraModel::x", T * d)
+                             : Vec());
+      buffers_.push_back(cfg_.dropout > 0 ? alloc("kqlora::LoraModel::xd", T * d) : Vec());
+    }
+    for (const char* s :
+         {"kqlora::LoraModel::tmp", "kqlora::LoraModel::g_a", "kqlora::LoraModel::g_b"})
+      buffers_.push_back(alloc(s, T * d));
+    buffers_.push_back(alloc("kqlora::LoraModel::gh", T * r));
+    tokens_ = T;
+  }
+  const size_t n = buffers_.size();
+  tmp_ = head(buffers_[n - 4], T, d);
+  g_a_ = head(buffers_[n - 3], T, d);
+  g_b_ = head(buffers_[n - 2], T, d);
+  gh_ = head(buffers_[n - 1], T, r);
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    cache_[l].z = head(buffers_[4 * l], T, d);
+    cache_[l].h = head(buffers_[4 * l + 1], T, r);
+    if (buffers_[4 * l + 2].data()) cache_[l].x = head(buffers_[4 * l + 2], T, d);
+    if (buffers_[4 * l + 3].data()) cache_[l].xd = head(buffers_[4 * l + 3], T, d);
+  }
+}
+
+template <class ExecSpace>
+Matrix<typename ExecSpace::memory_space> LoraModel<ExecSpace>::forward(const Matrix<Mem>& x,
+                                                                       int64_t step,
+                                                                       int64_t first_sample,
+                                                                       int64_t global_bs) {
+  const int64_t T = x.extent(0);
+  KQLORA_THROW_IF(
+      static_cast<int64_t>(x.extent(1)) != cfg_.dim,
+      "LoraModel::forward: input has " << x.extent(1) << " features, dim is " << cfg_.dim);
+  ensure_tokens(T);
+  step_ = step;
+  first_sample_ = first_sample;
+  global_bs_ = global_bs;
+  const bool bf16 = cfg_.bf16();
+  const float s = cfg_.scale();
+  const int L = static_cast<int>(cfg_.num_layers);
+  for (int l = 0; l < L; ++l) {
+    LayerCache& c = cache_[l];
+    if (l == 0) c.x = x;
+    if (cfg_.dropout > 0) {
+      nn::dropout_apply(exec_, dropout_key(l), bf16, c.x, c.xd, 0.0f);
+    } else {
+      c.xd = c.x;
+    }
+    gemm(exec_, "N", "N", 1.0f, c.xd, a_t(compute_, l), 0.0f, c.h);  // h = x_d A^T
+    if (bf16) nn::round_bf16(exec_, c.h);
+    linear_nf4_forward(exec_, base[l], c.x, c.z, ws_);  // z = x W^T
+    if (bf16) nn::round_bf16(exec_, c.z);
+    if (cfg_.bias)
+      nn::add_bias(exec_, Kokkos::View<const float*, Mem>(bias(compute_, l)), bf16, c.z);
+    if (bf16) {  // PyTorch: out + lora_b(h) * scaling, each rounded
+      gemm(exec_, "N", "N", 1.0f, c.h, b_t(compute_, l), 0.0f, tmp_);
+      nn::round_bf16(exec_, tmp_);
+      nn::add_scaled_bf16(exec_, s, tmp_, c.z);
+    } else {
+      gemm(exec_, "N", "N", s, c.h, b_t(compute_, l), 1.0f, c.z);  // z += s h B^T
+    }
+    if (l + 1 < L) {
+      if (cfg_.activation == Activation::none) {
+        cache_[l + 1].x = c.z;
+      } else {
+        nn::activation_forward(exec_, cfg_.activation, bf16, c.z, cache_[l + 1].x);
+      }
+    }
+  }
+  return cache_[L - 1].z;
+}
+
+template <class ExecSpace>
+void LoraModel<ExecSpace>::backward(const Matrix<Mem>& gy) {
+  const bool bf16 = cfg_.bf16();
+  const float s = cfg_.scale();
+  const int L = static_cast<int>(cfg_.num_layers);
+  Matrix<Mem> g = gy;
+  for (int l = L - 1; l >= 0; --l) {
+    LayerCache& c = cache_[l];
+    if (l + 1 < L && cfg_.activation != Activation::none)
+      nn::activation_backward(exec_, cfg_.activation, bf16, c.z, g);
+    gemm(exec_, "T", "N", s, c.h, g, 1.0f, b_t(grads, l));  // dB^T += s h^T g
+    if (cfg_.bias) nn::accumulate_bias_grad(exec_, g, bias(grads, l));
+    gemm(exec_, "N", "T", s, g, b_t(compute_, l), 0.0f, gh_);  // gh = s g B
+    if (bf16) nn::round_bf16(exec_, gh_);
+    gemm(exec_, "T", "N", 1.0f, c.xd, gh_, 1.0f, a_t(grads, l));  // dA^T += x_d^T gh
+    if (l == 0) break;                                            // the input needs no gradient
+    Matrix<Mem> gx = g.data() == g_a_.data() ? g_b_ : g_a_;
+    linear_nf4_backward(exec_, base[l], g, gx, ws_);  // gx = g W
+    if (cfg_.dropout > 0) {
+      gemm(exec_, "N", "T", 1.0f, gh_, a_t(compute_, l), 0.0f, tmp_);  // gh A
+      if (bf16) nn::round_bf16(exec_, tmp_);
+      nn::dropout_apply(exec_, dropout_key(l), false, tmp_, gx, 1.0f);
+    } else {
+      gemm(exec_, "N", "T", 1.0f, gh_, a_t(compute_, l), 1.0f, gx);  // gx += gh A
+    }
+    if (bf16) nn::round_bf16(exec_, gx);
+    g = gx;
+  }
+}
+
+template class LoraModel<Kokkos::DefaultExecutionSpace>;
+
+}  // namespace kqlora

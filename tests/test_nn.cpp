@@ -1,0 +1,252 @@
+// linear_nf4 and the LoRA model: outputs against a float64 reference built from the
+// dequantized weights, and every gradient against float64 central finite differences.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "kqlora/nn/linear_nf4.hpp"
+#include "kqlora/nn/lora_model.hpp"
+#include "kqlora/nn/loss.hpp"
+#include "nf4_test_util.hpp"
+
+using namespace nf4test;
+using kqlora::Activation;
+using kqlora::Matrix;
+
+namespace {
+
+using HostMat = std::vector<double>;  // [rows][cols] row-major, double
+
+std::vector<double> dequantized(const HostNf4& t) {
+  auto f = dequantize<float>(t);
+  return std::vector<double>(f.begin(), f.end());
+}
+
+Matrix<Mem> to_matrix(const std::vector<float>& rowmajor, int64_t rows, int64_t cols) {
+  Matrix<Mem> m("m", rows, cols);
+  auto h = Kokkos::create_mirror_view(m);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) h(r, c) = rowmajor[r * cols + c];
+  Kokkos::deep_copy(m, h);
+  return m;
+}
+
+std::vector<double> from_matrix(const Matrix<Mem>& m) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m);
+  std::vector<double> v(m.extent(0) * m.extent(1));
+  for (size_t r = 0; r < m.extent(0); ++r)
+    for (size_t c = 0; c < m.extent(1); ++c) v[r * m.extent(1) + c] = h(r, c);
+  return v;
+}
+
+double act(Activation a, double z) {
+  switch (a) {
+    case Activation::relu:
+      return z > 0 ? z : 0;
+    case Activation::gelu:
+      return 0.5 * z * (1 + std::erf(z / std::sqrt(2.0)));
+    case Activation::silu:
+      return z / (1 + std::exp(-z));
+    default:
+      return z;
+  }
+}
+
+}  // namespace
+
+TEST(LinearNf4, ForwardAndInputGradientMatchFloat64) {
+  // Awkward sizes: 96 outputs, 80 inputs, blocks of 32 (panels need whole blocks), T = 7.
+  kqlora::Nf4Layout L;
+  L.shape = {96, 80};
+  L.block_size = 32;
+  L.scaler_block_size = 16;
+  const auto Wn = quantize(randn(L.numel(), 1), L);
+  const auto W = dequantized(Wn);
+  const int64_t T = 7, O = 96, I = 80;
+  const auto xf = randn(T * I, 2), gf = randn(T * O, 3);
+  auto dW = kqlora::nf4_copy_to<Mem>(Wn);
+  kqlora::LinearNf4Workspace<Mem> ws;
+  ws.reserve(O, I, 32, 20 * I * 4);  // small panels: several of them, the last one short
+  ASSERT_LT(ws.panel_rows, O);
+  Matrix<Mem> x = to_matrix(xf, T, I), y("y", T, O), g = to_matrix(gf, T, O), gx("gx", T, I);
+  kqlora::linear_nf4_forward(Exec(), dW, x, y, ws);
+  kqlora::linear_nf4_backward(Exec(), dW, g, gx, ws);
+  const auto yv = from_matrix(y), gxv = from_matrix(gx);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t o = 0; o < O; ++o) {
+      double ref = 0;
+      for (int64_t i = 0; i < I; ++i) ref += xf[t * I + i] * W[o * I + i];
+      ASSERT_NEAR(yv[t * O + o], ref, 1e-5 * (1 + std::fabs(ref))) << t << "," << o;
+    }
+    for (int64_t i = 0; i < I; ++i) {
+      double ref = 0;
+      for (int64_t o = 0; o < O; ++o) ref += gf[t * O + o] * W[o * I + i];
+      ASSERT_NEAR(gxv[t * I + i], ref, 1e-5 * (1 + std::fabs(ref))) << t << "," << i;
+    }
+  }
+}
+
+namespace {
+
+struct Case {
+  Activation act;
+  float dropout;
+  bool bias;
+  kqlora::LossKind loss;
+};
+
+// The model in float64 from the same NF4 weights, parameters and dropout masks.
+struct Reference {
+  kqlora::ModelConfig cfg;
+  std::vector<std::vector<double>> W;  // per layer, [dim, dim] row-major
+  std::vector<kqlora::ParamInfo> info;
+
+  double loss(const std::vector<double>& p, const std::vector<double>& x,
+              const std::vector<double>& target, int64_t T, kqlora::LossKind kind, int64_t step,
+              int64_t global_bs) const {
+    const int64_t d = cfg.dim, r = cfg.rank;
+    const double s = static_cast<double>(cfg.alpha) / r;
+    std::vector<double> in = x, out(T * d);
+    const int per = cfg.bias ? 3 : 2;
+    for (int l = 0; l < cfg.num_layers; ++l) {
+      const double* A = p.data() + info[per * l].offset;
+      const double* B = p.data() + info[per * l + 1].offset;
+      const kqlora::nn::DropoutKey key{
+          cfg.seed,   kqlora::layer_stream(kqlora::RandomStream::dropout, l), step, global_bs, 0, d,
+          cfg.dropout};
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<double> xd(d), h(r, 0.0);
+        for (int64_t f = 0; f < d; ++f)
+          xd[f] = cfg.dropout > 0 ? (key.keep(t, f) ? in[t * d + f] / (1.0 - cfg.dropout) : 0.0)
+                                  : in[t * d + f];
+        for (int64_t k = 0; k < r; ++k)
+          for (int64_t f = 0; f < d; ++f) h[k] += xd[f] * A[k * d + f];
+        for (int64_t o = 0; o < d; ++o) {
+          double z = 0;
+          for (int64_t f = 0; f < d; ++f) z += in[t * d + f] * W[l][o * d + f];
+          if (cfg.bias) z += p[info[per * l + 2].offset + o];
+          for (int64_t k = 0; k < r; ++k) z += s * h[k] * B[o * r + k];
+          out[t * d + o] = l + 1 < cfg.num_layers ? act(cfg.activation, z) : z;
+        }
+      }
+      in = out;
+    }
+    double L = 0;
+    for (int64_t i = 0; i < T * d; ++i)
+      L += kind == kqlora::LossKind::sum ? in[i] : (in[i] - target[i]) * (in[i] - target[i]);
+    return kind == kqlora::LossKind::sum ? L : L / (T * d);
+  }
+};
+
+}  // namespace
+
+class LoraModelGradients : public ::testing::TestWithParam<Case> {};
+
+TEST_P(LoraModelGradients, MatchFloat64FiniteDifferences) {
+  const Case c = GetParam();
+  kqlora::ModelConfig cfg;
+  cfg.dim = 16;
+  cfg.num_layers = 3;
+  cfg.rank = 4;
+  cfg.alpha = 8;
+  cfg.dropout = c.dropout;
+  cfg.bias = c.bias;
+  cfg.activation = c.act;
+  cfg.block_size = 32;
+  cfg.scaler_block_size = 4;
+  kqlora::LoraModel<Exec> model(Exec(), cfg);
+  Reference ref{cfg, {}, model.params_info()};
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    kqlora::Nf4Layout L;
+    L.shape = {cfg.dim, cfg.dim};
+    L.block_size = cfg.block_size;
+    L.scaler_block_size = cfg.scaler_block_size;
+    const auto w = quantize(randn(L.numel(), 10 + l, 0.5f), L);
+    ref.W.push_back(dequantized(w));
+    model.base[l] = kqlora::nf4_copy_to<Mem>(w);
+  }
+  const int64_t n = model.num_params(), T = 5, d = cfg.dim;
+  const auto pf = randn(n, 20, 0.3f);
+  Kokkos::deep_copy(
+      model.params,
+      Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(pf.data(), pf.size()));
+  model.params_changed();
+  const auto xf = randn(T * d, 21), tf = randn(T * d, 22);
+  Matrix<Mem> x = to_matrix(xf, T, d), target = to_matrix(tf, T, d), g("g", T, d);
+  Kokkos::deep_copy(model.grads, 0.0f);
+  auto y = model.forward(x, /*step=*/3, /*first_sample=*/0, /*global_bs=*/T);
+  kqlora::nn::loss_forward_backward(Exec(), c.loss, y, target, double(T * d), g);
+  model.backward(g);
+  std::vector<float> grads(n);
+  Kokkos::deep_copy(
+      Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(grads.data(), n),
+      model.grads);
+
+  std::vector<double> p(pf.begin(), pf.end()), xd(xf.begin(), xf.end()), td(tf.begin(), tf.end());
+  double scale = 0;
+  std::vector<double> fd(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const double h = 1e-5, keep = p[i];
+    p[i] = keep + h;
+    const double lp = ref.loss(p, xd, td, T, c.loss, 3, T);
+    p[i] = keep - h;
+    const double lm = ref.loss(p, xd, td, T, c.loss, 3, T);
+    p[i] = keep;
+    fd[i] = (lp - lm) / (2 * h);
+    scale = std::max(scale, std::fabs(fd[i]));
+  }
+  ASSERT_GT(scale, 0);
+  for (int64_t i = 0; i < n; ++i)
+    EXPECT_NEAR(grads[i], fd[i], 2e-4 * scale + 1e-3 * std::fabs(fd[i])) << "parameter " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, LoraModelGradients,
+    ::testing::Values(Case{Activation::none, 0.0f, false, kqlora::LossKind::sum},
+                      Case{Activation::relu, 0.0f, true, kqlora::LossKind::mse},
+                      Case{Activation::gelu, 0.25f, true, kqlora::LossKind::sum},
+                      Case{Activation::silu, 0.5f, false, kqlora::LossKind::mse},
+                      Case{Activation::gelu, 0.0f, false, kqlora::LossKind::mse}));
+
+TEST(LoraModel, MicroBatchesAddUpToTheWholeBatch) {
+  kqlora::ModelConfig cfg;
+  cfg.dim = 32;
+  cfg.num_layers = 2;
+  cfg.rank = 8;
+  cfg.activation = Activation::silu;
+  cfg.block_size = 64;
+  kqlora::LoraModel<Exec> model(Exec(), cfg);
+  for (int l = 0; l < 2; ++l) {
+    kqlora::Nf4Layout L;
+    L.shape = {32, 32};
+    model.base[l] = kqlora::nf4_copy_to<Mem>(quantize(randn(1024, 30 + l), L));
+  }
+  const auto pf = randn(model.num_params(), 31, 0.2f);
+  Kokkos::deep_copy(
+      model.params,
+      Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(pf.data(), pf.size()));
+  const auto xf = randn(8 * 32, 32), tf = randn(8 * 32, 33);
+  auto run = [&](std::vector<std::pair<int, int>> parts) {
+    Kokkos::deep_copy(model.grads, 0.0f);
+    double loss = 0;
+    for (auto [r0, rows] : parts) {
+      std::vector<float> xs(xf.begin() + r0 * 32, xf.begin() + (r0 + rows) * 32);
+      std::vector<float> ts(tf.begin() + r0 * 32, tf.begin() + (r0 + rows) * 32);
+      Matrix<Mem> x = to_matrix(xs, rows, 32), t = to_matrix(ts, rows, 32), g("g", rows, 32);
+      auto y = model.forward(x, 0, r0, 8);
+      loss += kqlora::nn::loss_forward_backward(Exec(), kqlora::LossKind::mse, y, t, 8.0 * 32, g);
+      model.backward(g);
+    }
+    std::vector<float> gr(model.num_params());
+    Kokkos::deep_copy(
+        Kokkos::View<float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(gr.data(), gr.size()),
+        model.grads);
+    return std::make_pair(loss, gr);
+  };
+  const auto whole = run({{0, 8}});
+  const auto split = run({{0, 3}, {3, 3}, {6, 2}});
+  EXPECT_NEAR(whole.first, split.first, 1e-6 * std::fabs(whole.first));
+  for (size_t i = 0; i < whole.second.size(); ++i)
+    ASSERT_NEAR(whole.second[i], split.second[i], 1e-5 + 1e-4 * std::fabs(whole.second[i])) << i;
+}
