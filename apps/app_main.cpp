@@ -3,10 +3,12 @@
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <memory>
 
 #include "kqlora/core/build_info.hpp"
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/runtime.hpp"
+#include "kqlora/dist/world.hpp"
 
 namespace kqlora::app {
 
@@ -19,8 +21,15 @@ int run(int argc, char** argv, const std::string& name, const std::string& usage
       return 0;
     }
   }
+  std::unique_ptr<Runtime> runtime;
   try {
-    Runtime runtime(argc, argv);
+    runtime = std::make_unique<Runtime>(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << name << ": error: cannot start MPI/Kokkos: " << e.what() << "\n";
+    return 1;
+  }
+  // The runtime outlives the handlers below: they may still talk to MPI.
+  try {
     for (const auto& a : args) {
       if (a == "--version") {
         std::cout << build_configuration();
@@ -29,10 +38,16 @@ int run(int argc, char** argv, const std::string& name, const std::string& usage
     }
     return body(args);
   } catch (const InputError& e) {
-    std::cerr << name << ": error: " << e.what() << "\n";
+    // Input is checked identically on every rank (decks, files, sizes), so every rank
+    // stops here together; rank 0 speaks for all.
+    if (world::rank() == 0) std::cerr << name << ": error: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << name << ": error: " << e.what() << "\n";
+    const int rank = world::rank(), size = world::size();
+    std::cerr << name << ": error" << (size > 1 ? " on rank " + std::to_string(rank) : "") << ": "
+              << e.what() << "\n";
+    // Other ranks may wait in a collective for this one: end the whole job.
+    if (size > 1) world::abort(1);
     return 1;
   }
 }

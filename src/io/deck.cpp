@@ -57,11 +57,15 @@ std::string to_choice(const std::string& v, const std::vector<std::string>& choi
   KQLORA_INPUT_CHECK(false, where << ": expected " << os.str() << ", got '" << v << "'");
 }
 
+/// The shortest decimal that reads back as x.
 std::string fmt(double x) {
-  std::ostringstream os;
-  os.precision(17);
-  os << x;
-  return os.str();
+  for (int p = 6; p <= 17; ++p) {
+    std::ostringstream os;
+    os.precision(p);
+    os << x;
+    if (std::strtod(os.str().c_str(), nullptr) == x) return os.str();
+  }
+  return std::to_string(x);
 }
 
 size_t edit_distance(const std::string& a, const std::string& b) {

@@ -1,0 +1,47 @@
+#pragma once
+// HDF5 checkpoints in the schema of DESIGN.md, committed atomically:
+// save_dir/step-XXXXXXXX.tmp/ is written (each file fsynced), renamed to step-XXXXXXXX once
+// every rank has finished, then save_dir/latest is replaced. A kill at any moment leaves
+// the previous checkpoint and `latest` intact.
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kqlora/io/hdf5_params.hpp"
+
+namespace kqlora {
+
+struct CheckpointTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+
+struct CheckpointContents {
+  int64_t step = 0;  // optimizer steps done
+  int world_size = 1, rank = 0;
+  std::string parallel = "ddp", layout = "per_rank", config_text;
+  std::vector<std::pair<std::string, h5::HostNf4>> nf4;  // frozen base weights
+  std::vector<CheckpointTensor> params;                  // trainable, float32 masters
+  int64_t optimizer_steps = 0;
+  /// (parameter name, state name) -> values, e.g. ("layers.0.lora_a.weight", "exp_avg").
+  std::vector<std::pair<std::pair<std::string, std::string>, std::vector<float>>> optimizer;
+  int64_t seed = 0;
+  std::string data_source;  // "synthetic" or the data file's path
+};
+
+/// The directory name of a step: step-00000012.
+std::string step_dir_name(int64_t step);
+
+/// Writes this rank's file of a per_rank checkpoint and commits the step directory
+/// (collective over the run's ranks). keep_last > 0 removes older complete checkpoints
+/// after the commit. Returns the committed directory.
+std::string write_checkpoint_per_rank(const std::string& save_dir, const CheckpointContents& c,
+                                      int64_t keep_last);
+
+/// Writes one checkpoint file (no commit protocol): used by the per-rank writer and tests.
+void write_checkpoint_file(const std::string& path, const CheckpointContents& c);
+
+}  // namespace kqlora

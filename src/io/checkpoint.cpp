@@ -1,0 +1,181 @@
+#include "kqlora/io/checkpoint.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include "kqlora/core/build_info.hpp"
+#include "kqlora/core/error.hpp"
+#include "kqlora/dist/world.hpp"
+
+namespace kqlora {
+
+namespace {
+
+void fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  KQLORA_THROW_IF(fd < 0, "cannot open " << path << " to sync it: " << std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  KQLORA_THROW_IF(rc != 0, "fsync " << path << " failed: " << std::strerror(err));
+}
+
+void make_dirs(const std::string& path) {
+  std::string prefix;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    prefix = path.substr(0, pos);
+    if (prefix.empty()) continue;
+    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST)
+      KQLORA_INPUT_CHECK(false,
+                         "cannot create directory " << prefix << ": " << std::strerror(errno));
+  }
+}
+
+void remove_tree(const std::string& path) {
+  DIR* d = ::opendir(path.c_str());
+  if (!d) {
+    ::unlink(path.c_str());
+    return;
+  }
+  while (dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n == "." || n == "..") continue;
+    remove_tree(path + "/" + n);
+  }
+  ::closedir(d);
+  ::rmdir(path.c_str());
+}
+
+bool is_dir(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/// Complete step directories (step-XXXXXXXX, no .tmp), oldest first.
+std::vector<std::string> complete_steps(const std::string& save_dir) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(save_dir.c_str());
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n.size() == 13 && n.rfind("step-", 0) == 0 &&
+        n.find_first_not_of("0123456789", 5) == std::string::npos)
+      out.push_back(n);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+std::string step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+void write_checkpoint_file(const std::string& path, const CheckpointContents& c) {
+  auto f = h5::create_file(path);
+  h5::write_attribute(f, "format", std::string("kqlora-checkpoint"));
+  h5::write_attribute(f, "format_version", int64_t(1));
+  h5::write_attribute(f, "step", c.step);
+  h5::write_attribute(f, "world_size", int64_t(c.world_size));
+  h5::write_attribute(f, "parallel", c.parallel);
+  h5::write_attribute(f, "layout", c.layout);
+  if (c.layout == "per_rank") h5::write_attribute(f, "rank", int64_t(c.rank));
+  h5::write_attribute(f, "config", c.config_text);
+  h5::write_attribute(f, "kqlora_version", version());
+  auto params = h5::create_group(f, "params");
+  for (const auto& [name, t] : c.nf4) h5::write_nf4(params, name, t);
+  for (const auto& p : c.params) h5::write_float(params, p.name, p.shape, p.data.data());
+  auto opt = h5::create_group(f, "optimizer");
+  h5::write_attribute(opt, "step", c.optimizer_steps);
+  for (const auto& [key, values] : c.optimizer) {
+    const std::vector<int64_t> shape = [&] {
+      for (const auto& p : c.params)
+        if (p.name == key.first) return p.shape;
+      return std::vector<int64_t>{static_cast<int64_t>(values.size())};
+    }();
+    h5::write_float(opt, key.first + "/" + key.second, shape, values.data());
+  }
+  auto rng = h5::create_group(f, "rng");
+  const int64_t seed = c.seed;
+  h5::write_dataset(rng, "seed", H5T_STD_I64LE, H5T_NATIVE_INT64, {1}, &seed);
+  auto data = h5::create_group(f, "data");
+  const int64_t next_step = c.step;
+  h5::write_dataset(data, "next_step", H5T_STD_I64LE, H5T_NATIVE_INT64, {1}, &next_step);
+  h5::write_attribute(data, "source", c.data_source);
+  f.close();
+  fsync_path(path, false);
+}
+
+std::string write_checkpoint_per_rank(const std::string& save_dir, const CheckpointContents& c,
+                                      int64_t keep_last) {
+  const std::string name = step_dir_name(c.step);
+  const std::string final_dir = save_dir + "/" + name, tmp_dir = final_dir + ".tmp";
+  bool failed = false;
+  std::string error;
+  if (c.rank == 0) {
+    try {
+      make_dirs(save_dir);
+      remove_tree(tmp_dir);  // a leftover of an interrupted write
+      make_dirs(tmp_dir);
+    } catch (const std::exception& e) {
+      failed = true;
+      error = e.what();
+    }
+  }
+  KQLORA_THROW_IF(
+      world::any(failed),
+      "checkpoint " << tmp_dir << ": " << (error.empty() ? "rank 0 could not create it" : error));
+  char file[32];
+  std::snprintf(file, sizeof file, "/rank-%05d.h5", c.rank);
+  try {
+    write_checkpoint_file(tmp_dir + file, c);
+  } catch (const std::exception& e) {
+    failed = true;
+    error = e.what();
+  }
+  KQLORA_THROW_IF(world::any(failed), "checkpoint "
+                                          << tmp_dir << ": writing failed"
+                                          << (error.empty() ? " on another rank" : ": " + error));
+  if (c.rank == 0) {
+    fsync_path(tmp_dir, true);
+    if (is_dir(final_dir)) remove_tree(final_dir);  // the same step written again (a rerun)
+    KQLORA_THROW_IF(
+        ::rename(tmp_dir.c_str(), final_dir.c_str()) != 0,
+        "cannot rename " << tmp_dir << " to " << final_dir << ": " << std::strerror(errno));
+    fsync_path(save_dir, true);
+    const std::string latest = save_dir + "/latest", latest_tmp = latest + ".tmp";
+    {
+      std::ofstream l(latest_tmp, std::ios::trunc);
+      l << name << "\n";
+      KQLORA_THROW_IF(!l.good(), "cannot write " << latest_tmp);
+    }
+    fsync_path(latest_tmp, false);
+    KQLORA_THROW_IF(::rename(latest_tmp.c_str(), latest.c_str()) != 0,
+                    "cannot replace " << latest << ": " << std::strerror(errno));
+    fsync_path(save_dir, true);
+    if (keep_last > 0) {
+      auto steps = complete_steps(save_dir);
+      // Only complete checkpoints older than the one just committed go.
+      for (size_t i = 0; i + keep_last < steps.size(); ++i)
+        if (steps[i] < name) remove_tree(save_dir + "/" + steps[i]);
+    }
+  }
+  world::barrier();
+  return final_dir;
+}
+
+}  // namespace kqlora

@@ -1,0 +1,215 @@
+#include "kqlora/train/init.hpp"
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <ostream>
+#include <set>
+
+#include "kqlora/build_config.hpp"
+#include "kqlora/core/random.hpp"
+#include "kqlora/io/tensor_source.hpp"
+#include "kqlora/quant/nf4_kernels.hpp"
+#if KQLORA_HAVE_HDF5
+#include "kqlora/io/hdf5_params.hpp"
+#endif
+
+namespace kqlora {
+
+namespace {
+
+int layer_of(const std::string& name) {
+  return std::stoi(name.substr(7, name.find('.', 7) - 7));  // "layers.<i>."
+}
+
+// Kaiming-uniform with a = sqrt(5): bound 1/sqrt(fan_in).
+std::vector<float> uniform(uint64_t seed, uint64_t stream, int64_t n, double bound) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    v[i] = static_cast<float>((2.0 * random_uniform(seed, stream, static_cast<uint64_t>(i)) - 1.0) *
+                              bound);
+  return v;
+}
+
+/// A float tensor from the init file, by name, if it has one.
+struct InitFile {
+  std::string path;
+  std::unique_ptr<TensorSource> source;  // safetensors
+#if KQLORA_HAVE_HDF5
+  h5::Handle file, params;  // HDF5
+#endif
+  std::set<std::string> names, used;
+
+  explicit InitFile(const std::string& p) : path(p) {
+    if (p.empty()) return;
+    char sig[8] = {0};
+    std::ifstream(p, std::ios::binary).read(sig, 8);
+    if (std::string(sig, 4) == "\x89HDF") {
+#if KQLORA_HAVE_HDF5
+      file = h5::open_file(p);
+      KQLORA_INPUT_CHECK(h5::exists(file, "params"),
+                         p << ": init_file has no /params group (checkpoint schema)");
+      params = h5::open_group(file, "params");
+      for (const auto& d : h5::list_datasets(params)) {
+        const auto slash = d.find('/');
+        names.insert(slash == std::string::npos ? d : d.substr(0, slash));
+      }
+#endif
+    } else {
+      source = open_tensor_source(p);
+      for (const auto& e : source->entries()) names.insert(e.name);
+    }
+  }
+
+  bool has(const std::string& name) const {
+    return names.count(name) > 0;
+  }
+
+  std::vector<float> floats(const std::string& name, const std::vector<int64_t>& shape) {
+    used.insert(name);
+    const std::string where = path + ": tensor '" + name + "'";
+    std::vector<float> out;
+    std::vector<int64_t> got;
+#if KQLORA_HAVE_HDF5
+    if (params.get() >= 0 && !source) {
+      KQLORA_INPUT_CHECK(!h5::is_nf4_group(params, name), where << " is NF4; expected floats");
+      got = h5::dataset_dims(params, name, path);
+      int64_t n = 1;
+      for (int64_t d : got) n *= d;
+      KQLORA_INPUT_CHECK(got == shape, where << " has shape " << shape_text(got) << ", expected "
+                                             << shape_text(shape));
+      out.resize(static_cast<size_t>(n));
+      h5::read_dataset(params, name, H5T_NATIVE_FLOAT, n, out.data(), path);
+      return out;
+    }
+#endif
+    HostTensor t = source->load(name);
+    KQLORA_INPUT_CHECK(t.shape == shape, where << " has shape " << shape_text(t.shape)
+                                               << ", expected " << shape_text(shape));
+    if (!t.is_bf16) return t.f32;
+    for (const auto& b : t.bf16) out.push_back(static_cast<float>(b));
+    return out;
+  }
+
+  static std::string shape_text(const std::vector<int64_t>& s) {
+    std::string t = "[";
+    for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+    return t + "]";
+  }
+};
+
+}  // namespace
+
+std::vector<float> seed_param_values(const ModelConfig& cfg, const ParamInfo& p) {
+  const int l = layer_of(p.name);
+  if (p.name.find("lora_a") != std::string::npos)
+    return uniform(cfg.seed, layer_stream(RandomStream::lora_a, l), p.numel,
+                   1.0 / std::sqrt(static_cast<double>(cfg.dim)));
+  if (p.name.find("lora_b") != std::string::npos) {
+    if (cfg.lora_b_zeros) return std::vector<float>(static_cast<size_t>(p.numel), 0.0f);
+    return uniform(cfg.seed, layer_stream(RandomStream::lora_b, l), p.numel,
+                   1.0 / std::sqrt(static_cast<double>(cfg.rank)));
+  }
+  // bias: nn.Linear's default, U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+  return uniform(cfg.seed, layer_stream(RandomStream::bias, l), p.numel,
+                 1.0 / std::sqrt(static_cast<double>(cfg.dim)));
+}
+
+std::vector<float> seed_base_values(const ModelConfig& cfg, int layer) {
+  const int64_t n = cfg.dim * cfg.dim;
+  std::vector<float> v(static_cast<size_t>(n));
+  const uint64_t stream = layer_stream(RandomStream::base_weight, layer);
+  for (int64_t i = 0; i < n; ++i)
+    v[i] = static_cast<float>(random_normal(cfg.seed, stream, static_cast<uint64_t>(i)));
+  return v;
+}
+
+template <class ExecSpace>
+void initialize_model(const ExecSpace& exec, LoraModel<ExecSpace>& model,
+                      const std::string& init_file, std::ostream& log) {
+  using Mem = typename ExecSpace::memory_space;
+  const ModelConfig& cfg = model.config();
+  InitFile init(init_file);
+  Nf4Layout layout;
+  layout.shape = {cfg.dim, cfg.dim};
+  layout.dtype = cfg.dtype;
+  layout.block_size = cfg.block_size;
+  layout.scaler_block_size = cfg.scaler_block_size;
+  int from_file = 0, from_seed = 0;
+
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    const std::string name = LoraModel<ExecSpace>::base_name(l);
+#if KQLORA_HAVE_HDF5
+    if (init.has(name) && !init.source && h5::is_nf4_group(init.params, name)) {
+      init.used.insert(name);
+      auto t = h5::read_nf4(init.params, name, init_file);
+      KQLORA_INPUT_CHECK(t.layout == layout,
+                         init_file << ": NF4 tensor '" << name << "' is " << t.layout.shape_string()
+                                   << " " << dtype_name(t.layout.dtype) << " with blocks "
+                                   << t.layout.block_size << "/" << t.layout.scaler_block_size
+                                   << "; the deck asks for " << layout.shape_string() << " "
+                                   << dtype_name(layout.dtype) << " with blocks "
+                                   << layout.block_size << "/" << layout.scaler_block_size);
+      model.base[l] = nf4_copy_to<Mem>(t);
+      ++from_file;
+      continue;
+    }
+#endif
+    std::vector<float> w;
+    if (init.has(name)) {
+      w = init.floats(name, layout.shape);
+      ++from_file;
+    } else {
+      w = seed_base_values(cfg, l);
+      ++from_seed;
+    }
+    if (cfg.bf16()) {
+      Kokkos::View<bfloat16*, Mem> d("kqlora::init::w", w.size());
+      auto h = Kokkos::create_mirror_view(d);
+      for (size_t i = 0; i < w.size(); ++i) h(i) = bfloat16(w[i]);
+      Kokkos::deep_copy(d, h);
+      model.base[l] =
+          nf4_quantize<bfloat16>(exec, Kokkos::View<const bfloat16*, Mem>(d), layout, name);
+    } else {
+      Kokkos::View<float*, Mem> d("kqlora::init::w", w.size());
+      Kokkos::deep_copy(d, Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
+                               w.data(), w.size()));
+      model.base[l] = nf4_quantize<float>(exec, Kokkos::View<const float*, Mem>(d), layout, name);
+    }
+  }
+
+  auto host = Kokkos::create_mirror_view(model.params);
+  for (const auto& p : model.params_info()) {
+    std::vector<float> v;
+    if (init.has(p.name)) {
+      v = init.floats(p.name, p.shape);
+      ++from_file;
+    } else {
+      v = seed_param_values(cfg, p);
+      ++from_seed;
+    }
+    std::copy(v.begin(), v.end(), host.data() + p.offset);
+  }
+  Kokkos::deep_copy(model.params, host);
+  model.params_changed();
+
+  std::vector<std::string> unused;
+  for (const auto& n : init.names)
+    if (!init.used.count(n)) unused.push_back(n);
+  if (!init_file.empty()) {
+    log << "init: " << from_file << " tensors from " << init_file << ", " << from_seed
+        << " from seed " << cfg.seed << "\n";
+    if (!unused.empty()) {
+      log << "init: note: " << unused.size() << " tensors of " << init_file
+          << " are not model parameters and were ignored (first: " << unused.front() << ")\n";
+    }
+  } else {
+    log << "init: all " << from_seed << " tensors from seed " << cfg.seed << "\n";
+  }
+}
+
+template void initialize_model(const Kokkos::DefaultExecutionSpace&,
+                               LoraModel<Kokkos::DefaultExecutionSpace>&, const std::string&,
+                               std::ostream&);
+
+}  // namespace kqlora

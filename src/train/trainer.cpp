@@ -1,0 +1,326 @@
+#include "kqlora/train/trainer.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+
+#include "kqlora/build_config.hpp"
+#include "kqlora/core/memory.hpp"
+#include "kqlora/dist/world.hpp"
+#include "kqlora/nn/lora_model.hpp"
+#include "kqlora/nn/loss.hpp"
+#include "kqlora/optim/optimizer.hpp"
+#include "kqlora/train/data.hpp"
+#include "kqlora/train/init.hpp"
+#if KQLORA_HAVE_HDF5
+#include "kqlora/io/checkpoint.hpp"
+#endif
+
+namespace kqlora {
+
+namespace {
+
+using Exec = Kokkos::DefaultExecutionSpace;
+using Mem = Exec::memory_space;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+enum Phase { kData, kForward, kBackward, kComm, kOptimizer, kCheckpoint, kEval, kPhases };
+const char* phase_names[kPhases] = {"data",      "forward",        "backward",  "communication",
+                                    "optimizer", "checkpoint I/O", "evaluation"};
+
+/// Wall time per phase; each phase ends with a fence so device work is charged to it.
+struct PhaseTimer {
+  double total[kPhases] = {0};
+  Phase current = kData;
+  Clock::time_point since = Clock::now();
+  void enter(Phase p) {
+    Kokkos::fence();
+    total[current] += seconds_since(since);
+    current = p;
+    since = Clock::now();
+  }
+};
+
+/// A rank's contiguous slice of the global batch: sizes differ by at most one, the first
+/// global_bs % N ranks take one more (DESIGN.md).
+std::pair<int64_t, int64_t> slice_of(int64_t global_bs, int rank, int size) {
+  const int64_t base = global_bs / size, extra = global_bs % size;
+  return {rank * base + std::min<int64_t>(rank, extra), base + (rank < extra ? 1 : 0)};
+}
+
+/// Row-major host rows -> a LayoutLeft [n, dim] device matrix.
+void upload(const std::vector<float>& rows, int64_t n, int64_t dim, const Matrix<Mem>& m) {
+  auto h = Kokkos::create_mirror_view(m);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t f = 0; f < dim; ++f) h(t, f) = rows[t * dim + f];
+  Kokkos::deep_copy(m, h);
+}
+
+std::string human_bytes(double b) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1);
+  if (b >= 1 << 30)
+    os << b / (1 << 30) << " GiB";
+  else if (b >= 1 << 20)
+    os << b / (1 << 20) << " MiB";
+  else
+    os << b / 1024 << " KiB";
+  return os.str();
+}
+
+std::string human_time(double s) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(s < 10 ? 2 : 1) << s << "s";
+  return os.str();
+}
+
+}  // namespace
+
+TrainSummary train(const Config& cfg, std::ostream& log) {
+  const int rank = world::rank(), nranks = world::size();
+  const bool root = rank == 0;
+  KQLORA_INPUT_CHECK(cfg.parallel == "ddp",
+                     "parallel = fsdp is not implemented yet (the data-parallel issue): use ddp");
+  KQLORA_INPUT_CHECK(
+      cfg.restart == "none",
+      "restart = " << cfg.restart << " is not implemented yet (the checkpoints issue)");
+#if !KQLORA_HAVE_HDF5
+  KQLORA_INPUT_CHECK(false, "this kqlora was built without HDF5: it cannot write checkpoints");
+#endif
+  memory::track_kokkos_allocations();
+  const int64_t rss_start = memory::rss_bytes();
+  const auto t_start = Clock::now();
+  Exec exec;
+  const ModelConfig mcfg = ModelConfig::from(cfg);
+  const LossKind loss_kind = parse_loss(cfg.loss);
+  if (root) {
+    log << "kqlora-train: " << nranks << " rank(s), Kokkos " << Exec::name() << ", dtype "
+        << dtype_name(cfg.dtype) << "\n-- effective configuration --\n"
+        << cfg.to_deck_text() << "--\n";
+  }
+
+  LoraModel<Exec> model(exec, mcfg);
+  std::ostringstream init_log;
+  initialize_model(exec, model, cfg.init_file, init_log);
+  if (root) log << init_log.str();
+  Optimizer<Exec> opt(exec, OptimizerConfig::from(cfg), model.num_params());
+  DataSource data(cfg.data_file, cfg.dim, cfg.global_bs, static_cast<uint64_t>(cfg.seed),
+                  loss_kind == LossKind::mse, "data_file");
+  std::unique_ptr<DataSource> eval;
+  if (!cfg.eval_file.empty())
+    eval = std::make_unique<DataSource>(cfg.eval_file, cfg.dim, cfg.global_bs,
+                                        static_cast<uint64_t>(cfg.seed), loss_kind == LossKind::mse,
+                                        "eval_file");
+  if (root) {
+    log << "model: " << cfg.num_linears << " x LoRA linear " << cfg.dim << "x" << cfg.dim
+        << ", rank " << cfg.lora_rank << ", " << model.num_params()
+        << " trainable parameters, NF4 base "
+        << human_bytes(static_cast<double>(model.base_bytes())) << "\n";
+  }
+  std::ofstream metrics;
+  if (root && !cfg.metrics_file.empty()) {
+    metrics.open(cfg.metrics_file, std::ios::trunc);
+    KQLORA_INPUT_CHECK(metrics.good(), cfg.metrics_file << ": cannot write the metrics file");
+  }
+
+  const auto [first, count] = slice_of(cfg.global_bs, rank, nranks);
+  const int64_t mb = std::min(cfg.micro_bs, std::max<int64_t>(count, 1));
+  const int64_t dim = cfg.dim;
+  Matrix<Mem> x_buf("kqlora::train::x", mb, dim), t_buf("kqlora::train::target", mb, dim),
+      g_buf("kqlora::train::grad_out", mb, dim);
+  std::vector<float> rows(static_cast<size_t>(mb * dim)), trows(rows.size());
+  const double loss_count = static_cast<double>(cfg.global_bs) * dim;  // mse averages over it
+  auto host_grads = Kokkos::create_mirror_view(model.grads);
+
+  // The loss (and, for training, the gradients) of this rank's slice of a step's batch.
+  auto run_batch = [&](const DataSource& src, int64_t step, bool train_pass, PhaseTimer* timer) {
+    double loss = 0.0;
+    for (int64_t m0 = 0; m0 < count; m0 += mb) {
+      const int64_t n = std::min(mb, count - m0);
+      Matrix<Mem> x(x_buf.data(), n, dim), tg(t_buf.data(), n, dim), g(g_buf.data(), n, dim);
+      if (timer) timer->enter(kData);
+      src.inputs(step, first + m0, n, rows.data());
+      upload(rows, n, dim, x);
+      if (loss_kind == LossKind::mse) {
+        src.targets(step, first + m0, n, trows.data());
+        upload(trows, n, dim, tg);
+      }
+      if (timer) timer->enter(kForward);
+      auto y = model.forward(x, step, first + m0, cfg.global_bs);
+      if (train_pass) {
+        loss += nn::loss_forward_backward(exec, loss_kind, y, tg, loss_count, g);
+        if (timer) timer->enter(kBackward);
+        model.backward(g);
+      } else {
+        loss += nn::loss_value(exec, loss_kind, y, tg, loss_count);
+      }
+    }
+    return loss;
+  };
+
+  TrainSummary summary;
+  PhaseTimer timer;
+  int64_t last_saved = -1;
+  const auto t_loop = Clock::now();
+#if KQLORA_HAVE_HDF5
+  auto save = [&](int64_t steps_done) {
+    timer.enter(kCheckpoint);
+    CheckpointContents c;
+    c.step = steps_done;
+    c.world_size = nranks;
+    c.rank = rank;
+    c.parallel = cfg.parallel;
+    c.layout = cfg.checkpoint_layout;
+    c.config_text = cfg.to_deck_text();
+    for (int l = 0; l < cfg.num_linears; ++l)
+      c.nf4.emplace_back(LoraModel<Exec>::base_name(l),
+                         nf4_copy_to<Kokkos::HostSpace>(model.base[l]));
+    auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params);
+    for (const auto& p : model.params_info())
+      c.params.push_back(
+          {p.name, p.shape,
+           std::vector<float>(hp.data() + p.offset, hp.data() + p.offset + p.numel)});
+    c.optimizer_steps = opt.steps();
+    for (const auto& [state, view] : opt.state()) {
+      auto hs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
+      for (const auto& p : model.params_info())
+        c.optimizer.push_back(
+            {{p.name, state},
+             std::vector<float>(hs.data() + p.offset, hs.data() + p.offset + p.numel)});
+    }
+    c.seed = cfg.seed;
+    c.data_source = data.synthetic() ? "synthetic" : data.path();
+    KQLORA_INPUT_CHECK(cfg.checkpoint_layout == "per_rank",
+                       "checkpoint_layout = shared is not implemented yet (the checkpoints issue)");
+    summary.last_checkpoint = write_checkpoint_per_rank(cfg.save_dir, c, cfg.keep_last);
+    last_saved = steps_done;
+    if (root) log << "checkpoint: " << summary.last_checkpoint << "\n";
+  };
+#endif
+
+  for (int64_t step = 0; step < cfg.num_steps; ++step) {
+    const double lr = scheduled_lr(cfg.lr_schedule, cfg.lr, step, cfg.warmup_steps, cfg.num_steps);
+    timer.enter(kBackward);
+    Kokkos::deep_copy(exec, model.grads, 0.0f);
+    double loss = run_batch(data, step, true, &timer);
+
+    timer.enter(kComm);
+    if (nranks > 1) {  // the gradient of the whole global batch: a sum over slices
+      Kokkos::deep_copy(host_grads, model.grads);
+      world::allreduce_sum(host_grads.data(), static_cast<int64_t>(host_grads.extent(0)));
+      Kokkos::deep_copy(model.grads, host_grads);
+      world::allreduce_sum(&loss, 1);
+    }
+
+    timer.enter(kOptimizer);
+    const double norm = grad_norm(exec, model.grads);
+    const bool finite = std::isfinite(loss) && std::isfinite(norm);
+    if (!finite) {
+      KQLORA_THROW_IF(cfg.nonfinite == "stop",
+                      "step " << step + 1 << ": the " << (std::isfinite(loss) ? "gradient" : "loss")
+                              << " is not finite (loss " << loss << ", gradient norm " << norm
+                              << "); stopping without updating the weights (nonfinite = skip "
+                                 "skips such steps instead)");
+      ++summary.steps_skipped;
+    } else {
+      if (cfg.grad_clip > 0 && norm > 0) {
+        const double coef = cfg.grad_clip / (norm + 1e-6);
+        if (coef < 1.0) scale_grads(exec, model.grads, static_cast<float>(coef));
+      }
+      opt.step(model.params, model.grads, lr);
+      model.params_changed();
+    }
+    summary.losses.push_back(finite ? loss : NAN);
+    summary.steps_done = step + 1;
+
+    const double elapsed = seconds_since(t_loop);
+    if (root && ((step + 1) % cfg.log_every == 0 || step + 1 == cfg.num_steps)) {
+      const double sps = static_cast<double>((step + 1) * cfg.global_bs) / elapsed;
+      const double eta = elapsed / (step + 1) * (cfg.num_steps - step - 1);
+      log << "step " << std::setw(6) << step + 1 << "/" << cfg.num_steps << "  loss "
+          << std::setprecision(6) << std::scientific << loss << std::defaultfloat << "  lr "
+          << std::setprecision(3) << lr << "  |g| " << std::setprecision(4) << norm
+          << "  samples/s " << std::fixed << std::setprecision(1) << sps << std::defaultfloat
+          << "  elapsed " << human_time(elapsed) << "  ETA " << human_time(eta)
+          << (finite ? "" : "  (non-finite: step skipped)") << "\n";
+      log.flush();
+    }
+    if (metrics.is_open()) {
+      metrics << std::setprecision(17) << "{\"step\": " << step + 1 << ", \"loss\": ";
+      if (finite)
+        metrics << loss;
+      else
+        metrics << "null";
+      metrics << ", \"lr\": " << lr << ", \"grad_norm\": ";
+      if (std::isfinite(norm))
+        metrics << norm;
+      else
+        metrics << "null";
+      metrics << ", \"skipped\": " << (finite ? "false" : "true") << ", \"elapsed_s\": " << elapsed
+              << "}\n";
+      metrics.flush();
+    }
+    if (eval && (step + 1) % cfg.eval_every == 0) {
+      timer.enter(kEval);
+      double eval_loss = run_batch(*eval, step, false, nullptr);
+      world::allreduce_sum(&eval_loss, 1);
+      if (root)
+        log << "eval   " << std::setw(6) << step + 1 << "  loss " << std::scientific
+            << std::setprecision(6) << eval_loss << std::defaultfloat << "\n";
+      if (metrics.is_open())
+        metrics << std::setprecision(17) << "{\"step\": " << step + 1
+                << ", \"eval_loss\": " << eval_loss << "}\n";
+    }
+#if KQLORA_HAVE_HDF5
+    if (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0) save(step + 1);
+#endif
+  }
+#if KQLORA_HAVE_HDF5
+  if (last_saved != cfg.num_steps) save(cfg.num_steps);
+#endif
+  timer.enter(kData);
+
+  // Timing table: min / avg / max over ranks.
+  double total = seconds_since(t_start);
+  double mn[kPhases + 1], sum[kPhases + 1], mx[kPhases + 1], mine[kPhases + 1];
+  for (int p = 0; p < kPhases; ++p) mine[p] = timer.total[p];
+  mine[kPhases] = total;
+  world::allreduce_min_sum_max(mine, kPhases + 1, mn, sum, mx);
+  const double peak_tracked = static_cast<double>(memory::tracked_peak_bytes());
+  const double rss_above = static_cast<double>(memory::peak_rss_bytes() - rss_start);
+  if (root) {
+    log << "\n"
+        << std::left << std::setw(16) << "phase" << std::right << std::setw(11) << "min"
+        << std::setw(11) << "avg" << std::setw(11) << "max" << std::setw(9) << "% total\n";
+    const double avg_total = sum[kPhases] / nranks;
+    auto row = [&](const char* name, double a, double b, double c) {
+      log << std::left << std::setw(16) << name << std::right << std::fixed << std::setprecision(3)
+          << std::setw(10) << a << "s" << std::setw(10) << b << "s" << std::setw(10) << c << "s"
+          << std::setw(8) << std::setprecision(1) << 100.0 * b / avg_total << "%\n"
+          << std::defaultfloat;
+    };
+    double phases_avg = 0;
+    for (int p = 0; p < kPhases; ++p) {
+      row(phase_names[p], mn[p], sum[p] / nranks, mx[p]);
+      phases_avg += sum[p] / nranks;
+    }
+    row("setup", avg_total - phases_avg, avg_total - phases_avg, avg_total - phases_avg);
+    row("total", mn[kPhases], avg_total, mx[kPhases]);
+    log << "(setup: initialisation, quantization and file reading, on average)\n";
+    log << "peak memory (rank 0): tracked allocations " << human_bytes(peak_tracked)
+        << ", RSS above start-up " << human_bytes(rss_above) << "\n";
+  }
+  return summary;
+}
+
+}  // namespace kqlora
