@@ -194,6 +194,7 @@ std::string read_string_attribute(hid_t obj, const std::string& name, const std:
     char* s = nullptr;
     Handle mem(KQLORA_H5(H5Tcopy(H5T_C_S1)));
     KQLORA_H5(H5Tset_size(mem, H5T_VARIABLE));
+    KQLORA_H5(H5Tset_cset(mem, H5Tget_cset(type)));  // h5py writes UTF-8
     KQLORA_H5(H5Aread(a, mem, &s));
     std::string out = s ? s : "";
     H5free_memory(s);
