@@ -99,7 +99,8 @@ TEST(TrainMatchesPyTorch, EveryReferenceCase) {
     auto out_params = kqlora::h5::open_group(out, "params");
     int compared = 0;
     for (const auto& name : kqlora::h5::list_datasets(ref_params)) {
-      const auto a = read_doubles(out_params, name, ckpt), b = read_doubles(ref_params, name, c.name);
+      const auto a = read_doubles(out_params, name, ckpt),
+                 b = read_doubles(ref_params, name, c.name);
       ASSERT_EQ(a.size(), b.size()) << name;
       double worst = 0;
       size_t at = 0;

@@ -219,8 +219,16 @@ const std::vector<std::string>& deck_keys() {
 }
 
 std::string Config::to_deck_text() const {
+  // Keys that do not apply to this optimizer are shown commented out, so the text parses
+  // back to the same configuration.
   std::ostringstream os;
-  for (const auto& k : keys()) os << k.name << " = " << k.get(*this) << "\n";
+  for (const auto& k : keys()) {
+    const bool sgd_only = k.name == "momentum";
+    const bool adam_only = k.name == "betas" || k.name == "eps";
+    const bool off = (sgd_only && optimizer != "sgd") || (adam_only && optimizer == "sgd");
+    os << (off ? "# " : "") << k.name << " = " << k.get(*this)
+       << (off ? (sgd_only ? "  (sgd only)" : "  (adam and adamw only)") : "") << "\n";
+  }
   return os.str();
 }
 
@@ -275,6 +283,9 @@ Config parse_deck_text(const std::string& text, const std::string& source,
   if (!set("micro_bs")) c.micro_bs = c.global_bs;
   if (!set("weight_decay")) c.weight_decay = c.optimizer == "adamw" ? 0.01 : 0.0;
   if (!set("checkpoint_layout")) c.checkpoint_layout = c.parallel == "fsdp" ? "shared" : "per_rank";
+
+  for (std::string* p : {&c.init_file, &c.data_file, &c.eval_file, &c.metrics_file})
+    if (*p == "none") p->clear();
 
   // Ranges.
   const auto positive = [&](int64_t v, const char* k) {
@@ -344,10 +355,8 @@ Config parse_deck_text(const std::string& text, const std::string& source,
     const std::string& p = std::string(k) == "init_file"   ? c.init_file
                            : std::string(k) == "data_file" ? c.data_file
                                                            : c.eval_file;
-    check_readable(p == "none" ? "" : p, at(k) + ": " + k);
+    check_readable(p, at(k) + ": " + k);
   }
-  for (std::string* p : {&c.init_file, &c.data_file, &c.eval_file, &c.metrics_file})
-    if (*p == "none") p->clear();
   return c;
 }
 
