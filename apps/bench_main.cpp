@@ -15,23 +15,30 @@
 
 #include "app_main.hpp"
 #include "kqlora/core/build_info.hpp"
+#include "kqlora/nn/linear_nf4.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
 
 namespace {
 
 const char* usage =
-    "usage: kqlora-bench [--json FILE] [--filter TEXT] [--sizes N,N,...] [--repeats N]\n"
+    "usage: kqlora-bench [--json FILE] [--filter TEXT] [--sizes N,...] [--tokens T,...]\n"
+    "                    [--linear-dim N] [--repeats N]\n"
     "\n"
     "Benchmarks kqlora's kernels and prints a table (median time, bandwidth, throughput).\n"
     "Records (for each size N, an N x N weight):\n"
     "  memcpy_NxN_f32           std::memcpy of the float32 output size (bandwidth reference)\n"
     "  nf4_dequant_NxN_f32|bf16 NF4 -> float32 / bfloat16 (the NF4 dtype's own)\n"
     "  nf4_quant_NxN_f32|bf16   float32 / bfloat16 -> NF4\n"
+    "  qlora_linear_fwd_bwd_tT  a LoRA linear (--linear-dim, rank 16, float32) forward and\n"
+    "                           backward over T tokens, NF4 base (row panels)\n"
+    "  dense_lora_linear_fwd_bwd_tT  the same over a dense frozen float32 base\n"
     "Bytes count what a kernel reads plus what it writes.\n"
     "\n"
     "  --json FILE     also write the records as a JSON list\n"
     "  --filter TEXT   only records whose name contains TEXT\n"
-    "  --sizes LIST    matrix sizes (default 4096,8192)\n"
+    "  --sizes LIST    NF4 matrix sizes (default 4096,8192)\n"
+    "  --tokens LIST   token counts of the linear records (default 256,2048)\n"
+    "  --linear-dim N  the linear records' dim (default 4096)\n"
     "  --repeats N     timed repetitions per record, after one warm-up (default 7)\n"
     "  --version       version and build configuration\n";
 
@@ -102,6 +109,66 @@ void nf4_records(int64_t n, int repeats, const std::string& filter, std::vector<
   }
 }
 
+/// One LoRA linear layer (dim x dim, rank r, float32) forward and backward, as in a stack
+/// (the input gradient included), over an NF4 base (panels dequantized per call) or a
+/// dense frozen float32 base; both through the same BLAS.
+template <bool Nf4>
+void lora_linear_record(int64_t dim, int64_t rank, int64_t tokens, int repeats,
+                        const std::string& filter, std::vector<Record>& out) {
+  const std::string name =
+      std::string(Nf4 ? "qlora" : "dense_lora") + "_linear_fwd_bwd_t" + std::to_string(tokens);
+  if (name.find(filter) == std::string::npos) return;
+  Exec exec;
+  using M = kqlora::Matrix<Mem>;
+  std::mt19937 gen(7);
+  std::normal_distribution<float> dist;
+  auto random = [&](const M& m, float scale) {
+    auto h = Kokkos::create_mirror_view(m);
+    for (size_t j = 0; j < m.extent(1); ++j)
+      for (size_t i = 0; i < m.extent(0); ++i) h(i, j) = scale * dist(gen);
+    Kokkos::deep_copy(m, h);
+  };
+  M x("x", tokens, dim), y("y", tokens, dim), gy("gy", tokens, dim), gx("gx", tokens, dim);
+  M h("h", tokens, rank), gh("gh", tokens, rank), At("At", dim, rank), Bt("Bt", rank, dim);
+  M gAt("gAt", dim, rank), gBt("gBt", rank, dim), Wt("Wt", dim, dim);
+  random(x, 1.0f);
+  random(gy, 1.0f);
+  random(At, 0.02f);
+  random(Bt, 0.02f);
+  random(Wt, 0.02f);  // row-major W [out, in] is the LayoutLeft W^T [in, out]
+  kqlora::Nf4Layout layout;
+  layout.shape = {dim, dim};
+  auto W = kqlora::nf4_quantize<float>(exec, Kokkos::View<const float*, Mem>(Wt.data(), dim * dim),
+                                       layout);
+  kqlora::LinearNf4Workspace<Mem> ws;
+  const float s = 16.0f / rank;
+  auto step = [&] {
+    kqlora::gemm(exec, "N", "N", 1.0f, x, At, 0.0f, h);  // forward
+    if (Nf4)
+      kqlora::linear_nf4_forward(exec, W, x, y, ws);
+    else
+      kqlora::gemm(exec, "N", "N", 1.0f, x, Wt, 0.0f, y);
+    kqlora::gemm(exec, "N", "N", s, h, Bt, 1.0f, y);
+    kqlora::gemm(exec, "T", "N", s, h, gy, 1.0f, gBt);  // backward
+    kqlora::gemm(exec, "N", "T", s, gy, Bt, 0.0f, gh);
+    kqlora::gemm(exec, "T", "N", 1.0f, x, gh, 1.0f, gAt);
+    if (Nf4)
+      kqlora::linear_nf4_backward(exec, W, gy, gx, ws);
+    else
+      kqlora::gemm(exec, "N", "T", 1.0f, gy, Wt, 0.0f, gx);
+    kqlora::gemm(exec, "N", "T", 1.0f, gh, At, 1.0f, gx);
+  };
+  Record r{name};
+  r.median_s = median_seconds(repeats, step);
+  const double T = static_cast<double>(tokens), d = static_cast<double>(dim),
+               rr = static_cast<double>(rank);
+  r.flops = 2 * T * d * d * 2 + 2 * T * d * rr * 5;  // two dim x dim products, five rank-r ones
+  const double base_bytes = Nf4 ? 2.0 * W.storage_bytes() : 2.0 * 4 * d * d;
+  r.bytes = base_bytes + 4 * T * d * 4;  // the base read twice; x, y, gy, gx
+  r.elements = T;
+  out.push_back(r);
+}
+
 void memcpy_record(int64_t n, int repeats, const std::string& filter, std::vector<Record>& out) {
   const std::string name = "memcpy_" + std::to_string(n) + "x" + std::to_string(n) + "_f32";
   if (name.find(filter) == std::string::npos) return;
@@ -115,11 +182,15 @@ void memcpy_record(int64_t n, int repeats, const std::string& filter, std::vecto
 }
 
 int bench_main(std::vector<std::string>& args) {
-  std::string json_path, filter, sizes_text = "4096,8192", v;
+  std::string json_path, filter, sizes_text = "4096,8192", tokens_text = "256,2048", v;
   int repeats = 7;
   kqlora::app::take_option(args, "--json", &json_path);
   kqlora::app::take_option(args, "--filter", &filter);
   kqlora::app::take_option(args, "--sizes", &sizes_text);
+  kqlora::app::take_option(args, "--tokens", &tokens_text);
+  int64_t linear_dim = 4096;
+  if (kqlora::app::take_option(args, "--linear-dim", &v))
+    linear_dim = kqlora::app::parse_int(v, "--linear-dim");
   if (kqlora::app::take_option(args, "--repeats", &v))
     repeats = static_cast<int>(kqlora::app::parse_int(v, "--repeats"));
   KQLORA_INPUT_CHECK(args.empty(), "unexpected argument '" << args[0] << "' (see --help)");
@@ -132,6 +203,15 @@ int bench_main(std::vector<std::string>& args) {
                        "--sizes: " << n << " x " << n << " is not a multiple of 16384 elements");
     sizes.push_back(n);
   }
+  std::vector<int64_t> tokens;
+  std::stringstream ts(tokens_text);
+  for (std::string s; std::getline(ts, s, ',');) {
+    const long long t = kqlora::app::parse_int(s, "--tokens");
+    KQLORA_INPUT_CHECK(t > 0, "--tokens: " << t << " must be positive");
+    tokens.push_back(t);
+  }
+  KQLORA_INPUT_CHECK(linear_dim > 0 && (linear_dim * linear_dim) % 64 == 0,
+                     "--linear-dim " << linear_dim << ": dim*dim must be a multiple of 64");
 
   std::cout << kqlora::build_configuration() << "  threads: " << Exec().concurrency() << "\n\n";
   std::vector<Record> records;
@@ -140,21 +220,32 @@ int bench_main(std::vector<std::string>& args) {
     nf4_records<float>(n, repeats, filter, records);
     nf4_records<kqlora::bfloat16>(n, repeats, filter, records);
   }
+  for (int64_t t : tokens) {
+    lora_linear_record<true>(linear_dim, 16, t, repeats, filter, records);
+    lora_linear_record<false>(linear_dim, 16, t, repeats, filter, records);
+  }
 
-  std::cout << std::left << std::setw(30) << "record" << std::right << std::setw(12) << "median ms"
-            << std::setw(10) << "GB/s" << std::setw(12) << "Melem/s" << std::setw(14) << "vs memcpy"
+  // Columns that do not apply to a record stay empty.
+  std::cout << std::left << std::setw(32) << "record" << std::right << std::setw(12) << "median ms"
+            << std::setw(10) << "GB/s" << std::setw(12) << "Melem/s" << std::setw(12) << "vs memcpy"
+            << std::setw(10) << "GFLOP/s"
             << "\n";
   double memcpy_bw = 0;
   for (const auto& r : records) {
     const double bw = r.bytes / r.median_s / 1e9;
-    if (r.name.rfind("memcpy_", 0) == 0) memcpy_bw = bw;
-    std::cout << std::left << std::setw(30) << r.name << std::right << std::fixed
+    const bool nf4 = r.name.rfind("nf4_", 0) == 0, copy = r.name.rfind("memcpy_", 0) == 0;
+    if (copy) memcpy_bw = bw;
+    std::ostringstream elem, vs, gflops;
+    elem << std::fixed << std::setprecision(1);
+    vs << std::fixed << std::setprecision(1);
+    gflops << std::fixed << std::setprecision(1);
+    if (nf4 || copy) elem << r.elements / r.median_s / 1e6;
+    if (nf4 && memcpy_bw > 0) vs << 100 * bw / memcpy_bw << "%";
+    if (r.flops > 0) gflops << r.flops / r.median_s / 1e9;
+    std::cout << std::left << std::setw(32) << r.name << std::right << std::fixed
               << std::setprecision(3) << std::setw(12) << r.median_s * 1e3 << std::setprecision(2)
-              << std::setw(10) << bw << std::setprecision(1) << std::setw(12)
-              << r.elements / r.median_s / 1e6;
-    if (memcpy_bw > 0)
-      std::cout << std::setw(13) << std::setprecision(1) << 100 * bw / memcpy_bw << "%";
-    std::cout << std::defaultfloat << "\n";
+              << std::setw(10) << bw << std::setw(12) << elem.str() << std::setw(12) << vs.str()
+              << std::setw(10) << gflops.str() << std::defaultfloat << "\n";
   }
   if (!json_path.empty()) {
     std::ofstream f(json_path);

@@ -178,4 +178,93 @@ std::string write_checkpoint_per_rank(const std::string& save_dir, const Checkpo
   return final_dir;
 }
 
+std::vector<std::string> checkpoint_files(const std::string& path) {
+  KQLORA_INPUT_CHECK(::access(path.c_str(), R_OK) == 0,
+                     path << ": no such checkpoint file or directory");
+  if (!is_dir(path)) return {path};
+  std::string dir = path;
+  std::ifstream latest(path + "/latest");
+  if (latest.good()) {  // a save_dir
+    std::string name;
+    latest >> name;
+    KQLORA_INPUT_CHECK(!name.empty() && name.find('/') == std::string::npos,
+                       path << "/latest: does not name a step directory");
+    dir = path + "/" + name;
+    KQLORA_INPUT_CHECK(is_dir(dir), path << "/latest names " << name << ", which does not exist");
+  }
+  if (::access((dir + "/checkpoint.h5").c_str(), R_OK) == 0) return {dir + "/checkpoint.h5"};
+  std::vector<std::string> files;
+  DIR* d = ::opendir(dir.c_str());
+  KQLORA_INPUT_CHECK(d, dir << ": cannot list: " << std::strerror(errno));
+  while (dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n.rfind("rank-", 0) == 0 && n.size() > 8 && n.substr(n.size() - 3) == ".h5")
+      files.push_back(dir + "/" + n);
+  }
+  ::closedir(d);
+  std::sort(files.begin(), files.end());
+  KQLORA_INPUT_CHECK(!files.empty(), dir << ": no checkpoint files (rank-*.h5 or checkpoint.h5)");
+  return files;
+}
+
+CheckpointContents read_checkpoint_file(const std::string& path, bool with_optimizer) {
+  auto f = h5::open_file(path);
+  const std::string format = h5::read_string_attribute(f, "format", path);
+  KQLORA_INPUT_CHECK(format == "kqlora-checkpoint",
+                     path << ": not a kqlora checkpoint (format '" << format << "')");
+  const auto version = h5::read_int_attribute(f, "format_version", path);
+  KQLORA_INPUT_CHECK(version.size() == 1 && version[0] == 1,
+                     path << ": format_version " << (version.empty() ? -1 : version[0])
+                          << " is not supported (this kqlora reads version 1)");
+  CheckpointContents c;
+  c.step = h5::read_int_attribute(f, "step", path).at(0);
+  c.world_size = static_cast<int>(h5::read_int_attribute(f, "world_size", path).at(0));
+  c.parallel = h5::read_string_attribute(f, "parallel", path);
+  c.layout = h5::read_string_attribute(f, "layout", path);
+  if (c.layout == "per_rank")
+    c.rank = static_cast<int>(h5::read_int_attribute(f, "rank", path).at(0));
+  c.config_text = h5::read_string_attribute(f, "config", path);
+  KQLORA_INPUT_CHECK(h5::exists(f, "params"), path << ": group /params is missing");
+  auto params = h5::open_group(f, "params");
+  std::vector<std::string> names;
+  for (const auto& d : h5::list_datasets(params)) {
+    const auto slash = d.find('/');
+    const std::string top = slash == std::string::npos ? d : d.substr(0, slash);
+    if (names.empty() || names.back() != top) names.push_back(top);
+  }
+  for (const auto& name : names) {
+    if (h5::is_nf4_group(params, name)) {
+      c.nf4.emplace_back(name, h5::read_nf4(params, name, path));
+      continue;
+    }
+    CheckpointTensor t;
+    t.name = name;
+    t.shape = h5::dataset_dims(params, name, path);
+    H5T_class_t cls;
+    size_t size;
+    h5::dataset_type(params, name, &cls, &size);
+    KQLORA_INPUT_CHECK(cls == H5T_FLOAT, path << ": /params/" << name << " is not a float dataset");
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    t.data.resize(static_cast<size_t>(n));
+    h5::read_dataset(params, name, H5T_NATIVE_FLOAT, n, t.data.data(), path + ": /params/" + name);
+    c.params.push_back(std::move(t));
+  }
+  if (with_optimizer && h5::exists(f, "optimizer")) {
+    auto opt = h5::open_group(f, "optimizer");
+    c.optimizer_steps = h5::read_int_attribute(opt, "step", path + ": /optimizer").at(0);
+    for (const auto& d : h5::list_datasets(opt)) {
+      const auto slash = d.rfind('/');
+      KQLORA_INPUT_CHECK(slash != std::string::npos,
+                         path << ": /optimizer/" << d << " is not <param>/<state>");
+      int64_t n = 1;
+      for (int64_t x : h5::dataset_dims(opt, d, path)) n *= x;
+      std::vector<float> v(static_cast<size_t>(n));
+      h5::read_dataset(opt, d, H5T_NATIVE_FLOAT, n, v.data(), path + ": /optimizer/" + d);
+      c.optimizer.push_back({{d.substr(0, slash), d.substr(slash + 1)}, std::move(v)});
+    }
+  }
+  return c;
+}
+
 }  // namespace kqlora

@@ -233,16 +233,17 @@ std::string Config::to_deck_text() const {
 }
 
 Config parse_deck(const std::string& path, const std::vector<std::string>& overrides,
-                  int world_size) {
+                  int world_size, bool check_files) {
   std::ifstream f(path);
   KQLORA_INPUT_CHECK(f.good(), path << ": cannot open the deck: " << std::strerror(errno));
   std::stringstream ss;
   ss << f.rdbuf();
-  return parse_deck_text(ss.str(), path, overrides, world_size);
+  return parse_deck_text(ss.str(), path, overrides, world_size, check_files);
 }
 
 Config parse_deck_text(const std::string& text, const std::string& source,
-                       const std::vector<std::string>& overrides, int world_size) {
+                       const std::vector<std::string>& overrides, int world_size,
+                       bool check_files) {
   Config c;
   std::map<std::string, std::string> where;  // key -> "deck.in:12" of its (last) setting
   auto apply = [&](const std::string& line, const std::string& loc, bool is_override) {
@@ -355,7 +356,7 @@ Config parse_deck_text(const std::string& text, const std::string& source,
     const std::string& p = std::string(k) == "init_file"   ? c.init_file
                            : std::string(k) == "data_file" ? c.data_file
                                                            : c.eval_file;
-    check_readable(p, at(k) + ": " + k);
+    if (check_files) check_readable(p, at(k) + ": " + k);
   }
   return c;
 }

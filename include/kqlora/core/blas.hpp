@@ -9,6 +9,10 @@
 
 namespace kqlora {
 
+/// The dense matrices of kqlora: float32, column-major (LayoutLeft), as the BLAS takes them.
+template <class MemSpace>
+using Matrix = Kokkos::View<float**, Kokkos::LayoutLeft, MemSpace>;
+
 /// C = alpha * op(A) op(B) + beta * C, ops "N" or "T", on `exec`.
 template <class ExecSpace, class AView, class BView, class CView>
 void gemm(const ExecSpace& exec, const char* ta, const char* tb, float alpha, const AView& A,

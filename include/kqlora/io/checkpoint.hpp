@@ -44,4 +44,14 @@ std::string write_checkpoint_per_rank(const std::string& save_dir, const Checkpo
 /// Writes one checkpoint file (no commit protocol): used by the per-rank writer and tests.
 void write_checkpoint_file(const std::string& path, const CheckpointContents& c);
 
+/// The checkpoint files a path names: a file; a step directory (its rank-*.h5 in rank
+/// order, or its checkpoint.h5); a save_dir (the step directory its `latest` names).
+/// InputError naming the path when it holds none.
+std::vector<std::string> checkpoint_files(const std::string& path);
+
+/// Reads a checkpoint file: attributes, parameters (NF4 and float) and, when
+/// `with_optimizer`, the optimizer state. Validates the format and every object read;
+/// errors name the file and the object.
+CheckpointContents read_checkpoint_file(const std::string& path, bool with_optimizer = false);
+
 }  // namespace kqlora

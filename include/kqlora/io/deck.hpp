@@ -55,12 +55,14 @@ struct Config {
 };
 
 /// Parses a deck file and `key=value` overrides. Checks types, ranges and consistency,
-/// including world_size <= global_bs and that named input files can be read.
+/// including world_size <= global_bs and (with check_files) that named input files can be
+/// read.
 Config parse_deck(const std::string& path, const std::vector<std::string>& overrides,
-                  int world_size = 1);
-/// The same from deck text (`source` names it in messages).
+                  int world_size = 1, bool check_files = true);
+/// The same from deck text (`source` names it in messages), e.g. a checkpoint's config.
 Config parse_deck_text(const std::string& text, const std::string& source,
-                       const std::vector<std::string>& overrides, int world_size = 1);
+                       const std::vector<std::string>& overrides, int world_size = 1,
+                       bool check_files = true);
 
 /// Every deck key, in the order to_deck_text prints them.
 const std::vector<std::string>& deck_keys();

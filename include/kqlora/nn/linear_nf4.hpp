@@ -17,19 +17,17 @@
 
 namespace kqlora {
 
-template <class MemSpace>
-using Matrix = Kokkos::View<float**, Kokkos::LayoutLeft, MemSpace>;
-
 /// Scratch for the dequantized panels; one per model, reused by every layer and call.
 template <class MemSpace>
 struct LinearNf4Workspace {
   Kokkos::View<float*, MemSpace> panel;
   int64_t panel_rows = 0;
 
-  /// Panels of about `target_bytes` (a few MiB: in cache while the gemm reads them), whole
+  /// Panels of about `target_bytes`: large enough that the BLAS packs each activation matrix
+  /// only a few times per call (16 MiB: 1024 rows of a 4096-wide weight), and whole
   /// NF4 blocks each.
   void reserve(int64_t out_features, int64_t in_features, int64_t block_size,
-               int64_t target_bytes = int64_t(4) << 20) {
+               int64_t target_bytes = int64_t(16) << 20) {
     // Rows per panel must make rows * in_features a multiple of block_size.
     const int64_t step = block_size / std::gcd(block_size, in_features);
     int64_t rows = std::max<int64_t>(step, target_bytes / (4 * in_features) / step * step);
