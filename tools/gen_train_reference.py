@@ -37,6 +37,11 @@ CASES = {
     "mse_adam_gelu_cosine_clip": dict(loss="mse", optimizer="adam", lr=2e-2, activation="gelu",
                                       lr_schedule="cosine", warmup_steps=2, grad_clip=0.05),
     "mse_sgd_microbatch": dict(loss="mse", optimizer="sgd", lr=0.05, momentum=0.5, micro_bs=3),
+    # bfloat16: NF4 of the bfloat16-rounded weights (init_float.h5 holds them unquantized),
+    # activations and gradients in bfloat16, float32 master weights and optimizer state.
+    "sum_adam_bf16": dict(loss="sum", optimizer="adam", lr=1e-3, dtype="bfloat16"),
+    "mse_adamw_gelu_bf16": dict(loss="mse", optimizer="adamw", lr=1e-2, activation="gelu",
+                                dtype="bfloat16"),
 }
 
 
@@ -48,10 +53,14 @@ def write_dataset(group, name, array):
 
 def make_init(folder, gen):
     params = {}
-    with h5py.File(os.path.join(folder, "init.h5"), "w") as f:
+    with h5py.File(os.path.join(folder, "init.h5"), "w") as f, \
+            h5py.File(os.path.join(folder, "init_float.h5"), "w") as ff:
         g = f.create_group("params")
+        gf = ff.create_group("params")
         for l in range(LAYERS):
             w = torch.randn(DIM, DIM, generator=gen) / math.sqrt(DIM)  # well-conditioned stack
+            write_dataset(gf, f"layers.{l}.weight", w.numpy())
+            params[f"layers.{l}.weight.bf16"] = to_nf4(w.to(torch.bfloat16))
             nf4 = to_nf4(w)
             grp = g.create_group(f"layers.{l}.weight")
             write_dataset(grp, "quantized_data", nf4.quantized_data.numpy())
@@ -71,6 +80,7 @@ def make_init(folder, gen):
             for name, t in ((f"layers.{l}.lora_a.weight", a), (f"layers.{l}.lora_b.weight", b),
                             (f"layers.{l}.bias", bias)):
                 write_dataset(g, name, t.numpy())
+                write_dataset(gf, name, t.numpy())
                 params[name] = t
     return params
 
@@ -106,18 +116,21 @@ def run_case(keys, init, inputs, targets):
     sched = None
     if keys.get("lr_schedule") == "cosine":
         sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_lambda(keys["warmup_steps"], STEPS))
+    bf16 = keys.get("dtype") == "bfloat16"
+    cast = (lambda v: v.to(torch.bfloat16)) if bf16 else (lambda v: v)
     losses = []
     for step in range(STEPS):
-        x = inputs[step * GBS:(step + 1) * GBS]
+        x = cast(inputs[step * GBS:(step + 1) * GBS])
         t = targets[step * GBS:(step + 1) * GBS]
         for l in range(LAYERS):
-            out = linear_nf4(x, init[f"layers.{l}.weight"])
+            out = linear_nf4(x, init[f"layers.{l}.weight" + (".bf16" if bf16 else "")])
             if bias_on:
-                out = out + p[f"layers.{l}.bias"]
-            lora = (ALPHA / RANK) * F.linear(F.linear(x, p[f"layers.{l}.lora_a.weight"]),
-                                             p[f"layers.{l}.lora_b.weight"])
+                out = out + cast(p[f"layers.{l}.bias"])
+            lora = (ALPHA / RANK) * F.linear(F.linear(x, cast(p[f"layers.{l}.lora_a.weight"])),
+                                             cast(p[f"layers.{l}.lora_b.weight"]))
             y = out + lora
             x = act(keys.get("activation", "none"), y) if l + 1 < LAYERS else y
+        x = x.float()
         loss = x.sum() if keys["loss"] == "sum" else F.mse_loss(x, t)
         opt.zero_grad()
         loss.backward()

@@ -135,16 +135,16 @@ void LoraModel<ExecSpace>::ensure_tokens(int64_t T) {
                              : Vec());
       buffers_.push_back(cfg_.dropout > 0 ? alloc("kqlora::LoraModel::xd", T * d) : Vec());
     }
-    for (const char* s :
-         {"kqlora::LoraModel::tmp", "kqlora::LoraModel::g_a", "kqlora::LoraModel::g_b"})
-      buffers_.push_back(alloc(s, T * d));
+    // Scratch: tmp only where bfloat16 rounding or dropout needs a separate product.
+    buffers_.push_back(cfg_.bf16() || cfg_.dropout > 0 ? alloc("kqlora::LoraModel::tmp", T * d)
+                                                       : Vec());
+    buffers_.push_back(alloc("kqlora::LoraModel::g", T * d));
     buffers_.push_back(alloc("kqlora::LoraModel::gh", T * r));
     tokens_ = T;
   }
   const size_t n = buffers_.size();
-  tmp_ = head(buffers_[n - 4], T, d);
-  g_a_ = head(buffers_[n - 3], T, d);
-  g_b_ = head(buffers_[n - 2], T, d);
+  if (buffers_[n - 3].data()) tmp_ = head(buffers_[n - 3], T, d);
+  g_a_ = head(buffers_[n - 2], T, d);
   gh_ = head(buffers_[n - 1], T, r);
   for (int l = 0; l < cfg_.num_layers; ++l) {
     cache_[l].z = head(buffers_[4 * l], T, d);
@@ -218,7 +218,8 @@ void LoraModel<ExecSpace>::backward(const Matrix<Mem>& gy) {
     if (bf16) nn::round_bf16(exec_, gh_);
     gemm(exec_, "T", "N", 1.0f, c.xd, gh_, 1.0f, a_t(grads, l));  // dA^T += x_d^T gh
     if (l == 0) break;                                            // the input needs no gradient
-    Matrix<Mem> gx = g.data() == g_a_.data() ? g_b_ : g_a_;
+    // Input gradients alternate between g_a_ and the caller's gy, done with after layer L-1.
+    Matrix<Mem> gx = g.data() == g_a_.data() ? gy : g_a_;
     linear_nf4_backward(exec_, base[l], g, gx, ws_);  // gx = g W
     if (cfg_.dropout > 0) {
       gemm(exec_, "N", "T", 1.0f, gh_, a_t(compute_, l), 0.0f, tmp_);  // gh A

@@ -10,6 +10,7 @@
 #include "kqlora/core/random.hpp"
 #include "kqlora/io/tensor_source.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
+#include "kqlora/train/synthetic.hpp"
 #if KQLORA_HAVE_HDF5
 #include "kqlora/io/hdf5_params.hpp"
 #endif
@@ -115,15 +116,6 @@ std::vector<float> seed_param_values(const ModelConfig& cfg, const ParamInfo& p)
                  1.0 / std::sqrt(static_cast<double>(cfg.dim)));
 }
 
-std::vector<float> seed_base_values(const ModelConfig& cfg, int layer) {
-  const int64_t n = cfg.dim * cfg.dim;
-  std::vector<float> v(static_cast<size_t>(n));
-  const uint64_t stream = layer_stream(RandomStream::base_weight, layer);
-  for (int64_t i = 0; i < n; ++i)
-    v[i] = static_cast<float>(random_normal(cfg.seed, stream, static_cast<uint64_t>(i)));
-  return v;
-}
-
 template <class ExecSpace>
 void initialize_model(const ExecSpace& exec, LoraModel<ExecSpace>& model,
                       const std::string& init_file, std::ostream& log) {
@@ -155,26 +147,31 @@ void initialize_model(const ExecSpace& exec, LoraModel<ExecSpace>& model,
       continue;
     }
 #endif
-    std::vector<float> w;
+    // The float32 weight (from the file, or generated in place), then NF4 in the dtype.
+    Kokkos::View<float*, Mem> w32(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kqlora::init::w")),
+        layout.numel());
     if (init.has(name)) {
-      w = init.floats(name, layout.shape);
+      const auto w = init.floats(name, layout.shape);
+      Kokkos::deep_copy(w32, Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
+                                 w.data(), w.size()));
       ++from_file;
     } else {
-      w = seed_base_values(cfg, l);
+      fill_normal(exec, w32, cfg.seed, layer_stream(RandomStream::base_weight, l));
       ++from_seed;
     }
     if (cfg.bf16()) {
-      Kokkos::View<bfloat16*, Mem> d("kqlora::init::w", w.size());
-      auto h = Kokkos::create_mirror_view(d);
-      for (size_t i = 0; i < w.size(); ++i) h(i) = bfloat16(w[i]);
-      Kokkos::deep_copy(d, h);
+      Kokkos::View<bfloat16*, Mem> w16(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kqlora::init::w_bf16")),
+          layout.numel());
+      Kokkos::parallel_for(
+          "kqlora::init::to_bf16",
+          Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, layout.numel()),
+          KOKKOS_LAMBDA(int64_t i) { w16(i) = bfloat16(w32(i)); });
       model.base[l] =
-          nf4_quantize<bfloat16>(exec, Kokkos::View<const bfloat16*, Mem>(d), layout, name);
+          nf4_quantize<bfloat16>(exec, Kokkos::View<const bfloat16*, Mem>(w16), layout, name);
     } else {
-      Kokkos::View<float*, Mem> d("kqlora::init::w", w.size());
-      Kokkos::deep_copy(d, Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
-                               w.data(), w.size()));
-      model.base[l] = nf4_quantize<float>(exec, Kokkos::View<const float*, Mem>(d), layout, name);
+      model.base[l] = nf4_quantize<float>(exec, Kokkos::View<const float*, Mem>(w32), layout, name);
     }
   }
 

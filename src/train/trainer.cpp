@@ -18,6 +18,7 @@
 #include "kqlora/optim/optimizer.hpp"
 #include "kqlora/train/data.hpp"
 #include "kqlora/train/init.hpp"
+#include "kqlora/train/synthetic.hpp"
 #if KQLORA_HAVE_HDF5
 #include "kqlora/io/checkpoint.hpp"
 #endif
@@ -149,11 +150,19 @@ TrainSummary train(const Config& cfg, std::ostream& log) {
       const int64_t n = std::min(mb, count - m0);
       Matrix<Mem> x(x_buf.data(), n, dim), tg(t_buf.data(), n, dim), g(g_buf.data(), n, dim);
       if (timer) timer->enter(kData);
-      src.inputs(step, first + m0, n, rows.data());
-      upload(rows, n, dim, x);
-      if (loss_kind == LossKind::mse) {
-        src.targets(step, first + m0, n, trows.data());
-        upload(trows, n, dim, tg);
+      if (src.synthetic()) {  // generated in place, on the device
+        const int64_t g0 = src.global_sample(step, first + m0);
+        const uint64_t seed = static_cast<uint64_t>(cfg.seed);
+        fill_normal_rows(exec, x, seed, static_cast<uint64_t>(RandomStream::inputs), g0);
+        if (loss_kind == LossKind::mse)
+          fill_normal_rows(exec, tg, seed, static_cast<uint64_t>(RandomStream::targets), g0);
+      } else {
+        src.inputs(step, first + m0, n, rows.data());
+        upload(rows, n, dim, x);
+        if (loss_kind == LossKind::mse) {
+          src.targets(step, first + m0, n, trows.data());
+          upload(trows, n, dim, tg);
+        }
       }
       if (timer) timer->enter(kForward);
       auto y = model.forward(x, step, first + m0, cfg.global_bs);
@@ -183,8 +192,7 @@ TrainSummary train(const Config& cfg, std::ostream& log) {
     c.layout = cfg.checkpoint_layout;
     c.config_text = cfg.to_deck_text();
     for (int l = 0; l < cfg.num_linears; ++l)
-      c.nf4.emplace_back(LoraModel<Exec>::base_name(l),
-                         nf4_copy_to<Kokkos::HostSpace>(model.base[l]));
+      c.nf4.emplace_back(LoraModel<Exec>::base_name(l), nf4_host(model.base[l]));
     auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params);
     for (const auto& p : model.params_info())
       c.params.push_back(

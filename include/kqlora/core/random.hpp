@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kqlora/core/bit_cast.hpp"
+
 namespace kqlora {
 
 /// Streams: one per kind of random value, offset by the layer where there is one.
@@ -40,12 +42,73 @@ KOKKOS_INLINE_FUNCTION double random_uniform(uint64_t seed, uint64_t stream, uin
   return static_cast<double>(random_bits(seed, stream, index) >> 11) * 0x1.0p-53;
 }
 
-/// Standard normal (Box-Muller on two 32-bit halves, cosine branch), computed in double.
-inline double random_normal(uint64_t seed, uint64_t stream, uint64_t index) {
+namespace detail {
+
+/// log(x) for x in (0, 1] in plain double arithmetic (no libm): the same bits wherever it
+/// runs, and a loop over it vectorises. x = m 2^e with m in [sqrt(1/2), sqrt(2)), then
+/// log(m) = 2 atanh(s), s = (m-1)/(m+1), |s| < 0.172, by its series to s^25.
+KOKKOS_INLINE_FUNCTION double random_log(double x) {
+  const uint64_t b = bit_cast<uint64_t>(x);
+  double e = static_cast<double>(static_cast<int>((b >> 52) & 0x7ff) - 1023);
+  double m = bit_cast<double>((b & 0x000fffffffffffffull) | 0x3ff0000000000000ull);
+  const bool high = m > 1.4142135623730951;
+  m = high ? 0.5 * m : m;
+  e = high ? e + 1.0 : e;
+  const double s = (m - 1.0) / (m + 1.0), s2 = s * s;
+  double p = 1.0 / 25;
+  for (int k = 23; k >= 3; k -= 2) p = p * s2 + 1.0 / k;
+  p = p * s2 + 1.0;
+  return e * 0.69314718055994531 + 2.0 * s * p;
+}
+
+/// cos(2 pi u) for u in [0, 1) in plain double arithmetic: the quadrant from u exactly,
+/// then the Taylor series of cos and sin on [0, pi/2) to the 20th and 21st power.
+KOKKOS_INLINE_FUNCTION double random_cos_2pi(double u) {
+  const double t = 4.0 * u;
+  const int q = static_cast<int>(t);  // 0..3
+  const double phi = (t - q) * 1.5707963267948966, x2 = phi * phi;
+  const double cc[11] = {1.0,
+                         -0.5,
+                         0.041666666666666664,
+                         -0.001388888888888889,
+                         2.48015873015873e-05,
+                         -2.755731922398589e-07,
+                         2.08767569878681e-09,
+                         -1.1470745597729725e-11,
+                         4.779477332387385e-14,
+                         -1.5619206968586225e-16,
+                         4.110317623312165e-19};
+  const double sc[11] = {1.0,
+                         -0.16666666666666666,
+                         0.008333333333333333,
+                         -0.0001984126984126984,
+                         2.7557319223985893e-06,
+                         -2.505210838544172e-08,
+                         1.6059043836821613e-10,
+                         -7.647163731819816e-13,
+                         2.8114572543455206e-15,
+                         -8.22063524662433e-18,
+                         1.9572941063391263e-20};
+  double c = cc[10], sn = sc[10];
+  for (int k = 9; k >= 0; --k) {
+    c = c * x2 + cc[k];
+    sn = sn * x2 + sc[k];
+  }
+  sn *= phi;
+  // cos(q pi/2 + phi): cos, -sin, -cos, sin
+  const double v = (q & 1) ? sn : c;
+  return (q == 1 || q == 2) ? -v : v;
+}
+
+}  // namespace detail
+
+/// Standard normal by Box-Muller (two 32-bit halves of the bits, cosine branch), in double
+/// with kqlora's own log and cosine: the same values on every machine and backend.
+KOKKOS_INLINE_FUNCTION double random_normal(uint64_t seed, uint64_t stream, uint64_t index) {
   const uint64_t b = random_bits(seed, stream, index);
   const double u1 = (static_cast<double>(b >> 32) + 1.0) * 0x1.0p-32;    // (0, 1]
   const double u2 = static_cast<double>(b & 0xffffffffull) * 0x1.0p-32;  // [0, 1)
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  return sqrt(-2.0 * detail::random_log(u1)) * detail::random_cos_2pi(u2);
 }
 
 inline uint64_t layer_stream(RandomStream s, int layer) {

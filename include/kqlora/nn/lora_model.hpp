@@ -75,6 +75,7 @@ class LoraModel {
   /// Returns the output [T, dim] (a view into the model's buffers).
   Matrix<Mem> forward(const Matrix<Mem>& x, int64_t step, int64_t first_sample, int64_t global_bs);
   /// Backward from dL/dy [T, dim] of the last forward; adds the gradients into `grads`.
+  /// gy is used as scratch (its contents are gone afterwards).
   void backward(const Matrix<Mem>& gy);
 
   /// Bytes of the NF4 base weights.
@@ -90,8 +91,8 @@ class LoraModel {
   std::vector<ParamInfo> info_;
   Vec compute_;  // what forward/backward read: params, or their bfloat16 rounding
   std::vector<LayerCache> cache_;
-  std::vector<Vec> buffers_;          // owned activation and scratch buffers (ensure_tokens)
-  Matrix<Mem> tmp_, g_a_, g_b_, gh_;  // scratch [T, dim] x3 and [T, rank]
+  std::vector<Vec> buffers_;    // owned activation and scratch buffers (ensure_tokens)
+  Matrix<Mem> tmp_, g_a_, gh_;  // scratch [T, dim] x2 and [T, rank]
   LinearNf4Workspace<Mem> ws_;
   int64_t tokens_ = 0, step_ = 0, first_sample_ = 0, global_bs_ = 1;
 

@@ -57,4 +57,14 @@ Nf4Tensor<DstSpace> nf4_copy_to(const Nf4Tensor<SrcSpace>& src) {
   return dst;
 }
 
+/// The tensor in host memory: shared when it is there already, else a copy.
+template <class SrcSpace>
+Nf4Tensor<Kokkos::HostSpace> nf4_host(const Nf4Tensor<SrcSpace>& src) {
+  if constexpr (std::is_same<SrcSpace, Kokkos::HostSpace>::value) {
+    return src;
+  } else {
+    return nf4_copy_to<Kokkos::HostSpace>(src);
+  }
+}
+
 }  // namespace kqlora

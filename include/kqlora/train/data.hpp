@@ -20,6 +20,8 @@ class DataSource {
   void inputs(int64_t step, int64_t first, int64_t n, float* out) const;
   void targets(int64_t step, int64_t first, int64_t n, float* out) const;
   bool synthetic() const { return path_.empty(); }
+  /// Global sample index of sample `first` of `step` (the counter of synthetic rows).
+  int64_t global_sample(int64_t step, int64_t first) const { return step * global_bs_ + first; }
   const std::string& path() const { return path_; }
 
  private:

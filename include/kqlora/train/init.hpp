@@ -10,10 +10,9 @@
 
 namespace kqlora {
 
-/// Synthetic values of a trainable parameter (row-major, float32) and of a base weight
-/// (before quantization).
+/// Synthetic values of a trainable parameter (row-major, float32). Base weights are
+/// generated in place (fill_normal, stream base_weight + layer) before quantization.
 std::vector<float> seed_param_values(const ModelConfig& cfg, const ParamInfo& p);
-std::vector<float> seed_base_values(const ModelConfig& cfg, int layer);
 
 /// Fills the model's base weights and parameters; notes what came from where on `log`.
 template <class ExecSpace>
