@@ -1,43 +1,31 @@
 #!/usr/bin/env bash
-# The main job, from a fresh clone on Debian 12: install, build, run the seed scenario of
-# DESIGN.md and finish with kqlora-diff's verdict.
-#
-# Status: kqlora-train and kqlora-diff do not exist yet (issues 3 and 4). Until they do,
-# this script runs what exists -- the NF4 quantization of the seed scenario's base weights
-# with kqlora-quantize, and the NF4 benchmarks -- and says plainly which steps are missing.
+# The main job, from a fresh clone on Debian 12: install, build, then the seed scenario of
+# DESIGN.md as the upstream DDP test runs it -- a reference run at world size 1, a run at
+# world size 2 writing one checkpoint per rank -- and kqlora-diff's verdict on every
+# parameter of every rank. The script's exit code is kqlora-diff's (0 Passed!, 1 Failed!).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/build.sh
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 bin=build/bin
 run=run/seed
+rm -rf "$run"
 mkdir -p "$run"
+mpirun_flags=(--oversubscribe)
 
 echo
-echo "== Seed scenario (DESIGN.md): 1 LoRA linear of 128 x 128, rank 64, alpha 16, Adam, 3 steps"
-echo "-- step 1: base weights, NF4 (block 64, scaler block 256)"
-python3 tools/make_random_safetensors.py "$run/base_weights.safetensors" layers.0.weight=128x128
-"$bin/kqlora-quantize" "$run/base_weights.safetensors" "$run/base_weights_nf4.h5"
-
-missing=()
-if [ -x "$bin/kqlora-train" ]; then
-  echo "-- step 2: reference run (1 process) and test run (2 processes)"
-  mpirun -np 1 "$bin/kqlora-train" input/seed.in save_dir="$run/ref"
-  mpirun --oversubscribe -np 2 "$bin/kqlora-train" input/seed.in save_dir="$run/test"
-else
-  missing+=("kqlora-train: the training runs at world size 1 and 2 (issues 3 and 4)")
-fi
-if [ -x "$bin/kqlora-diff" ] && [ ${#missing[@]} -eq 0 ]; then
-  echo "-- step 3: compare every rank's parameters with the reference"
-  "$bin/kqlora-diff" "$run/ref" "$run/test"
-  exit $?
-else
-  missing+=("kqlora-diff: the comparison and its Passed!/Failed! verdict (issues 4 and 5)")
-fi
-
-echo "-- NF4 kernels on this machine (one thread)"
-"$bin/kqlora-bench" --sizes 4096 --repeats 5
-echo
-echo "== Not yet implemented, so the seed scenario stops here:"
-for m in "${missing[@]}"; do echo "   - $m"; done
-echo "   No verdict: the scenario's training and diff steps do not exist yet."
+echo "== Seed scenario (input/seed.in): 1 LoRA linear 128 x 128 over NF4, rank 64, alpha 16,"
+echo "   Adam lr 1e-2, sum loss, global batch 8, 3 steps"
+echo "-- reference run, world size 1"
+mpirun "${mpirun_flags[@]}" -np 1 "$bin/kqlora-train" input/seed.in save_dir="$run/ref" \
+    metrics_file="$run/ref.jsonl" | grep -E "^step |^checkpoint:|^peak"
+echo "-- test run, world size 2 (one checkpoint per rank)"
+mpirun "${mpirun_flags[@]}" -np 2 "$bin/kqlora-train" input/seed.in save_dir="$run/test" \
+    metrics_file="$run/test.jsonl" | grep -E "^step |^checkpoint:|^peak"
+echo "-- kqlora-diff: every parameter of every rank against the reference"
+set +e
+"$bin/kqlora-diff" "$run/ref" "$run/test"
+rc=$?
+set -e
+echo "kqlora-diff exit code: $rc"
+exit $rc
