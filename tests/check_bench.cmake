@@ -1,7 +1,8 @@
 cmake_policy(SET CMP0057 NEW)  # if(IN_LIST)
 # Runs kqlora-bench on a small size and checks its JSON: every record of the contract with
 # a positive median and byte count.
-execute_process(COMMAND ${BENCH} --sizes 128 --repeats 2 --json ${OUT} RESULT_VARIABLE rc
+execute_process(COMMAND ${BENCH} --sizes 128 --tokens 16 --linear-dim 128 --repeats 2
+                        --json ${OUT} RESULT_VARIABLE rc
                 OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "kqlora-bench failed (${rc}): ${out}${err}")
@@ -9,7 +10,8 @@ endif()
 file(READ ${OUT} json)
 string(JSON n LENGTH "${json}")
 set(expected memcpy_128x128_f32 nf4_dequant_128x128_f32 nf4_quant_128x128_f32
-             nf4_dequant_128x128_bf16 nf4_quant_128x128_bf16)
+             nf4_dequant_128x128_bf16 nf4_quant_128x128_bf16
+             qlora_linear_fwd_bwd_t16 dense_lora_linear_fwd_bwd_t16)
 set(found)
 math(EXPR last "${n} - 1")
 foreach(i RANGE ${last})
