@@ -13,7 +13,6 @@
 
 #include "kqlora/core/build_info.hpp"
 #include "kqlora/core/error.hpp"
-#include "kqlora/dist/world.hpp"
 
 namespace kqlora {
 
@@ -120,8 +119,17 @@ void write_checkpoint_file(const std::string& path, const CheckpointContents& c)
   fsync_path(path, false);
 }
 
+namespace {
+/// True on every rank when any rank passes true.
+bool any_rank(dist::Communicator& comm, bool flag) {
+  double v = flag ? 1.0 : 0.0;
+  comm.wait(comm.allreduce_sum(&v, 1));
+  return v > 0;
+}
+}  // namespace
+
 std::string write_checkpoint_per_rank(const std::string& save_dir, const CheckpointContents& c,
-                                      int64_t keep_last) {
+                                      int64_t keep_last, dist::Communicator& comm) {
   const std::string name = step_dir_name(c.step);
   const std::string final_dir = save_dir + "/" + name, tmp_dir = final_dir + ".tmp";
   bool failed = false;
@@ -137,7 +145,7 @@ std::string write_checkpoint_per_rank(const std::string& save_dir, const Checkpo
     }
   }
   KQLORA_THROW_IF(
-      world::any(failed),
+      any_rank(comm, failed),
       "checkpoint " << tmp_dir << ": " << (error.empty() ? "rank 0 could not create it" : error));
   char file[32];
   std::snprintf(file, sizeof file, "/rank-%05d.h5", c.rank);
@@ -147,9 +155,9 @@ std::string write_checkpoint_per_rank(const std::string& save_dir, const Checkpo
     failed = true;
     error = e.what();
   }
-  KQLORA_THROW_IF(world::any(failed), "checkpoint "
-                                          << tmp_dir << ": writing failed"
-                                          << (error.empty() ? " on another rank" : ": " + error));
+  KQLORA_THROW_IF(any_rank(comm, failed),
+                  "checkpoint " << tmp_dir << ": writing failed"
+                                << (error.empty() ? " on another rank" : ": " + error));
   if (c.rank == 0) {
     fsync_path(tmp_dir, true);
     if (is_dir(final_dir)) remove_tree(final_dir);  // the same step written again (a rerun)
@@ -174,7 +182,7 @@ std::string write_checkpoint_per_rank(const std::string& save_dir, const Checkpo
         if (steps[i] < name) remove_tree(save_dir + "/" + steps[i]);
     }
   }
-  world::barrier();
+  any_rank(comm, false);  // a barrier: no rank reads `latest` before it is there
   return final_dir;
 }
 

@@ -217,7 +217,11 @@ void LoraModel<ExecSpace>::backward(const Matrix<Mem>& gy) {
     gemm(exec_, "N", "T", s, g, b_t(compute_, l), 0.0f, gh_);  // gh = s g B
     if (bf16) nn::round_bf16(exec_, gh_);
     gemm(exec_, "T", "N", 1.0f, c.xd, gh_, 1.0f, a_t(grads, l));  // dA^T += x_d^T gh
-    if (l == 0) break;                                            // the input needs no gradient
+    if (layer_done_) {
+      fence(exec_, "kqlora::LoraModel::layer_grads");  // in memory before anyone sends them
+      layer_done_(l);
+    }
+    if (l == 0) break;  // the input needs no gradient
     // Input gradients alternate between g_a_ and the caller's gy, done with after layer L-1.
     Matrix<Mem> gx = g.data() == g_a_.data() ? gy : g_a_;
     linear_nf4_backward(exec_, base[l], g, gx, ws_);  // gx = g W
@@ -231,6 +235,13 @@ void LoraModel<ExecSpace>::backward(const Matrix<Mem>& gy) {
     if (bf16) nn::round_bf16(exec_, gx);
     g = gx;
   }
+}
+
+template <class ExecSpace>
+void LoraModel<ExecSpace>::set_backward_hooks(std::function<void(int)> layer_done,
+                                              std::function<void()> progress) {
+  layer_done_ = std::move(layer_done);
+  ws_.between_panels = std::move(progress);
 }
 
 template class LoraModel<Kokkos::DefaultExecutionSpace>;

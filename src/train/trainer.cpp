@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iomanip>
 #include <ostream>
@@ -12,7 +13,7 @@
 
 #include "kqlora/build_config.hpp"
 #include "kqlora/core/memory.hpp"
-#include "kqlora/dist/world.hpp"
+#include "kqlora/dist/ddp.hpp"
 #include "kqlora/nn/lora_model.hpp"
 #include "kqlora/nn/loss.hpp"
 #include "kqlora/optim/optimizer.hpp"
@@ -87,9 +88,29 @@ std::string human_time(double s) {
 
 }  // namespace
 
+std::unique_ptr<dist::Communicator> make_communicator(const Config& cfg) {
+  KQLORA_INPUT_CHECK(cfg.comm != "nccl",
+                     "comm = nccl: this kqlora was built without NCCL (it needs the CUDA backend)");
+#if KQLORA_HAVE_MPI
+  auto comm = dist::make_mpi_communicator(true);
+#else
+  auto comm = dist::make_self_communicator();
+#endif
+  comm->set_timeout(cfg.comm_timeout_s);
+  return comm;
+}
+
 TrainSummary train(const Config& cfg, std::ostream& log) {
-  const int rank = world::rank(), nranks = world::size();
+  auto comm = make_communicator(cfg);
+  return train(cfg, *comm, log);
+}
+
+TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& log) {
+  const int rank = comm.rank(), nranks = comm.size();
   const bool root = rank == 0;
+  KQLORA_INPUT_CHECK(nranks <= cfg.global_bs, "global_bs " << cfg.global_bs
+                                                           << " is smaller than the " << nranks
+                                                           << " ranks (each rank needs a sample)");
   KQLORA_INPUT_CHECK(cfg.parallel == "ddp",
                      "parallel = fsdp is not implemented yet (the data-parallel issue): use ddp");
   KQLORA_INPUT_CHECK(
@@ -114,6 +135,14 @@ TrainSummary train(const Config& cfg, std::ostream& log) {
   std::ostringstream init_log;
   initialize_model(exec, model, cfg.init_file, init_log);
   if (root) log << init_log.str();
+  // DDP: rank 0's weights on every rank, then gradients summed in buckets during backward.
+  std::unique_ptr<Ddp<Exec>> ddp;
+  if (nranks > 1) {
+    const char* env = std::getenv("KQLORA_DDP_OVERLAP");  // 0: reduce after backward (benchmarks)
+    ddp =
+        std::make_unique<Ddp<Exec>>(comm, model, cfg.bucket_mb, !(env && std::string(env) == "0"));
+    ddp->broadcast_parameters();
+  }
   Optimizer<Exec> opt(exec, OptimizerConfig::from(cfg), model.num_params());
   DataSource data(cfg.data_file, cfg.dim, cfg.global_bs, static_cast<uint64_t>(cfg.seed),
                   loss_kind == LossKind::mse, "data_file");
@@ -141,7 +170,6 @@ TrainSummary train(const Config& cfg, std::ostream& log) {
       g_buf("kqlora::train::grad_out", mb, dim);
   std::vector<float> rows(static_cast<size_t>(mb * dim)), trows(rows.size());
   const double loss_count = static_cast<double>(cfg.global_bs) * dim;  // mse averages over it
-  auto host_grads = Kokkos::create_mirror_view(model.grads);
 
   // The loss (and, for training, the gradients) of this rank's slice of a step's batch.
   auto run_batch = [&](const DataSource& src, int64_t step, bool train_pass, PhaseTimer* timer) {
@@ -169,6 +197,7 @@ TrainSummary train(const Config& cfg, std::ostream& log) {
       if (train_pass) {
         loss += nn::loss_forward_backward(exec, loss_kind, y, tg, loss_count, g);
         if (timer) timer->enter(kBackward);
+        if (ddp && m0 + mb >= count) ddp->arm();  // the last micro-batch reduces
         model.backward(g);
       } else {
         loss += nn::loss_value(exec, loss_kind, y, tg, loss_count);
@@ -210,7 +239,7 @@ TrainSummary train(const Config& cfg, std::ostream& log) {
     c.data_source = data.synthetic() ? "synthetic" : data.path();
     KQLORA_INPUT_CHECK(cfg.checkpoint_layout == "per_rank",
                        "checkpoint_layout = shared is not implemented yet (the checkpoints issue)");
-    summary.last_checkpoint = write_checkpoint_per_rank(cfg.save_dir, c, cfg.keep_last);
+    summary.last_checkpoint = write_checkpoint_per_rank(cfg.save_dir, c, cfg.keep_last, comm);
     last_saved = steps_done;
     if (root) log << "checkpoint: " << summary.last_checkpoint << "\n";
   };
@@ -223,11 +252,9 @@ TrainSummary train(const Config& cfg, std::ostream& log) {
     double loss = run_batch(data, step, true, &timer);
 
     timer.enter(kComm);
-    if (nranks > 1) {  // the gradient of the whole global batch: a sum over slices
-      Kokkos::deep_copy(host_grads, model.grads);
-      world::allreduce_sum(host_grads.data(), static_cast<int64_t>(host_grads.extent(0)));
-      Kokkos::deep_copy(model.grads, host_grads);
-      world::allreduce_sum(&loss, 1);
+    if (ddp) {  // the gradient of the whole global batch: a sum over slices
+      ddp->finish();
+      comm.wait(comm.allreduce_sum(&loss, 1));
     }
 
     timer.enter(kOptimizer);
@@ -281,7 +308,7 @@ TrainSummary train(const Config& cfg, std::ostream& log) {
     if (eval && (step + 1) % cfg.eval_every == 0) {
       timer.enter(kEval);
       double eval_loss = run_batch(*eval, step, false, nullptr);
-      world::allreduce_sum(&eval_loss, 1);
+      comm.wait(comm.allreduce_sum(&eval_loss, 1));
       if (root)
         log << "eval   " << std::setw(6) << step + 1 << "  loss " << std::scientific
             << std::setprecision(6) << eval_loss << std::defaultfloat << "\n";
@@ -303,7 +330,20 @@ TrainSummary train(const Config& cfg, std::ostream& log) {
   double mn[kPhases + 1], sum[kPhases + 1], mx[kPhases + 1], mine[kPhases + 1];
   for (int p = 0; p < kPhases; ++p) mine[p] = timer.total[p];
   mine[kPhases] = total;
-  world::allreduce_min_sum_max(mine, kPhases + 1, mn, sum, mx);
+  {  // every rank's times on every rank, then min / sum / max
+    std::vector<double> all(static_cast<size_t>((kPhases + 1) * nranks));
+    comm.wait(comm.allgather(mine, all.data(), sizeof(mine)));
+    for (int p = 0; p <= kPhases; ++p) {
+      mn[p] = mx[p] = all[p];
+      sum[p] = 0;
+      for (int r = 0; r < nranks; ++r) {
+        const double v = all[r * (kPhases + 1) + p];
+        mn[p] = std::min(mn[p], v);
+        mx[p] = std::max(mx[p], v);
+        sum[p] += v;
+      }
+    }
+  }
   const double peak_tracked = static_cast<double>(memory::tracked_peak_bytes());
   const double rss_above = static_cast<double>(memory::peak_rss_bytes() - rss_start);
   if (root) {
@@ -325,6 +365,16 @@ TrainSummary train(const Config& cfg, std::ostream& log) {
     row("setup", avg_total - phases_avg, avg_total - phases_avg, avg_total - phases_avg);
     row("total", mn[kPhases], avg_total, mx[kPhases]);
     log << "(setup: initialisation, quantization and file reading, on average)\n";
+    if (ddp) {
+      const auto& st = ddp->stats();
+      log << "DDP: " << ddp->num_buckets() << " bucket(s) per step, "
+          << human_bytes(st.bytes / std::max<int64_t>(1, summary.steps_done))
+          << " reduced per step; "
+          << "reductions in flight " << human_time(st.in_flight_s) << ", waited for "
+          << human_time(st.waited_s) << ": " << std::fixed << std::setprecision(1)
+          << (st.in_flight_s > 0 ? 100.0 * std::max(0.0, 1.0 - st.waited_s / st.in_flight_s) : 0.0)
+          << std::defaultfloat << "% of the communication hidden behind the backward\n";
+    }
     log << "peak memory (rank 0): tracked allocations " << human_bytes(peak_tracked)
         << ", RSS above start-up " << human_bytes(rss_above) << "\n";
   }

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "kqlora/dist/communicator.hpp"
 #include "kqlora/io/hdf5_params.hpp"
 
 namespace kqlora {
@@ -39,7 +40,7 @@ std::string step_dir_name(int64_t step);
 /// (collective over the run's ranks). keep_last > 0 removes older complete checkpoints
 /// after the commit. Returns the committed directory.
 std::string write_checkpoint_per_rank(const std::string& save_dir, const CheckpointContents& c,
-                                      int64_t keep_last);
+                                      int64_t keep_last, dist::Communicator& comm);
 
 /// Writes one checkpoint file (no commit protocol): used by the per-rank writer and tests.
 void write_checkpoint_file(const std::string& path, const CheckpointContents& c);

@@ -9,6 +9,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 
 #include "kqlora/core/blas.hpp"
@@ -22,6 +23,8 @@ template <class MemSpace>
 struct LinearNf4Workspace {
   Kokkos::View<float*, MemSpace> panel;
   int64_t panel_rows = 0;
+  /// Called after each panel's gemm, e.g. to drive outstanding communication.
+  std::function<void()> between_panels;
 
   /// Panels of about `target_bytes`: large enough that the BLAS packs each activation matrix
   /// only a few times per call (16 MiB: 1024 rows of a 4096-wide weight), and whole
@@ -56,6 +59,7 @@ void for_each_panel(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
     // is the tensor's end (numel is a multiple of block_size).
     nf4_dequantize_blocks(exec, W, r0 * in / bs, rows * in / bs, ws.panel, Nf4Store::cached);
     f(r0, rows, Matrix<MemSpace>(ws.panel.data(), in, rows));
+    if (ws.between_panels) ws.between_panels();
   }
 }
 

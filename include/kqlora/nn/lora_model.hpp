@@ -12,6 +12,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,11 @@ class LoraModel {
   /// gy is used as scratch (its contents are gone afterwards).
   void backward(const Matrix<Mem>& gy);
 
+  /// Hooks for data parallelism: layer_done(l) runs (after a fence) as soon as layer l's
+  /// parameter gradients are complete, before its input gradient is computed;
+  /// progress() runs between the panels of the long products. Empty functions: none.
+  void set_backward_hooks(std::function<void(int)> layer_done, std::function<void()> progress);
+
   /// Bytes of the NF4 base weights.
   int64_t base_bytes() const;
 
@@ -94,6 +100,7 @@ class LoraModel {
   std::vector<Vec> buffers_;    // owned activation and scratch buffers (ensure_tokens)
   Matrix<Mem> tmp_, g_a_, gh_;  // scratch [T, dim] x2 and [T, rank]
   LinearNf4Workspace<Mem> ws_;
+  std::function<void(int)> layer_done_;
   int64_t tokens_ = 0, step_ = 0, first_sample_ = 0, global_bs_ = 1;
 
   void ensure_tokens(int64_t T);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kqlora/dist/communicator.hpp"
 #include "kqlora/io/deck.hpp"
 
 namespace kqlora {
@@ -21,5 +22,9 @@ struct TrainSummary {
 /// Throws InputError for bad input and Error for failures (a non-finite loss with
 /// nonfinite = stop among them).
 TrainSummary train(const Config& cfg, std::ostream& log);
+/// The same over a given communicator (tests run a reference over MPI_COMM_SELF).
+TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& log);
+/// The communicator the deck asks for (comm = auto|mpi|nccl) over all ranks of the run.
+std::unique_ptr<dist::Communicator> make_communicator(const Config& cfg);
 
 }  // namespace kqlora

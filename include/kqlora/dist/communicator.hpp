@@ -1,0 +1,66 @@
+#pragma once
+// Collectives for data-parallel training, behind one interface with two backends: MPI
+// (host memory, or device memory with a GPU-aware MPI) and NCCL (device memory, on the
+// stream Kokkos uses; bootstrapped from MPI). Operations are asynchronous: start one, keep
+// computing, test() it between layers to drive progress, wait() for it. Every wait has a
+// deadline (comm_timeout_s): a hung or dead rank turns into an error naming the operation,
+// not a hang.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace kqlora::dist {
+
+/// A collective in flight.
+class Request {
+ public:
+  virtual ~Request() = default;
+  std::string what;  // "allreduce of 4.0 MiB", for messages
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+  bool done = false;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual const char* backend() const = 0;
+
+  /// Seconds a wait may last before it throws (comm_timeout_s).
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  double timeout() const { return timeout_s_; }
+
+  /// Root's bytes into every rank's buffer.
+  virtual std::unique_ptr<Request> broadcast(void* data, int64_t bytes, int root) = 0;
+  /// In-place sum of float32 values over ranks.
+  virtual std::unique_ptr<Request> allreduce_sum(float* data, int64_t count) = 0;
+  /// In-place sum of float64 values (scalars: losses, norms).
+  virtual std::unique_ptr<Request> allreduce_sum(double* data, int64_t count) = 0;
+  /// Every rank's `bytes` from `send` into recv[rank * bytes ...].
+  virtual std::unique_ptr<Request> allgather(const void* send, void* recv, int64_t bytes) = 0;
+  /// Sum over ranks of send[r * count ...] into rank r's recv[0 .. count).
+  virtual std::unique_ptr<Request> reduce_scatter_sum(const float* send, float* recv,
+                                                      int64_t count) = 0;
+
+  /// Drives progress; true once the request is complete.
+  virtual bool test(Request& r) = 0;
+  /// Waits for completion; throws kqlora::Error naming the operation after timeout().
+  void wait(Request& r);
+  /// Blocking forms.
+  void wait(std::unique_ptr<Request> r) { wait(*r); }
+
+ protected:
+  int rank_ = 0, size_ = 1;
+  double timeout_s_ = 300;
+};
+
+/// The MPI backend over a duplicate of MPI_COMM_WORLD (or of MPI_COMM_SELF: a world of one,
+/// e.g. a reference run inside an MPI test).
+std::unique_ptr<Communicator> make_mpi_communicator(bool world = true);
+/// One process, no MPI: collectives are copies. For builds without MPI.
+std::unique_ptr<Communicator> make_self_communicator();
+
+}  // namespace kqlora::dist

@@ -1,0 +1,139 @@
+// The MPI backend of dist::Communicator: non-blocking MPI-3 collectives on a duplicate of
+// MPI_COMM_WORLD (or MPI_COMM_SELF), every call checked. Counts above INT_MAX go in pieces.
+#include "kqlora/dist/communicator.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <sstream>
+#include <vector>
+
+#include "kqlora/core/mpi_check.hpp"
+
+namespace kqlora::dist {
+
+#if KQLORA_HAVE_MPI
+namespace {
+
+std::string size_text(int64_t bytes) {
+  std::ostringstream os;
+  if (bytes >= (1 << 20))
+    os << static_cast<double>(bytes) / (1 << 20) << " MiB";
+  else
+    os << bytes << " B";
+  return os.str();
+}
+
+class MpiRequest : public Request {
+ public:
+  std::vector<MPI_Request> reqs;
+};
+
+class MpiCommunicator : public Communicator {
+ public:
+  explicit MpiCommunicator(bool world) {
+    KQLORA_CHECK_MPI(MPI_Comm_dup(world ? MPI_COMM_WORLD : MPI_COMM_SELF, &comm_));
+    KQLORA_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    KQLORA_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
+    KQLORA_CHECK_MPI(MPI_Comm_size(comm_, &size_));
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);  // no throw from a destructor
+  }
+  const char* backend() const override { return "MPI"; }
+
+  std::unique_ptr<Request> broadcast(void* data, int64_t bytes, int root) override {
+    auto r = start("broadcast of " + size_text(bytes));
+    chunks(bytes, 1, [&](int64_t off, int n) {
+      r->reqs.emplace_back();
+      KQLORA_CHECK_MPI(
+          MPI_Ibcast(static_cast<char*>(data) + off, n, MPI_BYTE, root, comm_, &r->reqs.back()));
+    });
+    return r;
+  }
+
+  std::unique_ptr<Request> allreduce_sum(float* data, int64_t count) override {
+    auto r = start("allreduce of " + size_text(4 * count));
+    chunks(count, 1, [&](int64_t off, int n) {
+      r->reqs.emplace_back();
+      KQLORA_CHECK_MPI(
+          MPI_Iallreduce(MPI_IN_PLACE, data + off, n, MPI_FLOAT, MPI_SUM, comm_, &r->reqs.back()));
+    });
+    return r;
+  }
+
+  std::unique_ptr<Request> allreduce_sum(double* data, int64_t count) override {
+    auto r = start("allreduce of " + size_text(8 * count));
+    chunks(count, 1, [&](int64_t off, int n) {
+      r->reqs.emplace_back();
+      KQLORA_CHECK_MPI(
+          MPI_Iallreduce(MPI_IN_PLACE, data + off, n, MPI_DOUBLE, MPI_SUM, comm_, &r->reqs.back()));
+    });
+    return r;
+  }
+
+  std::unique_ptr<Request> allgather(const void* send, void* recv, int64_t bytes) override {
+    KQLORA_THROW_IF(bytes > INT_MAX, "allgather of " << bytes << " bytes per rank: too large");
+    auto r = start("allgather of " + size_text(bytes) + " per rank");
+    r->reqs.emplace_back();
+    KQLORA_CHECK_MPI(MPI_Iallgather(send, static_cast<int>(bytes), MPI_BYTE, recv,
+                                    static_cast<int>(bytes), MPI_BYTE, comm_, &r->reqs.back()));
+    return r;
+  }
+
+  std::unique_ptr<Request> reduce_scatter_sum(const float* send, float* recv,
+                                              int64_t count) override {
+    KQLORA_THROW_IF(count > INT_MAX,
+                    "reduce_scatter of " << count << " floats per rank: too large");
+    auto r = start("reduce-scatter of " + size_text(4 * count) + " per rank");
+    r->reqs.emplace_back();
+    KQLORA_CHECK_MPI(MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count), MPI_FLOAT,
+                                               MPI_SUM, comm_, &r->reqs.back()));
+    return r;
+  }
+
+  bool test(Request& base) override {
+    auto& r = static_cast<MpiRequest&>(base);
+    if (r.done) return true;
+    int flag = 0;
+    KQLORA_CHECK_MPI(
+        MPI_Testall(static_cast<int>(r.reqs.size()), r.reqs.data(), &flag, MPI_STATUSES_IGNORE));
+    r.done = flag != 0;
+    return r.done;
+  }
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+
+  static std::unique_ptr<MpiRequest> start(const std::string& what) {
+    auto r = std::make_unique<MpiRequest>();
+    r->what = what;
+    return r;
+  }
+
+  /// Calls f(offset, count) over pieces of at most INT_MAX / ranks elements.
+  template <class F>
+  static void chunks(int64_t total, int ranks, F&& f) {
+    const int64_t piece = INT_MAX / std::max(ranks, 1);
+    if (total == 0) {
+      f(0, 0);
+      return;
+    }
+    for (int64_t off = 0; off < total; off += piece)
+      f(off, static_cast<int>(std::min(piece, total - off)));
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(bool world) {
+  return std::make_unique<MpiCommunicator>(world);
+}
+#else
+std::unique_ptr<Communicator> make_mpi_communicator(bool) {
+  KQLORA_THROW_IF(true, "this kqlora was built without MPI");
+}
+#endif
+
+}  // namespace kqlora::dist
