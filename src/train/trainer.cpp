@@ -290,7 +290,7 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
           << (finite ? "" : "  (non-finite: step skipped)") << "\n";
       log.flush();
     }
-    if (metrics.is_open()) {
+    if (metrics.is_open() && ((step + 1) % cfg.log_every == 0 || step + 1 == cfg.num_steps)) {
       metrics << std::setprecision(17) << "{\"step\": " << step + 1 << ", \"loss\": ";
       if (finite)
         metrics << loss;
