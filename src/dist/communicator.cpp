@@ -1,11 +1,77 @@
 #include "kqlora/dist/communicator.hpp"
 
+#include <unistd.h>
+#include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "kqlora/core/error.hpp"
 
+#include <sstream>
+
 namespace kqlora::dist {
+
+namespace {
+
+// One watchdog thread per process, started on first use.
+struct WatchdogState {
+  std::mutex m;
+  std::condition_variable cv;
+  bool armed = false;
+  std::chrono::steady_clock::time_point deadline;
+  std::string message;
+  std::thread thread;
+
+  WatchdogState() {
+    thread = std::thread([this] {
+      std::unique_lock<std::mutex> lock(m);
+      for (;;) {
+        if (!armed) {
+          cv.wait(lock);
+          continue;
+        }
+        if (cv.wait_until(lock, deadline) == std::cv_status::timeout && armed &&
+            std::chrono::steady_clock::now() >= deadline) {
+          std::fprintf(stderr, "kqlora: error: %s\n", message.c_str());
+          std::fflush(stderr);
+          _exit(1);  // the launcher sees a failed rank and ends the job
+        }
+      }
+    });
+    thread.detach();
+  }
+};
+
+WatchdogState& watchdog() {
+  static WatchdogState* w = new WatchdogState();  // never destroyed: the thread outlives main
+  return *w;
+}
+
+}  // namespace
+
+Watchdog::Guard::Guard(const Communicator& comm, const std::string& what) {
+  auto& w = watchdog();
+  std::lock_guard<std::mutex> lock(w.m);
+  w.armed = true;
+  w.deadline = std::chrono::steady_clock::now() +
+               std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                   std::chrono::duration<double>(comm.timeout()));
+  std::ostringstream os;
+  os << comm.backend() << " " << what << " did not complete within " << comm.timeout()
+     << " s (comm_timeout_s) on rank " << comm.rank() << " of " << comm.size()
+     << ": another rank is hung or dead";
+  w.message = os.str();
+  w.cv.notify_all();
+}
+
+Watchdog::Guard::~Guard() {
+  auto& w = watchdog();
+  std::lock_guard<std::mutex> lock(w.m);
+  w.armed = false;
+  w.cv.notify_all();
+}
 
 void Communicator::wait(Request& r) {
   if (r.done) return;

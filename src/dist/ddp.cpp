@@ -45,7 +45,9 @@ Ddp<ExecSpace>::Ddp(dist::Communicator& comm, LoraModel<ExecSpace>& model, doubl
       [this](int layer) {
         if (!armed_) return;
         Bucket& b = buckets_[bucket_of_layer_[layer]];
-        if (--b.pending == 0 && overlap_) start(b);
+        // Host gradients can go as soon as the bucket is complete; device ones (through the
+        // host with MPI) wait for finish().
+        if (--b.pending == 0 && std::is_same<Mem, Kokkos::HostSpace>::value) start(b);
         progress();
       },
       [this] {
@@ -125,9 +127,20 @@ template <class ExecSpace>
 void Ddp<ExecSpace>::start(Bucket& b) {
   float* g = grads_host();
   b.started = Clock::now();
-  b.request = comm_.allreduce_sum(g + b.lo, b.hi - b.lo);
   stats_.bytes += 4.0 * (b.hi - b.lo);
   ++stats_.buckets;
+  if (overlap_) {
+    b.request = comm_.allreduce_sum(g + b.lo, b.hi - b.lo);
+    return;
+  }
+  // Blocking, as soon as the bucket is ready: all of its time is exposed.
+  comm_.allreduce_sum_blocking(g + b.lo, b.hi - b.lo);
+  const double t = since(b.started);
+  stats_.in_flight_s += t;
+  stats_.waited_s += t;
+  b.finished = true;
+  b.request = std::make_unique<dist::Request>();
+  b.request->done = true;
 }
 
 template <class ExecSpace>

@@ -13,6 +13,21 @@
 
 namespace kqlora::dist {
 
+class Communicator;
+
+/// Ends the process when a blocking call outlasts the communicator's timeout: a thread
+/// that waits for the deadline unless the guarded call returns first.
+class Watchdog {
+ public:
+  class Guard {
+   public:
+    Guard(const Communicator& comm, const std::string& what);
+    ~Guard();
+    Guard(const Guard&) = delete;
+    Guard& operator=(const Guard&) = delete;
+  };
+};
+
 /// A collective in flight.
 class Request {
  public:
@@ -35,8 +50,13 @@ class Communicator {
 
   /// Root's bytes into every rank's buffer.
   virtual std::unique_ptr<Request> broadcast(void* data, int64_t bytes, int root) = 0;
-  /// In-place sum of float32 values over ranks.
+  /// In-place sum of float32 values over ranks (started now, completed by test/wait).
   virtual std::unique_ptr<Request> allreduce_sum(float* data, int64_t count) = 0;
+  /// The same, blocking until done: on CPUs, where a reduction's arithmetic runs on the
+  /// cores that compute anyway, often faster than a non-blocking one (docs/BENCHMARKS.md).
+  virtual void allreduce_sum_blocking(float* data, int64_t count) {
+    wait(allreduce_sum(data, count));
+  }
   /// In-place sum of float64 values (scalars: losses, norms).
   virtual std::unique_ptr<Request> allreduce_sum(double* data, int64_t count) = 0;
   /// Every rank's `bytes` from `send` into recv[rank * bytes ...].
