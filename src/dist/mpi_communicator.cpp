@@ -77,8 +77,11 @@ class MpiCommunicator : public Communicator {
     KQLORA_THROW_IF(bytes > INT_MAX, "allgather of " << bytes << " bytes per rank: too large");
     auto r = start("allgather of " + size_text(bytes) + " per rank");
     r->reqs.emplace_back();
-    KQLORA_CHECK_MPI(MPI_Iallgather(send, static_cast<int>(bytes), MPI_BYTE, recv,
-                                    static_cast<int>(bytes), MPI_BYTE, comm_, &r->reqs.back()));
+    // This rank's block already in place in recv: MPI's in-place form (buffers may not alias).
+    const bool in_place = send == static_cast<const char*>(recv) + rank_ * bytes;
+    KQLORA_CHECK_MPI(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, static_cast<int>(bytes),
+                                    MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE, comm_,
+                                    &r->reqs.back()));
     return r;
   }
 

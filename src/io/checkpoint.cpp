@@ -97,7 +97,23 @@ void write_checkpoint_file(const std::string& path, const CheckpointContents& c)
   h5::write_attribute(f, "kqlora_version", version());
   auto params = h5::create_group(f, "params");
   for (const auto& [name, t] : c.nf4) h5::write_nf4(params, name, t);
-  for (const auto& p : c.params) h5::write_float(params, p.name, p.shape, p.data.data());
+  for (const auto& [name, s] : c.nf4_shards) h5::write_nf4_shard(params, name, s);
+  for (const auto& p : c.params) {
+    if (p.first_element < 0) {
+      h5::write_float(params, p.name, p.shape, p.data.data());
+      continue;
+    }
+    // An FSDP slice of the flattened tensor (empty slices get a placeholder element).
+    const float zero = 0.0f;
+    const int64_t n = static_cast<int64_t>(p.data.size());
+    h5::write_float(params, p.name, {std::max<int64_t>(n, 1)}, n ? p.data.data() : &zero);
+    h5::Handle d(KQLORA_H5(H5Dopen2(params, p.name.c_str(), H5P_DEFAULT)));
+    h5::write_attribute(d, "global_shape", p.global_shape);
+    h5::write_attribute(d, "first_element", p.first_element);
+    h5::write_attribute(d, "num_elements", n);
+    h5::write_attribute(d, "shard_index", int64_t(p.shard_index));
+    h5::write_attribute(d, "num_shards", int64_t(p.num_shards));
+  }
   auto opt = h5::create_group(f, "optimizer");
   h5::write_attribute(opt, "step", c.optimizer_steps);
   for (const auto& [key, values] : c.optimizer) {

@@ -1,5 +1,7 @@
 #include "kqlora/io/hdf5_params.hpp"
 
+#include <algorithm>
+
 namespace kqlora::h5 {
 
 namespace {
@@ -35,6 +37,32 @@ void write_nf4(hid_t loc, const std::string& name, const HostNf4& t) {
   write_attribute(g, "dtype", std::string(dtype_name(L.dtype)));
   write_attribute(g, "block_size", L.block_size);
   write_attribute(g, "scaler_block_size", L.scaler_block_size);
+}
+
+void write_nf4_shard(hid_t loc, const std::string& name, const Nf4Shard<Kokkos::HostSpace>& s) {
+  Handle g = create_group(loc, name);
+  const Nf4Layout& L = s.global;
+  const Nf4ShardRange& r = s.range;
+  const int64_t half = L.block_size / 2;
+  // Empty shards (more ranks than scaler blocks) store one-element placeholders: HDF5
+  // chunked datasets cannot be empty; num_blocks = 0 says there is nothing in them.
+  const int64_t nb = std::max<int64_t>(r.num_blocks, 1),
+                nsb = std::max<int64_t>(r.num_scaler_blocks, 1);
+  write_dataset(g, "quantized_data", H5T_STD_U8LE, H5T_NATIVE_UINT8, {nb * half},
+                s.quantized_data.data());
+  write_dataset(g, "quantized_scalers", H5T_STD_I8LE, H5T_NATIVE_INT8, {nb},
+                s.quantized_scalers.data());
+  write_dtype_values(g, "quantization_factor", L.dtype, s.quantization_factor.data(), nsb);
+  write_dtype_values(g, "scaler_mean", L.dtype, &s.scaler_mean, 1);
+  write_attribute(g, "shape", std::vector<int64_t>{r.num_blocks * L.block_size});
+  write_attribute(g, "global_shape", L.shape);
+  write_attribute(g, "dtype", std::string(dtype_name(L.dtype)));
+  write_attribute(g, "block_size", L.block_size);
+  write_attribute(g, "scaler_block_size", L.scaler_block_size);
+  write_attribute(g, "shard_index", int64_t(s.shard_index));
+  write_attribute(g, "num_shards", int64_t(s.num_shards));
+  write_attribute(g, "first_block", r.first_block);
+  write_attribute(g, "num_blocks", r.num_blocks);
 }
 
 bool is_nf4_group(hid_t loc, const std::string& name) {

@@ -180,7 +180,9 @@ Matrix<typename ExecSpace::memory_space> LoraModel<ExecSpace>::forward(const Mat
     }
     gemm(exec_, "N", "N", 1.0f, c.xd, a_t(compute_, l), 0.0f, c.h);  // h = x_d A^T
     if (bf16) nn::round_bf16(exec_, c.h);
+    if (acquire_base_) acquire_base_(l);
     linear_nf4_forward(exec_, base[l], c.x, c.z, ws_);  // z = x W^T
+    if (release_base_) release_base_(l);
     if (bf16) nn::round_bf16(exec_, c.z);
     if (cfg_.bias)
       nn::add_bias(exec_, Kokkos::View<const float*, Mem>(bias(compute_, l)), bf16, c.z);
@@ -224,7 +226,9 @@ void LoraModel<ExecSpace>::backward(const Matrix<Mem>& gy) {
     if (l == 0) break;  // the input needs no gradient
     // Input gradients alternate between g_a_ and the caller's gy, done with after layer L-1.
     Matrix<Mem> gx = g.data() == g_a_.data() ? gy : g_a_;
+    if (acquire_base_) acquire_base_(l);
     linear_nf4_backward(exec_, base[l], g, gx, ws_);  // gx = g W
+    if (release_base_) release_base_(l);
     if (cfg_.dropout > 0) {
       gemm(exec_, "N", "T", 1.0f, gh_, a_t(compute_, l), 0.0f, tmp_);  // gh A
       if (bf16) nn::round_bf16(exec_, tmp_);
@@ -242,6 +246,13 @@ void LoraModel<ExecSpace>::set_backward_hooks(std::function<void(int)> layer_don
                                               std::function<void()> progress) {
   layer_done_ = std::move(layer_done);
   ws_.between_panels = std::move(progress);
+}
+
+template <class ExecSpace>
+void LoraModel<ExecSpace>::set_base_hooks(std::function<void(int)> acquire,
+                                          std::function<void(int)> release) {
+  acquire_base_ = std::move(acquire);
+  release_base_ = std::move(release);
 }
 
 template class LoraModel<Kokkos::DefaultExecutionSpace>;

@@ -14,6 +14,7 @@
 #include "kqlora/build_config.hpp"
 #include "kqlora/core/memory.hpp"
 #include "kqlora/dist/ddp.hpp"
+#include "kqlora/dist/fsdp.hpp"
 #include "kqlora/nn/lora_model.hpp"
 #include "kqlora/nn/loss.hpp"
 #include "kqlora/optim/optimizer.hpp"
@@ -86,6 +87,16 @@ std::string human_time(double s) {
   return os.str();
 }
 
+template <class Shards>
+int64_t model_base_bytes(const Shards& shards) {
+  int64_t b = 0;
+  for (const auto& s : shards) {
+    const auto& L = s.global;
+    b += L.num_bytes() + L.num_blocks() + 4 * L.num_scaler_blocks() + 4;
+  }
+  return b;
+}
+
 }  // namespace
 
 std::unique_ptr<dist::Communicator> make_communicator(const Config& cfg) {
@@ -105,17 +116,19 @@ TrainSummary train(const Config& cfg, std::ostream& log) {
   return train(cfg, *comm, log);
 }
 
-TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& log) {
+TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& log,
+                   bool collect_final) {
   const int rank = comm.rank(), nranks = comm.size();
   const bool root = rank == 0;
   KQLORA_INPUT_CHECK(nranks <= cfg.global_bs, "global_bs " << cfg.global_bs
                                                            << " is smaller than the " << nranks
                                                            << " ranks (each rank needs a sample)");
-  KQLORA_INPUT_CHECK(cfg.parallel == "ddp",
-                     "parallel = fsdp is not implemented yet (the data-parallel issue): use ddp");
   KQLORA_INPUT_CHECK(
       cfg.restart == "none",
       "restart = " << cfg.restart << " is not implemented yet (the checkpoints issue)");
+  KQLORA_INPUT_CHECK(cfg.checkpoint_layout == "per_rank",
+                     "checkpoint_layout = shared is not implemented yet (the checkpoints issue): "
+                     "use checkpoint_layout = per_rank");
 #if !KQLORA_HAVE_HDF5
   KQLORA_INPUT_CHECK(false, "this kqlora was built without HDF5: it cannot write checkpoints");
 #endif
@@ -137,13 +150,25 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
   if (root) log << init_log.str();
   // DDP: rank 0's weights on every rank, then gradients summed in buckets during backward.
   std::unique_ptr<Ddp<Exec>> ddp;
-  if (nranks > 1) {
+  // FSDP: base weights and parameter chunks sharded (at any world size, 1 included).
+  std::unique_ptr<Fsdp<Exec>> fsdp;
+  if (cfg.parallel == "fsdp") {
+    fsdp = std::make_unique<Fsdp<Exec>>(exec, comm, model);
+    if (root)
+      log << "FSDP: base weights on rank 0 "
+          << human_bytes(static_cast<double>(fsdp->base_shard_bytes())) << " of "
+          << human_bytes(static_cast<double>(model_base_bytes(fsdp->base_shards())))
+          << ", parameter chunk " << fsdp->shard_size() << " of " << model.num_params() << "\n";
+  } else if (nranks > 1) {
     const char* env = std::getenv("KQLORA_DDP_OVERLAP");  // 0: reduce after backward (benchmarks)
     ddp =
         std::make_unique<Ddp<Exec>>(comm, model, cfg.bucket_mb, !(env && std::string(env) == "0"));
     ddp->broadcast_parameters();
   }
-  Optimizer<Exec> opt(exec, OptimizerConfig::from(cfg), model.num_params());
+  // The optimizer sees this rank's parameters: all of them, or its FSDP chunk.
+  const auto opt_params = fsdp ? fsdp->shard_params() : model.params;
+  const auto opt_grads = fsdp ? fsdp->shard_grads() : model.grads;
+  Optimizer<Exec> opt(exec, OptimizerConfig::from(cfg), opt_params.extent(0));
   DataSource data(cfg.data_file, cfg.dim, cfg.global_bs, static_cast<uint64_t>(cfg.seed),
                   loss_kind == LossKind::mse, "data_file");
   std::unique_ptr<DataSource> eval;
@@ -220,25 +245,58 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
     c.parallel = cfg.parallel;
     c.layout = cfg.checkpoint_layout;
     c.config_text = cfg.to_deck_text();
-    for (int l = 0; l < cfg.num_linears; ++l)
-      c.nf4.emplace_back(LoraModel<Exec>::base_name(l), nf4_host(model.base[l]));
     auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params);
-    for (const auto& p : model.params_info())
-      c.params.push_back(
-          {p.name, p.shape,
-           std::vector<float>(hp.data() + p.offset, hp.data() + p.offset + p.numel)});
     c.optimizer_steps = opt.steps();
-    for (const auto& [state, view] : opt.state()) {
-      auto hs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
+    if (!fsdp) {
+      for (int l = 0; l < cfg.num_linears; ++l)
+        c.nf4.emplace_back(LoraModel<Exec>::base_name(l), nf4_host(model.base[l]));
       for (const auto& p : model.params_info())
-        c.optimizer.push_back(
-            {{p.name, state},
-             std::vector<float>(hs.data() + p.offset, hs.data() + p.offset + p.numel)});
+        c.params.push_back(
+            {p.name, p.shape,
+             std::vector<float>(hp.data() + p.offset, hp.data() + p.offset + p.numel)});
+      for (const auto& [state, view] : opt.state()) {
+        auto hs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
+        for (const auto& p : model.params_info())
+          c.optimizer.push_back(
+              {{p.name, state},
+               std::vector<float>(hs.data() + p.offset, hs.data() + p.offset + p.numel)});
+      }
+    } else {
+      // This rank's shards: its NF4 blocks, and the part of each parameter (and of its
+      // optimizer state) that lies in its chunk of the flat vector.
+      for (int l = 0; l < cfg.num_linears; ++l) {
+        const auto& sh = fsdp->base_shards()[l];
+        Nf4Shard<Kokkos::HostSpace> h =
+            Nf4Shard<Kokkos::HostSpace>::allocate(sh.global, sh.shard_index, sh.num_shards);
+        Kokkos::deep_copy(h.quantized_data, sh.quantized_data);
+        Kokkos::deep_copy(h.quantized_scalers, sh.quantized_scalers);
+        Kokkos::deep_copy(h.quantization_factor, sh.quantization_factor);
+        h.scaler_mean = sh.scaler_mean;
+        c.nf4_shards.emplace_back(LoraModel<Exec>::base_name(l), h);
+      }
+      const int64_t lo = fsdp->shard_offset(), hi = lo + fsdp->shard_size();
+      auto state = opt.state();
+      std::vector<decltype(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), opt_params))>
+          hs;
+      for (const auto& kv : state)
+        hs.push_back(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kv.second));
+      for (const auto& p : model.params_info()) {
+        const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel);
+        if (a >= b) continue;  // not in this rank's chunk
+        CheckpointTensor t{p.name, {b - a}, std::vector<float>(hp.data() + a, hp.data() + b)};
+        t.first_element = a - p.offset;
+        t.global_shape = p.shape;
+        t.shard_index = rank;
+        t.num_shards = nranks;
+        c.params.push_back(std::move(t));
+        for (size_t k = 0; k < state.size(); ++k)
+          c.optimizer.push_back(
+              {{p.name, state[k].first},
+               std::vector<float>(hs[k].data() + (a - lo), hs[k].data() + (b - lo))});
+      }
     }
     c.seed = cfg.seed;
     c.data_source = data.synthetic() ? "synthetic" : data.path();
-    KQLORA_INPUT_CHECK(cfg.checkpoint_layout == "per_rank",
-                       "checkpoint_layout = shared is not implemented yet (the checkpoints issue)");
     summary.last_checkpoint = write_checkpoint_per_rank(cfg.save_dir, c, cfg.keep_last, comm);
     last_saved = steps_done;
     if (root) log << "checkpoint: " << summary.last_checkpoint << "\n";
@@ -252,13 +310,13 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
     double loss = run_batch(data, step, true, &timer);
 
     timer.enter(kComm);
-    if (ddp) {  // the gradient of the whole global batch: a sum over slices
-      ddp->finish();
-      comm.wait(comm.allreduce_sum(&loss, 1));
-    }
+    // The gradient of the whole global batch: a sum over the slices.
+    if (ddp) ddp->finish();
+    if (fsdp) fsdp->reduce_scatter_grads();
+    if (nranks > 1) comm.wait(comm.allreduce_sum(&loss, 1));
 
     timer.enter(kOptimizer);
-    const double norm = grad_norm(exec, model.grads);
+    const double norm = fsdp ? fsdp->grad_norm() : grad_norm(exec, model.grads);
     const bool finite = std::isfinite(loss) && std::isfinite(norm);
     if (!finite) {
       KQLORA_THROW_IF(cfg.nonfinite == "stop",
@@ -270,10 +328,15 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
     } else {
       if (cfg.grad_clip > 0 && norm > 0) {
         const double coef = cfg.grad_clip / (norm + 1e-6);
-        if (coef < 1.0) scale_grads(exec, model.grads, static_cast<float>(coef));
+        if (coef < 1.0) scale_grads(exec, opt_grads, static_cast<float>(coef));
       }
-      opt.step(model.params, model.grads, lr);
-      model.params_changed();
+      opt.step(opt_params, opt_grads, lr);
+      if (fsdp) {
+        timer.enter(kComm);
+        fsdp->gather_params();  // every rank's updated chunk to everyone
+      } else {
+        model.params_changed();
+      }
     }
     summary.losses.push_back(finite ? loss : NAN);
     summary.steps_done = step + 1;
@@ -324,6 +387,16 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
   if (last_saved != cfg.num_steps) save(cfg.num_steps);
 #endif
   timer.enter(kData);
+  if (collect_final) {
+    for (int l = 0; l < cfg.num_linears; ++l)
+      summary.final_base.emplace_back(
+          LoraModel<Exec>::base_name(l),
+          nf4_copy_to<Kokkos::HostSpace>(fsdp ? fsdp->whole_base(l) : model.base[l]));
+    auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params);
+    for (const auto& p : model.params_info())
+      summary.final_params.emplace_back(
+          p.name, std::vector<float>(hp.data() + p.offset, hp.data() + p.offset + p.numel));
+  }
 
   // Timing table: min / avg / max over ranks.
   double total = seconds_since(t_start);

@@ -11,6 +11,7 @@
 
 #include "kqlora/dist/communicator.hpp"
 #include "kqlora/io/hdf5_params.hpp"
+#include "kqlora/quant/nf4_shard.hpp"
 
 namespace kqlora {
 
@@ -18,6 +19,11 @@ struct CheckpointTensor {
   std::string name;
   std::vector<int64_t> shape;
   std::vector<float> data;
+  /// An FSDP shard holds elements [first_element, first_element + data.size()) of the
+  /// flattened tensor of global_shape; first_element < 0: the whole tensor.
+  int64_t first_element = -1;
+  std::vector<int64_t> global_shape;
+  int shard_index = 0, num_shards = 1;
 };
 
 struct CheckpointContents {
@@ -25,7 +31,8 @@ struct CheckpointContents {
   int world_size = 1, rank = 0;
   std::string parallel = "ddp", layout = "per_rank", config_text;
   std::vector<std::pair<std::string, h5::HostNf4>> nf4;  // frozen base weights
-  std::vector<CheckpointTensor> params;                  // trainable, float32 masters
+  std::vector<std::pair<std::string, Nf4Shard<Kokkos::HostSpace>>> nf4_shards;  // FSDP
+  std::vector<CheckpointTensor> params;  // trainable, float32 masters
   int64_t optimizer_steps = 0;
   /// (parameter name, state name) -> values, e.g. ("layers.0.lora_a.weight", "exp_avg").
   std::vector<std::pair<std::pair<std::string, std::string>, std::vector<float>>> optimizer;

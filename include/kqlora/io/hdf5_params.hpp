@@ -10,6 +10,7 @@
 
 #include "kqlora/core/bfloat16.hpp"
 #include "kqlora/io/hdf5_file.hpp"
+#include "kqlora/quant/nf4_shard.hpp"
 #include "kqlora/quant/nf4_tensor.hpp"
 
 namespace kqlora::h5 {
@@ -22,6 +23,11 @@ void write_nf4(hid_t loc, const std::string& name, const HostNf4& t);
 bool is_nf4_group(hid_t loc, const std::string& name);
 /// Reads and validates an NF4 group; errors name `file` and the object.
 HostNf4 read_nf4(hid_t loc, const std::string& name, const std::string& file);
+
+/// An FSDP shard of an NF4 tensor: the group `name` holds the shard's real blocks (its
+/// padding is not stored) with the attributes of write_nf4 for the global tensor plus
+/// shard_index, num_shards, first_block and global_shape.
+void write_nf4_shard(hid_t loc, const std::string& name, const Nf4Shard<Kokkos::HostSpace>& s);
 
 /// Float datasets: float32, or bfloat16 in the 2-byte type of bfloat16_type().
 void write_float(hid_t loc, const std::string& name, const std::vector<int64_t>& shape,

@@ -84,6 +84,10 @@ class LoraModel {
   /// progress() runs between the panels of the long products. Empty functions: none.
   void set_backward_hooks(std::function<void(int)> layer_done, std::function<void()> progress);
 
+  /// Hooks for sharded base weights (FSDP): acquire(l) makes base[l] the whole weight just
+  /// before the forward or backward product that reads it, release(l) right after.
+  void set_base_hooks(std::function<void(int)> acquire, std::function<void(int)> release);
+
   /// Bytes of the NF4 base weights.
   int64_t base_bytes() const;
 
@@ -100,7 +104,7 @@ class LoraModel {
   std::vector<Vec> buffers_;    // owned activation and scratch buffers (ensure_tokens)
   Matrix<Mem> tmp_, g_a_, gh_;  // scratch [T, dim] x2 and [T, rank]
   LinearNf4Workspace<Mem> ws_;
-  std::function<void(int)> layer_done_;
+  std::function<void(int)> layer_done_, acquire_base_, release_base_;
   int64_t tokens_ = 0, step_ = 0, first_sample_ = 0, global_bs_ = 1;
 
   void ensure_tokens(int64_t T);

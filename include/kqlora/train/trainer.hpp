@@ -9,6 +9,7 @@
 
 #include "kqlora/dist/communicator.hpp"
 #include "kqlora/io/deck.hpp"
+#include "kqlora/quant/nf4_tensor.hpp"
 
 namespace kqlora {
 
@@ -16,6 +17,9 @@ struct TrainSummary {
   std::vector<double> losses;  // per step (NaN for a skipped step)
   int64_t steps_done = 0, steps_skipped = 0;
   std::string last_checkpoint;
+  /// With `collect_final`: the final model, whole (FSDP shards gathered), on every rank.
+  std::vector<std::pair<std::string, Nf4Tensor<Kokkos::HostSpace>>> final_base;
+  std::vector<std::pair<std::string, std::vector<float>>> final_params;
 };
 
 /// Runs the configured training on every rank of the run; progress goes to `log` on rank 0.
@@ -23,7 +27,8 @@ struct TrainSummary {
 /// nonfinite = stop among them).
 TrainSummary train(const Config& cfg, std::ostream& log);
 /// The same over a given communicator (tests run a reference over MPI_COMM_SELF).
-TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& log);
+TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& log,
+                   bool collect_final = false);
 /// The communicator the deck asks for (comm = auto|mpi|nccl) over all ranks of the run.
 std::unique_ptr<dist::Communicator> make_communicator(const Config& cfg);
 
