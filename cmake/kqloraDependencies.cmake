@@ -57,6 +57,27 @@ if(KQLORA_ENABLE_MPI)
   kqlora_find_package(MPI COMPONENTS CXX)
 endif()
 
+# NCCL: on by default when Kokkos has CUDA (the backend for device memory); can be forced
+# on to build the backend without Kokkos CUDA (it is host code over the CUDA runtime).
+if(NOT DEFINED KQLORA_ENABLE_NCCL)
+  set(KQLORA_ENABLE_NCCL ${Kokkos_ENABLE_CUDA})
+endif()
+set(KQLORA_ENABLE_NCCL ${KQLORA_ENABLE_NCCL} CACHE BOOL "Build the NCCL communicator")
+if(KQLORA_ENABLE_NCCL)
+  if(NOT KQLORA_ENABLE_MPI)
+    message(FATAL_ERROR "KQLORA_ENABLE_NCCL needs MPI for its bootstrap (ncclGetUniqueId + MPI_Bcast)")
+  endif()
+  kqlora_find_package(CUDAToolkit)
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_INCLUDE_DIRS}
+            PATH_SUFFIXES include)
+  find_library(NCCL_LIBRARY nccl HINTS ${NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_LIBRARY_DIR}
+               ${CUDAToolkit_LIBRARY_DIR}/.. PATH_SUFFIXES lib lib64)
+  if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
+    message(FATAL_ERROR "KQLORA_ENABLE_NCCL: nccl.h or libnccl not found (set NCCL_ROOT)")
+  endif()
+  message(STATUS "NCCL: ${NCCL_LIBRARY}")
+endif()
+
 if(KQLORA_ENABLE_HDF5)
   # FindHDF5 probes HDF5's C compiler wrapper, which needs the C language enabled.
   get_property(_kqlora_langs GLOBAL PROPERTY ENABLED_LANGUAGES)

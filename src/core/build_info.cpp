@@ -54,7 +54,11 @@ std::string build_configuration() {
 #else
   os << "  HDF5: disabled (no checkpoints)\n";
 #endif
+#if KQLORA_HAVE_NCCL
+  os << "  NCCL: built\n";
+#else
   os << "  NCCL: not built (no CUDA backend)\n";
+#endif
   os << "  host SIMD (NF4): " << (KQLORA_HAVE_AVX512 ? "AVX-512" : "portable") << "\n";
   os << "  compiler: " << KQLORA_CXX_COMPILER << "\n";
   os << "  flags: " << KQLORA_CXX_FLAGS << "\n";

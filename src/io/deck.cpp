@@ -2,6 +2,8 @@
 
 #include <Kokkos_Macros.hpp>
 
+#include "kqlora/build_config.hpp"
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -349,8 +351,10 @@ Config parse_deck_text(const std::string& text, const std::string& source,
 #if !defined(KOKKOS_ENABLE_CUDA)
   KQLORA_INPUT_CHECK(c.device != "cuda",
                      at("device") << ": device = cuda, but this kqlora was built without CUDA");
-  KQLORA_INPUT_CHECK(c.comm != "nccl",
-                     at("comm") << ": comm = nccl, but this kqlora was built without NCCL");
+#endif
+#if !KQLORA_HAVE_NCCL || !defined(KOKKOS_ENABLE_CUDA)
+  KQLORA_INPUT_CHECK(c.comm != "nccl", at("comm") << ": comm = nccl, but this kqlora was built "
+                                                     "without NCCL on a CUDA Kokkos");
 #endif
   for (const char* k : {"init_file", "data_file", "eval_file"}) {
     const std::string& p = std::string(k) == "init_file"   ? c.init_file

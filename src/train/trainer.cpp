@@ -15,6 +15,9 @@
 #include "kqlora/core/memory.hpp"
 #include "kqlora/dist/ddp.hpp"
 #include "kqlora/dist/fsdp.hpp"
+#if KQLORA_HAVE_NCCL
+#include "kqlora/dist/nccl_communicator.hpp"
+#endif
 #include "kqlora/nn/lora_model.hpp"
 #include "kqlora/nn/loss.hpp"
 #include "kqlora/optim/optimizer.hpp"
@@ -100,12 +103,21 @@ int64_t model_base_bytes(const Shards& shards) {
 }  // namespace
 
 std::unique_ptr<dist::Communicator> make_communicator(const Config& cfg) {
-  KQLORA_INPUT_CHECK(cfg.comm != "nccl",
-                     "comm = nccl: this kqlora was built without NCCL (it needs the CUDA backend)");
+  std::unique_ptr<dist::Communicator> comm;
+#if KQLORA_HAVE_NCCL && defined(KOKKOS_ENABLE_CUDA)
+  // auto: NCCL where the model lives in device memory, MPI otherwise.
+  const bool device_memory = !std::is_same<Mem, Kokkos::HostSpace>::value;
+  if (cfg.comm == "nccl" || (cfg.comm == "auto" && device_memory)) {
+    Kokkos::Cuda cuda;
+    comm = dist::make_nccl_communicator(cuda.cuda_device(), cuda.cuda_stream());
+  }
+#endif
+  KQLORA_INPUT_CHECK(comm || cfg.comm != "nccl",
+                     "comm = nccl: this kqlora was built without NCCL on a CUDA Kokkos");
 #if KQLORA_HAVE_MPI
-  auto comm = dist::make_mpi_communicator(true);
+  if (!comm) comm = dist::make_mpi_communicator(true);
 #else
-  auto comm = dist::make_self_communicator();
+  if (!comm) comm = dist::make_self_communicator();
 #endif
   comm->set_timeout(cfg.comm_timeout_s);
   return comm;

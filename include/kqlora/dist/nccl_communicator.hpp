@@ -1,0 +1,14 @@
+#pragma once
+// The NCCL backend (built with KQLORA_ENABLE_NCCL): collectives on device memory of GPU
+// `device`, ordered after the work queued on `compute_stream` (a cudaStream_t, e.g.
+// Kokkos::Cuda().cuda_stream()). Needs MPI initialised (the bootstrap).
+
+#include <memory>
+
+#include "kqlora/dist/communicator.hpp"
+
+namespace kqlora::dist {
+
+std::unique_ptr<Communicator> make_nccl_communicator(int device, void* compute_stream);
+
+}  // namespace kqlora::dist
