@@ -2,6 +2,10 @@
 
 #include <Kokkos_Core.hpp>
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include "kqlora/core/mpi_check.hpp"
 
 namespace kqlora {
@@ -18,6 +22,14 @@ void throw_mpi_error(int code, const char* call, const char* file, int line) {
 #endif
 
 Runtime::Runtime(int& argc, char**& argv) {
+#ifdef __GLIBC__
+  // Keep freed large blocks in the heap rather than unmapping them: MPI allocates a
+  // temporary buffer per collective, and returning those pages to the kernel makes every
+  // allreduce page-fault and zero them again (measured: a 32 MiB gradient bucket 35 ms ->
+  // 21 ms). Memory stays bounded by the peak the run reaches anyway.
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+#endif
 #if KQLORA_HAVE_MPI
   int initialized = 0;
   KQLORA_CHECK_MPI(MPI_Initialized(&initialized));

@@ -166,11 +166,14 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
   std::unique_ptr<Fsdp<Exec>> fsdp;
   if (cfg.parallel == "fsdp") {
     fsdp = std::make_unique<Fsdp<Exec>>(exec, comm, model);
-    if (root)
-      log << "FSDP: base weights on rank 0 "
-          << human_bytes(static_cast<double>(fsdp->base_shard_bytes())) << " of "
-          << human_bytes(static_cast<double>(model_base_bytes(fsdp->base_shards())))
-          << ", parameter chunk " << fsdp->shard_size() << " of " << model.num_params() << "\n";
+    if (root) {
+      const double mine = static_cast<double>(fsdp->base_shard_bytes());
+      const double whole = static_cast<double>(model_base_bytes(fsdp->base_shards()));
+      log << "FSDP: base weights on rank 0 " << human_bytes(mine) << " (" << mine << " B, "
+          << std::fixed << std::setprecision(3) << mine / (whole / nranks) << std::defaultfloat
+          << " x total/N; total " << human_bytes(whole) << "), parameter chunk "
+          << fsdp->shard_size() << " of " << model.num_params() << "\n";
+    }
   } else if (nranks > 1) {
     const char* env = std::getenv("KQLORA_DDP_OVERLAP");  // 0: reduce after backward (benchmarks)
     ddp =
