@@ -43,23 +43,32 @@ int diff_main(std::vector<std::string>& args) {
     KQLORA_INPUT_CHECK(a.empty() || a[0] != '-', "unknown option '" << a << "' (see --help)");
   KQLORA_INPUT_CHECK(args.size() >= 2, "expected REF and at least one TEST (see --help)");
 
-  // Read everything first: a damaged file is an error (exit 2), not a difference.
-  const auto ref_files = kqlora::checkpoint_files(args[0]);
-  const auto ref = kqlora::read_checkpoint_file(ref_files.front(), o.optimizer);
-  KQLORA_INPUT_CHECK(ref.parallel != "fsdp" || ref.world_size == 1,
-                     ref_files.front()
-                         << ": FSDP shards; reassembly arrives with the checkpoints issue");
+  // Read everything first: a damaged file is an error (exit 2), not a difference. FSDP
+  // shard files are reassembled into one state; a DDP run's per-rank files each count.
+  auto load = [&](const std::string& path) {
+    std::vector<std::pair<std::string, kqlora::CheckpointContents>> out;
+    const auto files = kqlora::checkpoint_files(path);
+    std::vector<kqlora::CheckpointContents> parts;
+    for (const auto& f : files) parts.push_back(kqlora::read_checkpoint_file(f, o.optimizer));
+    const bool sharded = !parts.front().nf4_shards.empty() ||
+                         (!parts.front().params.empty() && parts.front().params.front().first_element >= 0);
+    if (sharded) {
+      out.emplace_back(path + " (" + std::to_string(files.size()) + " FSDP shards reassembled)",
+                       kqlora::assemble_checkpoint(parts, path));
+    } else {
+      for (size_t i = 0; i < files.size(); ++i) out.emplace_back(files[i], std::move(parts[i]));
+    }
+    return out;
+  };
+  const auto refs = load(args[0]);
+  const auto& ref_name = refs.front().first;
+  const auto& ref = refs.front().second;
   std::vector<std::pair<std::string, kqlora::CheckpointContents>> tests;
   for (size_t i = 1; i < args.size(); ++i)
-    for (const auto& f : kqlora::checkpoint_files(args[i])) {
-      tests.emplace_back(f, kqlora::read_checkpoint_file(f, o.optimizer));
-      KQLORA_INPUT_CHECK(
-          tests.back().second.parallel != "fsdp" || tests.back().second.world_size == 1,
-          f << ": FSDP shards; reassembly arrives with the checkpoints issue");
-    }
+    for (auto& t : load(args[i])) tests.push_back(std::move(t));
 
   bool all_equal = true;
-  std::cout << "reference: " << ref_files.front() << " (step " << ref.step << ", world size "
+  std::cout << "reference: " << ref_name << " (step " << ref.step << ", world size "
             << ref.world_size << ")\n";
   for (const auto& [file, test] : tests) {
     std::cout << "test: " << file << " (step " << test.step << ", world size " << test.world_size

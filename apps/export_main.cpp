@@ -68,8 +68,7 @@ void write_merged(const kqlora::CheckpointContents& c, const kqlora::Config& cfg
     const kqlora::h5::HostNf4* base = nullptr;
     for (const auto& [n, t] : c.nf4)
       if (n == p + "weight") base = &t;
-    KQLORA_INPUT_CHECK(base, file << ": NF4 parameter '" << p << "weight' is missing"
-                                  << " (an FSDP shard? export a gathered checkpoint)");
+    KQLORA_INPUT_CHECK(base, file << ": NF4 parameter '" << p << "weight' is missing");
     KQLORA_INPUT_CHECK(base->layout.shape == (std::vector<int64_t>{d, d}),
                        file << ": '" << p << "weight' has shape " << base->layout.shape_string());
     Kokkos::View<float*, Kokkos::HostSpace> w("kqlora::export::w", d * d);
@@ -148,11 +147,11 @@ int export_main(std::vector<std::string>& args) {
   KQLORA_INPUT_CHECK(dtype == "float32" || dtype == "bfloat16",
                      "--dtype: expected float32 or bfloat16, got '" << dtype << "'");
   const auto files = kqlora::checkpoint_files(args[0]);
-  // DDP ranks hold the same parameters: rank 0's file speaks for the run.
-  const auto c = kqlora::read_checkpoint_file(files.front());
-  KQLORA_INPUT_CHECK(
-      c.layout != "shared" || c.parallel != "fsdp" || c.world_size == 1 || !c.nf4.empty(),
-      files.front() << ": FSDP shards; reassembly arrives with the checkpoints issue");
+  // DDP ranks hold the same parameters (rank 0's file speaks for the run); FSDP shards are
+  // reassembled.
+  std::vector<kqlora::CheckpointContents> parts;
+  for (const auto& f : files) parts.push_back(kqlora::read_checkpoint_file(f));
+  const auto c = kqlora::assemble_checkpoint(parts, args[0]);
   const auto cfg =
       kqlora::parse_deck_text(c.config_text, files.front() + " (config)", {}, 1, false);
   if (has_merged)

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -257,6 +258,10 @@ CheckpointContents read_checkpoint_file(const std::string& path, bool with_optim
     if (names.empty() || names.back() != top) names.push_back(top);
   }
   for (const auto& name : names) {
+    if (h5::is_nf4_shard_group(params, name)) {
+      c.nf4_shards.emplace_back(name, h5::read_nf4_shard(params, name, path));
+      continue;
+    }
     if (h5::is_nf4_group(params, name)) {
       c.nf4.emplace_back(name, h5::read_nf4(params, name, path));
       continue;
@@ -272,6 +277,18 @@ CheckpointContents read_checkpoint_file(const std::string& path, bool with_optim
     for (int64_t d : t.shape) n *= d;
     t.data.resize(static_cast<size_t>(n));
     h5::read_dataset(params, name, H5T_NATIVE_FLOAT, n, t.data.data(), path + ": /params/" + name);
+    h5::Handle d(KQLORA_H5(H5Dopen2(params, name.c_str(), H5P_DEFAULT)));
+    if (h5::has_attribute(d, "first_element")) {  // an FSDP slice
+      const std::string where = path + ": /params/" + name;
+      t.first_element = h5::read_int_attribute(d, "first_element", where).at(0);
+      t.global_shape = h5::read_int_attribute(d, "global_shape", where);
+      t.shard_index = static_cast<int>(h5::read_int_attribute(d, "shard_index", where).at(0));
+      t.num_shards = static_cast<int>(h5::read_int_attribute(d, "num_shards", where).at(0));
+      const int64_t real = h5::read_int_attribute(d, "num_elements", where).at(0);
+      KQLORA_INPUT_CHECK(real >= 0 && real <= n, where << ": num_elements " << real << " out of range");
+      t.data.resize(static_cast<size_t>(real));
+      t.shape = {real};
+    }
     c.params.push_back(std::move(t));
   }
   if (with_optimizer && h5::exists(f, "optimizer")) {
@@ -289,6 +306,88 @@ CheckpointContents read_checkpoint_file(const std::string& path, bool with_optim
     }
   }
   return c;
+}
+
+CheckpointContents assemble_checkpoint(const std::vector<CheckpointContents>& parts,
+                                       const std::string& where) {
+  KQLORA_INPUT_CHECK(!parts.empty(), where << ": no checkpoint files");
+  const CheckpointContents& first = parts.front();
+  const bool sharded = !first.nf4_shards.empty() ||
+                       std::any_of(first.params.begin(), first.params.end(),
+                                   [](const CheckpointTensor& t) { return t.first_element >= 0; });
+  for (const auto& p : parts)
+    KQLORA_INPUT_CHECK(p.step == first.step && p.world_size == first.world_size,
+                       where << ": files of different steps or runs (step " << p.step << " vs "
+                             << first.step << ")");
+  if (!sharded) return first;  // DDP: every rank's file holds the whole state
+  KQLORA_INPUT_CHECK(static_cast<int>(parts.size()) == first.world_size,
+                     where << ": " << parts.size() << " files for an FSDP run of "
+                           << first.world_size << " ranks (a rank's file is missing)");
+  CheckpointContents whole = first;
+  whole.nf4_shards.clear();
+  whole.params.clear();
+  whole.optimizer.clear();
+  whole.layout = "per_rank";
+  // NF4: gather each tensor's shards.
+  std::map<std::string, std::vector<Nf4Shard<Kokkos::HostSpace>>> shards;
+  std::vector<std::string> order;
+  for (const auto& p : parts)
+    for (const auto& [name, s] : p.nf4_shards) {
+      if (!shards.count(name)) order.push_back(name);
+      shards[name].push_back(s);
+    }
+  for (const auto& name : order)
+    whole.nf4.emplace_back(name, nf4_gather(Kokkos::DefaultHostExecutionSpace(), shards[name]));
+  // Parameters and their optimizer state: slices of the flattened tensors.
+  struct Assembly {
+    std::vector<int64_t> shape;
+    std::vector<float> data;
+    std::vector<char> seen;
+    std::map<std::string, std::vector<float>> state;
+  };
+  std::map<std::string, Assembly> params;
+  std::vector<std::string> porder;
+  for (const auto& p : parts) {
+    std::map<std::string, int64_t> first_of;
+    for (const auto& t : p.params) {
+      KQLORA_INPUT_CHECK(t.first_element >= 0, where << ": parameter '" << t.name
+                                                     << "' is whole in a sharded checkpoint");
+      int64_t numel = 1;
+      for (int64_t d : t.global_shape) numel *= d;
+      auto& a = params[t.name];
+      if (a.data.empty()) {
+        porder.push_back(t.name);
+        a.shape = t.global_shape;
+        a.data.assign(static_cast<size_t>(numel), 0.0f);
+        a.seen.assign(static_cast<size_t>(numel), 0);
+      }
+      KQLORA_INPUT_CHECK(t.first_element + static_cast<int64_t>(t.data.size()) <= numel,
+                         where << ": a slice of '" << t.name << "' lies outside it");
+      for (size_t i = 0; i < t.data.size(); ++i) {
+        KQLORA_INPUT_CHECK(!a.seen[t.first_element + i]++,
+                           where << ": slices of '" << t.name << "' overlap");
+        a.data[t.first_element + i] = t.data[i];
+      }
+      first_of[t.name] = t.first_element;
+    }
+    for (const auto& [key, v] : p.optimizer) {
+      auto& a = params[key.first];
+      auto& st = a.state[key.second];
+      if (st.empty()) st.assign(a.data.size(), 0.0f);
+      const auto it = first_of.find(key.first);
+      KQLORA_INPUT_CHECK(it != first_of.end(), where << ": optimizer state of '" << key.first
+                                                      << "' without its parameter slice");
+      std::copy(v.begin(), v.end(), st.begin() + it->second);
+    }
+  }
+  for (const auto& name : porder) {
+    auto& a = params[name];
+    KQLORA_INPUT_CHECK(std::all_of(a.seen.begin(), a.seen.end(), [](char c) { return c == 1; }),
+                       where << ": the slices of '" << name << "' do not cover it");
+    whole.params.push_back({name, a.shape, a.data});
+    for (auto& [state, v] : a.state) whole.optimizer.push_back({{name, state}, v});
+  }
+  return whole;
 }
 
 }  // namespace kqlora

@@ -65,6 +65,49 @@ void write_nf4_shard(hid_t loc, const std::string& name, const Nf4Shard<Kokkos::
   write_attribute(g, "num_blocks", r.num_blocks);
 }
 
+bool is_nf4_shard_group(hid_t loc, const std::string& name) {
+  if (!is_nf4_group(loc, name)) return false;
+  Handle g = open_group(loc, name);
+  return has_attribute(g, "shard_index");
+}
+
+Nf4Shard<Kokkos::HostSpace> read_nf4_shard(hid_t loc, const std::string& name,
+                                           const std::string& file) {
+  const std::string where = file + ": NF4 shard '" + name + "'";
+  Handle g = open_group(loc, name);
+  Nf4Layout L;
+  L.shape = read_int_attribute(g, "global_shape", where);
+  L.dtype = parse_dtype(read_string_attribute(g, "dtype", where), where + ": attribute dtype");
+  L.block_size = read_int_attribute(g, "block_size", where).at(0);
+  L.scaler_block_size = read_int_attribute(g, "scaler_block_size", where).at(0);
+  L.validate(where);
+  const int index = static_cast<int>(read_int_attribute(g, "shard_index", where).at(0));
+  const int count = static_cast<int>(read_int_attribute(g, "num_shards", where).at(0));
+  KQLORA_INPUT_CHECK(count >= 1 && index >= 0 && index < count,
+                     where << ": shard " << index << " of " << count << " does not exist");
+  auto s = Nf4Shard<Kokkos::HostSpace>::allocate(L, index, count);
+  const Nf4ShardRange& r = s.range;
+  KQLORA_INPUT_CHECK(read_int_attribute(g, "first_block", where).at(0) == r.first_block &&
+                         read_int_attribute(g, "num_blocks", where).at(0) == r.num_blocks,
+                     where << ": first_block/num_blocks do not match shard " << index << " of "
+                           << count << " of " << L.shape_string());
+  Kokkos::deep_copy(s.quantized_data, uint8_t(0x77));
+  Kokkos::deep_copy(s.quantized_scalers, int8_t(0));
+  Kokkos::deep_copy(s.quantization_factor, 1.0f);
+  const int64_t nb = std::max<int64_t>(r.num_blocks, 1), nsb = std::max<int64_t>(r.num_scaler_blocks, 1);
+  std::vector<uint8_t> data(static_cast<size_t>(nb * L.block_size / 2));
+  std::vector<int8_t> scalers(static_cast<size_t>(nb));
+  std::vector<float> factors(static_cast<size_t>(nsb));
+  read_dataset(g, "quantized_data", H5T_NATIVE_UINT8, static_cast<int64_t>(data.size()), data.data(), where);
+  read_dataset(g, "quantized_scalers", H5T_NATIVE_INT8, nb, scalers.data(), where);
+  read_dataset(g, "quantization_factor", H5T_NATIVE_FLOAT, nsb, factors.data(), where);
+  read_dataset(g, "scaler_mean", H5T_NATIVE_FLOAT, 1, &s.scaler_mean, where);
+  std::copy(data.begin(), data.begin() + r.num_blocks * L.block_size / 2, s.quantized_data.data());
+  std::copy(scalers.begin(), scalers.begin() + r.num_blocks, s.quantized_scalers.data());
+  std::copy(factors.begin(), factors.begin() + r.num_scaler_blocks, s.quantization_factor.data());
+  return s;
+}
+
 bool is_nf4_group(hid_t loc, const std::string& name) {
   if (!exists(loc, name)) return false;
   H5O_type_t type = H5O_TYPE_UNKNOWN;

@@ -62,4 +62,9 @@ std::vector<std::string> checkpoint_files(const std::string& path);
 /// errors name the file and the object.
 CheckpointContents read_checkpoint_file(const std::string& path, bool with_optimizer = false);
 
+/// The whole state of a run from its files: an FSDP run's shards gathered (every rank's
+/// file needed), a DDP run's rank 0 file as it is. Errors name `where`.
+CheckpointContents assemble_checkpoint(const std::vector<CheckpointContents>& parts,
+                                       const std::string& where);
+
 }  // namespace kqlora

@@ -29,6 +29,13 @@ HostNf4 read_nf4(hid_t loc, const std::string& name, const std::string& file);
 /// shard_index, num_shards, first_block and global_shape.
 void write_nf4_shard(hid_t loc, const std::string& name, const Nf4Shard<Kokkos::HostSpace>& s);
 
+/// True when `name` under `loc` is an NF4 shard group (write_nf4_shard).
+bool is_nf4_shard_group(hid_t loc, const std::string& name);
+/// Reads a shard group back into a shard of the global layout (padding restored); checks
+/// that its first_block and num_blocks are those of shard shard_index of num_shards.
+Nf4Shard<Kokkos::HostSpace> read_nf4_shard(hid_t loc, const std::string& name,
+                                           const std::string& file);
+
 /// Float datasets: float32, or bfloat16 in the 2-byte type of bfloat16_type().
 void write_float(hid_t loc, const std::string& name, const std::vector<int64_t>& shape,
                  const float* data);
