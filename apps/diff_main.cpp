@@ -50,8 +50,9 @@ int diff_main(std::vector<std::string>& args) {
     const auto files = kqlora::checkpoint_files(path);
     std::vector<kqlora::CheckpointContents> parts;
     for (const auto& f : files) parts.push_back(kqlora::read_checkpoint_file(f, o.optimizer));
-    const bool sharded = !parts.front().nf4_shards.empty() ||
-                         (!parts.front().params.empty() && parts.front().params.front().first_element >= 0);
+    const bool sharded =
+        !parts.front().nf4_shards.empty() ||
+        (!parts.front().params.empty() && parts.front().params.front().first_element >= 0);
     if (sharded) {
       out.emplace_back(path + " (" + std::to_string(files.size()) + " FSDP shards reassembled)",
                        kqlora::assemble_checkpoint(parts, path));

@@ -6,11 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <map>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 
 #include "kqlora/core/build_info.hpp"
 #include "kqlora/core/error.hpp"
@@ -285,7 +285,8 @@ CheckpointContents read_checkpoint_file(const std::string& path, bool with_optim
       t.shard_index = static_cast<int>(h5::read_int_attribute(d, "shard_index", where).at(0));
       t.num_shards = static_cast<int>(h5::read_int_attribute(d, "num_shards", where).at(0));
       const int64_t real = h5::read_int_attribute(d, "num_elements", where).at(0);
-      KQLORA_INPUT_CHECK(real >= 0 && real <= n, where << ": num_elements " << real << " out of range");
+      KQLORA_INPUT_CHECK(real >= 0 && real <= n,
+                         where << ": num_elements " << real << " out of range");
       t.data.resize(static_cast<size_t>(real));
       t.shape = {real};
     }
@@ -376,7 +377,7 @@ CheckpointContents assemble_checkpoint(const std::vector<CheckpointContents>& pa
       if (st.empty()) st.assign(a.data.size(), 0.0f);
       const auto it = first_of.find(key.first);
       KQLORA_INPUT_CHECK(it != first_of.end(), where << ": optimizer state of '" << key.first
-                                                      << "' without its parameter slice");
+                                                     << "' without its parameter slice");
       std::copy(v.begin(), v.end(), st.begin() + it->second);
     }
   }

@@ -94,11 +94,13 @@ Nf4Shard<Kokkos::HostSpace> read_nf4_shard(hid_t loc, const std::string& name,
   Kokkos::deep_copy(s.quantized_data, uint8_t(0x77));
   Kokkos::deep_copy(s.quantized_scalers, int8_t(0));
   Kokkos::deep_copy(s.quantization_factor, 1.0f);
-  const int64_t nb = std::max<int64_t>(r.num_blocks, 1), nsb = std::max<int64_t>(r.num_scaler_blocks, 1);
+  const int64_t nb = std::max<int64_t>(r.num_blocks, 1),
+                nsb = std::max<int64_t>(r.num_scaler_blocks, 1);
   std::vector<uint8_t> data(static_cast<size_t>(nb * L.block_size / 2));
   std::vector<int8_t> scalers(static_cast<size_t>(nb));
   std::vector<float> factors(static_cast<size_t>(nsb));
-  read_dataset(g, "quantized_data", H5T_NATIVE_UINT8, static_cast<int64_t>(data.size()), data.data(), where);
+  read_dataset(g, "quantized_data", H5T_NATIVE_UINT8, static_cast<int64_t>(data.size()),
+               data.data(), where);
   read_dataset(g, "quantized_scalers", H5T_NATIVE_INT8, nb, scalers.data(), where);
   read_dataset(g, "quantization_factor", H5T_NATIVE_FLOAT, nsb, factors.data(), where);
   read_dataset(g, "scaler_mean", H5T_NATIVE_FLOAT, 1, &s.scaler_mean, where);

@@ -90,6 +90,53 @@ std::string human_time(double s) {
   return os.str();
 }
 
+const CheckpointTensor* find_tensor(const CheckpointContents& c, const std::string& name) {
+  for (const auto& t : c.params)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+/// The state a restart resumes from: `latest` in save_dir or a path; refuses a different
+/// model, dtype, NF4 block sizes or optimizer, listing what differs.
+CheckpointContents load_restart(const Config& cfg, std::ostream& log) {
+  const std::string path = cfg.restart == "latest" ? cfg.save_dir : cfg.restart;
+  if (cfg.restart == "latest") {
+    std::ifstream latest(cfg.save_dir + "/latest");
+    KQLORA_INPUT_CHECK(
+        latest.good(),
+        "restart = latest: " << cfg.save_dir << "/latest does not exist (no checkpoint to resume)");
+  }
+  std::vector<CheckpointContents> parts;
+  for (const auto& f : checkpoint_files(path)) parts.push_back(read_checkpoint_file(f, true));
+  CheckpointContents c = assemble_checkpoint(parts, path);
+  const Config old = parse_deck_text(c.config_text, path + " (config)", {}, 1, false);
+  std::ostringstream diff;
+  auto check = [&](const char* key, const std::string& a, const std::string& b) {
+    if (a != b) diff << "\n  " << key << ": checkpoint " << a << ", deck " << b;
+  };
+  check("dim", std::to_string(old.dim), std::to_string(cfg.dim));
+  check("num_linears", std::to_string(old.num_linears), std::to_string(cfg.num_linears));
+  check("lora_rank", std::to_string(old.lora_rank), std::to_string(cfg.lora_rank));
+  check("lora_alpha", std::to_string(old.lora_alpha), std::to_string(cfg.lora_alpha));
+  check("lora_dropout", std::to_string(old.lora_dropout), std::to_string(cfg.lora_dropout));
+  check("bias", old.bias ? "true" : "false", cfg.bias ? "true" : "false");
+  check("activation", old.activation, cfg.activation);
+  check("dtype", dtype_name(old.dtype), dtype_name(cfg.dtype));
+  check("block_size", std::to_string(old.block_size), std::to_string(cfg.block_size));
+  check("scaler_block_size", std::to_string(old.scaler_block_size),
+        std::to_string(cfg.scaler_block_size));
+  check("optimizer", old.optimizer, cfg.optimizer);
+  KQLORA_INPUT_CHECK(diff.str().empty(), "restart from " << path
+                                                         << ": the deck changes what a "
+                                                            "checkpoint cannot carry over:"
+                                                         << diff.str());
+  KQLORA_INPUT_CHECK(c.step <= cfg.num_steps,
+                     "restart from " << path << ": the checkpoint is at step " << c.step
+                                     << ", past num_steps " << cfg.num_steps);
+  log << "restart: " << path << " at step " << c.step << "\n";
+  return c;
+}
+
 template <class Shards>
 int64_t model_base_bytes(const Shards& shards) {
   int64_t b = 0;
@@ -135,9 +182,6 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
   KQLORA_INPUT_CHECK(nranks <= cfg.global_bs, "global_bs " << cfg.global_bs
                                                            << " is smaller than the " << nranks
                                                            << " ranks (each rank needs a sample)");
-  KQLORA_INPUT_CHECK(
-      cfg.restart == "none",
-      "restart = " << cfg.restart << " is not implemented yet (the checkpoints issue)");
   KQLORA_INPUT_CHECK(cfg.checkpoint_layout == "per_rank",
                      "checkpoint_layout = shared is not implemented yet (the checkpoints issue): "
                      "use checkpoint_layout = per_rank");
@@ -159,6 +203,27 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
   LoraModel<Exec> model(exec, mcfg);
   std::ostringstream init_log;
   initialize_model(exec, model, cfg.init_file, init_log);
+  // A restart replaces the initial state with a checkpoint's (any layout, world size and
+  // parallel mode), after checking that it is the same model.
+  CheckpointContents resumed;
+  int64_t start_step = 0;
+  if (cfg.restart != "none") {
+    resumed = load_restart(cfg, init_log);
+    start_step = resumed.step;
+    for (const auto& [name, t] : resumed.nf4) {
+      for (int l = 0; l < cfg.num_linears; ++l)
+        if (LoraModel<Exec>::base_name(l) == name) model.base[l] = nf4_copy_to<Mem>(t);
+    }
+    auto hp = Kokkos::create_mirror_view(model.params);
+    for (const auto& p : model.params_info()) {
+      const auto* t = find_tensor(resumed, p.name);
+      KQLORA_INPUT_CHECK(t && static_cast<int64_t>(t->data.size()) == p.numel,
+                         "restart: parameter '" << p.name << "' missing or of the wrong size");
+      std::copy(t->data.begin(), t->data.end(), hp.data() + p.offset);
+    }
+    Kokkos::deep_copy(model.params, hp);
+    model.params_changed();
+  }
   if (root) log << init_log.str();
   // DDP: rank 0's weights on every rank, then gradients summed in buckets during backward.
   std::unique_ptr<Ddp<Exec>> ddp;
@@ -184,6 +249,28 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
   const auto opt_params = fsdp ? fsdp->shard_params() : model.params;
   const auto opt_grads = fsdp ? fsdp->shard_grads() : model.grads;
   Optimizer<Exec> opt(exec, OptimizerConfig::from(cfg), opt_params.extent(0));
+  if (cfg.restart != "none") {  // the optimizer state of this rank's parameters
+    const int64_t lo = fsdp ? fsdp->shard_offset() : 0, n = opt_params.extent(0);
+    for (const auto& [state, view] : opt.state()) {
+      auto h = Kokkos::create_mirror_view(view);
+      Kokkos::deep_copy(h, 0.0f);
+      for (const auto& p : model.params_info()) {
+        const std::vector<float>* v = nullptr;
+        for (const auto& [key, values] : resumed.optimizer)
+          if (key.first == p.name && key.second == state) v = &values;
+        KQLORA_INPUT_CHECK(
+            v && static_cast<int64_t>(v->size()) == p.numel,
+            "restart: optimizer state " << state << " of '" << p.name << "' missing");
+        for (int64_t i = std::max(lo, p.offset); i < std::min(lo + n, p.offset + p.numel); ++i)
+          h(i - lo) = (*v)[i - p.offset];
+      }
+      Kokkos::deep_copy(view, h);
+    }
+    opt.set_steps(resumed.optimizer_steps);
+    if (root)
+      log << "restart: step " << start_step << " (" << resumed.world_size << " rank(s), "
+          << resumed.parallel << ") -> " << nranks << " rank(s), " << cfg.parallel << "\n";
+  }
   DataSource data(cfg.data_file, cfg.dim, cfg.global_bs, static_cast<uint64_t>(cfg.seed),
                   loss_kind == LossKind::mse, "data_file");
   std::unique_ptr<DataSource> eval;
@@ -199,7 +286,8 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
   }
   std::ofstream metrics;
   if (root && !cfg.metrics_file.empty()) {
-    metrics.open(cfg.metrics_file, std::ios::trunc);
+    // A restart continues the metrics of the run it resumes.
+    metrics.open(cfg.metrics_file, cfg.restart != "none" ? std::ios::app : std::ios::trunc);
     KQLORA_INPUT_CHECK(metrics.good(), cfg.metrics_file << ": cannot write the metrics file");
   }
 
@@ -318,7 +406,7 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
   };
 #endif
 
-  for (int64_t step = 0; step < cfg.num_steps; ++step) {
+  for (int64_t step = start_step; step < cfg.num_steps; ++step) {
     const double lr = scheduled_lr(cfg.lr_schedule, cfg.lr, step, cfg.warmup_steps, cfg.num_steps);
     timer.enter(kBackward);
     Kokkos::deep_copy(exec, model.grads, 0.0f);
@@ -399,7 +487,8 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
 #endif
   }
 #if KQLORA_HAVE_HDF5
-  if (last_saved != cfg.num_steps) save(cfg.num_steps);
+  if (last_saved != cfg.num_steps && (start_step < cfg.num_steps || cfg.restart == "none"))
+    save(cfg.num_steps);
 #endif
   timer.enter(kData);
   if (collect_final) {
