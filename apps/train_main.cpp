@@ -6,6 +6,7 @@
 
 #include "app_main.hpp"
 #include "kqlora/core/error.hpp"
+#include "kqlora/core/signals.hpp"
 #include "kqlora/dist/world.hpp"
 #include "kqlora/io/deck.hpp"
 #include "kqlora/train/trainer.hpp"
@@ -32,8 +33,11 @@ const char* usage =
     "  keep_last 0 (all), restart none|latest|PATH, log_every 1, metrics_file none.\n"
     "\n"
     "  --version   version and build configuration\n"
+    "SIGTERM or SIGUSR1 (Slurm's --signal) on any rank: stop at the next step boundary,\n"
+    "write a checkpoint and exit with code 75; resume with restart=latest.\n"
     "Exit codes: 0 done, 2 bad input (a message names the file and line; nothing written),\n"
-    "1 other failure (e.g. a non-finite loss with nonfinite = stop).\n";
+    "75 preempted (checkpoint written), 1 other failure (e.g. a non-finite loss with\n"
+    "nonfinite = stop, a rank that hung or died).\n";
 
 int train_main(std::vector<std::string>& args) {
   KQLORA_INPUT_CHECK(!args.empty(), "expected a deck file (see --help)");
@@ -58,8 +62,9 @@ int train_main(std::vector<std::string>& args) {
   KQLORA_INPUT_CHECK(status == "ok", status);
   text = kqlora::world::broadcast(text);
   const kqlora::Config cfg = kqlora::parse_deck_text(text, deck, overrides, kqlora::world::size());
-  kqlora::train(cfg, std::cout);
-  return 0;
+  kqlora::signals::install_stop_handlers();
+  const auto summary = kqlora::train(cfg, std::cout);
+  return summary.preempted ? kqlora::signals::exit_code_preempted : 0;
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "kqlora/build_config.hpp"
 #include "kqlora/core/memory.hpp"
+#include "kqlora/core/signals.hpp"
 #include "kqlora/dist/ddp.hpp"
 #include "kqlora/dist/fsdp.hpp"
 #if KQLORA_HAVE_NCCL
@@ -413,10 +414,14 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
     double loss = run_batch(data, step, true, &timer);
 
     timer.enter(kComm);
-    // The gradient of the whole global batch: a sum over the slices.
+    // The gradient of the whole global batch: a sum over the slices. A stop signal on any
+    // rank travels with the loss, so every rank stops after the same step.
     if (ddp) ddp->finish();
     if (fsdp) fsdp->reduce_scatter_grads();
-    if (nranks > 1) comm.wait(comm.allreduce_sum(&loss, 1));
+    double loss_and_stop[2] = {loss, signals::stop_requested() ? 1.0 : 0.0};
+    if (nranks > 1) comm.wait(comm.allreduce_sum(loss_and_stop, 2));
+    loss = loss_and_stop[0];
+    const bool stop = loss_and_stop[1] > 0;
 
     timer.enter(kOptimizer);
     const double norm = fsdp ? fsdp->grad_norm() : grad_norm(exec, model.grads);
@@ -485,9 +490,20 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
 #if KQLORA_HAVE_HDF5
     if (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0) save(step + 1);
 #endif
+    if (stop && step + 1 < cfg.num_steps) {
+#if KQLORA_HAVE_HDF5
+      if (last_saved != step + 1) save(step + 1);
+#endif
+      summary.preempted = true;
+      if (root)
+        log << "stopped by a signal after step " << step + 1 << " (checkpoint written); resume "
+            << "with restart = latest\n";
+      break;
+    }
   }
 #if KQLORA_HAVE_HDF5
-  if (last_saved != cfg.num_steps && (start_step < cfg.num_steps || cfg.restart == "none"))
+  if (!summary.preempted && last_saved != cfg.num_steps &&
+      (start_step < cfg.num_steps || cfg.restart == "none"))
     save(cfg.num_steps);
 #endif
   timer.enter(kData);

@@ -17,6 +17,8 @@ struct TrainSummary {
   std::vector<double> losses;  // per step (NaN for a skipped step)
   int64_t steps_done = 0, steps_skipped = 0;
   std::string last_checkpoint;
+  /// A stop signal (SIGTERM, SIGUSR1 on any rank) ended the run early, after a checkpoint.
+  bool preempted = false;
   /// With `collect_final`: the final model, whole (FSDP shards gathered), on every rank.
   std::vector<std::pair<std::string, Nf4Tensor<Kokkos::HostSpace>>> final_base;
   std::vector<std::pair<std::string, std::vector<float>>> final_params;
