@@ -14,6 +14,7 @@
 
 #include "kqlora/core/build_info.hpp"
 #include "kqlora/core/error.hpp"
+#include "kqlora/io/deck.hpp"
 
 namespace kqlora {
 
@@ -232,6 +233,10 @@ std::vector<std::string> checkpoint_files(const std::string& path) {
   return files;
 }
 
+namespace {
+void validate_against_config(const CheckpointContents& c, const std::string& path);
+}
+
 CheckpointContents read_checkpoint_file(const std::string& path, bool with_optimizer) {
   auto f = h5::open_file(path);
   const std::string format = h5::read_string_attribute(f, "format", path);
@@ -273,6 +278,9 @@ CheckpointContents read_checkpoint_file(const std::string& path, bool with_optim
     size_t size;
     h5::dataset_type(params, name, &cls, &size);
     KQLORA_INPUT_CHECK(cls == H5T_FLOAT, path << ": /params/" << name << " is not a float dataset");
+    KQLORA_INPUT_CHECK(size == 4 || size == 2, path << ": /params/" << name << " has " << size
+                                                    << "-byte floats (float32 or "
+                                                    << "bfloat16 expected)");
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
     t.data.resize(static_cast<size_t>(n));
@@ -292,6 +300,7 @@ CheckpointContents read_checkpoint_file(const std::string& path, bool with_optim
     }
     c.params.push_back(std::move(t));
   }
+  validate_against_config(c, path);
   if (with_optimizer && h5::exists(f, "optimizer")) {
     auto opt = h5::open_group(f, "optimizer");
     c.optimizer_steps = h5::read_int_attribute(opt, "step", path + ": /optimizer").at(0);
@@ -308,6 +317,62 @@ CheckpointContents read_checkpoint_file(const std::string& path, bool with_optim
   }
   return c;
 }
+
+namespace {
+
+/// The objects a checkpoint of this config must hold, with their shapes: refuses a file
+/// that misses one or holds it in another shape (a damaged or foreign file).
+void validate_against_config(const CheckpointContents& c, const std::string& path) {
+  const Config cfg = parse_deck_text(c.config_text, path + " (config attribute)", {}, 1, false);
+  const int64_t d = cfg.dim, r = cfg.lora_rank;
+  std::map<std::string, std::vector<int64_t>> expected;
+  for (int64_t l = 0; l < cfg.num_linears; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    expected[p + "lora_a.weight"] = {r, d};
+    expected[p + "lora_b.weight"] = {d, r};
+    if (cfg.bias) expected[p + "bias"] = {d};
+    Nf4Layout L;
+    L.shape = {d, d};
+    L.dtype = cfg.dtype;
+    L.block_size = cfg.block_size;
+    L.scaler_block_size = cfg.scaler_block_size;
+    bool found = false;
+    for (const auto& [name, t] : c.nf4) {
+      if (name != p + "weight") continue;
+      found = true;
+      KQLORA_INPUT_CHECK(t.layout == L, path << ": /params/" << name << " is NF4 "
+                                             << t.layout.shape_string() << " "
+                                             << dtype_name(t.layout.dtype) << ", the config says "
+                                             << L.shape_string() << " " << dtype_name(L.dtype));
+    }
+    for (const auto& [name, s] : c.nf4_shards) {
+      if (name != p + "weight") continue;
+      found = true;
+      KQLORA_INPUT_CHECK(s.global == L, path << ": NF4 shard /params/" << name
+                                             << " does not match the config's layout");
+    }
+    KQLORA_INPUT_CHECK(found, path << ": /params/" << p << "weight (NF4) is missing");
+  }
+  const bool sharded = !c.nf4_shards.empty();
+  for (const auto& t : c.params) {
+    const auto it = expected.find(t.name);
+    KQLORA_INPUT_CHECK(it != expected.end(),
+                       path << ": /params/" << t.name << " is not a parameter of this model");
+    const auto& shape = t.first_element >= 0 ? t.global_shape : t.shape;
+    KQLORA_INPUT_CHECK(shape == it->second, path << ": /params/" << t.name << " has shape "
+                                                 << h5::shape_text(shape) << ", expected "
+                                                 << h5::shape_text(it->second));
+  }
+  if (!sharded) {  // a whole checkpoint has every parameter
+    for (const auto& kv : expected) {
+      bool found = false;
+      for (const auto& t : c.params) found |= t.name == kv.first;
+      KQLORA_INPUT_CHECK(found, path << ": /params/" << kv.first << " is missing");
+    }
+  }
+}
+
+}  // namespace
 
 CheckpointContents assemble_checkpoint(const std::vector<CheckpointContents>& parts,
                                        const std::string& where) {

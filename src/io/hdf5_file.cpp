@@ -220,6 +220,12 @@ std::vector<int64_t> read_int_attribute(hid_t obj, const std::string& name,
   return out;
 }
 
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string t = "[";
+  for (size_t i = 0; i < shape.size(); ++i) t += (i ? ", " : "") + std::to_string(shape[i]);
+  return t + "]";
+}
+
 namespace {
 // H5Ovisit's callback changed in HDF5 1.12 (H5O_info2_t); the shim goes with 1.10 support.
 #if H5_VERSION_GE(1, 12, 0)

@@ -80,6 +80,9 @@ std::string read_string_attribute(hid_t obj, const std::string& name, const std:
 std::vector<int64_t> read_int_attribute(hid_t obj, const std::string& name,
                                         const std::string& where);
 
+/// "[a, b]" for messages.
+std::string shape_text(const std::vector<int64_t>& shape);
+
 /// Paths (relative to `loc`, no leading '/') of all datasets below loc, in name order.
 std::vector<std::string> list_datasets(hid_t loc);
 
