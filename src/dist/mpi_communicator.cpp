@@ -42,6 +42,7 @@ class MpiCommunicator : public Communicator {
     if (!finalized) MPI_Comm_free(&comm_);  // no throw from a destructor
   }
   const char* backend() const override { return "MPI"; }
+  MPI_Comm mpi_comm() const override { return comm_; }
 
   std::unique_ptr<Request> broadcast(void* data, int64_t bytes, int root) override {
     auto r = start("broadcast of " + size_text(bytes));

@@ -62,6 +62,7 @@ class NcclCommunicator : public Communicator {
   }
 
   const char* backend() const override { return "NCCL"; }
+  MPI_Comm mpi_comm() const override { return MPI_COMM_WORLD; }  // its bootstrap
 
   std::unique_ptr<Request> broadcast(void* data, int64_t bytes, int root) override {
     auto r = begin("broadcast");

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -86,6 +87,8 @@ std::string step_dir_name(int64_t step) {
   return buf;
 }
 
+void fsync_file(const std::string& path) { fsync_path(path, false); }
+
 void write_checkpoint_file(const std::string& path, const CheckpointContents& c) {
   auto f = h5::create_file(path);
   h5::write_attribute(f, "format", std::string("kqlora-checkpoint"));
@@ -146,13 +149,15 @@ bool any_rank(dist::Communicator& comm, bool flag) {
 }
 }  // namespace
 
-std::string write_checkpoint_per_rank(const std::string& save_dir, const CheckpointContents& c,
-                                      int64_t keep_last, dist::Communicator& comm) {
-  const std::string name = step_dir_name(c.step);
+std::string commit_checkpoint(const std::string& save_dir, int64_t step, int64_t keep_last,
+                              dist::Communicator& comm,
+                              const std::function<void(const std::string& tmp_dir)>& write) {
+  const std::string name = step_dir_name(step);
   const std::string final_dir = save_dir + "/" + name, tmp_dir = final_dir + ".tmp";
+  const bool root = comm.rank() == 0;
   bool failed = false;
   std::string error;
-  if (c.rank == 0) {
+  if (root) {
     try {
       make_dirs(save_dir);
       remove_tree(tmp_dir);  // a leftover of an interrupted write
@@ -165,10 +170,8 @@ std::string write_checkpoint_per_rank(const std::string& save_dir, const Checkpo
   KQLORA_THROW_IF(
       any_rank(comm, failed),
       "checkpoint " << tmp_dir << ": " << (error.empty() ? "rank 0 could not create it" : error));
-  char file[32];
-  std::snprintf(file, sizeof file, "/rank-%05d.h5", c.rank);
   try {
-    write_checkpoint_file(tmp_dir + file, c);
+    write(tmp_dir);
   } catch (const std::exception& e) {
     failed = true;
     error = e.what();
@@ -176,7 +179,7 @@ std::string write_checkpoint_per_rank(const std::string& save_dir, const Checkpo
   KQLORA_THROW_IF(any_rank(comm, failed),
                   "checkpoint " << tmp_dir << ": writing failed"
                                 << (error.empty() ? " on another rank" : ": " + error));
-  if (c.rank == 0) {
+  if (root) {
     fsync_path(tmp_dir, true);
     if (is_dir(final_dir)) remove_tree(final_dir);  // the same step written again (a rerun)
     KQLORA_THROW_IF(
@@ -202,6 +205,15 @@ std::string write_checkpoint_per_rank(const std::string& save_dir, const Checkpo
   }
   any_rank(comm, false);  // a barrier: no rank reads `latest` before it is there
   return final_dir;
+}
+
+std::string write_checkpoint_per_rank(const std::string& save_dir, const CheckpointContents& c,
+                                      int64_t keep_last, dist::Communicator& comm) {
+  return commit_checkpoint(save_dir, c.step, keep_last, comm, [&](const std::string& tmp_dir) {
+    char file[32];
+    std::snprintf(file, sizeof file, "/rank-%05d.h5", c.rank);
+    write_checkpoint_file(tmp_dir + file, c);
+  });
 }
 
 std::vector<std::string> checkpoint_files(const std::string& path) {

@@ -2,7 +2,9 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <tuple>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +29,7 @@
 #include "kqlora/train/synthetic.hpp"
 #if KQLORA_HAVE_HDF5
 #include "kqlora/io/checkpoint.hpp"
+#include "kqlora/io/shared_checkpoint.hpp"
 #endif
 
 namespace kqlora {
@@ -183,9 +186,6 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
   KQLORA_INPUT_CHECK(nranks <= cfg.global_bs, "global_bs " << cfg.global_bs
                                                            << " is smaller than the " << nranks
                                                            << " ranks (each rank needs a sample)");
-  KQLORA_INPUT_CHECK(cfg.checkpoint_layout == "per_rank",
-                     "checkpoint_layout = shared is not implemented yet (the checkpoints issue): "
-                     "use checkpoint_layout = per_rank");
 #if !KQLORA_HAVE_HDF5
   KQLORA_INPUT_CHECK(false, "this kqlora was built without HDF5: it cannot write checkpoints");
 #endif
@@ -340,6 +340,97 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
   int64_t last_saved = -1;
   const auto t_loop = Clock::now();
 #if KQLORA_HAVE_HDF5
+  // The shared layout: one file; each rank writes its part of every dataset (its FSDP
+  // shards and parameter chunk, or an even split of what every DDP rank holds).
+  auto save_shared = [&](const CheckpointContents& header, int64_t steps_done) {
+    SharedCheckpoint sc;
+    sc.header = header;
+    sc.header.nf4.clear();
+    sc.header.nf4_shards.clear();
+    sc.header.params.clear();
+    sc.header.optimizer.clear();
+    std::vector<std::vector<uint16_t>> bf16_keep;  // converted parts, alive until written
+    std::vector<Nf4Tensor<Kokkos::HostSpace>> base_keep;
+    base_keep.reserve(cfg.num_linears);  // parts point into it: no reallocation
+    auto add_dtype_values = [&](const std::string& path, int64_t n, int64_t lo, int64_t hi,
+                                const float* v) {
+      if (cfg.dtype == DType::float32) {
+        sc.parts.push_back({SharedPart::Type::f32, path, {n}, lo, hi, v});
+        return;
+      }
+      bf16_keep.emplace_back();
+      for (int64_t i = 0; i < hi - lo; ++i) bf16_keep.back().push_back(bfloat16(v[i]).bits);
+      sc.parts.push_back({SharedPart::Type::bf16, path, {n}, lo, hi, bf16_keep.back().data()});
+    };
+    const int64_t mean_hi = rank == 0 ? 1 : 0;
+    for (int l = 0; l < cfg.num_linears; ++l) {
+      const std::string g = "params/" + LoraModel<Exec>::base_name(l);
+      Nf4Layout L;
+      int64_t b0, b1, s0, s1;  // this rank's blocks and scaler blocks
+      const uint8_t* data;
+      const int8_t* scalers;
+      const float* factors;
+      const float* mean;
+      if (fsdp) {
+        const auto& sh = fsdp->base_shards()[l];
+        Nf4Shard<Kokkos::HostSpace> h = Nf4Shard<Kokkos::HostSpace>::allocate(sh.global, sh.shard_index, sh.num_shards);
+        Kokkos::deep_copy(h.quantized_data, sh.quantized_data);
+        Kokkos::deep_copy(h.quantized_scalers, sh.quantized_scalers);
+        Kokkos::deep_copy(h.quantization_factor, sh.quantization_factor);
+        Nf4Tensor<Kokkos::HostSpace> t;  // views of the shard, offset to global indices
+        L = sh.global;
+        b0 = h.range.first_block;
+        b1 = b0 + h.range.num_blocks;
+        s0 = h.range.first_scaler_block;
+        s1 = s0 + h.range.num_scaler_blocks;
+        t.quantized_data = h.quantized_data;
+        t.quantized_scalers = h.quantized_scalers;
+        t.quantization_factor = h.quantization_factor;
+        t.scaler_mean = sh.scaler_mean;
+        base_keep.push_back(t);
+        data = t.quantized_data.data();
+        scalers = t.quantized_scalers.data();
+        factors = t.quantization_factor.data();
+      } else {
+        base_keep.push_back(nf4_host(model.base[l]));
+        const auto& t = base_keep.back();
+        L = t.layout;
+        std::tie(b0, b1) = even_range(L.num_blocks(), rank, nranks);
+        std::tie(s0, s1) = even_range(L.num_scaler_blocks(), rank, nranks);
+        data = t.quantized_data.data() + b0 * L.block_size / 2;
+        scalers = t.quantized_scalers.data() + b0;
+        factors = t.quantization_factor.data() + s0;
+      }
+      mean = &base_keep.back().scaler_mean;
+      const int64_t half = L.block_size / 2;
+      sc.parts.push_back({SharedPart::Type::u8, g + "/quantized_data", {L.num_bytes()}, b0 * half, b1 * half, data});
+      sc.parts.push_back({SharedPart::Type::i8, g + "/quantized_scalers", {L.num_blocks()}, b0, b1, scalers});
+      add_dtype_values(g + "/quantization_factor", L.num_scaler_blocks(), s0, s1, factors);
+      add_dtype_values(g + "/scaler_mean", 1, 0, mean_hi, mean);
+      sc.nf4_groups.push_back({g, L});
+    }
+    auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params);
+    // Parameters: the flat chunk this rank owns (FSDP) or an even split (DDP).
+    const int64_t P = model.num_params();
+    const int64_t lo = fsdp ? fsdp->shard_offset() : even_range(P, rank, nranks).first;
+    const int64_t hi = fsdp ? std::min(P, lo + fsdp->shard_size()) : even_range(P, rank, nranks).second;
+    auto state = opt.state();
+    std::vector<decltype(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), opt_params))> hs;
+    for (const auto& kv : state) hs.push_back(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kv.second));
+    const int64_t state_base = fsdp ? fsdp->shard_offset() : 0;  // index of hs[k](0)
+    for (const auto& p : model.params_info()) {
+      const int64_t a = std::clamp(lo, p.offset, p.offset + p.numel);
+      const int64_t b = std::clamp(hi, p.offset, p.offset + p.numel);
+      sc.parts.push_back({SharedPart::Type::f32, "params/" + p.name, p.shape, a - p.offset,
+                          std::max(a, b) - p.offset, hp.data() + a});
+      for (size_t k = 0; k < state.size(); ++k)
+        sc.parts.push_back({SharedPart::Type::f32, "optimizer/" + p.name + "/" + state[k].first,
+                            p.shape, a - p.offset, std::max(a, b) - p.offset,
+                            hs[k].data() + (a - state_base)});
+    }
+    (void)steps_done;
+    return write_checkpoint_shared(cfg.save_dir, sc, cfg.keep_last, comm);
+  };
   auto save = [&](int64_t steps_done) {
     timer.enter(kCheckpoint);
     CheckpointContents c;
@@ -401,7 +492,11 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
     }
     c.seed = cfg.seed;
     c.data_source = data.synthetic() ? "synthetic" : data.path();
-    summary.last_checkpoint = write_checkpoint_per_rank(cfg.save_dir, c, cfg.keep_last, comm);
+    if (cfg.checkpoint_layout == "shared") {
+      summary.last_checkpoint = save_shared(c, steps_done);
+    } else {
+      summary.last_checkpoint = write_checkpoint_per_rank(cfg.save_dir, c, cfg.keep_last, comm);
+    }
     last_saved = steps_done;
     if (root) log << "checkpoint: " << summary.last_checkpoint << "\n";
   };

@@ -6,6 +6,12 @@
 // deadline (comm_timeout_s): a hung or dead rank turns into an error naming the operation,
 // not a hang.
 
+#include "kqlora/build_config.hpp"
+
+#if KQLORA_HAVE_MPI
+#include <mpi.h>
+#endif
+
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -64,6 +70,11 @@ class Communicator {
   /// Sum over ranks of send[r * count ...] into rank r's recv[0 .. count).
   virtual std::unique_ptr<Request> reduce_scatter_sum(const float* send, float* recv,
                                                       int64_t count) = 0;
+
+#if KQLORA_HAVE_MPI
+  /// The MPI communicator of these ranks (parallel HDF5 opens shared files on it).
+  virtual MPI_Comm mpi_comm() const { return MPI_COMM_SELF; }
+#endif
 
   /// Drives progress; true once the request is complete.
   virtual bool test(Request& r) = 0;

@@ -5,6 +5,7 @@
 // the previous checkpoint and `latest` intact.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,6 +49,15 @@ std::string step_dir_name(int64_t step);
 /// after the commit. Returns the committed directory.
 std::string write_checkpoint_per_rank(const std::string& save_dir, const CheckpointContents& c,
                                       int64_t keep_last, dist::Communicator& comm);
+
+/// The commit protocol around `write(tmp_dir)` (collective): rank 0 prepares
+/// save_dir/step-XXXXXXXX.tmp, every rank writes into it, then rank 0 syncs, renames it to
+/// step-XXXXXXXX, replaces `latest` and applies keep_last. Returns the step directory.
+std::string commit_checkpoint(const std::string& save_dir, int64_t step, int64_t keep_last,
+                              dist::Communicator& comm,
+                              const std::function<void(const std::string& tmp_dir)>& write);
+/// fsync of a file (after HDF5 closed it).
+void fsync_file(const std::string& path);
 
 /// Writes one checkpoint file (no commit protocol): used by the per-rank writer and tests.
 void write_checkpoint_file(const std::string& path, const CheckpointContents& c);

@@ -1,0 +1,46 @@
+#pragma once
+// The shared checkpoint layout: one file, step-XXXXXXXX/checkpoint.h5, written collectively
+// through parallel HDF5 over MPI-IO. Every dataset has its global shape; each rank writes
+// its own part of it (a range of the flattened dataset: its FSDP shards, or an even split
+// of what every DDP rank holds), with collective metadata operations and collective
+// (filtered: Fletcher32) writes. The file reads back like any whole checkpoint.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kqlora/dist/communicator.hpp"
+#include "kqlora/io/checkpoint.hpp"
+
+namespace kqlora {
+
+/// This rank's part of one dataset: elements [lo, hi) of the flattened global dataset,
+/// `data` pointing at element lo (native float, int8 or uint8 as `type` says).
+struct SharedPart {
+  enum class Type { f32, bf16, i8, u8, i64 } type = Type::f32;
+  std::string path;  // e.g. "params/layers.0.lora_a.weight"
+  std::vector<int64_t> dims;
+  int64_t lo = 0, hi = 0;
+  const void* data = nullptr;
+};
+
+/// An NF4 group's attributes (the same on every rank).
+struct SharedNf4Group {
+  std::string path;
+  Nf4Layout layout;
+};
+
+struct SharedCheckpoint {
+  CheckpointContents header;  // step, world_size, parallel, config, optimizer_steps, seed, data_source
+  std::vector<SharedNf4Group> nf4_groups;
+  std::vector<SharedPart> parts;  // every rank lists every dataset, in the same order
+};
+
+/// Writes and commits save_dir/step-XXXXXXXX/checkpoint.h5 (collective).
+std::string write_checkpoint_shared(const std::string& save_dir, const SharedCheckpoint& s,
+                                    int64_t keep_last, dist::Communicator& comm);
+
+/// An even split of n elements: rank r's [lo, hi).
+std::pair<int64_t, int64_t> even_range(int64_t n, int rank, int size);
+
+}  // namespace kqlora
