@@ -6,11 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <functional>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 
 #include "kqlora/core/build_info.hpp"
@@ -87,7 +87,9 @@ std::string step_dir_name(int64_t step) {
   return buf;
 }
 
-void fsync_file(const std::string& path) { fsync_path(path, false); }
+void fsync_file(const std::string& path) {
+  fsync_path(path, false);
+}
 
 void write_checkpoint_file(const std::string& path, const CheckpointContents& c) {
   auto f = h5::create_file(path);

@@ -97,15 +97,21 @@ hid_t bfloat16_type() {
   return type;
 }
 
+std::vector<int64_t> chunk_dims(const std::vector<int64_t>& dims) {
+  std::vector<int64_t> chunk(dims.size());
+  int64_t budget = int64_t(1) << 20;
+  for (size_t i = dims.size(); i-- > 0;) {
+    chunk[i] = std::max<int64_t>(1, std::min<int64_t>(dims[i], budget));
+    budget = std::max<int64_t>(1, budget / chunk[i]);
+  }
+  return chunk;
+}
+
 void write_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type,
                    const std::vector<int64_t>& dims, const void* data) {
-  std::vector<hsize_t> hd(dims.begin(), dims.end()), chunk(dims.size());
-  // Chunks of at most ~1 Mi elements, whole rows where possible.
-  hsize_t budget = hsize_t(1) << 20;
-  for (size_t i = dims.size(); i-- > 0;) {
-    chunk[i] = std::max<hsize_t>(1, std::min<hsize_t>(hd[i], budget));
-    budget = std::max<hsize_t>(1, budget / chunk[i]);
-  }
+  std::vector<hsize_t> hd(dims.begin(), dims.end());
+  const auto c = chunk_dims(dims);
+  std::vector<hsize_t> chunk(c.begin(), c.end());
   Handle space(KQLORA_H5(H5Screate_simple(static_cast<int>(hd.size()), hd.data(), nullptr)));
   Handle dcpl(KQLORA_H5(H5Pcreate(H5P_DATASET_CREATE)));
   KQLORA_H5(H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data()));

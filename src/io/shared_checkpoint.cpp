@@ -12,27 +12,51 @@ std::pair<int64_t, int64_t> even_range(int64_t n, int rank, int size) {
   return {n * rank / size, n * (rank + 1) / size};
 }
 
+std::pair<int64_t, int64_t> chunk_range(const std::vector<int64_t>& dims, int rank, int size) {
+  const auto chunk = h5::chunk_dims(dims);
+  int64_t per = 1, n = 1;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    per *= chunk[i];
+    n *= dims[i];
+  }
+  // Chunks of the flattened dataset are contiguous when they span whole trailing
+  // dimensions (the chunking below makes them so up to ~1 Mi elements).
+  const int64_t chunks = (n + per - 1) / per;
+  const auto [c0, c1] = even_range(chunks, rank, size);
+  return {std::min(n, c0 * per), std::min(n, c1 * per)};
+}
+
 namespace {
 
 using h5::Handle;
 
 hid_t file_type(SharedPart::Type t) {
   switch (t) {
-    case SharedPart::Type::bf16: return h5::bfloat16_type();
-    case SharedPart::Type::i8: return H5T_STD_I8LE;
-    case SharedPart::Type::u8: return H5T_STD_U8LE;
-    case SharedPart::Type::i64: return H5T_STD_I64LE;
-    default: return H5T_IEEE_F32LE;
+    case SharedPart::Type::bf16:
+      return h5::bfloat16_type();
+    case SharedPart::Type::i8:
+      return H5T_STD_I8LE;
+    case SharedPart::Type::u8:
+      return H5T_STD_U8LE;
+    case SharedPart::Type::i64:
+      return H5T_STD_I64LE;
+    default:
+      return H5T_IEEE_F32LE;
   }
 }
 
 hid_t mem_type(SharedPart::Type t) {
   switch (t) {
-    case SharedPart::Type::bf16: return h5::bfloat16_type();
-    case SharedPart::Type::i8: return H5T_NATIVE_INT8;
-    case SharedPart::Type::u8: return H5T_NATIVE_UINT8;
-    case SharedPart::Type::i64: return H5T_NATIVE_INT64;
-    default: return H5T_NATIVE_FLOAT;
+    case SharedPart::Type::bf16:
+      return h5::bfloat16_type();
+    case SharedPart::Type::i8:
+      return H5T_NATIVE_INT8;
+    case SharedPart::Type::u8:
+      return H5T_NATIVE_UINT8;
+    case SharedPart::Type::i64:
+      return H5T_NATIVE_INT64;
+    default:
+      return H5T_NATIVE_FLOAT;
   }
 }
 
@@ -53,7 +77,8 @@ void select_flat_range(hid_t space, const std::vector<int64_t>& dims, int64_t lo
   bool first = true;
   auto add = [&](int64_t row, int64_t rows, int64_t col, int64_t cols) {
     if (rows <= 0 || cols <= 0) return;
-    const hsize_t start[2] = {hsize_t(row), hsize_t(col)}, count[2] = {hsize_t(rows), hsize_t(cols)};
+    const hsize_t start[2] = {hsize_t(row), hsize_t(col)},
+                  count[2] = {hsize_t(rows), hsize_t(cols)};
     KQLORA_H5(H5Sselect_hyperslab(space, first ? H5S_SELECT_SET : H5S_SELECT_OR, start, nullptr,
                                   count, nullptr));
     first = false;
@@ -73,20 +98,17 @@ void select_flat_range(hid_t space, const std::vector<int64_t>& dims, int64_t lo
 }
 
 void write_part(hid_t file, hid_t dxpl, const SharedPart& p) {
-  std::vector<hsize_t> dims(p.dims.begin(), p.dims.end()), chunk(dims.size());
-  hsize_t budget = hsize_t(1) << 20;  // the same chunking as write_dataset
-  for (size_t i = dims.size(); i-- > 0;) {
-    chunk[i] = std::max<hsize_t>(1, std::min<hsize_t>(dims[i], budget));
-    budget = std::max<hsize_t>(1, budget / chunk[i]);
-  }
+  std::vector<hsize_t> dims(p.dims.begin(), p.dims.end());
+  const auto c = h5::chunk_dims(p.dims);
+  std::vector<hsize_t> chunk(c.begin(), c.end());
   Handle fspace(KQLORA_H5(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr)));
   Handle dcpl(KQLORA_H5(H5Pcreate(H5P_DATASET_CREATE)));
   KQLORA_H5(H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data()));
   KQLORA_H5(H5Pset_fletcher32(dcpl));
   Handle lcpl(KQLORA_H5(H5Pcreate(H5P_LINK_CREATE)));
   KQLORA_H5(H5Pset_create_intermediate_group(lcpl, 1));
-  Handle ds(KQLORA_H5(H5Dcreate2(file, p.path.c_str(), file_type(p.type), fspace, lcpl, dcpl,
-                                 H5P_DEFAULT)));
+  Handle ds(KQLORA_H5(
+      H5Dcreate2(file, p.path.c_str(), file_type(p.type), fspace, lcpl, dcpl, H5P_DEFAULT)));
   select_flat_range(fspace, p.dims, p.lo, p.hi);
   const hsize_t n = static_cast<hsize_t>(std::max<int64_t>(p.hi - p.lo, 0));
   const hsize_t one = 1;

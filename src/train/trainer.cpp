@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <tuple>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +11,7 @@
 #include <iomanip>
 #include <ostream>
 #include <sstream>
+#include <tuple>
 
 #include "kqlora/build_config.hpp"
 #include "kqlora/core/memory.hpp"
@@ -366,14 +366,15 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
     for (int l = 0; l < cfg.num_linears; ++l) {
       const std::string g = "params/" + LoraModel<Exec>::base_name(l);
       Nf4Layout L;
-      int64_t b0, b1, s0, s1;  // this rank's blocks and scaler blocks
+      int64_t d0, d1, b0, b1, s0, s1;  // this rank's data bytes, blocks, scaler blocks
       const uint8_t* data;
       const int8_t* scalers;
       const float* factors;
       const float* mean;
       if (fsdp) {
         const auto& sh = fsdp->base_shards()[l];
-        Nf4Shard<Kokkos::HostSpace> h = Nf4Shard<Kokkos::HostSpace>::allocate(sh.global, sh.shard_index, sh.num_shards);
+        Nf4Shard<Kokkos::HostSpace> h =
+            Nf4Shard<Kokkos::HostSpace>::allocate(sh.global, sh.shard_index, sh.num_shards);
         Kokkos::deep_copy(h.quantized_data, sh.quantized_data);
         Kokkos::deep_copy(h.quantized_scalers, sh.quantized_scalers);
         Kokkos::deep_copy(h.quantization_factor, sh.quantization_factor);
@@ -383,6 +384,8 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
         b1 = b0 + h.range.num_blocks;
         s0 = h.range.first_scaler_block;
         s1 = s0 + h.range.num_scaler_blocks;
+        d0 = b0 * L.block_size / 2;
+        d1 = b1 * L.block_size / 2;
         t.quantized_data = h.quantized_data;
         t.quantized_scalers = h.quantized_scalers;
         t.quantization_factor = h.quantization_factor;
@@ -395,16 +398,19 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
         base_keep.push_back(nf4_host(model.base[l]));
         const auto& t = base_keep.back();
         L = t.layout;
-        std::tie(b0, b1) = even_range(L.num_blocks(), rank, nranks);
-        std::tie(s0, s1) = even_range(L.num_scaler_blocks(), rank, nranks);
-        data = t.quantized_data.data() + b0 * L.block_size / 2;
+        // Split in whole chunks of the datasets (HDF5 then ships no chunk between ranks).
+        std::tie(d0, d1) = chunk_range({L.num_bytes()}, rank, nranks);
+        std::tie(b0, b1) = chunk_range({L.num_blocks()}, rank, nranks);
+        std::tie(s0, s1) = chunk_range({L.num_scaler_blocks()}, rank, nranks);
+        data = t.quantized_data.data() + d0;
         scalers = t.quantized_scalers.data() + b0;
         factors = t.quantization_factor.data() + s0;
       }
       mean = &base_keep.back().scaler_mean;
-      const int64_t half = L.block_size / 2;
-      sc.parts.push_back({SharedPart::Type::u8, g + "/quantized_data", {L.num_bytes()}, b0 * half, b1 * half, data});
-      sc.parts.push_back({SharedPart::Type::i8, g + "/quantized_scalers", {L.num_blocks()}, b0, b1, scalers});
+      sc.parts.push_back(
+          {SharedPart::Type::u8, g + "/quantized_data", {L.num_bytes()}, d0, d1, data});
+      sc.parts.push_back(
+          {SharedPart::Type::i8, g + "/quantized_scalers", {L.num_blocks()}, b0, b1, scalers});
       add_dtype_values(g + "/quantization_factor", L.num_scaler_blocks(), s0, s1, factors);
       add_dtype_values(g + "/scaler_mean", 1, 0, mean_hi, mean);
       sc.nf4_groups.push_back({g, L});
@@ -412,13 +418,22 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
     auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params);
     // Parameters: the flat chunk this rank owns (FSDP) or an even split (DDP).
     const int64_t P = model.num_params();
-    const int64_t lo = fsdp ? fsdp->shard_offset() : even_range(P, rank, nranks).first;
-    const int64_t hi = fsdp ? std::min(P, lo + fsdp->shard_size()) : even_range(P, rank, nranks).second;
     auto state = opt.state();
     std::vector<decltype(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), opt_params))> hs;
-    for (const auto& kv : state) hs.push_back(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kv.second));
+    for (const auto& kv : state)
+      hs.push_back(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kv.second));
     const int64_t state_base = fsdp ? fsdp->shard_offset() : 0;  // index of hs[k](0)
     for (const auto& p : model.params_info()) {
+      // FSDP: the part of the parameter in this rank's chunk; DDP: whole dataset chunks.
+      int64_t lo, hi;
+      if (fsdp) {
+        lo = fsdp->shard_offset();
+        hi = std::min(P, lo + fsdp->shard_size());
+      } else {
+        std::tie(lo, hi) = chunk_range(p.shape, rank, nranks);
+        lo += p.offset;
+        hi += p.offset;
+      }
       const int64_t a = std::clamp(lo, p.offset, p.offset + p.numel);
       const int64_t b = std::clamp(hi, p.offset, p.offset + p.numel);
       sc.parts.push_back({SharedPart::Type::f32, "params/" + p.name, p.shape, a - p.offset,
@@ -440,8 +455,16 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
     c.parallel = cfg.parallel;
     c.layout = cfg.checkpoint_layout;
     c.config_text = cfg.to_deck_text();
-    auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params);
     c.optimizer_steps = opt.steps();
+    c.seed = cfg.seed;
+    c.data_source = data.synthetic() ? "synthetic" : data.path();
+    if (cfg.checkpoint_layout == "shared") {  // written straight from the model's buffers
+      summary.last_checkpoint = save_shared(c, steps_done);
+      last_saved = steps_done;
+      if (root) log << "checkpoint: " << summary.last_checkpoint << "\n";
+      return;
+    }
+    auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params);
     if (!fsdp) {
       for (int l = 0; l < cfg.num_linears; ++l)
         c.nf4.emplace_back(LoraModel<Exec>::base_name(l), nf4_host(model.base[l]));
@@ -490,13 +513,7 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
                std::vector<float>(hs[k].data() + (a - lo), hs[k].data() + (b - lo))});
       }
     }
-    c.seed = cfg.seed;
-    c.data_source = data.synthetic() ? "synthetic" : data.path();
-    if (cfg.checkpoint_layout == "shared") {
-      summary.last_checkpoint = save_shared(c, steps_done);
-    } else {
-      summary.last_checkpoint = write_checkpoint_per_rank(cfg.save_dir, c, cfg.keep_last, comm);
-    }
+    summary.last_checkpoint = write_checkpoint_per_rank(cfg.save_dir, c, cfg.keep_last, comm);
     last_saved = steps_done;
     if (root) log << "checkpoint: " << summary.last_checkpoint << "\n";
   };

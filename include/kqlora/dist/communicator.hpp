@@ -73,7 +73,9 @@ class Communicator {
 
 #if KQLORA_HAVE_MPI
   /// The MPI communicator of these ranks (parallel HDF5 opens shared files on it).
-  virtual MPI_Comm mpi_comm() const { return MPI_COMM_SELF; }
+  virtual MPI_Comm mpi_comm() const {
+    return MPI_COMM_SELF;
+  }
 #endif
 
   /// Drives progress; true once the request is complete.
@@ -81,7 +83,9 @@ class Communicator {
   /// Waits for completion; throws kqlora::Error naming the operation after timeout().
   void wait(Request& r);
   /// Blocking forms.
-  void wait(std::unique_ptr<Request> r) { wait(*r); }
+  void wait(std::unique_ptr<Request> r) {
+    wait(*r);
+  }
 
  protected:
   int rank_ = 0, size_ = 1;

@@ -61,6 +61,10 @@ bool exists(hid_t loc, const std::string& name);
 /// mantissa bits 0-6; h5py and h5dump read it as float32.
 hid_t bfloat16_type();
 
+/// The chunk shape of every checkpoint dataset: at most ~1 Mi elements, whole trailing
+/// dimensions first (so a chunk is a contiguous range of the flattened dataset).
+std::vector<int64_t> chunk_dims(const std::vector<int64_t>& dims);
+
 /// A chunked dataset with the Fletcher32 checksum filter, written in one call.
 void write_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type,
                    const std::vector<int64_t>& dims, const void* data);

@@ -31,7 +31,8 @@ struct SharedNf4Group {
 };
 
 struct SharedCheckpoint {
-  CheckpointContents header;  // step, world_size, parallel, config, optimizer_steps, seed, data_source
+  CheckpointContents
+      header;  // step, world_size, parallel, config, optimizer_steps, seed, data_source
   std::vector<SharedNf4Group> nf4_groups;
   std::vector<SharedPart> parts;  // every rank lists every dataset, in the same order
 };
@@ -42,5 +43,8 @@ std::string write_checkpoint_shared(const std::string& save_dir, const SharedChe
 
 /// An even split of n elements: rank r's [lo, hi).
 std::pair<int64_t, int64_t> even_range(int64_t n, int rank, int size);
+/// An even split of a dataset of `dims` in whole chunks (the chunking every checkpoint
+/// dataset gets): rank r's [lo, hi) of the flattened dataset.
+std::pair<int64_t, int64_t> chunk_range(const std::vector<int64_t>& dims, int rank, int size);
 
 }  // namespace kqlora

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Shared-file checkpoint write (2 ranks, fsync included) against `dd conv=fdatasync` on the
+# same disk, in the same run; then the restart (read) time. Usage:
+#   tools/bench_checkpoint.sh [build/bin] [RUN_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=${1:-build/bin}
+dir=${2:-run/bench_checkpoint}
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+[ "$(id -u)" -ne 0 ] || export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+rm -rf "$dir" && mkdir -p "$dir"
+sync
+dd_out=$(dd if=/dev/zero of="$dir/dd.bin" bs=1M count=1024 conv=fdatasync 2>&1 | tail -n 1)
+rm -f "$dir/dd.bin"
+echo "dd: $dd_out"
+mpirun --oversubscribe -np 2 "$bin/kqlora-train" input/bench_checkpoint.in save_dir="$dir/ck" > "$dir/write.log"
+bytes=$(du -sb "$dir/ck/step-00000000/checkpoint.h5" | cut -f1)
+write_s=$(grep "^checkpoint I/O" "$dir/write.log" | awk '{print $4}' | tr -d s)
+/usr/bin/time -f "%e" -o "$dir/restart.time" mpirun --oversubscribe -np 2 "$bin/kqlora-train" \
+    input/bench_checkpoint.in save_dir="$dir/ck" restart=latest > "$dir/restart.log"
+python3 - "$dd_out" "$bytes" "$write_s" "$(cat "$dir/restart.time")" "$dir/restart.log" <<'PY'
+import re, sys
+dd, size, write_s, restart_total, log = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+m = re.search(r"([\d.]+) s, ([\d.]+) ([MG])B/s", dd)
+dd_bw = float(m.group(2)) * (1e3 if m.group(3) == "G" else 1.0)  # MB/s
+bw = size / write_s / 1e6
+setup = float(re.search(r"^setup\s+([\d.]+)s", open(log).read(), re.M).group(1))
+print(f"checkpoint {size / 1e9:.3f} GB written by 2 ranks in {write_s:.2f} s (fsync included): "
+      f"{bw:.0f} MB/s = {100 * bw / dd_bw:.0f}% of dd's {dd_bw:.0f} MB/s")
+print(f"restart of that state: {setup:.2f} s of setup (reading, checks, sharding) "
+      f"in a {restart_total:.2f} s run")
+PY
