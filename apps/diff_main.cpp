@@ -14,7 +14,9 @@ const char* usage =
     "\n"
     "Each argument is a checkpoint file or directory (a step directory, or a save_dir meaning\n"
     "its latest). Every TEST file (each rank's file of a per-rank checkpoint) is compared\n"
-    "with REF: NF4 components bitwise, float tensors with |test - ref| <= atol + rtol*|ref|.\n"
+    "with REF: NF4 components bitwise (the dequantized values' largest difference shown),\n"
+    "float tensors with |test - ref| <= atol + rtol*|ref|. FSDP shard files are reassembled,\n"
+    "so checkpoints of any layout, world size and parallel mode compare.\n"
     "Prints a line per parameter, then Passed! or Failed!.\n"
     "\n"
     "  --rtol R       relative tolerance (default 1e-4)\n"
@@ -82,7 +84,9 @@ int diff_main(std::vector<std::string>& args) {
         std::cout << " max |diff| " << std::scientific << std::setprecision(3) << line.max_abs
                   << "  max rel " << line.max_rel << std::defaultfloat;
       } else if (line.kind == "nf4") {
-        std::cout << " NF4 " << (line.equal ? "bitwise equal" : "");
+        std::cout << " NF4 " << (line.equal ? "bitwise equal " : "") << "(dequantized: max |diff| "
+                  << std::scientific << std::setprecision(3) << line.max_abs << ")"
+                  << std::defaultfloat;
       }
       if (!line.detail.empty()) std::cout << " " << line.detail;
       std::cout << "\n";

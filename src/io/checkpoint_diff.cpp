@@ -1,5 +1,7 @@
 #include "kqlora/io/checkpoint_diff.hpp"
 
+#include "kqlora/quant/nf4_kernels.hpp"
+
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -56,6 +58,17 @@ DiffLine compare_nf4(const std::string& name, const h5::HostNf4& r, const h5::Ho
   line.detail = why.str();
   line.equal = line.detail.empty();
   if (!line.equal) line.detail = "differs:" + line.detail;
+  if (r.layout == t.layout) {  // and how far apart the values are
+    const int64_t n = r.layout.numel();
+    Kokkos::View<float*, Kokkos::HostSpace> a("kqlora::diff::ref", n), b("kqlora::diff::test", n);
+    nf4_dequantize(Kokkos::DefaultHostExecutionSpace(), r, a);
+    nf4_dequantize(Kokkos::DefaultHostExecutionSpace(), t, b);
+    for (int64_t i = 0; i < n; ++i) {
+      const double d = std::fabs(static_cast<double>(b(i)) - a(i));
+      line.max_abs = std::max(line.max_abs, d);
+      if (a(i) != 0) line.max_rel = std::max(line.max_rel, d / std::fabs(a(i)));
+    }
+  }
   return line;
 }
 
