@@ -112,7 +112,12 @@ void write_part(hid_t file, hid_t dxpl, const SharedPart& p) {
   select_flat_range(fspace, p.dims, p.lo, p.hi);
   const hsize_t n = static_cast<hsize_t>(std::max<int64_t>(p.hi - p.lo, 0));
   const hsize_t one = 1;
-  Handle mspace(KQLORA_H5(H5Screate_simple(1, n ? &n : &one, nullptr)));
+  // Whole rows: a memory space of the selection's own shape lets HDF5 map chunks by
+  // hyperslab instead of element by element (measured: 31% -> ~50% of dd's bandwidth).
+  const bool rows = p.dims.size() == 2 && n > 0 && p.lo % p.dims[1] == 0 && p.hi % p.dims[1] == 0;
+  const hsize_t shape2[2] = {n / (rows ? hsize_t(p.dims[1]) : 1), rows ? hsize_t(p.dims[1]) : 1};
+  Handle mspace(rows ? KQLORA_H5(H5Screate_simple(2, shape2, nullptr))
+                     : KQLORA_H5(H5Screate_simple(1, n ? &n : &one, nullptr)));
   if (!n) KQLORA_H5(H5Sselect_none(mspace));
   // Every rank takes part in every write (collective), with an empty selection if need be.
   KQLORA_H5(H5Dwrite(ds, mem_type(p.type), mspace, fspace, dxpl, p.data));
