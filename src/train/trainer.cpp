@@ -30,6 +30,8 @@
 #if KQLORA_HAVE_HDF5
 #include "kqlora/io/checkpoint.hpp"
 #include "kqlora/io/shared_checkpoint.hpp"
+#else
+#include "kqlora/io/checkpoint_contents.hpp"
 #endif
 
 namespace kqlora {
@@ -100,6 +102,7 @@ const CheckpointTensor* find_tensor(const CheckpointContents& c, const std::stri
   return nullptr;
 }
 
+#if KQLORA_HAVE_HDF5
 /// The state a restart resumes from: `latest` in save_dir or a path; refuses a different
 /// model, dtype, NF4 block sizes or optimizer, listing what differs.
 CheckpointContents load_restart(const Config& cfg, std::ostream& log) {
@@ -140,6 +143,8 @@ CheckpointContents load_restart(const Config& cfg, std::ostream& log) {
   log << "restart: " << path << " at step " << c.step << "\n";
   return c;
 }
+
+#endif
 
 template <class Shards>
 int64_t model_base_bytes(const Shards& shards) {
@@ -187,7 +192,10 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
                                                            << " is smaller than the " << nranks
                                                            << " ranks (each rank needs a sample)");
 #if !KQLORA_HAVE_HDF5
-  KQLORA_INPUT_CHECK(false, "this kqlora was built without HDF5: it cannot write checkpoints");
+  KQLORA_INPUT_CHECK(cfg.checkpoint_every == 0 && cfg.restart == "none",
+                     "this kqlora was built without HDF5: it has no checkpoints ("
+                         << (cfg.restart != "none" ? "restart" : "checkpoint_every")
+                         << " asks for one)");
 #endif
   memory::track_kokkos_allocations();
   const int64_t rss_start = memory::rss_bytes();
@@ -209,7 +217,9 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
   CheckpointContents resumed;
   int64_t start_step = 0;
   if (cfg.restart != "none") {
+#if KQLORA_HAVE_HDF5
     resumed = load_restart(cfg, init_log);
+#endif
     start_step = resumed.step;
     for (const auto& [name, t] : resumed.nf4) {
       for (int l = 0; l < cfg.num_linears; ++l)
@@ -617,6 +627,8 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
   if (!summary.preempted && last_saved != cfg.num_steps &&
       (start_step < cfg.num_steps || cfg.restart == "none"))
     save(cfg.num_steps);
+#else
+  if (root) log << "no checkpoint written: this kqlora was built without HDF5\n";
 #endif
   timer.enter(kData);
   if (collect_final) {

@@ -1,0 +1,40 @@
+#pragma once
+// What a checkpoint holds, in memory (no HDF5 needed to name it: builds without HDF5 use
+// it too, to say plainly that they cannot write it).
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kqlora/quant/nf4_shard.hpp"
+#include "kqlora/quant/nf4_tensor.hpp"
+
+namespace kqlora {
+
+struct CheckpointTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+  /// An FSDP shard holds elements [first_element, first_element + data.size()) of the
+  /// flattened tensor of global_shape; first_element < 0: the whole tensor.
+  int64_t first_element = -1;
+  std::vector<int64_t> global_shape;
+  int shard_index = 0, num_shards = 1;
+};
+
+struct CheckpointContents {
+  int64_t step = 0;  // optimizer steps done
+  int world_size = 1, rank = 0;
+  std::string parallel = "ddp", layout = "per_rank", config_text;
+  std::vector<std::pair<std::string, Nf4Tensor<Kokkos::HostSpace>>> nf4;  // frozen base weights
+  std::vector<std::pair<std::string, Nf4Shard<Kokkos::HostSpace>>> nf4_shards;  // FSDP
+  std::vector<CheckpointTensor> params;  // trainable, float32 masters
+  int64_t optimizer_steps = 0;
+  /// (parameter name, state name) -> values, e.g. ("layers.0.lora_a.weight", "exp_avg").
+  std::vector<std::pair<std::pair<std::string, std::string>, std::vector<float>>> optimizer;
+  int64_t seed = 0;
+  std::string data_source;  // "synthetic" or the data file's path
+};
+
+}  // namespace kqlora

@@ -1,0 +1,31 @@
+# Configures, builds and tests kqlora with -DKQLORA_ENABLE_MPI=OFF -DKQLORA_ENABLE_HDF5=OFF,
+# then checks that kqlora-train trains and refuses checkpoints plainly.
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SRC} -B ${BIN} -DCMAKE_BUILD_TYPE=Release
+                        -DKQLORA_ENABLE_MPI=OFF -DKQLORA_ENABLE_HDF5=OFF
+                        -DKokkos_DIR=${KOKKOS_DIR} -DKokkosKernels_DIR=${KOKKOSKERNELS_DIR}
+                RESULT_VARIABLE rc OUTPUT_QUIET)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "configuring without MPI and HDF5 failed")
+endif()
+include(ProcessorCount)
+ProcessorCount(jobs)
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${BIN} -j ${jobs} RESULT_VARIABLE rc OUTPUT_QUIET)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "building without MPI and HDF5 failed")
+endif()
+execute_process(COMMAND ${CMAKE_CTEST_COMMAND} --output-on-failure WORKING_DIRECTORY ${BIN}
+                RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "tests without MPI and HDF5 failed")
+endif()
+execute_process(COMMAND ${BIN}/bin/kqlora-train ${SRC}/input/seed.in RESULT_VARIABLE rc
+                OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "no checkpoint written: this kqlora was built without HDF5")
+  message(FATAL_ERROR "kqlora-train without HDF5: exit ${rc}\n${out}${err}")
+endif()
+execute_process(COMMAND ${BIN}/bin/kqlora-train ${SRC}/input/seed.in checkpoint_every=1
+                RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "built without HDF5: it has no checkpoints")
+  message(FATAL_ERROR "kqlora-train without HDF5 did not refuse a checkpoint: exit ${rc}\n${err}")
+endif()
+message(STATUS "without MPI and HDF5: built, tested, trained, refused checkpoints plainly")
