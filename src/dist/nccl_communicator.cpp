@@ -112,7 +112,7 @@ class NcclCommunicator : public Communicator {
   }
 
   /// After a timeout the communicator is unusable: abort it so no kernel stays stuck.
-  void abort() {
+  void on_timeout() override {
     if (comm_) ncclCommAbort(comm_);
     comm_ = nullptr;
   }

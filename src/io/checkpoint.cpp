@@ -123,12 +123,12 @@ void write_checkpoint_file(const std::string& path, const CheckpointContents& c)
   }
   auto opt = h5::create_group(f, "optimizer");
   h5::write_attribute(opt, "step", c.optimizer_steps);
-  for (const auto& [key, values] : c.optimizer) {
-    const std::vector<int64_t> shape = [&] {
-      for (const auto& p : c.params)
-        if (p.name == key.first) return p.shape;
-      return std::vector<int64_t>{static_cast<int64_t>(values.size())};
-    }();
+  for (const auto& entry : c.optimizer) {
+    const auto& key = entry.first;
+    const auto& values = entry.second;
+    std::vector<int64_t> shape{static_cast<int64_t>(values.size())};
+    for (const auto& p : c.params)
+      if (p.name == key.first) shape = p.shape;
     h5::write_float(opt, key.first + "/" + key.second, shape, values.data());
   }
   auto rng = h5::create_group(f, "rng");

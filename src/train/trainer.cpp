@@ -302,7 +302,9 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
     KQLORA_INPUT_CHECK(metrics.good(), cfg.metrics_file << ": cannot write the metrics file");
   }
 
-  const auto [first, count] = slice_of(cfg.global_bs, rank, nranks);
+  // (Plain variables, not structured bindings: lambdas below capture them.)
+  const auto slice = slice_of(cfg.global_bs, rank, nranks);
+  const int64_t first = slice.first, count = slice.second;
   const int64_t mb = std::min(cfg.micro_bs, std::max<int64_t>(count, 1));
   const int64_t dim = cfg.dim;
   Matrix<Mem> x_buf("kqlora::train::x", mb, dim), t_buf("kqlora::train::target", mb, dim),

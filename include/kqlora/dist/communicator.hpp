@@ -78,6 +78,10 @@ class Communicator {
   }
 #endif
 
+  /// Called when a wait runs out of time, before the error: a backend whose operations
+  /// could stay stuck on a device cancels them here.
+  virtual void on_timeout() {}
+
   /// Drives progress; true once the request is complete.
   virtual bool test(Request& r) = 0;
   /// Waits for completion; throws kqlora::Error naming the operation after timeout().
