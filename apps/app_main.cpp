@@ -79,13 +79,4 @@ bool take_flag(std::vector<std::string>& args, const std::string& flag) {
   return false;
 }
 
-long long parse_int(const std::string& value, const std::string& flag) {
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(value.c_str(), &end, 10);
-  KQLORA_INPUT_CHECK(!value.empty() && *end == '\0' && errno == 0,
-                     flag << ": expected an integer, got '" << value << "'");
-  return v;
-}
-
 }  // namespace kqlora::app

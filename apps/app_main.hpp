@@ -17,7 +17,5 @@ int run(int argc, char** argv, const std::string& name, const std::string& usage
 bool take_option(std::vector<std::string>& args, const std::string& flag, std::string* value);
 /// Removes a bare `--flag`; returns true when present.
 bool take_flag(std::vector<std::string>& args, const std::string& flag);
-/// Parses an integer option value, InputError naming the flag on failure.
-long long parse_int(const std::string& value, const std::string& flag);
 
 }  // namespace kqlora::app

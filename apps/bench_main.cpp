@@ -190,15 +190,15 @@ int bench_main(std::vector<std::string>& args) {
   kqlora::app::take_option(args, "--tokens", &tokens_text);
   int64_t linear_dim = 4096;
   if (kqlora::app::take_option(args, "--linear-dim", &v))
-    linear_dim = kqlora::app::parse_int(v, "--linear-dim");
+    linear_dim = kqlora::parse_integer(v, "--linear-dim");
   if (kqlora::app::take_option(args, "--repeats", &v))
-    repeats = static_cast<int>(kqlora::app::parse_int(v, "--repeats"));
+    repeats = static_cast<int>(kqlora::parse_integer(v, "--repeats"));
   KQLORA_INPUT_CHECK(args.empty(), "unexpected argument '" << args[0] << "' (see --help)");
   KQLORA_INPUT_CHECK(repeats >= 1, "--repeats must be at least 1");
   std::vector<int64_t> sizes;
   std::stringstream ss(sizes_text);
   for (std::string s; std::getline(ss, s, ',');) {
-    const long long n = kqlora::app::parse_int(s, "--sizes");
+    const long long n = kqlora::parse_integer(s, "--sizes");
     KQLORA_INPUT_CHECK(n > 0 && (n * n) % 16384 == 0,
                        "--sizes: " << n << " x " << n << " is not a multiple of 16384 elements");
     sizes.push_back(n);
@@ -206,7 +206,7 @@ int bench_main(std::vector<std::string>& args) {
   std::vector<int64_t> tokens;
   std::stringstream ts(tokens_text);
   for (std::string s; std::getline(ts, s, ',');) {
-    const long long t = kqlora::app::parse_int(s, "--tokens");
+    const long long t = kqlora::parse_integer(s, "--tokens");
     KQLORA_INPUT_CHECK(t > 0, "--tokens: " << t << " must be positive");
     tokens.push_back(t);
   }

@@ -63,9 +63,9 @@ int quantize_main(std::vector<std::string>& args) {
   kqlora::Nf4Layout defaults;
   std::string v;
   if (kqlora::app::take_option(args, "--block-size", &v))
-    defaults.block_size = kqlora::app::parse_int(v, "--block-size");
+    defaults.block_size = kqlora::parse_integer(v, "--block-size");
   if (kqlora::app::take_option(args, "--scaler-block-size", &v))
-    defaults.scaler_block_size = kqlora::app::parse_int(v, "--scaler-block-size");
+    defaults.scaler_block_size = kqlora::parse_integer(v, "--scaler-block-size");
   for (const auto& a : args)
     KQLORA_INPUT_CHECK(a.empty() || a[0] != '-' || a == "-",
                        "unknown option '" << a << "' (see --help)");

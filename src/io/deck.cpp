@@ -28,12 +28,7 @@ std::string trim(const std::string& s) {
 }
 
 int64_t to_int(const std::string& v, const std::string& where) {
-  char* end = nullptr;
-  errno = 0;
-  const long long x = std::strtoll(v.c_str(), &end, 10);
-  KQLORA_INPUT_CHECK(!v.empty() && *end == '\0' && errno == 0,
-                     where << ": expected an integer, got '" << v << "'");
-  return x;
+  return parse_integer(v, where);
 }
 
 double to_float(const std::string& v, const std::string& where) {

@@ -107,8 +107,8 @@ std::vector<int64_t> chunk_dims(const std::vector<int64_t>& dims) {
   return chunk;
 }
 
-void write_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type,
-                   const std::vector<int64_t>& dims, const void* data) {
+Handle create_checkpoint_dataset(hid_t loc, const std::string& name, hid_t file_type,
+                                 const std::vector<int64_t>& dims) {
   std::vector<hsize_t> hd(dims.begin(), dims.end());
   const auto c = chunk_dims(dims);
   std::vector<hsize_t> chunk(c.begin(), c.end());
@@ -118,7 +118,13 @@ void write_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t me
   KQLORA_H5(H5Pset_fletcher32(dcpl));
   Handle lcpl(KQLORA_H5(H5Pcreate(H5P_LINK_CREATE)));
   KQLORA_H5(H5Pset_create_intermediate_group(lcpl, 1));
-  Handle ds(KQLORA_H5(H5Dcreate2(loc, name.c_str(), file_type, space, lcpl, dcpl, H5P_DEFAULT)));
+  return Handle(
+      KQLORA_H5(H5Dcreate2(loc, name.c_str(), file_type, space, lcpl, dcpl, H5P_DEFAULT)));
+}
+
+void write_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type,
+                   const std::vector<int64_t>& dims, const void* data) {
+  Handle ds = create_checkpoint_dataset(loc, name, file_type, dims);
   KQLORA_H5(H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
   ds.close();
 }

@@ -98,17 +98,8 @@ void select_flat_range(hid_t space, const std::vector<int64_t>& dims, int64_t lo
 }
 
 void write_part(hid_t file, hid_t dxpl, const SharedPart& p) {
-  std::vector<hsize_t> dims(p.dims.begin(), p.dims.end());
-  const auto c = h5::chunk_dims(p.dims);
-  std::vector<hsize_t> chunk(c.begin(), c.end());
-  Handle fspace(KQLORA_H5(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr)));
-  Handle dcpl(KQLORA_H5(H5Pcreate(H5P_DATASET_CREATE)));
-  KQLORA_H5(H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data()));
-  KQLORA_H5(H5Pset_fletcher32(dcpl));
-  Handle lcpl(KQLORA_H5(H5Pcreate(H5P_LINK_CREATE)));
-  KQLORA_H5(H5Pset_create_intermediate_group(lcpl, 1));
-  Handle ds(KQLORA_H5(
-      H5Dcreate2(file, p.path.c_str(), file_type(p.type), fspace, lcpl, dcpl, H5P_DEFAULT)));
+  Handle ds = h5::create_checkpoint_dataset(file, p.path, file_type(p.type), p.dims);
+  Handle fspace(KQLORA_H5(H5Dget_space(ds)));
   select_flat_range(fspace, p.dims, p.lo, p.hi);
   const hsize_t n = static_cast<hsize_t>(std::max<int64_t>(p.hi - p.lo, 0));
   const hsize_t one = 1;

@@ -384,14 +384,9 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
       const float* factors;
       const float* mean;
       if (fsdp) {
-        const auto& sh = fsdp->base_shards()[l];
-        Nf4Shard<Kokkos::HostSpace> h =
-            Nf4Shard<Kokkos::HostSpace>::allocate(sh.global, sh.shard_index, sh.num_shards);
-        Kokkos::deep_copy(h.quantized_data, sh.quantized_data);
-        Kokkos::deep_copy(h.quantized_scalers, sh.quantized_scalers);
-        Kokkos::deep_copy(h.quantization_factor, sh.quantization_factor);
+        const auto h = nf4_shard_host(fsdp->base_shards()[l]);
         Nf4Tensor<Kokkos::HostSpace> t;  // views of the shard, offset to global indices
-        L = sh.global;
+        L = h.global;
         b0 = h.range.first_block;
         b1 = b0 + h.range.num_blocks;
         s0 = h.range.first_scaler_block;
@@ -401,7 +396,7 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
         t.quantized_data = h.quantized_data;
         t.quantized_scalers = h.quantized_scalers;
         t.quantization_factor = h.quantization_factor;
-        t.scaler_mean = sh.scaler_mean;
+        t.scaler_mean = h.scaler_mean;
         base_keep.push_back(t);
         data = t.quantized_data.data();
         scalers = t.quantized_scalers.data();
@@ -494,16 +489,9 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
     } else {
       // This rank's shards: its NF4 blocks, and the part of each parameter (and of its
       // optimizer state) that lies in its chunk of the flat vector.
-      for (int l = 0; l < cfg.num_linears; ++l) {
-        const auto& sh = fsdp->base_shards()[l];
-        Nf4Shard<Kokkos::HostSpace> h =
-            Nf4Shard<Kokkos::HostSpace>::allocate(sh.global, sh.shard_index, sh.num_shards);
-        Kokkos::deep_copy(h.quantized_data, sh.quantized_data);
-        Kokkos::deep_copy(h.quantized_scalers, sh.quantized_scalers);
-        Kokkos::deep_copy(h.quantization_factor, sh.quantization_factor);
-        h.scaler_mean = sh.scaler_mean;
-        c.nf4_shards.emplace_back(LoraModel<Exec>::base_name(l), h);
-      }
+      for (int l = 0; l < cfg.num_linears; ++l)
+        c.nf4_shards.emplace_back(LoraModel<Exec>::base_name(l),
+                                  nf4_shard_host(fsdp->base_shards()[l]));
       const int64_t lo = fsdp->shard_offset(), hi = lo + fsdp->shard_size();
       auto state = opt.state();
       std::vector<decltype(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), opt_params))>

@@ -20,6 +20,9 @@ class InputError : public Error {
   using Error::Error;
 };
 
+/// Parses a whole string as an integer; InputError "<where>: expected an integer, got '…'".
+long long parse_integer(const std::string& text, const std::string& where);
+
 namespace detail {
 [[noreturn]] void throw_error(const std::string& what, const char* file, int line);
 [[noreturn]] void throw_input_error(const std::string& what);

@@ -65,6 +65,11 @@ hid_t bfloat16_type();
 /// dimensions first (so a chunk is a contiguous range of the flattened dataset).
 std::vector<int64_t> chunk_dims(const std::vector<int64_t>& dims);
 
+/// Creates a checkpoint dataset (chunked by chunk_dims, Fletcher32 checksums, parents
+/// created as needed) with the given creation access list (H5P_DEFAULT, or an MPI-IO one).
+Handle create_checkpoint_dataset(hid_t loc, const std::string& name, hid_t file_type,
+                                 const std::vector<int64_t>& dims);
+
 /// A chunked dataset with the Fletcher32 checksum filter, written in one call.
 void write_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type,
                    const std::vector<int64_t>& dims, const void* data);

@@ -52,6 +52,17 @@ struct Nf4Shard {
   }
 };
 
+/// A copy of a shard in host memory (for I/O).
+template <class SrcSpace>
+Nf4Shard<Kokkos::HostSpace> nf4_shard_host(const Nf4Shard<SrcSpace>& s) {
+  auto h = Nf4Shard<Kokkos::HostSpace>::allocate(s.global, s.shard_index, s.num_shards);
+  Kokkos::deep_copy(h.quantized_data, s.quantized_data);
+  Kokkos::deep_copy(h.quantized_scalers, s.quantized_scalers);
+  Kokkos::deep_copy(h.quantization_factor, s.quantization_factor);
+  h.scaler_mean = s.scaler_mean;
+  return h;
+}
+
 /// Shard `index` of `count` of a global tensor.
 template <class ExecSpace, class MemSpace>
 Nf4Shard<MemSpace> nf4_shard(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t, int index,
