@@ -1,7 +1,7 @@
 #include "kqlora/dist/communicator.hpp"
 
 #include <unistd.h>
-#include <condition_variable>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -15,32 +15,30 @@ namespace kqlora::dist {
 
 namespace {
 
-// One watchdog thread per process, started on first use.
+// One watchdog thread per process, started on first use. Guards only store a deadline
+// (no lock, no wake-up: a blocking collective must not pay for its guard); the thread looks
+// at it ten times a second.
 struct WatchdogState {
-  std::mutex m;
-  std::condition_variable cv;
-  bool armed = false;
-  std::chrono::steady_clock::time_point deadline;
+  std::atomic<int64_t> deadline_ns{0};  // 0: disarmed
+  std::mutex m;                         // guards `message`
   std::string message;
-  std::thread thread;
 
   WatchdogState() {
-    thread = std::thread([this] {
-      std::unique_lock<std::mutex> lock(m);
+    std::thread([this] {
       for (;;) {
-        if (!armed) {
-          cv.wait(lock);
-          continue;
-        }
-        if (cv.wait_until(lock, deadline) == std::cv_status::timeout && armed &&
-            std::chrono::steady_clock::now() >= deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        const int64_t d = deadline_ns.load();
+        const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::steady_clock::now().time_since_epoch())
+                                .count();
+        if (d != 0 && now > d) {
+          std::lock_guard<std::mutex> lock(m);
           std::fprintf(stderr, "kqlora: error: %s\n", message.c_str());
           std::fflush(stderr);
           _exit(1);  // the launcher sees a failed rank and ends the job
         }
       }
-    });
-    thread.detach();
+    }).detach();
   }
 };
 
@@ -53,24 +51,23 @@ WatchdogState& watchdog() {
 
 Watchdog::Guard::Guard(const Communicator& comm, const std::string& what) {
   auto& w = watchdog();
-  std::lock_guard<std::mutex> lock(w.m);
-  w.armed = true;
-  w.deadline = std::chrono::steady_clock::now() +
-               std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                   std::chrono::duration<double>(comm.timeout()));
-  std::ostringstream os;
-  os << comm.backend() << " " << what << " did not complete within " << comm.timeout()
-     << " s (comm_timeout_s) on rank " << comm.rank() << " of " << comm.size()
-     << ": another rank is hung or dead";
-  w.message = os.str();
-  w.cv.notify_all();
+  {
+    std::lock_guard<std::mutex> lock(w.m);
+    std::ostringstream os;
+    os << comm.backend() << " " << what << " did not complete within " << comm.timeout()
+       << " s (comm_timeout_s) on rank " << comm.rank() << " of " << comm.size()
+       << ": another rank is hung or dead";
+    w.message = os.str();
+  }
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(comm.timeout()));
+  w.deadline_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count();
 }
 
 Watchdog::Guard::~Guard() {
-  auto& w = watchdog();
-  std::lock_guard<std::mutex> lock(w.m);
-  w.armed = false;
-  w.cv.notify_all();
+  watchdog().deadline_ns = 0;
 }
 
 void Communicator::wait(Request& r) {

@@ -54,14 +54,33 @@ class MpiCommunicator : public Communicator {
     return r;
   }
 
+  // Pieces: Open MPI's non-blocking allreduce of one large buffer runs at half the speed of
+  // the blocking one, and both are fastest on pieces that stay in cache (measured here on
+  // 64 MiB: whole 76 ms non-blocking / 35 ms blocking; 64 Ki-float pieces non-blocking
+  // 33 ms; 1 Mi-float pieces blocking 13-16 ms).
+  static constexpr int64_t nonblocking_piece = int64_t(1) << 16;
+  static constexpr int64_t blocking_piece = int64_t(1) << 20;
+
   std::unique_ptr<Request> allreduce_sum(float* data, int64_t count) override {
     auto r = start("allreduce of " + size_text(4 * count));
-    chunks(count, 1, [&](int64_t off, int n) {
+    for (int64_t off = 0; off < count; off += nonblocking_piece) {
       r->reqs.emplace_back();
-      KQLORA_CHECK_MPI(
-          MPI_Iallreduce(MPI_IN_PLACE, data + off, n, MPI_FLOAT, MPI_SUM, comm_, &r->reqs.back()));
-    });
+      KQLORA_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, data + off,
+                                      static_cast<int>(std::min(nonblocking_piece, count - off)),
+                                      MPI_FLOAT, MPI_SUM, comm_, &r->reqs.back()));
+    }
     return r;
+  }
+
+  void allreduce_sum_blocking(float* data, int64_t count) override {
+    // A blocking call cannot time out by itself: the watchdog ends the process if it
+    // outlasts the deadline (and the launcher then ends the job).
+    Watchdog::Guard guard(*this, "blocking allreduce of " + size_text(4 * count));
+    for (int64_t off = 0; off < count; off += blocking_piece) {
+      KQLORA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data + off,
+                                     static_cast<int>(std::min(blocking_piece, count - off)),
+                                     MPI_FLOAT, MPI_SUM, comm_));
+    }
   }
 
   std::unique_ptr<Request> allreduce_sum(double* data, int64_t count) override {

@@ -251,9 +251,15 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
           << fsdp->shard_size() << " of " << model.num_params() << "\n";
     }
   } else if (nranks > 1) {
-    const char* env = std::getenv("KQLORA_DDP_OVERLAP");  // 0: reduce after backward (benchmarks)
-    ddp =
-        std::make_unique<Ddp<Exec>>(comm, model, cfg.bucket_mb, !(env && std::string(env) == "0"));
+    // How a bucket is summed once its gradients are complete: blocking right away (the
+    // default with MPI on host memory, where the reduction's arithmetic runs on the cores
+    // that compute anyway: measured faster), or non-blocking, driven between panels and
+    // finished after the backward (KQLORA_DDP_OVERLAP=1; the default with device memory,
+    // where the work leaves the compute stream).
+    const char* env = std::getenv("KQLORA_DDP_OVERLAP");
+    const bool overlap =
+        env ? std::string(env) == "1" : !std::is_same<Mem, Kokkos::HostSpace>::value;
+    ddp = std::make_unique<Ddp<Exec>>(comm, model, cfg.bucket_mb, overlap);
     ddp->broadcast_parameters();
   }
   // The optimizer sees this rank's parameters: all of them, or its FSDP chunk.
