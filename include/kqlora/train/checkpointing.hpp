@@ -1,0 +1,40 @@
+#pragma once
+// Checkpoints of a training run (HDF5 builds): writing the state in the deck's layout,
+// and a restart's loading, checking and restoring of it.
+
+#include <iosfwd>
+#include <string>
+
+#include "kqlora/dist/communicator.hpp"
+#include "kqlora/dist/fsdp.hpp"
+#include "kqlora/io/checkpoint.hpp"
+#include "kqlora/io/deck.hpp"
+#include "kqlora/nn/lora_model.hpp"
+#include "kqlora/optim/optimizer.hpp"
+
+namespace kqlora {
+
+/// The state a restart resumes from: `latest` in save_dir or a path (any layout, world
+/// size and parallel mode, FSDP shards reassembled); refuses another model, dtype, NF4
+/// block sizes or optimizer, listing what differs. Notes itself on `log`.
+CheckpointContents load_restart(const Config& cfg, std::ostream& log);
+
+/// The checkpoint's base weights and parameters into the model (whole, before sharding).
+template <class ExecSpace>
+void restore_model(LoraModel<ExecSpace>& model, const CheckpointContents& c);
+
+/// The optimizer state of parameters [first, first + size) of the flat vector (the whole
+/// vector for DDP, this rank's chunk for FSDP) and the step count.
+template <class ExecSpace>
+void restore_optimizer(Optimizer<ExecSpace>& opt, const LoraModel<ExecSpace>& model,
+                       const CheckpointContents& c, int64_t first);
+
+/// Writes and commits the checkpoint of `steps_done` steps in cfg.checkpoint_layout
+/// (collective); returns the step directory.
+template <class ExecSpace>
+std::string save_checkpoint(const Config& cfg, LoraModel<ExecSpace>& model,
+                            Optimizer<ExecSpace>& opt, Fsdp<ExecSpace>* fsdp,
+                            dist::Communicator& comm, int64_t steps_done,
+                            const std::string& data_source);
+
+}  // namespace kqlora

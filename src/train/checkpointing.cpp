@@ -1,0 +1,281 @@
+#include "kqlora/train/checkpointing.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <ostream>
+#include <sstream>
+#include <tuple>
+
+#include "kqlora/core/error.hpp"
+#include "kqlora/io/shared_checkpoint.hpp"
+
+namespace kqlora {
+
+namespace {
+
+const CheckpointTensor* find_tensor(const CheckpointContents& c, const std::string& name) {
+  for (const auto& t : c.params)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+/// The shared layout: one file; each rank writes its part of every dataset (its FSDP
+/// shards and parameter chunk, or an even split in whole chunks of what every DDP rank
+/// holds), straight from the model's buffers.
+template <class ExecSpace>
+std::string save_shared(const Config& cfg, LoraModel<ExecSpace>& model, Optimizer<ExecSpace>& opt,
+                        Fsdp<ExecSpace>* fsdp, dist::Communicator& comm,
+                        const CheckpointContents& header) {
+  const int rank = comm.rank(), nranks = comm.size();
+
+  SharedCheckpoint sc;
+  sc.header = header;
+  sc.header.nf4.clear();
+  sc.header.nf4_shards.clear();
+  sc.header.params.clear();
+  sc.header.optimizer.clear();
+  std::vector<std::vector<uint16_t>> bf16_keep;  // converted parts, alive until written
+  std::vector<Nf4Tensor<Kokkos::HostSpace>> base_keep;
+  base_keep.reserve(cfg.num_linears);  // parts point into it: no reallocation
+  auto add_dtype_values = [&](const std::string& path, int64_t n, int64_t lo, int64_t hi,
+                              const float* v) {
+    if (cfg.dtype == DType::float32) {
+      sc.parts.push_back({SharedPart::Type::f32, path, {n}, lo, hi, v});
+      return;
+    }
+    bf16_keep.emplace_back();
+    for (int64_t i = 0; i < hi - lo; ++i) bf16_keep.back().push_back(bfloat16(v[i]).bits);
+    sc.parts.push_back({SharedPart::Type::bf16, path, {n}, lo, hi, bf16_keep.back().data()});
+  };
+  const int64_t mean_hi = rank == 0 ? 1 : 0;
+  for (int l = 0; l < cfg.num_linears; ++l) {
+    const std::string g = "params/" + LoraModel<ExecSpace>::base_name(l);
+    Nf4Layout L;
+    int64_t d0, d1, b0, b1, s0, s1;  // this rank's data bytes, blocks, scaler blocks
+    const uint8_t* data;
+    const int8_t* scalers;
+    const float* factors;
+    const float* mean;
+    if (fsdp) {
+      const auto h = nf4_shard_host(fsdp->base_shards()[l]);
+      Nf4Tensor<Kokkos::HostSpace> t;  // views of the shard, offset to global indices
+      L = h.global;
+      b0 = h.range.first_block;
+      b1 = b0 + h.range.num_blocks;
+      s0 = h.range.first_scaler_block;
+      s1 = s0 + h.range.num_scaler_blocks;
+      d0 = b0 * L.block_size / 2;
+      d1 = b1 * L.block_size / 2;
+      t.quantized_data = h.quantized_data;
+      t.quantized_scalers = h.quantized_scalers;
+      t.quantization_factor = h.quantization_factor;
+      t.scaler_mean = h.scaler_mean;
+      base_keep.push_back(t);
+      data = t.quantized_data.data();
+      scalers = t.quantized_scalers.data();
+      factors = t.quantization_factor.data();
+    } else {
+      base_keep.push_back(nf4_host(model.base[l]));
+      const auto& t = base_keep.back();
+      L = t.layout;
+      // Split in whole chunks of the datasets (HDF5 then ships no chunk between ranks).
+      std::tie(d0, d1) = chunk_range({L.num_bytes()}, rank, nranks);
+      std::tie(b0, b1) = chunk_range({L.num_blocks()}, rank, nranks);
+      std::tie(s0, s1) = chunk_range({L.num_scaler_blocks()}, rank, nranks);
+      data = t.quantized_data.data() + d0;
+      scalers = t.quantized_scalers.data() + b0;
+      factors = t.quantization_factor.data() + s0;
+    }
+    mean = &base_keep.back().scaler_mean;
+    sc.parts.push_back(
+        {SharedPart::Type::u8, g + "/quantized_data", {L.num_bytes()}, d0, d1, data});
+    sc.parts.push_back(
+        {SharedPart::Type::i8, g + "/quantized_scalers", {L.num_blocks()}, b0, b1, scalers});
+    add_dtype_values(g + "/quantization_factor", L.num_scaler_blocks(), s0, s1, factors);
+    add_dtype_values(g + "/scaler_mean", 1, 0, mean_hi, mean);
+    sc.nf4_groups.push_back({g, L});
+  }
+  auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params);
+  // Parameters: the flat chunk this rank owns (FSDP) or an even split (DDP).
+  const int64_t P = model.num_params();
+  auto state = opt.state();
+  std::vector<decltype(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params))> hs;
+  for (const auto& kv : state)
+    hs.push_back(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kv.second));
+  const int64_t state_base = fsdp ? fsdp->shard_offset() : 0;  // index of hs[k](0)
+  for (const auto& p : model.params_info()) {
+    // FSDP: the part of the parameter in this rank's chunk; DDP: whole dataset chunks.
+    int64_t lo, hi;
+    if (fsdp) {
+      lo = fsdp->shard_offset();
+      hi = std::min(P, lo + fsdp->shard_size());
+    } else {
+      std::tie(lo, hi) = chunk_range(p.shape, rank, nranks);
+      lo += p.offset;
+      hi += p.offset;
+    }
+    const int64_t a = std::clamp(lo, p.offset, p.offset + p.numel);
+    const int64_t b = std::clamp(hi, p.offset, p.offset + p.numel);
+    sc.parts.push_back({SharedPart::Type::f32, "params/" + p.name, p.shape, a - p.offset,
+                        std::max(a, b) - p.offset, hp.data() + a});
+    for (size_t k = 0; k < state.size(); ++k)
+      sc.parts.push_back({SharedPart::Type::f32, "optimizer/" + p.name + "/" + state[k].first,
+                          p.shape, a - p.offset, std::max(a, b) - p.offset,
+                          hs[k].data() + (a - state_base)});
+  }
+  return write_checkpoint_shared(cfg.save_dir, sc, cfg.keep_last, comm);
+}
+
+}  // namespace
+
+/// The state a restart resumes from: `latest` in save_dir or a path; refuses a different
+/// model, dtype, NF4 block sizes or optimizer, listing what differs.
+CheckpointContents load_restart(const Config& cfg, std::ostream& log) {
+  const std::string path = cfg.restart == "latest" ? cfg.save_dir : cfg.restart;
+  if (cfg.restart == "latest") {
+    std::ifstream latest(cfg.save_dir + "/latest");
+    KQLORA_INPUT_CHECK(
+        latest.good(),
+        "restart = latest: " << cfg.save_dir << "/latest does not exist (no checkpoint to resume)");
+  }
+  std::vector<CheckpointContents> parts;
+  for (const auto& f : checkpoint_files(path)) parts.push_back(read_checkpoint_file(f, true));
+  CheckpointContents c = assemble_checkpoint(parts, path);
+  const Config old = parse_deck_text(c.config_text, path + " (config)", {}, 1, false);
+  std::ostringstream diff;
+  auto check = [&](const char* key, const std::string& a, const std::string& b) {
+    if (a != b) diff << "\n  " << key << ": checkpoint " << a << ", deck " << b;
+  };
+  check("dim", std::to_string(old.dim), std::to_string(cfg.dim));
+  check("num_linears", std::to_string(old.num_linears), std::to_string(cfg.num_linears));
+  check("lora_rank", std::to_string(old.lora_rank), std::to_string(cfg.lora_rank));
+  check("lora_alpha", std::to_string(old.lora_alpha), std::to_string(cfg.lora_alpha));
+  check("lora_dropout", std::to_string(old.lora_dropout), std::to_string(cfg.lora_dropout));
+  check("bias", old.bias ? "true" : "false", cfg.bias ? "true" : "false");
+  check("activation", old.activation, cfg.activation);
+  check("dtype", dtype_name(old.dtype), dtype_name(cfg.dtype));
+  check("block_size", std::to_string(old.block_size), std::to_string(cfg.block_size));
+  check("scaler_block_size", std::to_string(old.scaler_block_size),
+        std::to_string(cfg.scaler_block_size));
+  check("optimizer", old.optimizer, cfg.optimizer);
+  KQLORA_INPUT_CHECK(diff.str().empty(), "restart from " << path
+                                                         << ": the deck changes what a "
+                                                            "checkpoint cannot carry over:"
+                                                         << diff.str());
+  KQLORA_INPUT_CHECK(c.step <= cfg.num_steps,
+                     "restart from " << path << ": the checkpoint is at step " << c.step
+                                     << ", past num_steps " << cfg.num_steps);
+  log << "restart: " << path << " at step " << c.step << "\n";
+  return c;
+}
+
+template <class ExecSpace>
+void restore_model(LoraModel<ExecSpace>& model, const CheckpointContents& c) {
+  using Mem = typename ExecSpace::memory_space;
+  for (const auto& [name, t] : c.nf4) {
+    for (int l = 0; l < model.config().num_layers; ++l)
+      if (LoraModel<ExecSpace>::base_name(l) == name) model.base[l] = nf4_copy_to<Mem>(t);
+  }
+  auto hp = Kokkos::create_mirror_view(model.params);
+  for (const auto& p : model.params_info()) {
+    const auto* t = find_tensor(c, p.name);
+    KQLORA_INPUT_CHECK(t && static_cast<int64_t>(t->data.size()) == p.numel,
+                       "restart: parameter '" << p.name << "' missing or of the wrong size");
+    std::copy(t->data.begin(), t->data.end(), hp.data() + p.offset);
+  }
+  Kokkos::deep_copy(model.params, hp);
+  model.params_changed();
+}
+
+template <class ExecSpace>
+void restore_optimizer(Optimizer<ExecSpace>& opt, const LoraModel<ExecSpace>& model,
+                       const CheckpointContents& c, int64_t first) {
+  for (const auto& [state, view] : opt.state()) {
+    const int64_t n = view.extent(0);
+    auto h = Kokkos::create_mirror_view(view);
+    Kokkos::deep_copy(h, 0.0f);
+    for (const auto& p : model.params_info()) {
+      const std::vector<float>* v = nullptr;
+      for (const auto& [key, values] : c.optimizer)
+        if (key.first == p.name && key.second == state) v = &values;
+      KQLORA_INPUT_CHECK(v && static_cast<int64_t>(v->size()) == p.numel,
+                         "restart: optimizer state " << state << " of '" << p.name << "' missing");
+      for (int64_t i = std::max(first, p.offset); i < std::min(first + n, p.offset + p.numel); ++i)
+        h(i - first) = (*v)[i - p.offset];
+    }
+    Kokkos::deep_copy(view, h);
+  }
+  opt.set_steps(c.optimizer_steps);
+}
+
+template <class ExecSpace>
+std::string save_checkpoint(const Config& cfg, LoraModel<ExecSpace>& model,
+                            Optimizer<ExecSpace>& opt, Fsdp<ExecSpace>* fsdp,
+                            dist::Communicator& comm, int64_t steps_done,
+                            const std::string& data_source) {
+  const int rank = comm.rank(), nranks = comm.size();
+  CheckpointContents c;
+  c.step = steps_done;
+  c.world_size = nranks;
+  c.rank = rank;
+  c.parallel = cfg.parallel;
+  c.layout = cfg.checkpoint_layout;
+  c.config_text = cfg.to_deck_text();
+  c.optimizer_steps = opt.steps();
+  c.seed = cfg.seed;
+  c.data_source = data_source;
+  if (cfg.checkpoint_layout == "shared")  // written straight from the model's buffers
+    return save_shared(cfg, model, opt, fsdp, comm, c);
+  auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params);
+  if (!fsdp) {
+    for (int l = 0; l < cfg.num_linears; ++l)
+      c.nf4.emplace_back(LoraModel<ExecSpace>::base_name(l), nf4_host(model.base[l]));
+    for (const auto& p : model.params_info())
+      c.params.push_back(
+          {p.name, p.shape,
+           std::vector<float>(hp.data() + p.offset, hp.data() + p.offset + p.numel)});
+    for (const auto& [state, view] : opt.state()) {
+      auto hs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
+      for (const auto& p : model.params_info())
+        c.optimizer.push_back(
+            {{p.name, state},
+             std::vector<float>(hs.data() + p.offset, hs.data() + p.offset + p.numel)});
+    }
+  } else {
+    // This rank's shards: its NF4 blocks, and the part of each parameter (and of its
+    // optimizer state) that lies in its chunk of the flat vector.
+    for (int l = 0; l < cfg.num_linears; ++l)
+      c.nf4_shards.emplace_back(LoraModel<ExecSpace>::base_name(l),
+                                nf4_shard_host(fsdp->base_shards()[l]));
+    const int64_t lo = fsdp->shard_offset(), hi = lo + fsdp->shard_size();
+    auto state = opt.state();
+    std::vector<decltype(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params))>
+        hs;
+    for (const auto& kv : state)
+      hs.push_back(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kv.second));
+    for (const auto& p : model.params_info()) {
+      const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel);
+      if (a >= b) continue;  // not in this rank's chunk
+      CheckpointTensor t{p.name, {b - a}, std::vector<float>(hp.data() + a, hp.data() + b)};
+      t.first_element = a - p.offset;
+      t.global_shape = p.shape;
+      t.shard_index = rank;
+      t.num_shards = nranks;
+      c.params.push_back(std::move(t));
+      for (size_t k = 0; k < state.size(); ++k)
+        c.optimizer.push_back(
+            {{p.name, state[k].first},
+             std::vector<float>(hs[k].data() + (a - lo), hs[k].data() + (b - lo))});
+    }
+  }
+  return write_checkpoint_per_rank(cfg.save_dir, c, cfg.keep_last, comm);
+}
+
+using Exec = Kokkos::DefaultExecutionSpace;
+template void restore_model(LoraModel<Exec>&, const CheckpointContents&);
+template void restore_optimizer(Optimizer<Exec>&, const LoraModel<Exec>&, const CheckpointContents&,
+                                int64_t);
+template std::string save_checkpoint(const Config&, LoraModel<Exec>&, Optimizer<Exec>&, Fsdp<Exec>*,
+                                     dist::Communicator&, int64_t, const std::string&);
+
+}  // namespace kqlora
