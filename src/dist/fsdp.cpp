@@ -103,12 +103,11 @@ Nf4Tensor<typename ExecSpace::memory_space> Fsdp<ExecSpace>::whole_base(int laye
 
 template <class ExecSpace>
 void Fsdp<ExecSpace>::gather_params() {
-  const int64_t P = model_.num_params(), n = comm_.size();
+  const int64_t P = model_.num_params();
   auto host = host_of(padded_params_);
   Kokkos::deep_copy(host, padded_params_);
   comm_.wait(comm_.allgather(host.data() + shard_offset(), host.data(), 4 * chunk_));
   Kokkos::deep_copy(padded_params_, host);
-  (void)n;
   Kokkos::deep_copy(exec_, model_.params,
                     Kokkos::subview(padded_params_, Kokkos::make_pair(int64_t(0), P)));
   model_.params_changed();

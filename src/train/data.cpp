@@ -4,7 +4,6 @@
 
 #include "kqlora/build_config.hpp"
 #include "kqlora/core/error.hpp"
-#include "kqlora/core/random.hpp"
 #if KQLORA_HAVE_HDF5
 #include "kqlora/io/hdf5_file.hpp"
 #endif
@@ -40,26 +39,23 @@ DataSource::DataSource(const std::string& path, int64_t dim, int64_t global_bs, 
 #endif
 }
 
-void DataSource::fill(const std::vector<float>& src, uint64_t stream, int64_t step, int64_t first,
-                      int64_t n, float* out) const {
+void DataSource::fill(const std::vector<float>& src, int64_t step, int64_t first, int64_t n,
+                      float* out) const {
+  KQLORA_THROW_IF(path_.empty(),
+                  "DataSource: synthetic rows are generated on the device "
+                  "(fill_normal_rows), not read");
   for (int64_t i = 0; i < n; ++i) {
     const int64_t g = step * global_bs_ + first + i;  // global sample index over the run
-    if (path_.empty()) {
-      for (int64_t f = 0; f < dim_; ++f)
-        out[i * dim_ + f] =
-            static_cast<float>(random_normal(seed_, stream, static_cast<uint64_t>(g * dim_ + f)));
-    } else {
-      std::memcpy(out + i * dim_, src.data() + (g % rows_) * dim_, sizeof(float) * dim_);
-    }
+    std::memcpy(out + i * dim_, src.data() + (g % rows_) * dim_, sizeof(float) * dim_);
   }
 }
 
 void DataSource::inputs(int64_t step, int64_t first, int64_t n, float* out) const {
-  fill(inputs_, static_cast<uint64_t>(RandomStream::inputs), step, first, n, out);
+  fill(inputs_, step, first, n, out);
 }
 
 void DataSource::targets(int64_t step, int64_t first, int64_t n, float* out) const {
-  fill(targets_, static_cast<uint64_t>(RandomStream::targets), step, first, n, out);
+  fill(targets_, step, first, n, out);
 }
 
 }  // namespace kqlora

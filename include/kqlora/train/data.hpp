@@ -16,7 +16,8 @@ class DataSource {
   DataSource(const std::string& path, int64_t dim, int64_t global_bs, uint64_t seed,
              bool need_targets, const std::string& what);
 
-  /// Row-major [n, dim] inputs (and targets) of global samples first .. first+n-1 of `step`.
+  /// Row-major [n, dim] inputs (and targets) of samples first .. first+n-1 of `step`, from
+  /// the file (synthetic rows come from fill_normal_rows, keyed by global_sample).
   void inputs(int64_t step, int64_t first, int64_t n, float* out) const;
   void targets(int64_t step, int64_t first, int64_t n, float* out) const;
   bool synthetic() const { return path_.empty(); }
@@ -29,7 +30,7 @@ class DataSource {
   int64_t dim_, global_bs_, rows_ = 0;
   uint64_t seed_;
   std::vector<float> inputs_, targets_;
-  void fill(const std::vector<float>& src, uint64_t stream, int64_t step, int64_t first, int64_t n,
+  void fill(const std::vector<float>& src, int64_t step, int64_t first, int64_t n,
             float* out) const;
 };
 
