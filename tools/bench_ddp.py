@@ -4,10 +4,13 @@ per rank, and what the bucket overlap hides:
 
     python3 tools/bench_ddp.py [--bin build/bin] [--deck input/bench_ddp.in] [--np 2]
 
-Runs kqlora-train three times: np 1, np N (buckets summed blocking as soon as they are
-ready, the default on CPUs), and np N with KQLORA_DDP_OVERLAP=1 (non-blocking, driven between
-panels, finished after the backward). Step time: median of the per-step times after the first
-(from metrics_file's elapsed_s).
+Runs kqlora-train four times, side by side: np 1; np N with the default on one node
+(gradients, weights and optimizer state in node shared memory, each rank summing and
+updating its chunk); np N with bucket reductions as across nodes (KQLORA_DDP_SHARED_MEMORY=0),
+summed blocking as soon as a bucket is ready (the default for host memory); and the same
+with KQLORA_DDP_OVERLAP=1 (non-blocking, driven between panels, finished after the
+backward). Step time: median of the per-step times after the first (metrics_file's
+elapsed_s).
 """
 import argparse
 import json
@@ -24,9 +27,10 @@ ap.add_argument("--np", type=int, default=2)
 args = ap.parse_args()
 
 
-def run(np, overlap=True):
+def run(np, shared=True, overlap=False):
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env["KQLORA_DDP_SHARED_MEMORY"] = "1" if shared else "0"
     env["KQLORA_DDP_OVERLAP"] = "1" if overlap else "0"
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "m.jsonl")
@@ -41,8 +45,9 @@ def run(np, overlap=True):
 
 
 t1, _ = run(1)
-tn, ddp = run(args.np, overlap=False)
-tn_ov, ddp_ov = run(args.np, overlap=True)
 print(f"step time np=1: {t1:.3f} s")
-print(f"step time np={args.np} (default: blocking when ready): {tn:.3f} s  ({tn / t1:.2f}x of np=1)   {ddp}")
-print(f"step time np={args.np}, non-blocking overlap: {tn_ov:.3f} s  ({tn_ov / t1:.2f}x)   {ddp_ov}")
+for label, kw in [("node shared memory (default on one node)", {}),
+                  ("buckets, blocking when ready", {"shared": False}),
+                  ("buckets, non-blocking overlap", {"shared": False, "overlap": True})]:
+    tn, ddp = run(args.np, **kw)
+    print(f"step time np={args.np}, {label}: {tn:.3f} s  ({tn / t1:.2f}x of np=1)\n    {ddp}")

@@ -1,6 +1,8 @@
 #include "kqlora/dist/ddp.hpp"
 
+#include <cmath>
 #include <cstring>
+#include <exception>
 
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/kokkos_compat.hpp"
@@ -58,6 +60,115 @@ Ddp<ExecSpace>::Ddp(dist::Communicator& comm, LoraModel<ExecSpace>& model, doubl
 template <class ExecSpace>
 Ddp<ExecSpace>::~Ddp() {
   model_.set_backward_hooks({}, {});
+  if (!shared_) return;
+  if (std::uncaught_exceptions() > 0) {
+    // Freeing a window is collective: while an error ends this rank, leave it to the
+    // process's end rather than wait for ranks that are not coming.
+    shared_.release();
+    shared_params_.release();
+    for (auto& s : shared_state_) s.release();
+    return;
+  }
+  // The model gets private copies back before the shared memory goes.
+  using Vec = typename LoraModel<ExecSpace>::Vec;
+  Vec p("kqlora::LoraModel::params", model_.num_params());
+  Vec g("kqlora::LoraModel::grads", model_.num_params());
+  Kokkos::deep_copy(p, model_.params);
+  Kokkos::deep_copy(g, model_.grads);
+  model_.use_buffers(p, g);
+}
+
+template <class ExecSpace>
+bool Ddp<ExecSpace>::share_node_memory(const OptimizerConfig& opt) {
+  if constexpr (!std::is_same<Mem, Kokkos::HostSpace>::value) {
+    (void)opt;
+    return false;  // device memory: buckets
+  } else {
+    using Vec = typename LoraModel<ExecSpace>::Vec;
+    const int n = comm_.size(), r = comm_.rank();
+    const int64_t P = model_.num_params();
+    // Chunks of whole 64-byte lines: no two ranks write to one cache line.
+    chunk_ = ((P + n - 1) / n + 15) / 16 * 16;
+    padded_ = (P + 15) / 16 * 16;
+    auto first = [&](int k) { return std::min(P, k * chunk_); };
+    auto grads = comm_.allocate_shared(4 * padded_);
+    if (!grads) return false;  // (the same answer on every rank)
+    auto params = comm_.allocate_shared(4 * (first(r + 1) - first(r)));
+    state_names_ = Optimizer<ExecSpace>::state_names(opt);
+    std::vector<std::unique_ptr<dist::SharedMemory>> state;
+    for (size_t k = 0; k < state_names_.size(); ++k)
+      state.push_back(comm_.allocate_shared(4 * (first(r + 1) - first(r))));
+    // The views below need the segments end to end (MPI's default for shared windows).
+    bool contiguous = true;
+    for (int k = 0; k < n; ++k) {
+      contiguous &= grads->segment(k) == grads->segment(0) + 4 * padded_ * k;
+      if (first(k + 1) == first(k)) continue;  // an empty chunk has no address to check
+      contiguous &= params->segment(k) == params->segment(0) + 4 * first(k);
+      for (auto& s : state) contiguous &= s->segment(k) == s->segment(0) + 4 * first(k);
+    }
+    if (!contiguous) return false;
+    shared_ = std::move(grads);
+    shared_params_ = std::move(params);
+    shared_state_ = std::move(state);
+    // This rank fills its own chunk (all ranks hold rank 0's values after the broadcast);
+    // the state starts at zero, as a fresh optimizer's.
+    const int64_t lo = chunk_offset(), m = chunk_size();
+    Vec p(reinterpret_cast<float*>(shared_params_->segment(0)), P);
+    Vec g(reinterpret_cast<float*>(shared_->segment(r)), P);
+    using Kokkos::make_pair;
+    Kokkos::deep_copy(Kokkos::subview(p, make_pair(lo, lo + m)),
+                      Kokkos::subview(model_.params, make_pair(lo, lo + m)));
+    Kokkos::deep_copy(g, 0.0f);
+    for (const auto& buf : optimizer_buffers()) Kokkos::deep_copy(buf, 0.0f);
+    shared_->sync();
+    model_.use_buffers(p, g);
+    model_.set_backward_hooks({}, {});  // no buckets
+    return true;
+  }
+}
+
+template <class ExecSpace>
+int64_t Ddp<ExecSpace>::chunk_offset() const {
+  return shared_ ? std::min(model_.num_params(), comm_.rank() * chunk_) : 0;
+}
+
+template <class ExecSpace>
+int64_t Ddp<ExecSpace>::chunk_size() const {
+  if (!shared_) return model_.num_params();
+  return std::min(model_.num_params(), chunk_offset() + chunk_) - chunk_offset();
+}
+
+template <class ExecSpace>
+std::vector<typename LoraModel<ExecSpace>::Vec> Ddp<ExecSpace>::optimizer_buffers() const {
+  std::vector<typename LoraModel<ExecSpace>::Vec> v;
+  for (const auto& s : shared_state_)
+    v.emplace_back(reinterpret_cast<float*>(s->segment(0)) + chunk_offset(), chunk_size());
+  return v;
+}
+
+template <class ExecSpace>
+std::vector<std::pair<std::string, typename LoraModel<ExecSpace>::Vec>>
+Ddp<ExecSpace>::optimizer_state(const Optimizer<ExecSpace>& opt) const {
+  if (!shared_) return opt.state();
+  std::vector<std::pair<std::string, typename LoraModel<ExecSpace>::Vec>> v;
+  for (size_t k = 0; k < shared_state_.size(); ++k)
+    v.emplace_back(state_names_[k], typename LoraModel<ExecSpace>::Vec(
+                                        reinterpret_cast<float*>(shared_state_[k]->segment(0)),
+                                        model_.num_params()));
+  return v;
+}
+
+template <class ExecSpace>
+double Ddp<ExecSpace>::grad_norm(const ExecSpace& exec) {
+  if (!shared_) return kqlora::grad_norm(exec, model_.grads);
+  double ss = chunk_sum_squares_;  // (summed with the gradients in finish())
+  comm_.wait(comm_.allreduce_sum(&ss, 1));
+  return std::sqrt(ss);
+}
+
+template <class ExecSpace>
+void Ddp<ExecSpace>::updated() {
+  if (shared_) shared_->sync();
 }
 
 template <class ExecSpace>
@@ -158,6 +269,50 @@ void Ddp<ExecSpace>::finish() {
   KQLORA_THROW_IF(!armed_, "Ddp::finish without arm");
   armed_ = false;
   const auto t0 = Clock::now();
+  if (shared_) {
+    if constexpr (std::is_same<Mem, Kokkos::HostSpace>::value) {
+      shared_->sync();  // every rank's backward is done
+      const auto t1 = Clock::now();
+      // Rank k's gradients are row k; this rank's chunk of the sum, in rank order (the
+      // same order on every rank and every run), into its own row, with the sum of squares
+      // for grad_norm() in the same pass. Blocks of 64 keep the sums in vector registers
+      // and the squares in 8 double lanes (a single double accumulator is a chain of
+      // dependent adds, 5x slower).
+      constexpr int64_t B = 64;
+      const int n = comm_.size(), me = comm_.rank();
+      const int64_t stride = padded_, lo = chunk_offset(), hi = lo + chunk_size();
+      float* const rows = reinterpret_cast<float*>(shared_->segment(0));
+      double ss = 0;
+      Kokkos::parallel_reduce(
+          "kqlora::Ddp::sum_chunk",
+          Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace, Kokkos::IndexType<int64_t>>(
+              0, (hi - lo + B - 1) / B),
+          [=](int64_t b, double& acc) {
+            const int64_t i0 = lo + b * B, m = std::min(B, hi - i0);
+            float s[B] = {};
+            for (int64_t j = 0; j < m; ++j) s[j] = rows[i0 + j];
+            for (int k = 1; k < n; ++k) {
+              const float* r = rows + k * stride + i0;
+              for (int64_t j = 0; j < m; ++j) s[j] += r[j];
+            }
+            float* out = rows + me * stride + i0;
+            double lanes[8] = {};
+            for (int64_t j = 0; j < m; ++j) out[j] = s[j];
+            for (int64_t j = 0; j < B; j += 8)  // (zeros past m add nothing)
+              for (int l = 0; l < 8; ++l) lanes[l] += static_cast<double>(s[j + l]) * s[j + l];
+            acc += ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+                   ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+          },
+          ss);
+      chunk_sum_squares_ = ss;
+      stats_.waited_s += std::chrono::duration<double>(t1 - t0).count();
+      stats_.sum_s += since(t1);
+      stats_.in_flight_s += since(t0);
+      stats_.bytes += 4.0 * model_.num_params();
+      ++stats_.buckets;
+    }
+    return;
+  }
   if constexpr (!std::is_same<Mem, Kokkos::HostSpace>::value) {
     if (staging_.extent(0) != model_.grads.extent(0))
       staging_ =

@@ -116,6 +116,16 @@ class MpiCommunicator : public Communicator {
     return r;
   }
 
+  std::unique_ptr<SharedMemory> allocate_shared(int64_t bytes) override;
+
+  /// A non-blocking barrier (it has a deadline, unlike MPI_Barrier).
+  std::unique_ptr<Request> barrier() {
+    auto r = start("barrier");
+    r->reqs.emplace_back();
+    KQLORA_CHECK_MPI(MPI_Ibarrier(comm_, &r->reqs.back()));
+    return r;
+  }
+
   bool test(Request& base) override {
     auto& r = static_cast<MpiRequest&>(base);
     if (r.done) return true;
@@ -147,6 +157,55 @@ class MpiCommunicator : public Communicator {
       f(off, static_cast<int>(std::min(piece, total - off)));
   }
 };
+
+/// An MPI-3 shared window, in a passive-target epoch for its whole life (MPI_Win_sync
+/// then orders memory at each sync).
+class MpiSharedMemory : public SharedMemory {
+ public:
+  MpiSharedMemory(MpiCommunicator& comm, int64_t bytes) : comm_(comm) {
+    KQLORA_CHECK_MPI(MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes), 1, MPI_INFO_NULL,
+                                             comm.mpi_comm(), &base_, &win_));
+    KQLORA_CHECK_MPI(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_));
+    for (int r = 0; r < comm.size(); ++r) {
+      MPI_Aint size = 0;
+      int unit = 0;
+      void* p = nullptr;
+      KQLORA_CHECK_MPI(MPI_Win_shared_query(win_, r, &size, &unit, &p));
+      segments_.push_back(static_cast<char*>(p));
+    }
+  }
+  ~MpiSharedMemory() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    MPI_Win_unlock_all(win_);  // no throw from a destructor
+    MPI_Win_free(&win_);
+  }
+  char* segment(int rank) const override { return segments_[static_cast<size_t>(rank)]; }
+  void sync() override {
+    KQLORA_CHECK_MPI(MPI_Win_sync(win_));
+    comm_.wait(comm_.barrier());
+    KQLORA_CHECK_MPI(MPI_Win_sync(win_));
+  }
+
+ private:
+  MpiCommunicator& comm_;
+  MPI_Win win_ = MPI_WIN_NULL;
+  void* base_ = nullptr;
+  std::vector<char*> segments_;
+};
+
+std::unique_ptr<SharedMemory> MpiCommunicator::allocate_shared(int64_t bytes) {
+  Watchdog::Guard guard(*this, "shared-memory window allocation");
+  // Shared memory only when every rank is on this node (the same answer on every rank).
+  MPI_Comm node = MPI_COMM_NULL;
+  KQLORA_CHECK_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+  int node_size = 0;
+  KQLORA_CHECK_MPI(MPI_Comm_size(node, &node_size));
+  KQLORA_CHECK_MPI(MPI_Comm_free(&node));
+  if (node_size != size_) return nullptr;
+  return std::make_unique<MpiSharedMemory>(*this, bytes);
+}
 
 }  // namespace
 

@@ -73,6 +73,17 @@ int64_t LoraModel<ExecSpace>::base_bytes() const {
 }
 
 template <class ExecSpace>
+void LoraModel<ExecSpace>::use_buffers(const Vec& new_params, const Vec& new_grads) {
+  KQLORA_THROW_IF(
+      new_params.extent(0) != params.extent(0) || new_grads.extent(0) != grads.extent(0),
+      "LoraModel::use_buffers: buffers of the wrong size");
+  const bool same = compute_.data() == params.data();
+  params = new_params;
+  grads = new_grads;
+  if (same) compute_ = params;  // float32: forward and backward read the masters
+}
+
+template <class ExecSpace>
 void LoraModel<ExecSpace>::params_changed() {
   if (!cfg_.bf16()) return;
   auto src = params;

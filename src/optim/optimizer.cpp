@@ -29,13 +29,32 @@ Optimizer<ExecSpace>::Optimizer(const ExecSpace& exec, const OptimizerConfig& cf
 }
 
 template <class ExecSpace>
+Optimizer<ExecSpace>::Optimizer(const ExecSpace& exec, const OptimizerConfig& cfg,
+                                const std::vector<Vec>& state)
+    : exec_(exec), cfg_(cfg) {
+  KQLORA_THROW_IF(state.size() != state_names(cfg).size(),
+                  "Optimizer: " << state.size() << " state buffers for " << state_names(cfg).size()
+                                << " states");
+  if (!state.empty()) m_ = state[0];
+  if (state.size() > 1) v_ = state[1];
+}
+
+template <class ExecSpace>
+std::vector<std::string> Optimizer<ExecSpace>::state_names(const OptimizerConfig& cfg) {
+  if (cfg.kind == OptimizerConfig::Kind::sgd) {
+    if (cfg.momentum == 0) return {};
+    return {"momentum_buffer"};
+  }
+  return {"exp_avg", "exp_avg_sq"};
+}
+
+template <class ExecSpace>
 std::vector<std::pair<std::string, typename Optimizer<ExecSpace>::Vec>>
 Optimizer<ExecSpace>::state() const {
-  if (cfg_.kind == OptimizerConfig::Kind::sgd) {
-    if (cfg_.momentum == 0) return {};
-    return {{"momentum_buffer", m_}};
-  }
-  return {{"exp_avg", m_}, {"exp_avg_sq", v_}};
+  const auto names = state_names(cfg_);
+  std::vector<std::pair<std::string, Vec>> s;
+  for (size_t k = 0; k < names.size(); ++k) s.emplace_back(names[k], k == 0 ? m_ : v_);
+  return s;
 }
 
 template <class ExecSpace>

@@ -23,9 +23,10 @@ const CheckpointTensor* find_tensor(const CheckpointContents& c, const std::stri
 /// shards and parameter chunk, or an even split in whole chunks of what every DDP rank
 /// holds), straight from the model's buffers.
 template <class ExecSpace>
-std::string save_shared(const Config& cfg, LoraModel<ExecSpace>& model, Optimizer<ExecSpace>& opt,
-                        Fsdp<ExecSpace>* fsdp, dist::Communicator& comm,
-                        const CheckpointContents& header) {
+std::string save_shared(
+    const Config& cfg, LoraModel<ExecSpace>& model,
+    const std::vector<std::pair<std::string, typename LoraModel<ExecSpace>::Vec>>& state,
+    Fsdp<ExecSpace>* fsdp, dist::Communicator& comm, const CheckpointContents& header) {
   const int rank = comm.rank(), nranks = comm.size();
 
   SharedCheckpoint sc;
@@ -98,7 +99,6 @@ std::string save_shared(const Config& cfg, LoraModel<ExecSpace>& model, Optimize
   auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params);
   // Parameters: the flat chunk this rank owns (FSDP) or an even split (DDP).
   const int64_t P = model.num_params();
-  auto state = opt.state();
   std::vector<decltype(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params))> hs;
   for (const auto& kv : state)
     hs.push_back(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kv.second));
@@ -209,10 +209,11 @@ void restore_optimizer(Optimizer<ExecSpace>& opt, const LoraModel<ExecSpace>& mo
 }
 
 template <class ExecSpace>
-std::string save_checkpoint(const Config& cfg, LoraModel<ExecSpace>& model,
-                            Optimizer<ExecSpace>& opt, Fsdp<ExecSpace>* fsdp,
-                            dist::Communicator& comm, int64_t steps_done,
-                            const std::string& data_source) {
+std::string save_checkpoint(
+    const Config& cfg, LoraModel<ExecSpace>& model, const Optimizer<ExecSpace>& opt,
+    const std::vector<std::pair<std::string, typename LoraModel<ExecSpace>::Vec>>& opt_state,
+    Fsdp<ExecSpace>* fsdp, dist::Communicator& comm, int64_t steps_done,
+    const std::string& data_source) {
   const int rank = comm.rank(), nranks = comm.size();
   CheckpointContents c;
   c.step = steps_done;
@@ -225,7 +226,7 @@ std::string save_checkpoint(const Config& cfg, LoraModel<ExecSpace>& model,
   c.seed = cfg.seed;
   c.data_source = data_source;
   if (cfg.checkpoint_layout == "shared")  // written straight from the model's buffers
-    return save_shared(cfg, model, opt, fsdp, comm, c);
+    return save_shared(cfg, model, opt_state, fsdp, comm, c);
   auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params);
   if (!fsdp) {
     for (int l = 0; l < cfg.num_linears; ++l)
@@ -234,7 +235,7 @@ std::string save_checkpoint(const Config& cfg, LoraModel<ExecSpace>& model,
       c.params.push_back(
           {p.name, p.shape,
            std::vector<float>(hp.data() + p.offset, hp.data() + p.offset + p.numel)});
-    for (const auto& [state, view] : opt.state()) {
+    for (const auto& [state, view] : opt_state) {
       auto hs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
       for (const auto& p : model.params_info())
         c.optimizer.push_back(
@@ -248,7 +249,7 @@ std::string save_checkpoint(const Config& cfg, LoraModel<ExecSpace>& model,
       c.nf4_shards.emplace_back(LoraModel<ExecSpace>::base_name(l),
                                 nf4_shard_host(fsdp->base_shards()[l]));
     const int64_t lo = fsdp->shard_offset(), hi = lo + fsdp->shard_size();
-    auto state = opt.state();
+    const auto& state = opt_state;
     std::vector<decltype(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params))>
         hs;
     for (const auto& kv : state)
@@ -275,7 +276,9 @@ using Exec = Kokkos::DefaultExecutionSpace;
 template void restore_model(LoraModel<Exec>&, const CheckpointContents&);
 template void restore_optimizer(Optimizer<Exec>&, const LoraModel<Exec>&, const CheckpointContents&,
                                 int64_t);
-template std::string save_checkpoint(const Config&, LoraModel<Exec>&, Optimizer<Exec>&, Fsdp<Exec>*,
-                                     dist::Communicator&, int64_t, const std::string&);
+template std::string save_checkpoint(
+    const Config&, LoraModel<Exec>&, const Optimizer<Exec>&,
+    const std::vector<std::pair<std::string, LoraModel<Exec>::Vec>>&, Fsdp<Exec>*,
+    dist::Communicator&, int64_t, const std::string&);
 
 }  // namespace kqlora

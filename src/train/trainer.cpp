@@ -199,14 +199,27 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
         env ? std::string(env) == "1" : !std::is_same<Mem, Kokkos::HostSpace>::value;
     ddp = std::make_unique<Ddp<Exec>>(comm, model, cfg.bucket_mb, overlap);
     ddp->broadcast_parameters();
+    // Ranks on one node share gradients, weights and optimizer state instead of sending
+    // them (KQLORA_DDP_SHARED_MEMORY=0: buckets always).
+    const char* shm = std::getenv("KQLORA_DDP_SHARED_MEMORY");
+    if (!(shm && std::string(shm) == "0")) ddp->share_node_memory(OptimizerConfig::from(cfg));
   }
-  // The optimizer sees this rank's parameters: all of them, or its FSDP chunk.
-  const auto opt_params = fsdp ? fsdp->shard_params() : model.params;
-  const auto opt_grads = fsdp ? fsdp->shard_grads() : model.grads;
-  Optimizer<Exec> opt(exec, OptimizerConfig::from(cfg), opt_params.extent(0));
+  // The optimizer sees this rank's parameters: all of them, its FSDP chunk, or its chunk
+  // of the node-shared DDP weights.
+  using Vec = LoraModel<Exec>::Vec;
+  const int64_t opt_first = fsdp ? fsdp->shard_offset() : ddp ? ddp->chunk_offset() : 0;
+  const int64_t opt_size = fsdp ? fsdp->shard_size() : ddp ? ddp->chunk_size() : model.num_params();
+  const auto opt_range = Kokkos::make_pair(opt_first, opt_first + opt_size);
+  const Vec opt_params =
+      fsdp ? fsdp->shard_params() : Vec(Kokkos::subview(model.params, opt_range));
+  const Vec opt_grads = fsdp ? fsdp->shard_grads() : Vec(Kokkos::subview(model.grads, opt_range));
+  Optimizer<Exec> opt =
+      ddp && ddp->shares_memory()
+          ? Optimizer<Exec>(exec, OptimizerConfig::from(cfg), ddp->optimizer_buffers())
+          : Optimizer<Exec>(exec, OptimizerConfig::from(cfg), opt_params.extent(0));
   if (cfg.restart != "none") {  // the optimizer state of this rank's parameters
 #if KQLORA_HAVE_HDF5
-    restore_optimizer(opt, model, resumed, fsdp ? fsdp->shard_offset() : 0);
+    restore_optimizer(opt, model, resumed, opt_first);
 #endif
     if (root)
       log << "restart: step " << start_step << " (" << resumed.world_size << " rank(s), "
@@ -284,8 +297,9 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
 #if KQLORA_HAVE_HDF5
   auto save = [&](int64_t steps_done) {
     timer.enter(kCheckpoint);
-    summary.last_checkpoint = save_checkpoint(cfg, model, opt, fsdp.get(), comm, steps_done,
-                                              data.synthetic() ? "synthetic" : data.path());
+    summary.last_checkpoint =
+        save_checkpoint(cfg, model, opt, ddp ? ddp->optimizer_state(opt) : opt.state(), fsdp.get(),
+                        comm, steps_done, data.synthetic() ? "synthetic" : data.path());
     last_saved = steps_done;
     if (root) log << "checkpoint: " << summary.last_checkpoint << "\n";
   };
@@ -308,7 +322,9 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
     const bool stop = loss_and_stop[1] > 0;
 
     timer.enter(kOptimizer);
-    const double norm = fsdp ? fsdp->grad_norm() : grad_norm(exec, model.grads);
+    const double norm = fsdp  ? fsdp->grad_norm()
+                        : ddp ? ddp->grad_norm(exec)
+                              : grad_norm(exec, model.grads);
     const bool finite = std::isfinite(loss) && std::isfinite(norm);
     if (!finite) {
       KQLORA_THROW_IF(cfg.nonfinite == "stop",
@@ -326,10 +342,13 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
       if (fsdp) {
         timer.enter(kComm);
         fsdp->gather_params();  // every rank's updated chunk to everyone
-      } else {
-        model.params_changed();
       }
     }
+    if (ddp) {
+      timer.enter(kComm);
+      ddp->updated();  // node-shared: every rank's chunk updated (or the step skipped)
+    }
+    if (finite && !fsdp) model.params_changed();
     summary.losses.push_back(finite ? loss : NAN);
     summary.steps_done = step + 1;
 
@@ -444,7 +463,14 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
     row("setup", avg_total - phases_avg, avg_total - phases_avg, avg_total - phases_avg);
     row("total", mn[kPhases], avg_total, mx[kPhases]);
     log << "(setup: initialisation, quantization and file reading, on average)\n";
-    if (ddp) {
+    if (ddp && ddp->shares_memory()) {
+      const auto& st = ddp->stats();
+      log << "DDP: gradients, weights and optimizer state in node shared memory; each rank "
+             "sums and updates 1/"
+          << nranks << " of " << human_bytes(st.bytes / std::max<int64_t>(1, summary.steps_done))
+          << " per step; waited for the other ranks " << human_time(st.waited_s) << ", summing "
+          << human_time(st.sum_s) << "\n";
+    } else if (ddp) {
       const auto& st = ddp->stats();
       log << "DDP: " << ddp->num_buckets() << " bucket(s) per step, "
           << human_bytes(st.bytes / std::max<int64_t>(1, summary.steps_done))

@@ -1,7 +1,9 @@
 // Data parallelism under mpiexec (np 1..4): every rank runs the one-process reference over
 // MPI_COMM_SELF, then the real run over all ranks, and compares: NF4 bytes equal, LoRA
 // parameters within rtol 1e-5 / atol 1e-6, for DDP with sgd and adam, even and uneven
-// slices, micro-batches; and the DDP broadcast gives every rank rank 0's exact bytes.
+// slices, micro-batches; DDP both through node shared memory (the default on one node) and
+// through bucket reductions (KQLORA_DDP_SHARED_MEMORY=0, as across nodes); and the DDP
+// broadcast gives every rank rank 0's exact bytes.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -84,6 +86,30 @@ TEST(DataParallel, DdpAdamEvenSlices) {
                   "loss=mse optimizer=adam lr=1e-2 activation=gelu bias=true");
 }
 
+/// Runs f with the DDP gradients summed by bucket reductions instead of node shared memory.
+template <class F>
+void with_buckets(F&& f) {
+  setenv("KQLORA_DDP_SHARED_MEMORY", "0", 1);
+  f();
+  unsetenv("KQLORA_DDP_SHARED_MEMORY");
+}
+
+TEST(DataParallel, DdpAdamBuckets) {
+  with_buckets([] {
+    run_and_compare("ddp_adam_buckets",
+                    "dim=64 num_linears=3 lora_rank=8 global_bs=12 num_steps=4 "
+                    "loss=mse optimizer=adamw weight_decay=0.1 lr=1e-2 activation=gelu");
+  });
+}
+
+TEST(DataParallel, DdpSharedMemoryUnevenChunks) {
+  // 2 layers of rank 3 over dim 40 with biases: 560 parameters, chunks of whole cache
+  // lines (np 3: 192 + 192 + 176; np 4: 144 x 3 + 128), AdamW with weight decay.
+  run_and_compare("ddp_shm_chunks",
+                  "dim=40 num_linears=2 lora_rank=3 bias=true global_bs=6 num_steps=5 "
+                  "loss=mse optimizer=adamw weight_decay=0.1 lr=1e-2 activation=relu");
+}
+
 TEST(DataParallel, DdpSgdUnevenSlicesMicroBatches) {
   // 7 samples: np 2 -> 4+3, np 3 -> 3+2+2, np 4 -> 2+2+2+1; micro-batches of 2.
   run_and_compare("ddp_sgd_uneven",
@@ -93,22 +119,32 @@ TEST(DataParallel, DdpSgdUnevenSlicesMicroBatches) {
 
 TEST(DataParallel, DdpSmallBucketsAndClipping) {
   // SGD, no clipping: any missing or doubled bucket changes the update.
-  run_and_compare("ddp_buckets",
-                  "dim=64 num_linears=4 lora_rank=4 global_bs=9 num_steps=3 "
-                  "loss=mse optimizer=sgd lr=1e-9 bucket_mb=0.001");
-  // Clipping active: the global norm must be that of the summed gradient.
+  with_buckets([] {
+    run_and_compare("ddp_buckets",
+                    "dim=64 num_linears=4 lora_rank=4 global_bs=9 num_steps=3 "
+                    "loss=mse optimizer=sgd lr=1e-9 bucket_mb=0.001");
+  });
+  // Clipping active: the global norm must be that of the summed gradient (node shared
+  // memory: summed from every rank's chunk; buckets: of the whole summed vector).
   run_and_compare("ddp_clip",
                   "dim=64 num_linears=2 lora_rank=4 global_bs=5 num_steps=3 "
                   "loss=sum optimizer=sgd lr=1e-3 grad_clip=1");
+  with_buckets([] {
+    run_and_compare("ddp_clip_buckets",
+                    "dim=64 num_linears=2 lora_rank=4 global_bs=5 num_steps=3 "
+                    "loss=sum optimizer=sgd lr=1e-3 grad_clip=1");
+  });
 }
 
 TEST(DataParallel, DdpNonBlockingOverlap) {
   // The non-blocking bucket reductions (driven between panels, finished after the
   // backward; the default on GPUs) give the same results as the blocking ones.
   setenv("KQLORA_DDP_OVERLAP", "1", 1);
-  run_and_compare("ddp_overlap",
-                  "dim=64 num_linears=4 lora_rank=4 global_bs=9 num_steps=3 "
-                  "loss=mse optimizer=sgd lr=1e-9 bucket_mb=0.001 micro_bs=2");
+  with_buckets([] {
+    run_and_compare("ddp_overlap",
+                    "dim=64 num_linears=4 lora_rank=4 global_bs=9 num_steps=3 "
+                    "loss=mse optimizer=sgd lr=1e-9 bucket_mb=0.001 micro_bs=2");
+  });
   unsetenv("KQLORA_DDP_OVERLAP");
 }
 
@@ -218,6 +254,25 @@ TEST(Restart, ExactAtTheSameWorldSizeDdpAndFsdp) {
         deck("parallel=" + mode + " num_steps=6 restart=latest save_dir=" + dir + "/split", n),
         *world, log);
     expect_same_state(dir + "/straight", dir + "/split", 0, 0);
+  }
+}
+
+TEST(Restart, DdpSharedMemoryStateResumedWithBuckets) {
+  // The optimizer state sharded over node shared memory is written whole: a run resumed
+  // with bucket reductions (every rank holding all of it) continues as the straight run.
+  auto world = kqlora::dist::make_mpi_communicator(true);
+  const int n = world->size();
+  const std::string dir = base_dir() + "/shm_to_buckets_np" + std::to_string(n);
+  std::ostringstream log;
+  for (const std::string layout : {"per_rank", "shared"}) {
+    const std::string d = dir + "/" + layout, l = " checkpoint_layout=" + layout;
+    kqlora::train(deck("num_steps=6 save_dir=" + d + "/straight" + l, n), *world, log);
+    kqlora::train(deck("num_steps=3 save_dir=" + d + "/split" + l, n), *world, log);
+    with_buckets([&] {
+      kqlora::train(deck("num_steps=6 restart=latest save_dir=" + d + "/split" + l, n), *world,
+                    log);
+    });
+    expect_same_state(d + "/straight", d + "/split", 1e-5, 1e-6);
   }
 }
 

@@ -43,6 +43,18 @@ class Request {
   bool done = false;
 };
 
+/// Host memory that every rank of a communicator reads and writes directly (MPI-3
+/// shared windows, where all ranks run on one node). Each rank contributes a segment;
+/// the segments lie end to end in rank order, so segment(0) starts the whole.
+class SharedMemory {
+ public:
+  virtual ~SharedMemory() = default;
+  virtual char* segment(int rank) const = 0;
+  /// A barrier that also orders memory: every rank's writes before it are visible to every
+  /// rank after it. Waits at most the communicator's timeout.
+  virtual void sync() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -77,6 +89,12 @@ class Communicator {
     return MPI_COMM_SELF;
   }
 #endif
+
+  /// Collective: `bytes` of shared host memory from this rank, visible to all ranks; null
+  /// (on every rank) where the ranks do not all share a node or the backend has none.
+  virtual std::unique_ptr<SharedMemory> allocate_shared(int64_t /*bytes*/) {
+    return nullptr;
+  }
 
   /// Called when a wait runs out of time, before the error: a backend whose operations
   /// could stay stuck on a device cancels them here.

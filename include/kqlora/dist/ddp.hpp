@@ -5,14 +5,24 @@
 // are summed over ranks in buckets of about bucket_mb, each bucket started as soon as its
 // layers' gradients are complete, and driven between the panels of the products that
 // follow, so the reduction overlaps the rest of the backward.
+//
+// Where all ranks run on one node and the model is in host memory, share_node_memory()
+// replaces the buckets: the gradients, the master weights and the optimizer state move into
+// memory the ranks share (MPI-3 windows); after the backward each rank sums every rank's
+// gradients over its own chunk of the flat vector and updates that chunk (the optimizer
+// state sharded, as ZeRO stage 1), and every rank reads the updated weights in place. No
+// gradient or weight is copied between ranks, and the optimizer's work is divided by N.
 
 #include <Kokkos_Core.hpp>
 
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kqlora/dist/communicator.hpp"
 #include "kqlora/nn/lora_model.hpp"
+#include "kqlora/optim/optimizer.hpp"
 
 namespace kqlora {
 
@@ -27,16 +37,38 @@ class Ddp {
   /// Rank 0's base weights and parameters on every rank (one broadcast).
   void broadcast_parameters();
 
+  /// After broadcast_parameters(), collective: the node-shared mode described above, with
+  /// state buffers for an optimizer of `opt`. False (and nothing changed) where the ranks
+  /// cannot share memory; buckets are used then.
+  bool share_node_memory(const OptimizerConfig& opt);
+  bool shares_memory() const { return shared_ != nullptr; }
+  /// The part of the flat parameters this rank's optimizer updates: all of them, or in the
+  /// node-shared mode its chunk [chunk_offset, chunk_offset + chunk_size).
+  int64_t chunk_offset() const;
+  int64_t chunk_size() const;
+  /// Buffers for the optimizer's state over this rank's chunk (node-shared mode).
+  std::vector<typename LoraModel<ExecSpace>::Vec> optimizer_buffers() const;
+  /// The whole optimizer state by name (node-shared mode: every rank's chunks together).
+  std::vector<std::pair<std::string, typename LoraModel<ExecSpace>::Vec>> optimizer_state(
+      const Optimizer<ExecSpace>& opt) const;
+
   /// Before the last micro-batch's backward: its layer hooks start the buckets.
   void arm();
-  /// After that backward: starts what is left, waits for all buckets.
+  /// After that backward: starts what is left, waits for all buckets (node-shared mode:
+  /// waits for every rank's backward and sums its chunk of the gradients).
   void finish();
+  /// L2 norm of the summed gradients (after finish()).
+  double grad_norm(const ExecSpace& exec);
+  /// After the optimizer has updated this rank's chunk (or skipped the step): node-shared
+  /// mode waits until every rank has, so the weights are whole again.
+  void updated();
 
   struct Stats {
     double in_flight_s = 0;  // summed lifetime of the bucket reductions
     double waited_s = 0;     // time blocked in finish()
     double bytes = 0;
     int buckets = 0;
+    double sum_s = 0;  // node-shared mode: summing the chunks
   };
   const Stats& stats() const { return stats_; }
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
@@ -57,6 +89,13 @@ class Ddp {
   bool armed_ = false, overlap_ = true;
   Stats stats_;
   Kokkos::View<float*, Kokkos::HostSpace> staging_;  // device gradients through the host
+  // Node-shared mode: every rank's gradients (rows of padded_ floats), the master weights
+  // and each optimizer state (chunks end to end).
+  std::unique_ptr<dist::SharedMemory> shared_, shared_params_;
+  std::vector<std::unique_ptr<dist::SharedMemory>> shared_state_;
+  std::vector<std::string> state_names_;
+  int64_t chunk_ = 0, padded_ = 0;
+  double chunk_sum_squares_ = 0;
 
   float* grads_host();
   void start(Bucket& b);

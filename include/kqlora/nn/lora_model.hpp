@@ -67,6 +67,11 @@ class LoraModel {
   /// Master weights and their gradients (float32), flat.
   Vec params, grads;
 
+  /// Moves the master weights and the gradients into caller-owned buffers of
+  /// num_params() floats (e.g. memory shared by the ranks of a node) that the caller has
+  /// filled with their current values; the model reads and writes only them from then on.
+  void use_buffers(const Vec& new_params, const Vec& new_grads);
+
   /// Call after the master weights change (optimizer step, loading): refreshes the
   /// bfloat16 compute copy. A no-op for float32.
   void params_changed();

@@ -30,11 +30,13 @@ void restore_optimizer(Optimizer<ExecSpace>& opt, const LoraModel<ExecSpace>& mo
                        const CheckpointContents& c, int64_t first);
 
 /// Writes and commits the checkpoint of `steps_done` steps in cfg.checkpoint_layout
-/// (collective); returns the step directory.
+/// (collective); returns the step directory. `opt_state`: the optimizer's state by name,
+/// over this rank's FSDP chunk or (DDP) the whole flat vector.
 template <class ExecSpace>
-std::string save_checkpoint(const Config& cfg, LoraModel<ExecSpace>& model,
-                            Optimizer<ExecSpace>& opt, Fsdp<ExecSpace>* fsdp,
-                            dist::Communicator& comm, int64_t steps_done,
-                            const std::string& data_source);
+std::string save_checkpoint(
+    const Config& cfg, LoraModel<ExecSpace>& model, const Optimizer<ExecSpace>& opt,
+    const std::vector<std::pair<std::string, typename LoraModel<ExecSpace>::Vec>>& opt_state,
+    Fsdp<ExecSpace>* fsdp, dist::Communicator& comm, int64_t steps_done,
+    const std::string& data_source);
 
 }  // namespace kqlora
