@@ -9,6 +9,8 @@
 #include <fstream>
 #include <random>
 
+#include "kqlora/io/fletcher32.hpp"
+#include "kqlora/io/hdf5_file.hpp"
 #include "kqlora/io/hdf5_params.hpp"
 #include "kqlora/io/safetensors.hpp"
 #include "nf4_test_util.hpp"
@@ -177,4 +179,37 @@ TEST(QuantizeApp, BadInputExitsTwoAndWritesNothing) {
     EXPECT_FALSE(std::ifstream(out + ".tmp").good()) << args;
   }
   EXPECT_EQ(std::system((bin + " --help > /dev/null").c_str()), 0);
+}
+
+TEST(Fletcher32, MatchesHdf5sOwnFilter) {
+  // HDF5 writes chunks through its Fletcher32 filter; H5Dread_chunk returns them raw, the
+  // checksum in their last 4 bytes (little-endian). Sizes: odd byte counts, a partial last
+  // block of 360 words, several blocks; random bytes and all 0xff (every sum wraps).
+  namespace h5 = kqlora::h5;
+  h5::quiet_errors();
+  std::mt19937 rng(7);
+  for (const size_t n : {1u, 2u, 3u, 719u, 720u, 721u, 4096u, 100001u, 1u << 20}) {
+    for (const int fill : {-1, 0xff}) {
+      std::vector<uint8_t> data(n);
+      for (auto& b : data) b = fill < 0 ? static_cast<uint8_t>(rng()) : static_cast<uint8_t>(fill);
+      const std::string path = tmp("fletcher.h5");
+      {
+        h5::Handle f = h5::create_file(path);
+        h5::write_dataset(f, "x", H5T_STD_U8LE, H5T_NATIVE_UINT8, {int64_t(n)}, data.data());
+      }
+      h5::Handle f = h5::open_file(path);
+      h5::Handle d(KQLORA_H5(H5Dopen2(f, "x", H5P_DEFAULT)));
+      hsize_t stored = 0;
+      const hsize_t origin = 0;
+      KQLORA_H5(H5Dget_chunk_storage_size(d, &origin, &stored));
+      ASSERT_EQ(stored, n + 4);
+      std::vector<uint8_t> raw(stored);
+      uint32_t mask = 0;
+      KQLORA_H5(H5Dread_chunk(d, H5P_DEFAULT, &origin, &mask, raw.data()));
+      const uint32_t hdf5 =
+          raw[n] | (raw[n + 1] << 8) | (raw[n + 2] << 16) | (uint32_t(raw[n + 3]) << 24);
+      EXPECT_EQ(h5::fletcher32(data.data(), n), hdf5) << n << " bytes, fill " << fill;
+      std::remove(path.c_str());
+    }
+  }
 }

@@ -244,16 +244,37 @@ TEST(Restart, ExactAtTheSameWorldSizeDdpAndFsdp) {
   auto world = kqlora::dist::make_mpi_communicator(true);
   const int n = world->size();
   std::ostringstream log;
+  for (const std::string layout : {"per_rank", "shared"})
+    for (const std::string mode : {"ddp", "fsdp"}) {
+      const std::string dir =
+          base_dir() + "/resume_" + mode + "_" + layout + "_np" + std::to_string(n);
+      const std::string keys = "parallel=" + mode + " checkpoint_layout=" + layout;
+      kqlora::train(deck(keys + " num_steps=6 save_dir=" + dir + "/straight", n), *world, log);
+      kqlora::train(deck(keys + " num_steps=3 save_dir=" + dir + "/split", n), *world, log);
+      kqlora::train(deck(keys + " num_steps=6 restart=latest save_dir=" + dir + "/split", n),
+                    *world, log);
+      expect_same_state(dir + "/straight", dir + "/split", 0, 0);
+    }
+}
+
+TEST(Checkpoint, SharedFileEqualsPerRankFiles) {
+  // The shared file (laid out by rank 0, chunks written by their ranks, partial chunks at
+  // FSDP shard boundaries written collectively) holds exactly what the per-rank files hold:
+  // a 2048 x 2048 weight has 2 chunks of NF4 data, cut by the FSDP shards at any N.
+  auto world = kqlora::dist::make_mpi_communicator(true);
+  const int n = world->size();
+  const std::string dir = base_dir() + "/shared_vs_per_rank_np" + std::to_string(n);
+  std::ostringstream log;
   for (const std::string mode : {"ddp", "fsdp"}) {
-    const std::string dir = base_dir() + "/resume_" + mode + "_np" + std::to_string(n);
-    kqlora::train(deck("parallel=" + mode + " num_steps=6 save_dir=" + dir + "/straight", n),
-                  *world, log);
-    kqlora::train(deck("parallel=" + mode + " num_steps=3 save_dir=" + dir + "/split", n), *world,
-                  log);
-    kqlora::train(
-        deck("parallel=" + mode + " num_steps=6 restart=latest save_dir=" + dir + "/split", n),
-        *world, log);
-    expect_same_state(dir + "/straight", dir + "/split", 0, 0);
+    const std::string keys =
+        "dim=2048 num_linears=2 lora_rank=4 global_bs=5 num_steps=2 "
+        "parallel=" +
+        mode + " save_dir=" + dir + "/" + mode;
+    kqlora::train(deck(keys + "/per_rank", n), *world, log);
+    kqlora::train(deck(keys + "/shared checkpoint_layout=shared", n), *world, log);
+    ASSERT_EQ(kqlora::checkpoint_files(dir + "/" + mode + "/shared").size(), 1u);
+    ASSERT_EQ(static_cast<int>(kqlora::checkpoint_files(dir + "/" + mode + "/per_rank").size()), n);
+    expect_same_state(dir + "/" + mode + "/per_rank", dir + "/" + mode + "/shared", 0, 0);
   }
 }
 

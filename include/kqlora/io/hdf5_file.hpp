@@ -66,9 +66,11 @@ hid_t bfloat16_type();
 std::vector<int64_t> chunk_dims(const std::vector<int64_t>& dims);
 
 /// Creates a checkpoint dataset (chunked by chunk_dims, Fletcher32 checksums, parents
-/// created as needed) with the given creation access list (H5P_DEFAULT, or an MPI-IO one).
+/// created as needed). `allocate_early`: every chunk's file space reserved at creation (a
+/// filtered chunk at its filtered size), so chunks written later with H5Dwrite_chunk land
+/// in place and change no metadata (what lets ranks write them independently).
 Handle create_checkpoint_dataset(hid_t loc, const std::string& name, hid_t file_type,
-                                 const std::vector<int64_t>& dims);
+                                 const std::vector<int64_t>& dims, bool allocate_early = false);
 
 /// A chunked dataset with the Fletcher32 checksum filter, written in one call.
 void write_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type,

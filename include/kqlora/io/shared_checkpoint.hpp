@@ -1,9 +1,13 @@
 #pragma once
-// The shared checkpoint layout: one file, step-XXXXXXXX/checkpoint.h5, written collectively
+// The shared checkpoint layout: one file, step-XXXXXXXX/checkpoint.h5, written in parallel
 // through parallel HDF5 over MPI-IO. Every dataset has its global shape; each rank writes
 // its own part of it (a range of the flattened dataset: its FSDP shards, or an even split
-// of what every DDP rank holds), with collective metadata operations and collective
-// (filtered: Fletcher32) writes. The file reads back like any whole checkpoint.
+// in whole chunks of what every DDP rank holds). Rank 0 lays the file out (attributes,
+// datasets with every chunk allocated: h5::layout_fapl leaves HDF5's fillers as holes);
+// every rank then writes the chunks that lie whole in its range straight into their places
+// (H5Dwrite_chunk, Fletcher32 computed here), and the partial chunks at range boundaries
+// go through one collective filtered write, with collective metadata operations. The file
+// reads back like any whole checkpoint (HDF5 verifies every chunk's checksum).
 
 #include <cstdint>
 #include <string>
