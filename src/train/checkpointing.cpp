@@ -172,9 +172,13 @@ CheckpointContents load_restart(const Config& cfg, std::ostream& log) {
 template <class ExecSpace>
 void restore_model(LoraModel<ExecSpace>& model, const CheckpointContents& c) {
   using Mem = typename ExecSpace::memory_space;
-  for (const auto& [name, t] : c.nf4) {
-    for (int l = 0; l < model.config().num_layers; ++l)
-      if (LoraModel<ExecSpace>::base_name(l) == name) model.base[l] = nf4_copy_to<Mem>(t);
+  for (int l = 0; l < model.config().num_layers; ++l) {
+    const std::string name = LoraModel<ExecSpace>::base_name(l);
+    const Nf4Tensor<Kokkos::HostSpace>* t = nullptr;
+    for (const auto& [key, value] : c.nf4)
+      if (key == name) t = &value;
+    KQLORA_INPUT_CHECK(t, "restart: base weight '" << name << "' missing from the checkpoint");
+    model.base[l] = nf4_copy_to<Mem>(*t);
   }
   auto hp = Kokkos::create_mirror_view(model.params);
   for (const auto& p : model.params_info()) {

@@ -161,9 +161,9 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
 
   LoraModel<Exec> model(exec, mcfg);
   std::ostringstream init_log;
-  initialize_model(exec, model, cfg.init_file, init_log);
-  // A restart replaces the initial state with a checkpoint's (any layout, world size and
-  // parallel mode), after checking that it is the same model.
+  // A restart takes the whole state from a checkpoint (any layout, world size and parallel
+  // mode), after checking that it is the same model: no initialisation to throw away.
+  if (cfg.restart == "none") initialize_model(exec, model, cfg.init_file, init_log);
   CheckpointContents resumed;
   int64_t start_step = 0;
   if (cfg.restart != "none") {
