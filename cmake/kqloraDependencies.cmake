@@ -65,7 +65,7 @@ endif()
 set(KQLORA_ENABLE_NCCL ${KQLORA_ENABLE_NCCL} CACHE BOOL "Build the NCCL communicator")
 if(KQLORA_ENABLE_NCCL)
   if(NOT KQLORA_ENABLE_MPI)
-    message(FATAL_ERROR "KQLORA_ENABLE_NCCL needs MPI for its bootstrap (ncclGetUniqueId + MPI_Bcast)")
+    message(STATUS "NCCL without MPI: a world of one (the bootstrap across ranks needs MPI)")
   endif()
   kqlora_find_package(CUDAToolkit)
   find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_INCLUDE_DIRS}

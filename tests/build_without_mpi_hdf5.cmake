@@ -1,7 +1,9 @@
-# Configures, builds and tests kqlora with -DKQLORA_ENABLE_MPI=OFF -DKQLORA_ENABLE_HDF5=OFF,
-# then checks that kqlora-train trains and refuses checkpoints plainly.
+# Configures, builds and tests kqlora with -DKQLORA_ENABLE_MPI=OFF -DKQLORA_ENABLE_HDF5=OFF
+# (and the NCCL backend when WITH_NCCL), then checks that kqlora-train trains and refuses
+# checkpoints plainly.
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${SRC} -B ${BIN} -DCMAKE_BUILD_TYPE=Release
                         -DKQLORA_ENABLE_MPI=OFF -DKQLORA_ENABLE_HDF5=OFF
+                        -DKQLORA_ENABLE_NCCL=${WITH_NCCL}
                         -DKokkos_DIR=${KOKKOS_DIR} -DKokkosKernels_DIR=${KOKKOSKERNELS_DIR}
                 RESULT_VARIABLE rc OUTPUT_QUIET)
 if(NOT rc EQUAL 0)
@@ -12,6 +14,9 @@ ProcessorCount(jobs)
 execute_process(COMMAND ${CMAKE_COMMAND} --build ${BIN} -j ${jobs} RESULT_VARIABLE rc OUTPUT_QUIET)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "building without MPI and HDF5 failed")
+endif()
+if(WITH_NCCL AND NOT EXISTS ${BIN}/src/CMakeFiles/kqlora.dir/dist/nccl_communicator.cpp.o)
+  message(FATAL_ERROR "the NCCL backend was not built without MPI")
 endif()
 execute_process(COMMAND ${CMAKE_CTEST_COMMAND} --output-on-failure WORKING_DIRECTORY ${BIN}
                 RESULT_VARIABLE rc)
@@ -28,4 +33,5 @@ execute_process(COMMAND ${BIN}/bin/kqlora-train ${SRC}/input/seed.in checkpoint_
 if(NOT rc EQUAL 2 OR NOT err MATCHES "built without HDF5: it has no checkpoints")
   message(FATAL_ERROR "kqlora-train without HDF5 did not refuse a checkpoint: exit ${rc}\n${err}")
 endif()
-message(STATUS "without MPI and HDF5: built, tested, trained, refused checkpoints plainly")
+message(STATUS "without MPI and HDF5 (NCCL backend: ${WITH_NCCL}): built, tested, trained, "
+               "refused checkpoints plainly")

@@ -19,7 +19,9 @@ double since(Clock::time_point t) {
 template <class ExecSpace>
 Ddp<ExecSpace>::Ddp(dist::Communicator& comm, LoraModel<ExecSpace>& model, double bucket_mb,
                     bool overlap)
-    : comm_(comm), model_(model), overlap_(overlap && std::is_same<Mem, Kokkos::HostSpace>::value) {
+    : comm_(comm),
+      model_(model),
+      overlap_(overlap && (std::is_same<Mem, Kokkos::HostSpace>::value || comm.device_buffers())) {
   const auto& info = model.params_info();
   const int L = static_cast<int>(model.config().num_layers);
   // Layer l's parameters are one contiguous range; buckets gather layers from the last
@@ -47,9 +49,11 @@ Ddp<ExecSpace>::Ddp(dist::Communicator& comm, LoraModel<ExecSpace>& model, doubl
       [this](int layer) {
         if (!armed_) return;
         Bucket& b = buckets_[bucket_of_layer_[layer]];
-        // Host gradients can go as soon as the bucket is complete; device ones (through the
-        // host with MPI) wait for finish().
-        if (--b.pending == 0 && std::is_same<Mem, Kokkos::HostSpace>::value) start(b);
+        // A bucket goes as soon as it is complete where the communicator reads the
+        // gradients where they are (host memory, or device memory with NCCL: its stream
+        // waits for the compute stream); device gradients staged through the host for MPI
+        // wait for finish().
+        if (--b.pending == 0 && !staged()) start(b);
         progress();
       },
       [this] {
@@ -172,14 +176,15 @@ void Ddp<ExecSpace>::updated() {
 }
 
 template <class ExecSpace>
-float* Ddp<ExecSpace>::grads_host() {
-  if constexpr (std::is_same<Mem, Kokkos::HostSpace>::value) {
-    return model_.grads.data();
-  } else {
-    // Device gradients with the MPI backend go through the host once, after the backward
-    // (finish copies them in and out); the NCCL backend will reduce device memory directly.
-    return staging_.data();
-  }
+bool Ddp<ExecSpace>::staged() const {
+  return !std::is_same<Mem, Kokkos::HostSpace>::value && !comm_.device_buffers();
+}
+
+template <class ExecSpace>
+float* Ddp<ExecSpace>::grads_buffer() {
+  // Device gradients with a host-memory backend (MPI) go through the host once, after the
+  // backward (finish copies them in and out); otherwise they are reduced where they are.
+  return staged() ? staging_.data() : model_.grads.data();
 }
 
 template <class ExecSpace>
@@ -236,7 +241,7 @@ void Ddp<ExecSpace>::arm() {
 
 template <class ExecSpace>
 void Ddp<ExecSpace>::start(Bucket& b) {
-  float* g = grads_host();
+  float* g = grads_buffer();
   b.started = Clock::now();
   stats_.bytes += 4.0 * (b.hi - b.lo);
   ++stats_.buckets;
@@ -313,7 +318,7 @@ void Ddp<ExecSpace>::finish() {
     }
     return;
   }
-  if constexpr (!std::is_same<Mem, Kokkos::HostSpace>::value) {
+  if (staged()) {
     if (staging_.extent(0) != model_.grads.extent(0))
       staging_ =
           Kokkos::View<float*, Kokkos::HostSpace>("kqlora::Ddp::staging", model_.grads.extent(0));
@@ -328,8 +333,7 @@ void Ddp<ExecSpace>::finish() {
     stats_.in_flight_s += since(b.started);
   }
   stats_.waited_s += since(t0);
-  if constexpr (!std::is_same<Mem, Kokkos::HostSpace>::value)
-    Kokkos::deep_copy(model_.grads, staging_);
+  if (staged()) Kokkos::deep_copy(model_.grads, staging_);
 }
 
 template class Ddp<Kokkos::DefaultExecutionSpace>;

@@ -2,16 +2,23 @@
 // device memory, on a communication stream that waits for the compute stream Kokkos uses
 // (an event recorded there), so they overlap the compute that follows. Bootstrapped from
 // MPI the nccl-tests way: rank 0 calls ncclGetUniqueId, MPI_Bcast of the id,
-// ncclCommInitRank on the GPU Kokkos selected. NCCL counts are elements. Every CUDA and
+// ncclCommInitRank on the GPU Kokkos selected; a build without MPI is a world of one (its
+// own id, no broadcast). NCCL counts are elements. Buffers in host memory (the trainer's
+// loss and norm scalars, host-staged data) go through a device scratch buffer: every call
+// site works with either kind of memory. Every CUDA and
 // NCCL call is checked; a wait past the deadline aborts the communicator (ncclCommAbort)
 // and throws.
 #include <cuda_runtime.h>
-#include <mpi.h>
 #include <nccl.h>
 
+#include <memory>
 #include <string>
 
+#include "kqlora/build_config.hpp"
+#include "kqlora/core/error.hpp"
+#if KQLORA_HAVE_MPI
 #include "kqlora/core/mpi_check.hpp"
+#endif
 #include "kqlora/dist/communicator.hpp"
 #include "kqlora/dist/nccl_communicator.hpp"
 
@@ -33,6 +40,12 @@ namespace kqlora::dist {
 
 namespace {
 
+bool on_device(const void* p) {
+  cudaPointerAttributes a;
+  KQLORA_CHECK_CUDA(cudaPointerGetAttributes(&a, p));
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
 class NcclRequest : public Request {
  public:
   cudaEvent_t done_event = nullptr;
@@ -44,11 +57,16 @@ class NcclRequest : public Request {
 class NcclCommunicator : public Communicator {
  public:
   NcclCommunicator(int device, cudaStream_t compute) : device_(device), compute_(compute) {
+    ncclUniqueId id;
+#if KQLORA_HAVE_MPI
     KQLORA_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
     KQLORA_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size_));
-    ncclUniqueId id;
     if (rank_ == 0) KQLORA_CHECK_NCCL(ncclGetUniqueId(&id));
     KQLORA_CHECK_MPI(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD));
+#else
+    rank_ = 0;  // (size_ is 1)
+    KQLORA_CHECK_NCCL(ncclGetUniqueId(&id));
+#endif
     KQLORA_CHECK_CUDA(cudaSetDevice(device_));
     KQLORA_CHECK_NCCL(ncclCommInitRank(&comm_, size_, id, rank_));
     KQLORA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -56,43 +74,63 @@ class NcclCommunicator : public Communicator {
   }
 
   ~NcclCommunicator() override {
+    if (scratch_) cudaFree(scratch_);  // no throw from a destructor
     if (comm_) ncclCommDestroy(comm_);
     if (ready_) cudaEventDestroy(ready_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
-  const char* backend() const override { return "NCCL"; }
-  MPI_Comm mpi_comm() const override { return MPI_COMM_WORLD; }  // its bootstrap
+  const char* backend() const override {
+    return "NCCL";
+  }
+  bool device_buffers() const override {
+    return true;
+  }
+#if KQLORA_HAVE_MPI
+  MPI_Comm mpi_comm() const override {
+    return MPI_COMM_WORLD;
+  }  // its bootstrap
+#endif
 
   std::unique_ptr<Request> broadcast(void* data, int64_t bytes, int root) override {
     auto r = begin("broadcast");
+    Staged s(*this, data, bytes, data, bytes);
     KQLORA_CHECK_NCCL(
-        ncclBroadcast(data, data, static_cast<size_t>(bytes), ncclUint8, root, comm_, stream_));
+        ncclBroadcast(s.send, s.recv, static_cast<size_t>(bytes), ncclUint8, root, comm_, stream_));
+    s.finish();
     return end(std::move(r));
   }
   std::unique_ptr<Request> allreduce_sum(float* data, int64_t count) override {
     auto r = begin("allreduce");
-    KQLORA_CHECK_NCCL(ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclSum,
-                                    comm_, stream_));
+    Staged s(*this, data, 4 * count, data, 4 * count);
+    KQLORA_CHECK_NCCL(ncclAllReduce(s.send, s.recv, static_cast<size_t>(count), ncclFloat32,
+                                    ncclSum, comm_, stream_));
+    s.finish();
     return end(std::move(r));
   }
   std::unique_ptr<Request> allreduce_sum(double* data, int64_t count) override {
     auto r = begin("allreduce");
-    KQLORA_CHECK_NCCL(ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat64, ncclSum,
-                                    comm_, stream_));
+    Staged s(*this, data, 8 * count, data, 8 * count);
+    KQLORA_CHECK_NCCL(ncclAllReduce(s.send, s.recv, static_cast<size_t>(count), ncclFloat64,
+                                    ncclSum, comm_, stream_));
+    s.finish();
     return end(std::move(r));
   }
   std::unique_ptr<Request> allgather(const void* send, void* recv, int64_t bytes) override {
     auto r = begin("allgather");
+    Staged s(*this, send, bytes, recv, bytes * size_);
     KQLORA_CHECK_NCCL(
-        ncclAllGather(send, recv, static_cast<size_t>(bytes), ncclUint8, comm_, stream_));
+        ncclAllGather(s.send, s.recv, static_cast<size_t>(bytes), ncclUint8, comm_, stream_));
+    s.finish();
     return end(std::move(r));
   }
   std::unique_ptr<Request> reduce_scatter_sum(const float* send, float* recv,
                                               int64_t count) override {
     auto r = begin("reduce-scatter");
-    KQLORA_CHECK_NCCL(ncclReduceScatter(send, recv, static_cast<size_t>(count), ncclFloat32,
+    Staged s(*this, send, 4 * count * size_, recv, 4 * count);
+    KQLORA_CHECK_NCCL(ncclReduceScatter(s.send, s.recv, static_cast<size_t>(count), ncclFloat32,
                                         ncclSum, comm_, stream_));
+    s.finish();
     return end(std::move(r));
   }
 
@@ -122,6 +160,46 @@ class NcclCommunicator : public Communicator {
   cudaStream_t compute_, stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;
   ncclComm_t comm_ = nullptr;
+  char* scratch_ = nullptr;  // device copies of host buffers
+  size_t scratch_bytes_ = 0;
+
+  /// Device views of a collective's buffers: host ones copied into the scratch buffer (send
+  /// at its start, receive after it) on the communication stream, and back by finish().
+  struct Staged {
+    NcclCommunicator& c;
+    const void* send;
+    void* recv;
+    void* host_recv = nullptr;
+    size_t recv_bytes;
+    Staged(NcclCommunicator& comm, const void* s, int64_t send_bytes, void* r, int64_t rb)
+        : c(comm), send(s), recv(r), recv_bytes(static_cast<size_t>(rb)) {
+      const bool host_send = !on_device(s), host_recv_buf = !on_device(r);
+      if (!host_send && !host_recv_buf) return;
+      const size_t sb = static_cast<size_t>(send_bytes), need = sb + recv_bytes;
+      if (need > c.scratch_bytes_) {
+        KQLORA_CHECK_CUDA(cudaStreamSynchronize(c.stream_));  // the old one may be in use
+        if (c.scratch_) KQLORA_CHECK_CUDA(cudaFree(c.scratch_));
+        c.scratch_ = nullptr;
+        KQLORA_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&c.scratch_), need));
+        c.scratch_bytes_ = need;
+      }
+      if (host_send) {
+        KQLORA_CHECK_CUDA(cudaMemcpyAsync(c.scratch_, s, sb, cudaMemcpyHostToDevice, c.stream_));
+        send = c.scratch_;
+      }
+      if (host_recv_buf) {
+        host_recv = r;
+        recv = c.scratch_ + sb;
+        // In place (send == recv on the host): the data to reduce is already in `send`.
+        if (s == r) recv = const_cast<void*>(send);
+      }
+    }
+    void finish() {
+      if (host_recv)
+        KQLORA_CHECK_CUDA(
+            cudaMemcpyAsync(host_recv, recv, recv_bytes, cudaMemcpyDeviceToHost, c.stream_));
+    }
+  };
 
   std::unique_ptr<NcclRequest> begin(const char* what) {
     auto r = std::make_unique<NcclRequest>();

@@ -61,6 +61,9 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
   virtual const char* backend() const = 0;
+  /// Whether collectives take device pointers (NCCL; host ones work too, staged). The MPI
+  /// backend takes host memory.
+  virtual bool device_buffers() const { return false; }
 
   /// Seconds a wait may last before it throws (comm_timeout_s).
   void set_timeout(double seconds) { timeout_s_ = seconds; }

@@ -97,7 +97,8 @@ class Ddp {
   int64_t chunk_ = 0, padded_ = 0;
   double chunk_sum_squares_ = 0;
 
-  float* grads_host();
+  bool staged() const;    // device gradients through host memory (a host-memory backend)
+  float* grads_buffer();  // what the reductions read and write
   void start(Bucket& b);
   void progress();
 };
