@@ -4,10 +4,17 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <sstream>
 #include <vector>
 
 #include "kqlora/core/mpi_check.hpp"
+
+#if KQLORA_HAVE_MPI && defined(__has_include)
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // Open MPI: MPIX_Query_cuda_support
+#endif
+#endif
 
 namespace kqlora::dist {
 
@@ -28,9 +35,20 @@ class MpiRequest : public Request {
   std::vector<MPI_Request> reqs;
 };
 
+/// Whether this MPI takes device pointers: KQLORA_GPU_AWARE_MPI=1/0 says so, else Open
+/// MPI's run-time query where it has one; otherwise no (device data goes through the host).
+bool gpu_aware_mpi() {
+  if (const char* env = std::getenv("KQLORA_GPU_AWARE_MPI")) return std::string(env) == "1";
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() == 1;
+#else
+  return false;
+#endif
+}
+
 class MpiCommunicator : public Communicator {
  public:
-  explicit MpiCommunicator(bool world) {
+  explicit MpiCommunicator(bool world) : gpu_aware_(gpu_aware_mpi()) {
     KQLORA_CHECK_MPI(MPI_Comm_dup(world ? MPI_COMM_WORLD : MPI_COMM_SELF, &comm_));
     KQLORA_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     KQLORA_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
@@ -42,6 +60,7 @@ class MpiCommunicator : public Communicator {
     if (!finalized) MPI_Comm_free(&comm_);  // no throw from a destructor
   }
   const char* backend() const override { return "MPI"; }
+  bool device_buffers() const override { return gpu_aware_; }
   MPI_Comm mpi_comm() const override { return comm_; }
 
   std::unique_ptr<Request> broadcast(void* data, int64_t bytes, int root) override {
@@ -138,6 +157,7 @@ class MpiCommunicator : public Communicator {
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;
+  bool gpu_aware_ = false;
 
   static std::unique_ptr<MpiRequest> start(const std::string& what) {
     auto r = std::make_unique<MpiRequest>();

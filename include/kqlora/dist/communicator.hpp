@@ -61,8 +61,9 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
   virtual const char* backend() const = 0;
-  /// Whether collectives take device pointers (NCCL; host ones work too, staged). The MPI
-  /// backend takes host memory.
+  /// Whether collectives take device pointers (host ones work too): NCCL (host buffers
+  /// staged), or a GPU-aware MPI (Open MPI's query, or KQLORA_GPU_AWARE_MPI=1). Otherwise
+  /// callers stage device data through the host.
   virtual bool device_buffers() const { return false; }
 
   /// Seconds a wait may last before it throws (comm_timeout_s).
