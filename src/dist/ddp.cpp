@@ -280,9 +280,7 @@ void Ddp<ExecSpace>::finish() {
       const auto t1 = Clock::now();
       // Rank k's gradients are row k; this rank's chunk of the sum, in rank order (the
       // same order on every rank and every run), into its own row, with the sum of squares
-      // for grad_norm() in the same pass. Blocks of 64 keep the sums in vector registers
-      // and the squares in 8 double lanes (a single double accumulator is a chain of
-      // dependent adds, 5x slower).
+      // for grad_norm() in the same pass, in blocks of 64 that stay in vector registers.
       constexpr int64_t B = 64;
       const int n = comm_.size(), me = comm_.rank();
       const int64_t stride = padded_, lo = chunk_offset(), hi = lo + chunk_size();
@@ -301,12 +299,8 @@ void Ddp<ExecSpace>::finish() {
               for (int64_t j = 0; j < m; ++j) s[j] += r[j];
             }
             float* out = rows + me * stride + i0;
-            double lanes[8] = {};
             for (int64_t j = 0; j < m; ++j) out[j] = s[j];
-            for (int64_t j = 0; j < B; j += 8)  // (zeros past m add nothing)
-              for (int l = 0; l < 8; ++l) lanes[l] += static_cast<double>(s[j + l]) * s[j + l];
-            acc += ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-                   ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+            acc += sum_of_squares_64(s);  // (zeros past m add nothing)
           },
           ss);
       chunk_sum_squares_ = ss;

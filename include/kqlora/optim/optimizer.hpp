@@ -58,14 +58,24 @@ class Optimizer {
 double scheduled_lr(const std::string& schedule, double lr, int64_t step, int64_t warmup,
                     int64_t num_steps);
 
+/// Sum of the squares of a block of 64 floats in double precision, over 8 lanes that the
+/// compiler keeps in vector registers (one double accumulator is a chain of dependent adds,
+/// several times slower than reading the memory). Host code.
+inline double sum_of_squares_64(const float* v) {
+  double lanes[8] = {};
+  for (int j = 0; j < 64; j += 8)
+    for (int l = 0; l < 8; ++l) lanes[l] += static_cast<double>(v[j + l]) * v[j + l];
+  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+         ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+}
+
 /// Global L2 norm of the gradients (double accumulation); NaN or Inf when any gradient is.
 template <class ExecSpace>
 double grad_norm(const ExecSpace& exec,
                  const Kokkos::View<float*, typename ExecSpace::memory_space>& g) {
   double ss = 0.0;
   if constexpr (std::is_same<typename ExecSpace::memory_space, Kokkos::HostSpace>::value) {
-    // On CPUs, blocks of 64 summed in 8 double lanes: one double accumulator would be a
-    // chain of dependent adds (several times slower than the memory).
+    // On CPUs, blocks of 64 (sum_of_squares_64).
     constexpr int64_t B = 64;
     const int64_t n = g.extent(0);
     const float* p = g.data();
@@ -76,11 +86,7 @@ double grad_norm(const ExecSpace& exec,
           const int64_t i0 = b * B, m = n - i0 < B ? n - i0 : B;
           float v[B] = {};
           for (int64_t j = 0; j < m; ++j) v[j] = p[i0 + j];
-          double lanes[8] = {};
-          for (int64_t j = 0; j < B; j += 8)
-            for (int l = 0; l < 8; ++l) lanes[l] += static_cast<double>(v[j + l]) * v[j + l];
-          acc += ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-                 ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+          acc += sum_of_squares_64(v);
         },
         ss);
   } else {
