@@ -65,14 +65,7 @@ template <class ExecSpace>
 Ddp<ExecSpace>::~Ddp() {
   model_.set_backward_hooks({}, {});
   if (!shared_) return;
-  if (std::uncaught_exceptions() > 0) {
-    // Freeing a window is collective: while an error ends this rank, leave it to the
-    // process's end rather than wait for ranks that are not coming.
-    shared_.release();
-    shared_params_.release();
-    for (auto& s : shared_state_) s.release();
-    return;
-  }
+  if (std::uncaught_exceptions() > 0) return;  // (the windows see to themselves)
   // The model gets private copies back before the shared memory goes.
   using Vec = typename LoraModel<ExecSpace>::Vec;
   Vec p("kqlora::LoraModel::params", model_.num_params());
@@ -124,6 +117,7 @@ bool Ddp<ExecSpace>::share_node_memory(const OptimizerConfig& opt) {
                       Kokkos::subview(model_.params, make_pair(lo, lo + m)));
     Kokkos::deep_copy(g, 0.0f);
     for (const auto& buf : optimizer_buffers()) Kokkos::deep_copy(buf, 0.0f);
+    Kokkos::fence();  // (the barrier below orders memory, not kernels still running)
     shared_->sync();
     model_.use_buffers(p, g);
     model_.set_backward_hooks({}, {});  // no buckets
@@ -172,7 +166,9 @@ double Ddp<ExecSpace>::grad_norm(const ExecSpace& exec) {
 
 template <class ExecSpace>
 void Ddp<ExecSpace>::updated() {
-  if (shared_) shared_->sync();
+  if (!shared_) return;
+  Kokkos::fence();  // this rank's optimizer update is in memory
+  shared_->sync();
 }
 
 template <class ExecSpace>
@@ -276,6 +272,7 @@ void Ddp<ExecSpace>::finish() {
   const auto t0 = Clock::now();
   if (shared_) {
     if constexpr (std::is_same<Mem, Kokkos::HostSpace>::value) {
+      Kokkos::fence();
       shared_->sync();  // every rank's backward is done
       const auto t1 = Clock::now();
       // Rank k's gradients are row k; this rank's chunk of the sum, in rank order (the

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <exception>
 #include <sstream>
 #include <vector>
 
@@ -198,7 +199,15 @@ class MpiSharedMemory : public SharedMemory {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
-    MPI_Win_unlock_all(win_);  // no throw from a destructor
+    MPI_Win_unlock_all(win_);  // (local; no throw from a destructor)
+    // Freeing is collective: not while an error unwinds this rank (the others are not
+    // coming), and only after a barrier with a deadline (a dead rank must not hang us).
+    if (std::uncaught_exceptions() > 0) return;
+    try {
+      comm_.wait(comm_.barrier());
+    } catch (...) {
+      return;
+    }
     MPI_Win_free(&win_);
   }
   char* segment(int rank) const override { return segments_[static_cast<size_t>(rank)]; }

@@ -11,6 +11,8 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -49,8 +51,14 @@ bool on_device(const void* p) {
 class NcclRequest : public Request {
  public:
   cudaEvent_t done_event = nullptr;
+  // A host receive buffer: the result lands in pinned memory (a truly asynchronous copy, so
+  // no call blocks past the deadline) and is copied out once the request completes.
+  void* pinned = nullptr;
+  void* host_dst = nullptr;
+  size_t host_bytes = 0;
   ~NcclRequest() override {
     if (done_event) cudaEventDestroy(done_event);  // no throw from a destructor
+    if (pinned) cudaFreeHost(pinned);
   }
 };
 
@@ -97,7 +105,7 @@ class NcclCommunicator : public Communicator {
     Staged s(*this, data, bytes, data, bytes);
     KQLORA_CHECK_NCCL(
         ncclBroadcast(s.send, s.recv, static_cast<size_t>(bytes), ncclUint8, root, comm_, stream_));
-    s.finish();
+    s.finish(*r);
     return end(std::move(r));
   }
   std::unique_ptr<Request> allreduce_sum(float* data, int64_t count) override {
@@ -105,7 +113,7 @@ class NcclCommunicator : public Communicator {
     Staged s(*this, data, 4 * count, data, 4 * count);
     KQLORA_CHECK_NCCL(ncclAllReduce(s.send, s.recv, static_cast<size_t>(count), ncclFloat32,
                                     ncclSum, comm_, stream_));
-    s.finish();
+    s.finish(*r);
     return end(std::move(r));
   }
   std::unique_ptr<Request> allreduce_sum(double* data, int64_t count) override {
@@ -113,7 +121,7 @@ class NcclCommunicator : public Communicator {
     Staged s(*this, data, 8 * count, data, 8 * count);
     KQLORA_CHECK_NCCL(ncclAllReduce(s.send, s.recv, static_cast<size_t>(count), ncclFloat64,
                                     ncclSum, comm_, stream_));
-    s.finish();
+    s.finish(*r);
     return end(std::move(r));
   }
   std::unique_ptr<Request> allgather(const void* send, void* recv, int64_t bytes) override {
@@ -121,16 +129,18 @@ class NcclCommunicator : public Communicator {
     Staged s(*this, send, bytes, recv, bytes * size_);
     KQLORA_CHECK_NCCL(
         ncclAllGather(s.send, s.recv, static_cast<size_t>(bytes), ncclUint8, comm_, stream_));
-    s.finish();
+    s.finish(*r);
     return end(std::move(r));
   }
   std::unique_ptr<Request> reduce_scatter_sum(const float* send, float* recv,
                                               int64_t count) override {
+    KQLORA_THROW_IF(static_cast<const void*>(send) == static_cast<void*>(recv),
+                    "NCCL reduce-scatter: in place is not supported (separate buffers)");
     auto r = begin("reduce-scatter");
     Staged s(*this, send, 4 * count * size_, recv, 4 * count);
     KQLORA_CHECK_NCCL(ncclReduceScatter(s.send, s.recv, static_cast<size_t>(count), ncclFloat32,
                                         ncclSum, comm_, stream_));
-    s.finish();
+    s.finish(*r);
     return end(std::move(r));
   }
 
@@ -145,6 +155,11 @@ class NcclCommunicator : public Communicator {
     const cudaError_t q = cudaEventQuery(r.done_event);
     if (q == cudaErrorNotReady) return false;
     KQLORA_CHECK_CUDA(q);
+    if (r.pinned) {
+      std::memcpy(r.host_dst, r.pinned, r.host_bytes);
+      KQLORA_CHECK_CUDA(cudaFreeHost(r.pinned));
+      r.pinned = nullptr;
+    }
     r.done = true;
     return true;
   }
@@ -175,7 +190,9 @@ class NcclCommunicator : public Communicator {
         : c(comm), send(s), recv(r), recv_bytes(static_cast<size_t>(rb)) {
       const bool host_send = !on_device(s), host_recv_buf = !on_device(r);
       if (!host_send && !host_recv_buf) return;
-      const size_t sb = static_cast<size_t>(send_bytes), need = sb + recv_bytes;
+      // In place on the host (send == recv: broadcast, allreduce) the scratch holds one copy.
+      const size_t sb = static_cast<size_t>(send_bytes),
+                   need = s == r ? std::max(sb, recv_bytes) : sb + recv_bytes;
       if (need > c.scratch_bytes_) {
         KQLORA_CHECK_CUDA(cudaStreamSynchronize(c.stream_));  // the old one may be in use
         if (c.scratch_) KQLORA_CHECK_CUDA(cudaFree(c.scratch_));
@@ -194,10 +211,13 @@ class NcclCommunicator : public Communicator {
         if (s == r) recv = const_cast<void*>(send);
       }
     }
-    void finish() {
-      if (host_recv)
-        KQLORA_CHECK_CUDA(
-            cudaMemcpyAsync(host_recv, recv, recv_bytes, cudaMemcpyDeviceToHost, c.stream_));
+    void finish(NcclRequest& req) {
+      if (!host_recv) return;
+      KQLORA_CHECK_CUDA(cudaMallocHost(&req.pinned, recv_bytes));
+      req.host_dst = host_recv;
+      req.host_bytes = recv_bytes;
+      KQLORA_CHECK_CUDA(
+          cudaMemcpyAsync(req.pinned, recv, recv_bytes, cudaMemcpyDeviceToHost, c.stream_));
     }
   };
 
