@@ -181,6 +181,42 @@ TEST(QuantizeApp, BadInputExitsTwoAndWritesNothing) {
   EXPECT_EQ(std::system((bin + " --help > /dev/null").c_str()), 0);
 }
 
+TEST(Fletcher32, DirectChunksReadBackThroughHdf5) {
+  // h5::write_dataset writes whole chunks itself (H5Dwrite_chunk, kqlora's checksum); HDF5
+  // reads them back through its filter, which verifies every checksum: several chunks, an
+  // edge chunk, 1 and 2 dimensions, three element sizes.
+  namespace h5 = kqlora::h5;
+  h5::quiet_errors();
+  const std::string path = tmp("direct_chunks.h5");
+  const int64_t n = (int64_t(1) << 20) * 2 + 12345;  // 3 chunks of float32, the last partial
+  std::vector<float> f(n);
+  for (int64_t i = 0; i < n; ++i) f[i] = static_cast<float>(i) * 0.5f - 7.0f;
+  std::vector<int8_t> b(5000);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<int8_t>(i * 37);
+  std::vector<float> m(3000 * 700);
+  for (size_t i = 0; i < m.size(); ++i) m[i] = static_cast<float>(i % 977);
+  {
+    h5::Handle file = h5::create_file(path);
+    h5::write_dataset(file, "f", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {n}, f.data());
+    h5::write_dataset(file, "b", H5T_STD_I8LE, H5T_NATIVE_INT8, {5000}, b.data());
+    h5::write_dataset(file, "m", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {3000, 700}, m.data());
+  }
+  h5::Handle file = h5::open_file(path);
+  auto read = [&](const char* name, hid_t type, void* out) {
+    h5::Handle d(KQLORA_H5(H5Dopen2(file, name, H5P_DEFAULT)));
+    KQLORA_H5(H5Dread(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out));
+  };
+  std::vector<float> f2(n), m2(m.size());
+  std::vector<int8_t> b2(b.size());
+  read("f", H5T_NATIVE_FLOAT, f2.data());
+  read("b", H5T_NATIVE_INT8, b2.data());
+  read("m", H5T_NATIVE_FLOAT, m2.data());
+  EXPECT_EQ(f, f2);
+  EXPECT_EQ(b, b2);
+  EXPECT_EQ(m, m2);
+  std::remove(path.c_str());
+}
+
 TEST(Fletcher32, MatchesHdf5sOwnFilter) {
   // HDF5 writes chunks through its Fletcher32 filter; H5Dread_chunk returns them raw, the
   // checksum in their last 4 bytes (little-endian). Sizes: odd byte counts, a partial last
@@ -193,9 +229,10 @@ TEST(Fletcher32, MatchesHdf5sOwnFilter) {
       std::vector<uint8_t> data(n);
       for (auto& b : data) b = fill < 0 ? static_cast<uint8_t>(rng()) : static_cast<uint8_t>(fill);
       const std::string path = tmp("fletcher.h5");
-      {
+      {  // through HDF5's own filter pipeline (h5::write_dataset would use ours)
         h5::Handle f = h5::create_file(path);
-        h5::write_dataset(f, "x", H5T_STD_U8LE, H5T_NATIVE_UINT8, {int64_t(n)}, data.data());
+        h5::Handle d = h5::create_checkpoint_dataset(f, "x", H5T_STD_U8LE, {int64_t(n)});
+        KQLORA_H5(H5Dwrite(d, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()));
       }
       h5::Handle f = h5::open_file(path);
       h5::Handle d(KQLORA_H5(H5Dopen2(f, "x", H5P_DEFAULT)));

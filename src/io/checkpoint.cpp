@@ -15,7 +15,9 @@
 
 #include "kqlora/core/build_info.hpp"
 #include "kqlora/core/error.hpp"
+#include "kqlora/io/chunk_writer.hpp"
 #include "kqlora/io/deck.hpp"
+#include "kqlora/io/streaming_writeback.hpp"
 
 namespace kqlora {
 
@@ -93,6 +95,8 @@ void fsync_file(const std::string& path) {
 
 void write_checkpoint_file(const std::string& path, const CheckpointContents& c) {
   auto f = h5::create_file(path);
+  StreamingWriteback writeback(path);  // the datasets' chunks stream through a few pages
+  h5::StreamingScope streaming(writeback);
   h5::write_attribute(f, "format", std::string("kqlora-checkpoint"));
   h5::write_attribute(f, "format_version", int64_t(1));
   h5::write_attribute(f, "step", c.step);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "kqlora/io/chunk_writer.hpp"
+
 namespace kqlora::h5 {
 
 namespace {
@@ -131,7 +133,18 @@ Handle create_checkpoint_dataset(hid_t loc, const std::string& name, hid_t file_
 void write_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type,
                    const std::vector<int64_t>& dims, const void* data) {
   Handle ds = create_checkpoint_dataset(loc, name, file_type, dims);
-  KQLORA_H5(H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
+  // Data already in the file's representation goes chunk by chunk straight into the file;
+  // anything else (or what that leaves) through HDF5's conversion and filter pipeline.
+  int64_t n = 1;
+  for (const auto d : dims) n *= d;
+  bool done = false;
+  if (KQLORA_H5(H5Tequal(mem_type, file_type)) > 0) {
+    std::vector<char> buf;
+    done = write_whole_chunks(ds, dims, KQLORA_H5(H5Tget_size(file_type)), 0, n, data, buf,
+                              StreamingScope::current())
+               .empty();
+  }
+  if (!done) KQLORA_H5(H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
   ds.close();
 }
 

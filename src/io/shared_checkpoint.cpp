@@ -5,7 +5,7 @@
 
 #include "kqlora/core/build_info.hpp"
 #include "kqlora/core/error.hpp"
-#include "kqlora/io/fletcher32.hpp"
+#include "kqlora/io/chunk_writer.hpp"
 #include "kqlora/io/hdf5_file.hpp"
 #include "kqlora/io/hdf5_layout_driver.hpp"
 #include "kqlora/io/streaming_writeback.hpp"
@@ -117,53 +117,7 @@ void select_flat_range(hid_t space, const std::vector<int64_t>& dims, int64_t lo
   add(r1, 1, 0, c1);
 }
 
-using Range = std::pair<int64_t, int64_t>;
-
-/// Writes the chunks that lie whole in this rank's range [p.lo, p.hi) of dataset `ds`
-/// straight into their file space (H5Dwrite_chunk, with the Fletcher32 checksum computed
-/// here): no trip through HDF5's chunk cache and filter pipeline, and no message between
-/// ranks. Returns what is left for a collective write: the partial chunks at the ends of
-/// the range (FSDP shards cut chunks; DDP splits are in whole chunks).
-std::vector<Range> write_whole_chunks(hid_t ds, const SharedPart& p, std::vector<char>& buf,
-                                      StreamingWriteback& writeback) {
-  if (p.lo >= p.hi) return {};
-  const auto chunk = h5::chunk_dims(p.dims);
-  int64_t n = 1, per = 1;
-  bool flat = true;  // chunks are contiguous ranges of the flattened dataset
-  for (size_t i = 0; i < p.dims.size(); ++i) {
-    n *= p.dims[i];
-    per *= chunk[i];
-    if (i > 0) flat &= chunk[i] == p.dims[i];
-  }
-  // (Chunks go to the file as they are in memory: the checkpoint types are little-endian.)
-  const uint16_t probe = 1;
-  const bool little_endian = *reinterpret_cast<const uint8_t*>(&probe) == 1;
-  const int64_t k0 = (p.lo + per - 1) / per;
-  const int64_t k1 = p.hi == n ? (n + per - 1) / per : p.hi / per;  // the edge chunk is whole
-  if (!flat || !little_endian || k0 >= k1) return {{p.lo, p.hi}};
-  const size_t es = element_size(p.type), bytes = static_cast<size_t>(per) * es;
-  buf.resize(bytes + 4);
-  std::vector<hsize_t> offset(p.dims.size());
-  for (int64_t k = k0; k < k1; ++k) {
-    const int64_t a = k * per, b = std::min(n, a + per);
-    std::memcpy(buf.data(), static_cast<const char*>(p.data) + (a - p.lo) * es, (b - a) * es);
-    // HDF5 stores edge chunks whole, the rest filled with the fill value (0).
-    std::memset(buf.data() + (b - a) * es, 0, bytes - (b - a) * es);
-    const uint32_t sum = h5::fletcher32(buf.data(), bytes);
-    for (int i = 0; i < 4; ++i) buf[bytes + i] = static_cast<char>((sum >> (8 * i)) & 0xff);
-    int64_t rest = a;  // the chunk's first element as an index into dims
-    for (size_t i = p.dims.size(); i-- > 0;) {
-      offset[i] = static_cast<hsize_t>(rest % p.dims[i]);
-      rest /= p.dims[i];
-    }
-    KQLORA_H5(H5Dwrite_chunk(ds, H5P_DEFAULT, 0, offset.data(), bytes + 4, buf.data()));
-    writeback.wrote(static_cast<int64_t>(bytes) + 4);
-  }
-  std::vector<Range> left;
-  if (p.lo < k0 * per) left.push_back({p.lo, k0 * per});
-  if (std::min(n, k1 * per) < p.hi) left.push_back({k1 * per, p.hi});
-  return left;
-}
+using h5::Range;
 
 /// The ranges of p left by write_whole_chunks, written collectively (every rank calls it,
 /// with an empty selection if need be).
@@ -226,7 +180,9 @@ void write_parts(hid_t file, hid_t dxpl, const std::vector<SharedPart>& parts,
   try {
     std::vector<char> buf;
     for (size_t i = 0; i < parts.size(); ++i) {
-      left[i] = write_whole_chunks(sets[i], parts[i], buf, writeback);
+      const auto& p = parts[i];
+      left[i] = h5::write_whole_chunks(sets[i], p.dims, element_size(p.type), p.lo, p.hi, p.data,
+                                       buf, &writeback);
       flags[i] = left[i].empty() ? 0.0 : 1.0;
     }
   } catch (const std::exception& e) {
