@@ -138,10 +138,11 @@ void write_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t me
   int64_t n = 1;
   for (const auto d : dims) n *= d;
   bool done = false;
+  const size_t element_size = H5Tget_size(file_type);  // (0: an error)
+  KQLORA_THROW_IF(element_size == 0, name << ": H5Tget_size failed");
   if (KQLORA_H5(H5Tequal(mem_type, file_type)) > 0) {
     std::vector<char> buf;
-    done = write_whole_chunks(ds, dims, KQLORA_H5(H5Tget_size(file_type)), 0, n, data, buf,
-                              StreamingScope::current())
+    done = write_whole_chunks(ds, dims, element_size, 0, n, data, buf, StreamingScope::current())
                .empty();
   }
   if (!done) KQLORA_H5(H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
