@@ -200,6 +200,10 @@ TEST(Fletcher32, DirectChunksReadBackThroughHdf5) {
     h5::write_dataset(file, "f", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {n}, f.data());
     h5::write_dataset(file, "b", H5T_STD_I8LE, H5T_NATIVE_INT8, {5000}, b.data());
     h5::write_dataset(file, "m", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {3000, 700}, m.data());
+    const uint16_t h[3] = {0x3f80, 0xc040, 0x0001};  // bfloat16 1, -3, a denormal
+    h5::write_dataset(file, "h", h5::bfloat16_type(), h5::bfloat16_type(), {3}, h);
+    const int64_t one = -42;
+    h5::write_dataset(file, "one", H5T_STD_I64LE, H5T_NATIVE_INT64, {1}, &one);
   }
   h5::Handle file = h5::open_file(path);
   auto read = [&](const char* name, hid_t type, void* out) {
@@ -214,6 +218,24 @@ TEST(Fletcher32, DirectChunksReadBackThroughHdf5) {
   EXPECT_EQ(f, f2);
   EXPECT_EQ(b, b2);
   EXPECT_EQ(m, m2);
+  uint16_t h2[3] = {0, 0, 0};
+  read("h", h5::bfloat16_type(), h2);
+  EXPECT_EQ(h2[0], 0x3f80);
+  EXPECT_EQ(h2[1], 0xc040);
+  EXPECT_EQ(h2[2], 0x0001);
+  int64_t one = 0;
+  read("one", H5T_NATIVE_INT64, &one);
+  EXPECT_EQ(one, -42);
+  // The direct path was taken: the raw chunk is the data and kqlora's checksum.
+  h5::Handle d(KQLORA_H5(H5Dopen2(file, "b", H5P_DEFAULT)));
+  const hsize_t origin = 0;
+  std::vector<char> raw(b.size() + 4);
+  uint32_t mask = 1;
+  KQLORA_H5(H5Dread_chunk(d, H5P_DEFAULT, &origin, &mask, raw.data()));
+  EXPECT_EQ(mask, 0u);
+  EXPECT_EQ(0, std::memcmp(raw.data(), b.data(), b.size()));
+  const uint32_t sum = h5::fletcher32(b.data(), b.size());
+  EXPECT_EQ(0, std::memcmp(raw.data() + b.size(), &sum, 4));  // (little-endian host)
   std::remove(path.c_str());
 }
 

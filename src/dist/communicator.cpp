@@ -78,6 +78,7 @@ void Communicator::wait(Request& r) {
   int spins = 0;
   while (!test(r)) {
     if (Clock::now() > deadline) {
+      broken_ = true;
       on_timeout();
       KQLORA_THROW_IF(true, backend() << " " << r.what << " did not complete within " << timeout_s_
                                       << " s (comm_timeout_s) on rank " << rank_ << " of " << size_

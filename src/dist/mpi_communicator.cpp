@@ -202,12 +202,14 @@ class MpiSharedMemory : public SharedMemory {
     MPI_Win_unlock_all(win_);  // (local; no throw from a destructor)
     // Freeing is collective: not while an error unwinds this rank (the others are not
     // coming), and only after a barrier with a deadline (a dead rank must not hang us).
-    if (std::uncaught_exceptions() > 0) return;
+    if (std::uncaught_exceptions() > 0 || comm_.broken()) return;
     try {
       comm_.wait(comm_.barrier());
     } catch (...) {
       return;
     }
+    // (A rank that timed out just after the barrier completed elsewhere will not come.)
+    Watchdog::Guard guard(comm_, "shared-memory window free");
     MPI_Win_free(&win_);
   }
   char* segment(int rank) const override { return segments_[static_cast<size_t>(rank)]; }

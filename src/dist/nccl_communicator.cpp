@@ -15,6 +15,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kqlora/build_config.hpp"
 #include "kqlora/core/error.hpp"
@@ -48,17 +49,53 @@ bool on_device(const void* p) {
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
+/// Page-locked host buffers, reused: allocating or freeing one synchronises the device, so
+/// it happens only when the pool grows (before a collective is queued) and at the end.
+class PinnedPool {
+ public:
+  ~PinnedPool() {
+    for (auto& b : blocks_)
+      if (!b.busy) cudaFreeHost(b.p);  // (a busy one may still be a copy's target: leaked)
+  }
+  void* acquire(size_t bytes) {
+    for (auto& b : blocks_)
+      if (!b.busy && b.bytes >= bytes) {
+        b.busy = true;
+        return b.p;
+      }
+    void* p = nullptr;
+    KQLORA_CHECK_CUDA(cudaMallocHost(&p, bytes));
+    blocks_.push_back({p, bytes, true});
+    return p;
+  }
+  void release(void* p) {
+    for (auto& b : blocks_)
+      if (b.p == p) b.busy = false;
+  }
+
+ private:
+  struct Block {
+    void* p;
+    size_t bytes;
+    bool busy;
+  };
+  std::vector<Block> blocks_;
+};
+
 class NcclRequest : public Request {
  public:
   cudaEvent_t done_event = nullptr;
   // A host receive buffer: the result lands in pinned memory (a truly asynchronous copy, so
   // no call blocks past the deadline) and is copied out once the request completes.
+  PinnedPool* pool = nullptr;
   void* pinned = nullptr;
   void* host_dst = nullptr;
   size_t host_bytes = 0;
   ~NcclRequest() override {
+    // A pinned buffer goes back to the pool only once its copy is done; otherwise it stays
+    // taken (a timed-out collective may still write it).
+    if (pinned && done_event && cudaEventQuery(done_event) == cudaSuccess) pool->release(pinned);
     if (done_event) cudaEventDestroy(done_event);  // no throw from a destructor
-    if (pinned) cudaFreeHost(pinned);
   }
 };
 
@@ -157,7 +194,7 @@ class NcclCommunicator : public Communicator {
     KQLORA_CHECK_CUDA(q);
     if (r.pinned) {
       std::memcpy(r.host_dst, r.pinned, r.host_bytes);
-      KQLORA_CHECK_CUDA(cudaFreeHost(r.pinned));
+      r.pool->release(r.pinned);
       r.pinned = nullptr;
     }
     r.done = true;
@@ -176,6 +213,7 @@ class NcclCommunicator : public Communicator {
   cudaEvent_t ready_ = nullptr;
   ncclComm_t comm_ = nullptr;
   char* scratch_ = nullptr;  // device copies of host buffers
+  PinnedPool pinned_;        // host results on their way out
   size_t scratch_bytes_ = 0;
 
   /// Device views of a collective's buffers: host ones copied into the scratch buffer (send
@@ -185,6 +223,7 @@ class NcclCommunicator : public Communicator {
     const void* send;
     void* recv;
     void* host_recv = nullptr;
+    void* pinned = nullptr;
     size_t recv_bytes;
     Staged(NcclCommunicator& comm, const void* s, int64_t send_bytes, void* r, int64_t rb)
         : c(comm), send(s), recv(r), recv_bytes(static_cast<size_t>(rb)) {
@@ -206,6 +245,7 @@ class NcclCommunicator : public Communicator {
       }
       if (host_recv_buf) {
         host_recv = r;
+        pinned = c.pinned_.acquire(recv_bytes);  // (before the collective is queued)
         recv = c.scratch_ + sb;
         // In place (send == recv on the host): the data to reduce is already in `send`.
         if (s == r) recv = const_cast<void*>(send);
@@ -213,7 +253,8 @@ class NcclCommunicator : public Communicator {
     }
     void finish(NcclRequest& req) {
       if (!host_recv) return;
-      KQLORA_CHECK_CUDA(cudaMallocHost(&req.pinned, recv_bytes));
+      req.pool = &c.pinned_;
+      req.pinned = pinned;
       req.host_dst = host_recv;
       req.host_bytes = recv_bytes;
       KQLORA_CHECK_CUDA(

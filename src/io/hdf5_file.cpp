@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kqlora/io/chunk_writer.hpp"
+#include "kqlora/io/streaming_writeback.hpp"
 
 namespace kqlora::h5 {
 
@@ -145,7 +146,10 @@ void write_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t me
     done = write_whole_chunks(ds, dims, element_size, 0, n, data, buf, StreamingScope::current())
                .empty();
   }
-  if (!done) KQLORA_H5(H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
+  if (!done) {
+    KQLORA_H5(H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
+    if (auto* w = StreamingScope::current()) w->wrote(n * static_cast<int64_t>(element_size));
+  }
   ds.close();
 }
 

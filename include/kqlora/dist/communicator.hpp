@@ -69,6 +69,9 @@ class Communicator {
   /// Seconds a wait may last before it throws (comm_timeout_s).
   void set_timeout(double seconds) { timeout_s_ = seconds; }
   double timeout() const { return timeout_s_; }
+  /// Whether a wait has run out of time: the other ranks are not to be waited for again
+  /// (clean-up skips its collectives).
+  bool broken() const { return broken_; }
 
   /// Root's bytes into every rank's buffer.
   virtual std::unique_ptr<Request> broadcast(void* data, int64_t bytes, int root) = 0;
@@ -116,6 +119,7 @@ class Communicator {
  protected:
   int rank_ = 0, size_ = 1;
   double timeout_s_ = 300;
+  bool broken_ = false;
 };
 
 /// The MPI backend over a duplicate of MPI_COMM_WORLD (or of MPI_COMM_SELF: a world of one,

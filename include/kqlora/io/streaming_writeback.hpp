@@ -4,9 +4,9 @@
 // pages and drops the pages already written back. Writes then reuse the same few pages
 // instead of touching fresh memory for every byte of a checkpoint (on VMs that return
 // freed memory to the host, each fresh page costs a host page fault), the disk works while
-// the ranks copy, and a checkpoint does not evict the rest of the page cache. Advisory: on
-// a system or file system without these calls it does nothing; durability still comes
-// from the fsync that follows.
+// the ranks copy, and a checkpoint does not evict the rest of the page cache. Advisory:
+// off Linux, or on a file system without these calls, it does nothing (durability comes
+// from the fsync that follows); an I/O error it sees is thrown.
 
 #include <cstdint>
 #include <string>
