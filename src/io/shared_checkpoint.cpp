@@ -64,20 +64,6 @@ hid_t mem_type(SharedPart::Type t) {
   }
 }
 
-size_t element_size(SharedPart::Type t) {
-  switch (t) {
-    case SharedPart::Type::bf16:
-      return 2;
-    case SharedPart::Type::i8:
-    case SharedPart::Type::u8:
-      return 1;
-    case SharedPart::Type::i64:
-      return 8;
-    default:
-      return 4;
-  }
-}
-
 /// Adds elements [lo, hi) of a row-major dataspace of rank 1 or 2 to its selection (at
 /// most three hyperslabs: the partial first row, the whole rows, the partial last row);
 /// `first`: replaces the selection instead.
@@ -181,8 +167,8 @@ void write_parts(hid_t file, hid_t dxpl, const std::vector<SharedPart>& parts,
     std::vector<char> buf;
     for (size_t i = 0; i < parts.size(); ++i) {
       const auto& p = parts[i];
-      left[i] = h5::write_whole_chunks(sets[i], p.dims, element_size(p.type), p.lo, p.hi, p.data,
-                                       buf, &writeback);
+      left[i] = h5::write_whole_chunks(sets[i], p.dims, H5Tget_size(file_type(p.type)), p.lo, p.hi,
+                                       p.data, buf, &writeback);
       flags[i] = left[i].empty() ? 0.0 : 1.0;
     }
   } catch (const std::exception& e) {
