@@ -5,6 +5,7 @@
 #include <iostream>
 #include <memory>
 
+#include "kqlora/core/blas_selection.hpp"
 #include "kqlora/core/build_info.hpp"
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/runtime.hpp"
@@ -36,6 +37,9 @@ int run(int argc, char** argv, const std::string& name, const std::string& usage
         return 0;
       }
     }
+    // The first line of every log: dense products run at the speed of this kernel.
+    if (world::rank() == 0)
+      std::cout << name << " " << version() << ": BLAS " << blas::describe() << "\n";
     return body(args);
   } catch (const InputError& e) {
     // Input is checked identically on every rank (decks, files, sizes), so every rank

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "app_main.hpp"
+#include "fma_peak.hpp"
 #include "kqlora/core/build_info.hpp"
 #include "kqlora/nn/linear_nf4.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
@@ -22,16 +23,23 @@ namespace {
 
 const char* usage =
     "usage: kqlora-bench [--json FILE] [--filter TEXT] [--sizes N,...] [--tokens T,...]\n"
-    "                    [--linear-dim N] [--repeats N]\n"
+    "                    [--linear-dim N] [--gemm-size N] [--repeats N] [--pairs N]\n"
     "\n"
     "Benchmarks kqlora's kernels and prints a table (median time, bandwidth, throughput).\n"
-    "Records (for each size N, an N x N weight):\n"
+    "Records:\n"
+    "  fma_peak_f32             one core's float32 FMA peak: a register-only loop at the\n"
+    "                           widest vector FMA this CPU has (chosen at run time)\n"
+    "  gemm_f32_N               C = A B^T, N x N x N float32 (--gemm-size), through kqlora's\n"
+    "                           gemm (the BLAS); its share of fma_peak_f32 is printed\n"
+    "For each size N (--sizes), an N x N weight:\n"
     "  memcpy_NxN_f32           std::memcpy of the float32 output size (bandwidth reference)\n"
     "  nf4_dequant_NxN_f32|bf16 NF4 -> float32 / bfloat16 (the NF4 dtype's own)\n"
     "  nf4_quant_NxN_f32|bf16   float32 / bfloat16 -> NF4\n"
     "  qlora_linear_fwd_bwd_tT  a LoRA linear (--linear-dim, rank 16, float32) forward and\n"
     "                           backward over T tokens, NF4 base (row panels)\n"
     "  dense_lora_linear_fwd_bwd_tT  the same over a dense frozen float32 base\n"
+    "                           (the two run as interleaved pairs; the median of the\n"
+    "                           per-pair time ratios is printed and stored as ratio_to_dense)\n"
     "Bytes count what a kernel reads plus what it writes.\n"
     "\n"
     "  --json FILE     also write the records as a JSON list\n"
@@ -39,7 +47,9 @@ const char* usage =
     "  --sizes LIST    NF4 matrix sizes (default 4096,8192)\n"
     "  --tokens LIST   token counts of the linear records (default 256,2048)\n"
     "  --linear-dim N  the linear records' dim (default 4096)\n"
+    "  --gemm-size N   the gemm record's size (default 2048)\n"
     "  --repeats N     timed repetitions per record, after one warm-up (default 7)\n"
+    "  --pairs N       interleaved QLoRA/dense pairs per token count (default 15)\n"
     "  --version       version and build configuration\n";
 
 using Exec = Kokkos::DefaultExecutionSpace;
@@ -51,20 +61,71 @@ struct Record {
   double bytes = 0;
   double flops = 0;
   double elements = 0;
+  double ratio_to_dense = 0;  ///< QLoRA records: the median of the per-pair time ratios
 };
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+template <class F>
+double seconds(F&& f) {
+  const auto a = std::chrono::steady_clock::now();
+  f();
+  kqlora::fence(Exec(), "kqlora::bench::timed");
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+}
 
 template <class F>
 double median_seconds(int repeats, F&& f) {
   f();  // warm-up: page faults, caches, lazy initialisation
   std::vector<double> t;
-  for (int i = 0; i < repeats; ++i) {
-    const auto a = std::chrono::steady_clock::now();
-    f();
-    Kokkos::fence();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  for (int i = 0; i < repeats; ++i) t.push_back(seconds(f));
+  return median(t);
+}
+
+void fma_peak_record(int repeats, const std::string& filter, std::vector<Record>& out) {
+  const std::string name = "fma_peak_f32";
+  if (name.find(filter) == std::string::npos) return;
+  const auto loop = kqlora::bench::fma_loop();
+  // About 0.1 s per repetition.
+  int64_t iterations = 1 << 20;
+  const double t = seconds([&] { kqlora::bench::run_fma_loop(loop, iterations); });
+  iterations = std::max<int64_t>(iterations, static_cast<int64_t>(iterations * 0.1 / t));
+  Record r{name};
+  r.median_s = median_seconds(repeats, [&] { kqlora::bench::run_fma_loop(loop, iterations); });
+  r.flops = loop.flops_per_iteration * static_cast<double>(iterations);
+  out.push_back(r);
+  std::cout << "FMA peak loop: " << loop.name << " (" << loop.width_bits << "-bit)\n";
+}
+
+using M = kqlora::Matrix<Mem>;
+
+void fill_random(const M& m, float scale, std::mt19937& gen) {
+  std::normal_distribution<float> dist;
+  auto h = Kokkos::create_mirror_view(m);
+  for (size_t j = 0; j < m.extent(1); ++j)
+    for (size_t i = 0; i < m.extent(0); ++i) h(i, j) = scale * dist(gen);
+  Kokkos::deep_copy(m, h);
+}
+
+/// C = A B^T, n x n x n, through kqlora's gemm.
+void gemm_record(int64_t n, int repeats, const std::string& filter, std::vector<Record>& out) {
+  const std::string name = "gemm_f32_" + std::to_string(n);
+  if (name.find(filter) == std::string::npos) return;
+  std::mt19937 gen(11);
+  M A("A", n, n), B("B", n, n), C("C", n, n);
+  fill_random(A, 1.0f, gen);
+  fill_random(B, 1.0f, gen);
+  Exec exec;
+  Record r{name};
+  r.median_s = median_seconds(repeats, [&] { kqlora::gemm(exec, "N", "T", 1.0f, A, B, 0.0f, C); });
+  const double d = static_cast<double>(n);
+  r.flops = 2 * d * d * d;
+  r.bytes = 3 * 4 * d * d;
+  r.elements = d * d;
+  out.push_back(r);
 }
 
 template <class T>
@@ -110,41 +171,36 @@ void nf4_records(int64_t n, int repeats, const std::string& filter, std::vector<
 }
 
 /// One LoRA linear layer (dim x dim, rank r, float32) forward and backward, as in a stack
-/// (the input gradient included), over an NF4 base (panels dequantized per call) or a
-/// dense frozen float32 base; both through the same BLAS.
-template <bool Nf4>
-void lora_linear_record(int64_t dim, int64_t rank, int64_t tokens, int repeats,
-                        const std::string& filter, std::vector<Record>& out) {
-  const std::string name =
-      std::string(Nf4 ? "qlora" : "dense_lora") + "_linear_fwd_bwd_t" + std::to_string(tokens);
-  if (name.find(filter) == std::string::npos) return;
+/// (the input gradient included), over an NF4 base (panels dequantized per call) and over
+/// a dense frozen float32 base, both through the same BLAS, timed as interleaved pairs
+/// (which of the two runs first alternates) so that the machine's drift cancels in the
+/// per-pair ratios.
+void lora_linear_records(int64_t dim, int64_t rank, int64_t tokens, int pairs,
+                         const std::string& filter, std::vector<Record>& out) {
+  const std::string qname = "qlora_linear_fwd_bwd_t" + std::to_string(tokens);
+  const std::string dname = "dense_lora_linear_fwd_bwd_t" + std::to_string(tokens);
+  const bool want_q = qname.find(filter) != std::string::npos;
+  const bool want_d = dname.find(filter) != std::string::npos;
+  if (!want_q && !want_d) return;
   Exec exec;
-  using M = kqlora::Matrix<Mem>;
   std::mt19937 gen(7);
-  std::normal_distribution<float> dist;
-  auto random = [&](const M& m, float scale) {
-    auto h = Kokkos::create_mirror_view(m);
-    for (size_t j = 0; j < m.extent(1); ++j)
-      for (size_t i = 0; i < m.extent(0); ++i) h(i, j) = scale * dist(gen);
-    Kokkos::deep_copy(m, h);
-  };
   M x("x", tokens, dim), y("y", tokens, dim), gy("gy", tokens, dim), gx("gx", tokens, dim);
   M h("h", tokens, rank), gh("gh", tokens, rank), At("At", dim, rank), Bt("Bt", rank, dim);
   M gAt("gAt", dim, rank), gBt("gBt", rank, dim), Wt("Wt", dim, dim);
-  random(x, 1.0f);
-  random(gy, 1.0f);
-  random(At, 0.02f);
-  random(Bt, 0.02f);
-  random(Wt, 0.02f);  // row-major W [out, in] is the LayoutLeft W^T [in, out]
+  fill_random(x, 1.0f, gen);
+  fill_random(gy, 1.0f, gen);
+  fill_random(At, 0.02f, gen);
+  fill_random(Bt, 0.02f, gen);
+  fill_random(Wt, 0.02f, gen);  // row-major W [out, in] is the LayoutLeft W^T [in, out]
   kqlora::Nf4Layout layout;
   layout.shape = {dim, dim};
   auto W = kqlora::nf4_quantize<float>(exec, Kokkos::View<const float*, Mem>(Wt.data(), dim * dim),
                                        layout);
   kqlora::LinearNf4Workspace<Mem> ws;
   const float s = 16.0f / rank;
-  auto step = [&] {
+  auto step = [&](bool nf4) {
     kqlora::gemm(exec, "N", "N", 1.0f, x, At, 0.0f, h);  // forward
-    if (Nf4)
+    if (nf4)
       kqlora::linear_nf4_forward(exec, W, x, y, ws);
     else
       kqlora::gemm(exec, "N", "N", 1.0f, x, Wt, 0.0f, y);
@@ -152,21 +208,35 @@ void lora_linear_record(int64_t dim, int64_t rank, int64_t tokens, int repeats,
     kqlora::gemm(exec, "T", "N", s, h, gy, 1.0f, gBt);  // backward
     kqlora::gemm(exec, "N", "T", s, gy, Bt, 0.0f, gh);
     kqlora::gemm(exec, "T", "N", 1.0f, x, gh, 1.0f, gAt);
-    if (Nf4)
+    if (nf4)
       kqlora::linear_nf4_backward(exec, W, gy, gx, ws);
     else
       kqlora::gemm(exec, "N", "T", 1.0f, gy, Wt, 0.0f, gx);
     kqlora::gemm(exec, "N", "T", 1.0f, gh, At, 1.0f, gx);
   };
-  Record r{name};
-  r.median_s = median_seconds(repeats, step);
+  if (want_q) step(true);  // warm-up: page faults, the panel workspace
+  if (want_d) step(false);
+  std::vector<double> tq, td, ratio;
+  for (int p = 0; p < pairs; ++p) {
+    const bool q_first = p % 2 == 0;
+    double a = 0, b = 0;
+    if (want_q && q_first) a = seconds([&] { step(true); });
+    if (want_d) b = seconds([&] { step(false); });
+    if (want_q && !q_first) a = seconds([&] { step(true); });
+    if (want_q) tq.push_back(a);
+    if (want_d) td.push_back(b);
+    if (want_q && want_d) ratio.push_back(a / b);
+  }
   const double T = static_cast<double>(tokens), d = static_cast<double>(dim),
                rr = static_cast<double>(rank);
-  r.flops = 2 * T * d * d * 2 + 2 * T * d * rr * 5;  // two dim x dim products, five rank-r ones
-  const double base_bytes = Nf4 ? 2.0 * W.storage_bytes() : 2.0 * 4 * d * d;
-  r.bytes = base_bytes + 4 * T * d * 4;  // the base read twice; x, y, gy, gx
-  r.elements = T;
-  out.push_back(r);
+  const double flops = 2 * T * d * d * 2 + 2 * T * d * rr * 5;  // two dim^2 products, five rank-r
+  const double act_bytes = 4 * T * d * 4;                       // x, y, gy, gx
+  if (want_q) {
+    Record r{qname, median(tq), 2.0 * W.storage_bytes() + act_bytes, flops, T};  // base read twice
+    if (!ratio.empty()) r.ratio_to_dense = median(ratio);
+    out.push_back(r);
+  }
+  if (want_d) out.push_back(Record{dname, median(td), 2.0 * 4 * d * d + act_bytes, flops, T});
 }
 
 void memcpy_record(int64_t n, int repeats, const std::string& filter, std::vector<Record>& out) {
@@ -188,13 +258,20 @@ int bench_main(std::vector<std::string>& args) {
   kqlora::app::take_option(args, "--filter", &filter);
   kqlora::app::take_option(args, "--sizes", &sizes_text);
   kqlora::app::take_option(args, "--tokens", &tokens_text);
-  int64_t linear_dim = 4096;
+  int64_t linear_dim = 4096, gemm_size = 2048;
+  int pairs = 15;
   if (kqlora::app::take_option(args, "--linear-dim", &v))
     linear_dim = kqlora::parse_integer(v, "--linear-dim");
+  if (kqlora::app::take_option(args, "--gemm-size", &v))
+    gemm_size = kqlora::parse_integer(v, "--gemm-size");
   if (kqlora::app::take_option(args, "--repeats", &v))
     repeats = static_cast<int>(kqlora::parse_integer(v, "--repeats"));
+  if (kqlora::app::take_option(args, "--pairs", &v))
+    pairs = static_cast<int>(kqlora::parse_integer(v, "--pairs"));
   KQLORA_INPUT_CHECK(args.empty(), "unexpected argument '" << args[0] << "' (see --help)");
   KQLORA_INPUT_CHECK(repeats >= 1, "--repeats must be at least 1");
+  KQLORA_INPUT_CHECK(pairs >= 1, "--pairs must be at least 1");
+  KQLORA_INPUT_CHECK(gemm_size >= 1, "--gemm-size must be at least 1");
   std::vector<int64_t> sizes;
   std::stringstream ss(sizes_text);
   for (std::string s; std::getline(ss, s, ',');) {
@@ -215,15 +292,14 @@ int bench_main(std::vector<std::string>& args) {
 
   std::cout << kqlora::build_configuration() << "  threads: " << Exec().concurrency() << "\n\n";
   std::vector<Record> records;
+  fma_peak_record(repeats, filter, records);
+  gemm_record(gemm_size, repeats, filter, records);
   for (int64_t n : sizes) {
     memcpy_record(n, repeats, filter, records);
     nf4_records<float>(n, repeats, filter, records);
     nf4_records<kqlora::bfloat16>(n, repeats, filter, records);
   }
-  for (int64_t t : tokens) {
-    lora_linear_record<true>(linear_dim, 16, t, repeats, filter, records);
-    lora_linear_record<false>(linear_dim, 16, t, repeats, filter, records);
-  }
+  for (int64_t t : tokens) lora_linear_records(linear_dim, 16, t, pairs, filter, records);
 
   // Columns that do not apply to a record stay empty.
   std::cout << std::left << std::setw(32) << "record" << std::right << std::setw(12) << "median ms"
@@ -247,6 +323,18 @@ int bench_main(std::vector<std::string>& args) {
               << std::setw(10) << bw << std::setw(12) << elem.str() << std::setw(12) << vs.str()
               << std::setw(10) << gflops.str() << std::defaultfloat << "\n";
   }
+  // The ratios the targets are about (docs/BENCHMARKS.md).
+  double peak = 0;
+  for (const auto& r : records) {
+    if (r.name == "fma_peak_f32") peak = r.flops / r.median_s;
+    if (r.name.rfind("gemm_f32_", 0) == 0 && peak > 0)
+      std::cout << r.name << " / fma_peak_f32: " << std::fixed << std::setprecision(1)
+                << 100 * r.flops / r.median_s / peak << "% of one core's FMA peak\n";
+    if (r.ratio_to_dense > 0)
+      std::cout << r.name << " / dense: " << std::fixed << std::setprecision(3) << r.ratio_to_dense
+                << "x (median of " << pairs << " interleaved pair ratios)\n";
+  }
+  std::cout << std::defaultfloat;
   if (!json_path.empty()) {
     std::ofstream f(json_path);
     KQLORA_INPUT_CHECK(f.good(), json_path << ": cannot write");
@@ -255,7 +343,10 @@ int bench_main(std::vector<std::string>& args) {
       const auto& r = records[i];
       f << "  {\"name\": \"" << r.name << "\", \"median_s\": " << std::setprecision(9) << r.median_s
         << ", \"bytes\": " << std::setprecision(15) << r.bytes << ", \"flops\": " << r.flops
-        << ", \"elements\": " << r.elements << "}" << (i + 1 < records.size() ? "," : "") << "\n";
+        << ", \"elements\": " << r.elements;
+      if (r.ratio_to_dense > 0)
+        f << ", \"ratio_to_dense\": " << std::setprecision(6) << r.ratio_to_dense;
+      f << "}" << (i + 1 < records.size() ? "," : "") << "\n";
     }
     f << "]\n";
     KQLORA_THROW_IF(!f.good(), json_path << ": write failed");

@@ -5,6 +5,8 @@
 #include <sstream>
 
 #include "kqlora/build_config.hpp"
+#include "kqlora/core/blas_selection.hpp"
+#include "kqlora/core/cpu_features.hpp"
 #include "kqlora/quant/impl/nf4_host_simd.hpp"
 #if KQLORA_HAVE_MPI
 #include <mpi.h>
@@ -59,7 +61,13 @@ std::string build_configuration() {
 #else
   os << "  NCCL: not built (no CUDA backend)\n";
 #endif
-  os << "  host SIMD (NF4): " << (KQLORA_HAVE_AVX512 ? "AVX-512" : "portable") << "\n";
+  os << "  host SIMD (NF4): "
+     << (KQLORA_HAVE_AVX512
+             ? "AVX-512"
+             : (KQLORA_HAVE_AVX2 ? "AVX2 (dequantize; quantize portable)" : "portable"))
+     << "\n";
+  os << "  CPU: " << cpu_features().describe() << "\n";
+  os << "  BLAS: " << blas::describe() << "\n";
   os << "  compiler: " << KQLORA_CXX_COMPILER << "\n";
   os << "  flags: " << KQLORA_CXX_FLAGS << "\n";
   return os.str();

@@ -6,6 +6,7 @@
 #include <malloc.h>
 #endif
 
+#include "kqlora/core/blas_selection.hpp"
 #include "kqlora/core/mpi_check.hpp"
 
 namespace kqlora {
@@ -22,6 +23,12 @@ void throw_mpi_error(int code, const char* call, const char* file, int line) {
 #endif
 
 Runtime::Runtime(int& argc, char**& argv) {
+  // The BLAS kernel can only be chosen by re-executing, which must happen before MPI starts.
+  int mpi_running = 0;
+#if KQLORA_HAVE_MPI
+  KQLORA_CHECK_MPI(MPI_Initialized(&mpi_running));
+#endif
+  if (!mpi_running) blas::select_kernel(argv);
 #ifdef __GLIBC__
   // Keep freed large blocks in the heap rather than unmapping them: MPI allocates a
   // temporary buffer per collective, and returning those pages to the kernel makes every
@@ -41,6 +48,15 @@ Runtime::Runtime(int& argc, char**& argv) {
   KQLORA_CHECK_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   KQLORA_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
   KQLORA_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+  MPI_Comm node;
+  KQLORA_CHECK_MPI(
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+  int ranks_on_node = 1;
+  KQLORA_CHECK_MPI(MPI_Comm_size(node, &ranks_on_node));
+  KQLORA_CHECK_MPI(MPI_Comm_free(&node));
+  blas::select_threads(ranks_on_node);
+#else
+  blas::select_threads(1);
 #endif
   if (!Kokkos::is_initialized()) Kokkos::initialize(argc, argv);
 }

@@ -19,11 +19,16 @@
 
 namespace kqlora {
 
-/// Which algorithm a kernel uses on an execution space: the AVX-512 block decoder on host
-/// spaces of CPUs that have it, the portable element-wise bodies elsewhere (CUDA).
+/// Which algorithm a kernel uses on an execution space: the AVX-512 block encoder and the
+/// AVX-512 or AVX2 block decoder on host spaces of CPUs that have them, the portable
+/// element-wise bodies elsewhere (CUDA).
 template <class ExecSpace>
 struct Nf4HostSimd {
   static constexpr bool value = is_host_space<ExecSpace>() && KQLORA_HAVE_AVX512;
+};
+template <class ExecSpace>
+struct Nf4HostSimdDecode {
+  static constexpr bool value = is_host_space<ExecSpace>() && KQLORA_HAVE_HOST_SIMD_DECODE;
 };
 
 /// How dequantize writes its output: streaming (non-temporal) stores suit outputs larger
@@ -179,10 +184,10 @@ struct Nf4DecodeBlocks {
   }
 };
 
-#if KQLORA_HAVE_AVX512
+#if KQLORA_HAVE_HOST_SIMD_DECODE
 /// Host SIMD dequantization: a run of blocks per work item, a 16-entry table per block.
 template <class T, class TOut, bool Stream>
-struct Nf4DecodeBlocksAvx512 {
+struct Nf4DecodeBlocksHostSimd {
   Kokkos::View<const uint8_t*, Kokkos::HostSpace> data;
   Kokkos::View<const int8_t*, Kokkos::HostSpace> scalers;
   Kokkos::View<const float*, Kokkos::HostSpace> factor;
@@ -192,24 +197,17 @@ struct Nf4DecodeBlocksAvx512 {
   Nf4Codebook codebook = Nf4Codebook::make<T>();
 
   void operator()(int64_t item) const {
-    const __m512 cb = _mm512_loadu_ps(codebook.v);
+    constexpr bool bf16_out = std::is_same<TOut, bfloat16>::value;
+    constexpr bool round_bf16 = std::is_same<T, bfloat16>::value || bf16_out;
+    const Nf4SimdCodebook cb = nf4_simd_codebook(codebook.v);
     const int64_t half = block_size / 2;
     const int64_t i_end =
         (item + 1) * blocks_per_item < num_blocks ? (item + 1) * blocks_per_item : num_blocks;
     for (int64_t i = item * blocks_per_item; i < i_end; ++i) {
       const int64_t b = first_block + i;
       const float s = nf4_block_scale<T>(scalers(b), factor(b / scaler_block_size), mean);
-      __m512 table = _mm512_mul_ps(cb, _mm512_set1_ps(s));  // nf4_decode for all 16 codes
-      if (std::is_same<T, bfloat16>::value || std::is_same<TOut, bfloat16>::value) {
-        table = nf4_round_bf16(table);
-      }
-      if (std::is_same<TOut, float>::value) {
-        nf4_decode_f32_avx512<Stream>(data.data() + b * half, half, table,
-                                      reinterpret_cast<float*>(out.data()) + i * block_size);
-      } else {
-        nf4_decode_bf16_avx512<Stream>(data.data() + b * half, half, table,
-                                       reinterpret_cast<uint16_t*>(out.data()) + i * block_size);
-      }
+      nf4_decode_block_simd<round_bf16, bf16_out, Stream>(cb, s, data.data() + b * half, half,
+                                                          out.data() + i * block_size);
     }
     if (Stream) stream_fence();
   }
@@ -221,8 +219,9 @@ void nf4_dequantize_as(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t, int6
                        int64_t nb, Kokkos::View<TOut*, MemSpace> out, Nf4Store store) {
   const Nf4Layout& L = t.layout;
   using Policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>;
-#if KQLORA_HAVE_AVX512
-  if constexpr (Nf4HostSimd<ExecSpace>::value && std::is_same<MemSpace, Kokkos::HostSpace>::value) {
+#if KQLORA_HAVE_HOST_SIMD_DECODE
+  if constexpr (Nf4HostSimdDecode<ExecSpace>::value &&
+                std::is_same<MemSpace, Kokkos::HostSpace>::value) {
     const int64_t out_block_bytes = L.block_size * static_cast<int64_t>(sizeof(TOut));
     if (L.block_size % 16 == 0) {
       const bool aligned =
@@ -236,13 +235,13 @@ void nf4_dequantize_as(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t, int6
       if (stream) {
         Kokkos::parallel_for(
             "kqlora::Nf4::dequantize", Policy(exec, 0, items),
-            Nf4DecodeBlocksAvx512<T, TOut, true>{
+            Nf4DecodeBlocksHostSimd<T, TOut, true>{
                 t.quantized_data, t.quantized_scalers, t.quantization_factor, out, t.scaler_mean,
                 L.block_size, L.scaler_block_size, nb, per_item, first_block});
       } else {
         Kokkos::parallel_for(
             "kqlora::Nf4::dequantize", Policy(exec, 0, items),
-            Nf4DecodeBlocksAvx512<T, TOut, false>{
+            Nf4DecodeBlocksHostSimd<T, TOut, false>{
                 t.quantized_data, t.quantized_scalers, t.quantization_factor, out, t.scaler_mean,
                 L.block_size, L.scaler_block_size, nb, per_item, first_block});
       }

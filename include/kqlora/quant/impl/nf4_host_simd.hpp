@@ -1,10 +1,11 @@
 #pragma once
-// Host SIMD paths of the NF4 kernels (x86-64 with AVX-512 F+BW). They run inside the same
-// Kokkos kernels as the portable paths, picked by Nf4HostSimd (nf4_kernels.hpp), and
-// produce the same bits: the per-block table holds nf4_decode's values, and a 16-entry
-// table lookup is one vpermps. Large outputs are written with streaming stores, which skip
-// the read-for-ownership of every output cache line (half the memory traffic of a plain
-// store loop).
+// Host SIMD paths of the NF4 kernels (x86-64 with AVX-512 F+BW; dequantization also with
+// AVX2). They run inside the same Kokkos kernels as the portable paths, picked by
+// Nf4HostSimd (nf4_kernels.hpp), and produce the same bits: the per-block table holds
+// nf4_decode's values, and a 16-entry table lookup is one vpermps (AVX-512) or two 8-entry
+// vpermps and a blend on the code's top bit (AVX2). Large outputs are written with streaming
+// stores, which skip the read-for-ownership of every output cache line (half the memory traffic of
+// a plain store loop).
 
 #include <cstdint>
 
@@ -13,6 +14,14 @@
 #include <immintrin.h>
 #else
 #define KQLORA_HAVE_AVX512 0
+#endif
+#if defined(__AVX2__) && !defined(__CUDA_ARCH__)
+#define KQLORA_HAVE_AVX2 1
+#include <immintrin.h>
+
+#include <cstring>
+#else
+#define KQLORA_HAVE_AVX2 0
 #endif
 
 namespace kqlora::impl {
@@ -109,10 +118,121 @@ inline void nf4_encode_block_avx512(const void* in, int64_t n, float a, __m512 c
   }
 }
 
+#endif  // KQLORA_HAVE_AVX512
+
+#if KQLORA_HAVE_AVX2
+
+/// A block's 16 decoded values as two 8-entry tables (codes 0-7 and 8-15).
+struct Nf4TableAvx2 {
+  __m256 lo, hi;
+};
+
+/// 8 code indices for 4 packed bytes, one per float lane (lane 2j: byte j >> 4, lane
+/// 2j+1: byte j); bits above the low 4 are left over from the other nibbles.
+inline __m256i nf4_lane_codes_avx2(const uint8_t* bytes) {
+  int32_t w;
+  std::memcpy(&w, bytes, 4);
+  return _mm256_srlv_epi32(_mm256_set1_epi32(w), _mm256_setr_epi32(4, 0, 12, 8, 20, 16, 28, 24));
+}
+
+/// The 8 values of 4 packed bytes: both 8-entry lookups (vpermps reads the low 3 bits),
+/// the code's bit 3 (shifted into the sign) choosing between them.
+inline __m256 nf4_decode8_avx2(const uint8_t* bytes, const Nf4TableAvx2& t) {
+  const __m256i idx = nf4_lane_codes_avx2(bytes);
+  const __m256 top = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(t.lo, idx), _mm256_permutevar8x32_ps(t.hi, idx),
+                          top);
+}
+
+/// Decodes `nbytes` packed bytes (a multiple of 8) through `t` into 2*nbytes floats.
+template <bool Stream>
+inline void nf4_decode_f32_avx2(const uint8_t* bytes, int64_t nbytes, const Nf4TableAvx2& t,
+                                float* out) {
+  for (int64_t j = 0; j < nbytes; j += 4) {
+    const __m256 v = nf4_decode8_avx2(bytes + j, t);
+    if (Stream) {
+      _mm256_stream_ps(out + 2 * j, v);
+    } else {
+      _mm256_storeu_ps(out + 2 * j, v);
+    }
+  }
+}
+
+/// As above, into bfloat16 (the table holds bfloat16 values: the top half of each lane).
+template <bool Stream>
+inline void nf4_decode_bf16_avx2(const uint8_t* bytes, int64_t nbytes, const Nf4TableAvx2& t,
+                                 uint16_t* out) {
+  for (int64_t j = 0; j < nbytes; j += 8) {
+    const __m256i a = _mm256_srli_epi32(_mm256_castps_si256(nf4_decode8_avx2(bytes + j, t)), 16);
+    const __m256i b =
+        _mm256_srli_epi32(_mm256_castps_si256(nf4_decode8_avx2(bytes + j + 4, t)), 16);
+    // packus interleaves the 128-bit halves: a0-3 b0-3 a4-7 b4-7 -> a0-7 b0-7.
+    const __m256i h = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
+    if (Stream) {
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(out + 2 * j), h);
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * j), h);
+    }
+  }
+}
+
+/// Rounds float lanes to bfloat16 values (nearest even), as kqlora::round_to_bf16 does for
+/// finite values.
+inline __m256 nf4_round_bf16_avx2(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb);
+  return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(int(0xffff0000u))));
+}
+
+#endif  // KQLORA_HAVE_AVX2
+
+#if KQLORA_HAVE_AVX512 || KQLORA_HAVE_AVX2
+#define KQLORA_HAVE_HOST_SIMD_DECODE 1
+
+/// The codebook as the widest ISA's decoder holds it.
+#if KQLORA_HAVE_AVX512
+using Nf4SimdCodebook = __m512;
+inline Nf4SimdCodebook nf4_simd_codebook(const float* v) {
+  return _mm512_loadu_ps(v);
+}
+#else
+using Nf4SimdCodebook = Nf4TableAvx2;
+inline Nf4SimdCodebook nf4_simd_codebook(const float* v) {
+  return {_mm256_loadu_ps(v), _mm256_loadu_ps(v + 8)};
+}
+#endif
+
+/// Decodes one block of 2*half values (half a multiple of 8) with scale s: the 16-entry
+/// table is nf4_decode of every code (rounded to bfloat16 when RoundBf16), then looked up.
+template <bool RoundBf16, bool Bf16Out, bool Stream>
+inline void nf4_decode_block_simd(const Nf4SimdCodebook& cb, float s, const uint8_t* bytes,
+                                  int64_t half, void* out) {
+#if KQLORA_HAVE_AVX512
+  __m512 table = _mm512_mul_ps(cb, _mm512_set1_ps(s));
+  if (RoundBf16) table = nf4_round_bf16(table);
+  if (Bf16Out) {
+    nf4_decode_bf16_avx512<Stream>(bytes, half, table, static_cast<uint16_t*>(out));
+  } else {
+    nf4_decode_f32_avx512<Stream>(bytes, half, table, static_cast<float*>(out));
+  }
+#else
+  const __m256 vs = _mm256_set1_ps(s);
+  Nf4TableAvx2 table{_mm256_mul_ps(cb.lo, vs), _mm256_mul_ps(cb.hi, vs)};
+  if (RoundBf16) table = {nf4_round_bf16_avx2(table.lo), nf4_round_bf16_avx2(table.hi)};
+  if (Bf16Out) {
+    nf4_decode_bf16_avx2<Stream>(bytes, half, table, static_cast<uint16_t*>(out));
+  } else {
+    nf4_decode_f32_avx2<Stream>(bytes, half, table, static_cast<float*>(out));
+  }
+#endif
+}
+
 inline void stream_fence() {
   _mm_sfence();
 }
-
-#endif  // KQLORA_HAVE_AVX512
+#else
+#define KQLORA_HAVE_HOST_SIMD_DECODE 0
+#endif
 
 }  // namespace kqlora::impl
