@@ -44,12 +44,19 @@ KOKKOS_INLINE_FUNCTION double random_uniform(uint64_t seed, uint64_t stream, uin
 
 namespace detail {
 
+/// An integer below 2^52 as a double, exactly: its bits under the exponent of 2^52, minus
+/// 2^52. The same value as a conversion instruction gives, but one that AVX2 vectorises
+/// (it has no 64-bit integer to double conversion).
+KOKKOS_INLINE_FUNCTION double random_small_to_double(uint64_t v) {
+  return bit_cast<double>(v | 0x4330000000000000ull) - 4503599627370496.0;
+}
+
 /// log(x) for x in (0, 1] in plain double arithmetic (no libm): the same bits wherever it
 /// runs, and a loop over it vectorises. x = m 2^e with m in [sqrt(1/2), sqrt(2)), then
 /// log(m) = 2 atanh(s), s = (m-1)/(m+1), |s| < 0.172, by its series to s^25.
 KOKKOS_INLINE_FUNCTION double random_log(double x) {
   const uint64_t b = bit_cast<uint64_t>(x);
-  double e = static_cast<double>(static_cast<int>((b >> 52) & 0x7ff) - 1023);
+  double e = random_small_to_double((b >> 52) & 0x7ff) - 1023.0;
   double m = bit_cast<double>((b & 0x000fffffffffffffull) | 0x3ff0000000000000ull);
   const bool high = m > 1.4142135623730951;
   m = high ? 0.5 * m : m;
@@ -106,8 +113,8 @@ KOKKOS_INLINE_FUNCTION double random_cos_2pi(double u) {
 /// with kqlora's own log and cosine: the same values on every machine and backend.
 KOKKOS_INLINE_FUNCTION double random_normal(uint64_t seed, uint64_t stream, uint64_t index) {
   const uint64_t b = random_bits(seed, stream, index);
-  const double u1 = (static_cast<double>(b >> 32) + 1.0) * 0x1.0p-32;    // (0, 1]
-  const double u2 = static_cast<double>(b & 0xffffffffull) * 0x1.0p-32;  // [0, 1)
+  const double u1 = (detail::random_small_to_double(b >> 32) + 1.0) * 0x1.0p-32;    // (0, 1]
+  const double u2 = detail::random_small_to_double(b & 0xffffffffull) * 0x1.0p-32;  // [0, 1)
   return sqrt(-2.0 * detail::random_log(u1)) * detail::random_cos_2pi(u2);
 }
 
