@@ -2,13 +2,15 @@
 """DDP step time at world size 2 against world size 1 on the same global batch, one thread
 per rank, and what the bucket overlap hides:
 
-    python3 tools/bench_ddp.py [--bin build/bin] [--deck input/bench_ddp.in] [--np 2]
+    python3 tools/bench_ddp.py [--bin build/bin] [--deck input/bench_ddp.in] [--np 2] [--runs 5] [--all]
 
-Runs kqlora-train four times, side by side: np 1; np N with the default on one node
+First measures what the machine allows: one pinned one-thread gemm alone against one on
+each core at once (if each runs r times slower, np=N cannot beat r/N). Then, --runs times,
+side by side: np 1; np N with the default on one node
 (gradients, weights and optimizer state in node shared memory, each rank summing and
 updating its chunk); np N with bucket reductions as across nodes (KQLORA_DDP_SHARED_MEMORY=0),
-summed blocking as soon as a bucket is ready (the default for host memory); and the same
-with KQLORA_DDP_OVERLAP=1 (non-blocking, driven between panels, finished after the
+summed blocking as soon as a bucket is ready (the default for host memory; with --all); and
+the same with KQLORA_DDP_OVERLAP=1 (non-blocking, driven between panels, finished after the
 backward). Step time: median of the per-step times after the first (metrics_file's
 elapsed_s).
 """
@@ -24,12 +26,25 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default="build/bin")
 ap.add_argument("--deck", default="input/bench_ddp.in")
 ap.add_argument("--np", type=int, default=2)
+ap.add_argument("--runs", type=int, default=1, help="side-by-side rounds (np=1 then np=N)")
+ap.add_argument("--all", action="store_true", help="also the bucket paths, each round")
 args = ap.parse_args()
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+           OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+
+
+def gemm_s(cores):
+    """Median gemm_f32_2048 time of one pinned one-thread kqlora-bench per core, all at once."""
+    procs = [subprocess.Popen(["taskset", "-c", str(c), os.path.join(args.bin, "kqlora-bench"),
+                               "--filter", "gemm_f32", "--repeats", "15", "--json", f"/tmp/g{c}.json"],
+                              env=ENV, stdout=subprocess.DEVNULL) for c in cores]
+    for p in procs:
+        assert p.wait() == 0
+    return [json.load(open(f"/tmp/g{c}.json"))[0]["median_s"] for c in cores]
 
 
 def run(np, shared=True, overlap=False):
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env = dict(ENV)
     env["KQLORA_DDP_SHARED_MEMORY"] = "1" if shared else "0"
     env["KQLORA_DDP_OVERLAP"] = "1" if overlap else "0"
     with tempfile.TemporaryDirectory() as tmp:
@@ -44,10 +59,23 @@ def run(np, shared=True, overlap=False):
     return statistics.median(steps), (ddp.group(0) if ddp else "")
 
 
-t1, _ = run(1)
-print(f"step time np=1: {t1:.3f} s")
-for label, kw in [("node shared memory (default on one node)", {}),
-                  ("buckets, blocking when ready", {"shared": False}),
-                  ("buckets, non-blocking overlap", {"shared": False, "overlap": True})]:
-    tn, ddp = run(args.np, **kw)
-    print(f"step time np={args.np}, {label}: {tn:.3f} s  ({tn / t1:.2f}x of np=1)\n    {ddp}")
+# What two busy cores allow: a one-thread gemm alone, then one on each of the N cores.
+alone = gemm_s([0])[0]
+together = statistics.median(gemm_s(list(range(args.np))))
+r = together / alone
+print(f"gemm_f32_2048 pinned: alone {alone * 1e3:.1f} ms, {args.np} side by side {together * 1e3:.1f} ms"
+      f" (r = {r:.3f}); the np={args.np} target is <= {1 / args.np} r + 0.08 = {r / args.np + 0.08:.3f}x")
+ratios = []
+for i in range(args.runs):
+    t1, _ = run(1)
+    tn, ddp = run(args.np)
+    ratios.append(tn / t1)
+    print(f"round {i + 1}: step time np=1 {t1:.3f} s, np={args.np} (node shared memory, the default) "
+          f"{tn:.3f} s: {tn / t1:.3f}x\n    {ddp}")
+    if args.all:
+        for label, kw in [("buckets, blocking when ready", {"shared": False}),
+                          ("buckets, non-blocking overlap", {"shared": False, "overlap": True})]:
+            tb, ddp = run(args.np, **kw)
+            print(f"  np={args.np}, {label}: {tb:.3f} s ({tb / t1:.3f}x)\n    {ddp}")
+print(f"np={args.np} / np=1 over {len(ratios)} round(s): median {statistics.median(ratios):.3f}x "
+      f"({', '.join(f'{x:.3f}' for x in ratios)})")
