@@ -166,11 +166,18 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
   if (cfg.restart == "none") initialize_model(exec, model, cfg.init_file, init_log);
   CheckpointContents resumed;
   int64_t start_step = 0;
+  // A restart's set-up, split for the log: reading (and verifying) the files, filling the
+  // model, the data-parallel set-up, the optimizer state.
+  double restart_read_s = 0, restart_model_s = 0, parallel_setup_s = 0, restart_opt_s = 0;
   if (cfg.restart != "none") {
 #if KQLORA_HAVE_HDF5  // (without HDF5 a restart was refused above)
+    auto t = Clock::now();
     resumed = load_restart(cfg, init_log);
+    restart_read_s = seconds_since(t);
+    t = Clock::now();
     start_step = resumed.step;
     restore_model(model, resumed);
+    restart_model_s = seconds_since(t);
 #endif
   }
   if (root) log << init_log.str();
@@ -178,6 +185,7 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
   std::unique_ptr<Ddp<Exec>> ddp;
   // FSDP: base weights and parameter chunks sharded (at any world size, 1 included).
   std::unique_ptr<Fsdp<Exec>> fsdp;
+  const auto t_parallel = Clock::now();
   if (cfg.parallel == "fsdp") {
     fsdp = std::make_unique<Fsdp<Exec>>(exec, comm, model);
     if (root) {
@@ -198,7 +206,8 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
     const bool overlap =
         env ? std::string(env) == "1" : !std::is_same<Mem, Kokkos::HostSpace>::value;
     ddp = std::make_unique<Ddp<Exec>>(comm, model, cfg.bucket_mb, overlap);
-    ddp->broadcast_parameters();
+    // A restart read the same files on every rank: the state is already rank 0's.
+    if (cfg.restart == "none") ddp->broadcast_parameters();
     // Ranks on one node share gradients, weights and optimizer state instead of sending
     // them (KQLORA_DDP_SHARED_MEMORY=0: buckets always).
     const char* shm = std::getenv("KQLORA_DDP_SHARED_MEMORY");
@@ -217,13 +226,21 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
       ddp && ddp->shares_memory()
           ? Optimizer<Exec>(exec, OptimizerConfig::from(cfg), ddp->optimizer_buffers())
           : Optimizer<Exec>(exec, OptimizerConfig::from(cfg), opt_params.extent(0));
+  parallel_setup_s = seconds_since(t_parallel);
   if (cfg.restart != "none") {  // the optimizer state of this rank's parameters
 #if KQLORA_HAVE_HDF5
+    const auto t = Clock::now();
     restore_optimizer(opt, model, resumed, opt_first);
+    restart_opt_s = seconds_since(t);
 #endif
     if (root)
       log << "restart: step " << start_step << " (" << resumed.world_size << " rank(s), "
-          << resumed.parallel << ") -> " << nranks << " rank(s), " << cfg.parallel << "\n";
+          << resumed.parallel << ") -> " << nranks << " rank(s), " << cfg.parallel
+          << "; set-up on rank 0: read and verify " << human_time(restart_read_s) << ", model "
+          << human_time(restart_model_s) << ", " << cfg.parallel << " set-up "
+          << human_time(parallel_setup_s) << ", optimizer state " << human_time(restart_opt_s)
+          << "\n";
+    resumed = CheckpointContents();  // the run holds the state now: free the file's copy
   }
   DataSource data(cfg.data_file, cfg.dim, cfg.global_bs, static_cast<uint64_t>(cfg.seed),
                   loss_kind == LossKind::mse, "data_file");
