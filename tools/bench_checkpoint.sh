@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Shared-file checkpoint write (2 ranks, fsync included) against `dd conv=fdatasync` on the
-# same disk, in the same run; then the restart (read) time. Usage:
-#   tools/bench_checkpoint.sh [build/bin] [RUN_DIR]
+# same disk, in the same run; then the restart of that state with the file in the page
+# cache, against a warm `cat FILE > /dev/null` in the same run, and its set-up split (read
+# and verify, model, DDP set-up, optimizer state). With BASE_BIN=DIR (another build's
+# bin/), that build's restart runs right after, on the same warm file. Usage:
+#   [BASE_BIN=DIR] tools/bench_checkpoint.sh [build/bin] [RUN_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-build/bin}
@@ -28,8 +31,19 @@ echo "dd cold: $dd_cold"
 mpirun --oversubscribe -np 2 "$bin/kqlora-train" input/bench_checkpoint.in save_dir="$dir/ck" > "$dir/write.log"
 bytes=$(du -sb "$dir/ck/step-00000000/checkpoint.h5" | cut -f1)
 write_s=$(grep "^checkpoint I/O" "$dir/write.log" | awk '{print $4}' | tr -d s)
+file="$dir/ck/step-00000000/checkpoint.h5"
+cat "$file" > /dev/null
+cat_s=$( { /usr/bin/time -f "%e" cat "$file" > /dev/null; } 2>&1 )
+echo "warm cat of the file: $cat_s s"
 /usr/bin/time -f "%e" -o "$dir/restart.time" mpirun --oversubscribe -np 2 "$bin/kqlora-train" \
     input/bench_checkpoint.in save_dir="$dir/ck" restart=latest > "$dir/restart.log"
+grep "^restart: step" "$dir/restart.log"
+if [ -n "${BASE_BIN:-}" ]; then
+  cat "$file" > /dev/null
+  mpirun --oversubscribe -np 2 "$BASE_BIN/kqlora-train" input/bench_checkpoint.in \
+      save_dir="$dir/ck" restart=latest > "$dir/restart_base.log"
+  echo "restart set-up with $BASE_BIN: $(grep "^setup" "$dir/restart_base.log" | awk '{print $2}')"
+fi
 python3 - "$dd_warm" "$dd_cold" "$bytes" "$write_s" "$(cat "$dir/restart.time")" "$dir/restart.log" <<'PY'
 import re, sys
 warm, cold, size, write_s, restart_total, log = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
