@@ -272,3 +272,75 @@ TEST(Fletcher32, MatchesHdf5sOwnFilter) {
     }
   }
 }
+
+TEST(Hdf5Read, ChunkByChunkMatchesHdf5sPipelineAndCatchesDamage) {
+  // Datasets written through HDF5's own filter pipeline (its checksums), read back by
+  // h5::read_dataset chunk by chunk (kqlora's check): equal values, the chunk path taken
+  // (its byte count), and a flipped byte in a middle chunk named as a failed checksum.
+  // The uint8 dataset's last chunk has 2 elements: too short to take the 4 checksum bytes
+  // of the chunk before it in place.
+  namespace h5 = kqlora::h5;
+  h5::quiet_errors();
+  const std::string path = tmp("chunk_read.h5");
+  const int64_t nu = (int64_t(1) << 21) + 2, nf = (int64_t(1) << 20) + 777;
+  std::vector<uint8_t> u(nu);
+  for (int64_t i = 0; i < nu; ++i) u[i] = static_cast<uint8_t>(i * 131 + (i >> 9));
+  std::vector<float> f(nf), m(3000 * 700);
+  for (int64_t i = 0; i < nf; ++i) f[i] = 0.25f * static_cast<float>(i) - 3.0f;
+  for (size_t i = 0; i < m.size(); ++i) m[i] = static_cast<float>(i % 1013) - 500.0f;
+  {
+    h5::Handle file = h5::create_file(path);
+    auto put = [&](const char* name, hid_t ft, hid_t mt, std::vector<int64_t> dims, const void* p) {
+      h5::Handle d = h5::create_checkpoint_dataset(file, name, ft, dims);
+      KQLORA_H5(H5Dwrite(d, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, p));
+    };
+    put("u", H5T_STD_U8LE, H5T_NATIVE_UINT8, {nu}, u.data());
+    put("f", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {nf}, f.data());
+    put("m", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {3000, 700}, m.data());
+  }
+  haddr_t middle = 0;
+  {
+    h5::Handle file = h5::open_file(path);
+    const int64_t before = h5::read_stats().bytes;
+    std::vector<uint8_t> u2(nu);
+    std::vector<float> f2(nf), m2(m.size());
+    h5::read_dataset(file, "u", H5T_NATIVE_UINT8, nu, u2.data(), path);
+    h5::read_dataset(file, "f", H5T_NATIVE_FLOAT, nf, f2.data(), path);
+    h5::read_dataset(file, "m", H5T_NATIVE_FLOAT, 3000 * 700, m2.data(), path);
+    EXPECT_EQ(u, u2);
+    EXPECT_EQ(f, f2);
+    EXPECT_EQ(m, m2);
+    // Chunks of 1 Mi elements (uint8: 3, float32 1-D: 2) and of 1497 rows of 700 (3), each
+    // with its 4 checksum bytes.
+    const int64_t m_chunk = 1497 * 700 * 4;
+    EXPECT_EQ(h5::read_stats().bytes - before,
+              3 * ((1 << 20) + 4) + 2 * ((1 << 22) + 4) + 3 * (m_chunk + 4));
+    h5::Handle d(KQLORA_H5(H5Dopen2(file, "u", H5P_DEFAULT)));
+    const hsize_t offset = hsize_t(1) << 20;
+    unsigned mask = 0;
+    hsize_t size = 0;
+    KQLORA_H5(H5Dget_chunk_info_by_coord(d, &offset, &mask, &middle, &size));
+  }
+  {
+    std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(static_cast<std::streamoff>(middle + 1000));
+    char c = 0;
+    io.read(&c, 1);
+    c = static_cast<char>(c ^ 0x04);
+    io.seekp(static_cast<std::streamoff>(middle + 1000));
+    io.write(&c, 1);
+  }
+  h5::Handle file = h5::open_file(path);
+  std::vector<uint8_t> u2(nu);
+  try {
+    h5::read_dataset(file, "u", H5T_NATIVE_UINT8, nu, u2.data(), path);
+    ADD_FAILURE() << "a flipped byte was read without error";
+  } catch (const kqlora::InputError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("failed checksum"), std::string::npos) << what;
+    EXPECT_NE(what.find("'u'"), std::string::npos) << what;
+    EXPECT_NE(what.find(path), std::string::npos) << what;
+    EXPECT_NE(what.find("element 1048576"), std::string::npos) << what;
+  }
+  std::remove(path.c_str());
+}

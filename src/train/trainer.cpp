@@ -29,6 +29,7 @@
 #include "kqlora/train/synthetic.hpp"
 #if KQLORA_HAVE_HDF5
 #include "kqlora/io/checkpoint.hpp"
+#include "kqlora/io/hdf5_file.hpp"
 #include "kqlora/train/checkpointing.hpp"
 #else
 #include "kqlora/io/checkpoint_contents.hpp"
@@ -169,11 +170,16 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
   // A restart's set-up, split for the log: reading (and verifying) the files, filling the
   // model, the data-parallel set-up, the optimizer state.
   double restart_read_s = 0, restart_model_s = 0, parallel_setup_s = 0, restart_opt_s = 0;
+  double chunk_read_s = 0, chunk_verify_s = 0, chunk_gb = 0;
   if (cfg.restart != "none") {
 #if KQLORA_HAVE_HDF5  // (without HDF5 a restart was refused above)
     auto t = Clock::now();
+    const h5::ReadStats before = h5::read_stats();
     resumed = load_restart(cfg, init_log);
     restart_read_s = seconds_since(t);
+    chunk_read_s = h5::read_stats().read_s - before.read_s;
+    chunk_verify_s = h5::read_stats().verify_s - before.verify_s;
+    chunk_gb = 1e-9 * static_cast<double>(h5::read_stats().bytes - before.bytes);
     t = Clock::now();
     start_step = resumed.step;
     restore_model(model, resumed);
@@ -236,8 +242,11 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
     if (root)
       log << "restart: step " << start_step << " (" << resumed.world_size << " rank(s), "
           << resumed.parallel << ") -> " << nranks << " rank(s), " << cfg.parallel
-          << "; set-up on rank 0: read and verify " << human_time(restart_read_s) << ", model "
-          << human_time(restart_model_s) << ", " << cfg.parallel << " set-up "
+          << "; set-up on rank 0: files " << human_time(restart_read_s) << " (reading "
+          << human_time(chunk_read_s) << ", checksums " << human_time(chunk_verify_s) << " for "
+          << std::fixed << std::setprecision(3) << chunk_gb << std::defaultfloat
+          << " GB; the rest allocation, first touch and checks)"
+          << ", model " << human_time(restart_model_s) << ", " << cfg.parallel << " set-up "
           << human_time(parallel_setup_s) << ", optimizer state " << human_time(restart_opt_s)
           << "\n";
     resumed = CheckpointContents();  // the run holds the state now: free the file's copy

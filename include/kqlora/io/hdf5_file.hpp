@@ -77,7 +77,17 @@ void write_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t me
                    const std::vector<int64_t>& dims, const void* data);
 /// Dimensions of a dataset, or an InputError naming `file` and the object.
 std::vector<int64_t> dataset_dims(hid_t loc, const std::string& name, const std::string& file);
-/// Reads a whole dataset converted to mem_type; checks the element count.
+/// Time spent and bytes read by read_dataset in this process (a restart's log splits
+/// its set-up with them): reading chunks, and verifying the checksums kqlora checks itself
+/// (inside read_s where HDF5's pipeline checks them).
+struct ReadStats {
+  double read_s = 0, verify_s = 0;
+  int64_t bytes = 0;
+};
+ReadStats& read_stats();
+
+/// Reads a whole dataset converted to mem_type; checks the element count and every
+/// chunk's checksum (a damaged file is an InputError naming `file` and the dataset).
 void read_dataset(hid_t loc, const std::string& name, hid_t mem_type, int64_t expected_numel,
                   void* data, const std::string& file);
 /// The dataset's stored type class and size (e.g. H5T_FLOAT, 2 for bfloat16).
