@@ -67,8 +67,9 @@ bool read_flat_chunks(hid_t d, hid_t mem_type, int64_t n, void* data, const std:
                                                  << stored << " bytes, " << bytes + 4
                                                  << " expected (damaged file)");
     // A chunk is read in place when the data after it has room for its 4 checksum bytes:
-    // they land on the next chunk's first bytes, which the next read overwrites.
-    const bool last = (n - a - per) * static_cast<int64_t>(es) < 4;  // (and the last chunk)
+    // they land on the next chunk's first bytes, which the next read overwrites. The last
+    // chunk (and one followed by fewer than 4 bytes) goes through `edge`.
+    const bool last = (n - a - per) * static_cast<int64_t>(es) < 4;
     char* dst = out + static_cast<size_t>(a) * es;
     if (last) {
       edge.resize(bytes + 4);
