@@ -3,6 +3,7 @@
 // checksums catch a flipped byte, and kqlora-quantize writes what nf4_quantize computes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -342,5 +343,81 @@ TEST(Hdf5Read, ChunkByChunkMatchesHdf5sPipelineAndCatchesDamage) {
     EXPECT_NE(what.find(path), std::string::npos) << what;
     EXPECT_NE(what.find("element 1048576"), std::string::npos) << what;
   }
+  std::remove(path.c_str());
+}
+
+TEST(Hdf5Read, RangesReadOnlyTheirChunksAndEqualTheWholeDataset) {
+  // Elements [lo, hi) of checkpoint datasets (1-D: chunks of 1 Mi elements, the last
+  // partial; 2-D: chunks of 1497 rows of 700) equal the values written, for ranges inside
+  // one chunk, across chunk edges, ending 1 element past a chunk (its checksum bytes land
+  // in place), exactly one chunk, the tail, empty; through HDF5's pipeline too (a read
+  // converted to double). A flipped byte fails only the ranges whose chunks hold it.
+  namespace h5 = kqlora::h5;
+  h5::quiet_errors();
+  const std::string path = tmp("range_read.h5");
+  const int64_t per = int64_t(1) << 20, nf = 2 * per + 777, rows = 3000, cols = 700;
+  std::vector<float> f(nf), m(rows * cols);
+  for (int64_t i = 0; i < nf; ++i) f[i] = 0.5f * static_cast<float>(i % 100003) - 7.0f;
+  for (size_t i = 0; i < m.size(); ++i) m[i] = static_cast<float>(i % 1019) * 0.125f;
+  {
+    h5::Handle file = h5::create_file(path);
+    h5::write_dataset(file, "f", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {nf}, f.data());
+    h5::write_dataset(file, "m", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {rows, cols}, m.data());
+  }
+  const int64_t mchunk = 1497 * cols, nm = rows * cols;
+  const std::vector<std::pair<int64_t, int64_t>> f_ranges = {
+      {0, nf},        {5, 17},       {per - 3, per + 5}, {0, per + 1},
+      {per, 2 * per}, {nf - 10, nf}, {per - 1, nf},      {77, 77}};
+  const std::vector<std::pair<int64_t, int64_t>> m_ranges = {
+      {0, nm}, {mchunk - 1, mchunk + 1}, {mchunk, 2 * mchunk}, {3, mchunk + 2}, {nm - 1, nm}};
+  h5::Handle file = h5::open_file(path);
+  auto check = [&](const char* name, const std::vector<float>& v, int64_t lo, int64_t hi) {
+    std::vector<float> out(static_cast<size_t>(hi - lo) + 1, -1.0f);  // +1: must stay
+    h5::read_dataset_range(file, name, H5T_NATIVE_FLOAT, lo, hi, out.data(), path);
+    EXPECT_TRUE(std::equal(v.begin() + lo, v.begin() + hi, out.begin()))
+        << name << " [" << lo << ", " << hi << ")";
+    EXPECT_EQ(out.back(), -1.0f) << name << " [" << lo << ", " << hi << "): wrote past hi";
+    std::vector<double> d(static_cast<size_t>(hi - lo));
+    h5::read_dataset_range(file, name, H5T_NATIVE_DOUBLE, lo, hi, d.data(), path);
+    for (int64_t i = lo; i < hi; ++i) ASSERT_EQ(d[i - lo], static_cast<double>(v[i])) << name << i;
+  };
+  for (const auto& [lo, hi] : f_ranges) check("f", f, lo, hi);
+  for (const auto& [lo, hi] : m_ranges) check("m", m, lo, hi);
+  // Only the chunks a range touches are read (each with its 4 checksum bytes).
+  const int64_t before = h5::read_stats().bytes;
+  std::vector<float> out(8);
+  h5::read_dataset_range(file, "f", H5T_NATIVE_FLOAT, per - 3, per + 5, out.data(), path);
+  EXPECT_EQ(h5::read_stats().bytes - before, 2 * (4 * per + 4));
+  EXPECT_THROW(h5::read_dataset_range(file, "f", H5T_NATIVE_FLOAT, 5, nf + 1, out.data(), path),
+               kqlora::InputError);
+  // A flipped byte in f's second chunk.
+  haddr_t second = 0;
+  {
+    h5::Handle d(KQLORA_H5(H5Dopen2(file, "f", H5P_DEFAULT)));
+    const hsize_t offset = static_cast<hsize_t>(per);
+    unsigned mask = 0;
+    hsize_t size = 0;
+    KQLORA_H5(H5Dget_chunk_info_by_coord(d, &offset, &mask, &second, &size));
+  }
+  file.reset();
+  {
+    std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(static_cast<std::streamoff>(second + 4000));
+    char c = 0;
+    io.read(&c, 1);
+    c = static_cast<char>(c ^ 0x10);
+    io.seekp(static_cast<std::streamoff>(second + 4000));
+    io.write(&c, 1);
+  }
+  file = h5::open_file(path);
+  h5::read_dataset_range(file, "f", H5T_NATIVE_FLOAT, 0, 8, out.data(), path);  // chunk 0
+  EXPECT_TRUE(std::equal(f.begin(), f.begin() + 8, out.begin()));
+  try {
+    h5::read_dataset_range(file, "f", H5T_NATIVE_FLOAT, per + 2000, per + 2008, out.data(), path);
+    ADD_FAILURE() << "a flipped byte was read without error";
+  } catch (const kqlora::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("failed checksum"), std::string::npos) << e.what();
+  }
+  file.reset();
   std::remove(path.c_str());
 }

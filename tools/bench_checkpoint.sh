@@ -44,9 +44,10 @@ if [ -n "${BASE_BIN:-}" ]; then
       save_dir="$dir/ck" restart=latest > "$dir/restart_base.log"
   echo "restart set-up with $BASE_BIN: $(grep "^setup" "$dir/restart_base.log" | awk '{print $2}')"
 fi
-python3 - "$dd_warm" "$dd_cold" "$bytes" "$write_s" "$(cat "$dir/restart.time")" "$dir/restart.log" <<'PY'
+python3 - "$dd_warm" "$dd_cold" "$bytes" "$write_s" "$(cat "$dir/restart.time")" "$dir/restart.log" "$cat_s" <<'PY'
 import re, sys
 warm, cold, size, write_s, restart_total, log = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
+cat_s = float(sys.argv[7])
 def bandwidth(line):  # MB/s, from dd's own bytes and seconds
     m = re.search(r"^(\d+) bytes .* copied, ([\d.]+) s", line)
     return int(m.group(1)) / float(m.group(2)) / 1e6
@@ -57,4 +58,10 @@ print(f"checkpoint {size / 1e9:.3f} GB written by 2 ranks in {write_s:.2f} s (fs
       f"{100 * bw / c:.0f}% of dd cold ({c:.0f} MB/s)")
 print(f"restart of that state: {setup:.2f} s of setup (reading, checks, sharding) "
       f"in a {restart_total:.2f} s run")
+# Each rank reads its part of the file (the ranks of a node together read it once).
+m = re.search(r"reading ([\d.]+)s, checksums ([\d.]+)s for ([\d.]+) GB", open(log).read())
+if m:
+    rv = float(m.group(1)) + float(m.group(2))
+    print(f"read + verify on rank 0 ({m.group(3)} GB of the file, the ranks at once): {rv:.2f} s "
+          f"= {rv / cat_s:.2f}x the warm cat of the whole file")
 PY

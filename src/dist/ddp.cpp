@@ -64,7 +64,7 @@ Ddp<ExecSpace>::Ddp(dist::Communicator& comm, LoraModel<ExecSpace>& model, doubl
 template <class ExecSpace>
 Ddp<ExecSpace>::~Ddp() {
   model_.set_backward_hooks({}, {});
-  if (!shared_) return;
+  if (!shared_ || !copy_back_) return;
   if (std::uncaught_exceptions() > 0) return;  // (the windows see to themselves)
   // The model gets private copies back before the shared memory goes.
   using Vec = typename LoraModel<ExecSpace>::Vec;
@@ -76,9 +76,9 @@ Ddp<ExecSpace>::~Ddp() {
 }
 
 template <class ExecSpace>
-bool Ddp<ExecSpace>::share_node_memory(const OptimizerConfig& opt) {
+bool Ddp<ExecSpace>::share_node_memory(const OptimizerConfig& opt, bool fill) {
   if constexpr (!std::is_same<Mem, Kokkos::HostSpace>::value) {
-    (void)opt;
+    (void)opt, (void)fill;
     return false;  // device memory: buckets
   } else {
     using Vec = typename LoraModel<ExecSpace>::Vec;
@@ -112,13 +112,15 @@ bool Ddp<ExecSpace>::share_node_memory(const OptimizerConfig& opt) {
     const int64_t lo = chunk_offset(), m = chunk_size();
     Vec p(reinterpret_cast<float*>(shared_params_->segment(0)), P);
     Vec g(reinterpret_cast<float*>(shared_->segment(r)), P);
-    using Kokkos::make_pair;
-    Kokkos::deep_copy(Kokkos::subview(p, make_pair(lo, lo + m)),
-                      Kokkos::subview(model_.params, make_pair(lo, lo + m)));
-    Kokkos::deep_copy(g, 0.0f);
-    for (const auto& buf : optimizer_buffers()) Kokkos::deep_copy(buf, 0.0f);
-    Kokkos::fence();  // (the barrier below orders memory, not kernels still running)
-    shared_->sync();
+    if (fill) {
+      using Kokkos::make_pair;
+      Kokkos::deep_copy(Kokkos::subview(p, make_pair(lo, lo + m)),
+                        Kokkos::subview(model_.params, make_pair(lo, lo + m)));
+      Kokkos::deep_copy(g, 0.0f);
+      for (const auto& buf : optimizer_buffers()) Kokkos::deep_copy(buf, 0.0f);
+      Kokkos::fence();  // (the barrier below orders memory, not kernels still running)
+      shared_->sync();
+    }
     model_.use_buffers(p, g);
     model_.set_backward_hooks({}, {});  // no buckets
     return true;

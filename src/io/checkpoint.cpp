@@ -255,7 +255,8 @@ namespace {
 void validate_against_config(const CheckpointContents& c, const std::string& path);
 }
 
-CheckpointContents read_checkpoint_file(const std::string& path, bool with_optimizer) {
+CheckpointContents read_checkpoint_file(const std::string& path, bool with_optimizer,
+                                        bool with_values) {
   auto f = h5::open_file(path);
   const std::string format = h5::read_string_attribute(f, "format", path);
   KQLORA_INPUT_CHECK(format == "kqlora-checkpoint",
@@ -301,8 +302,11 @@ CheckpointContents read_checkpoint_file(const std::string& path, bool with_optim
                                                     << "bfloat16 expected)");
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
-    t.data.resize(static_cast<size_t>(n));
-    h5::read_dataset(params, name, H5T_NATIVE_FLOAT, n, t.data.data(), path + ": /params/" + name);
+    if (with_values) {
+      t.data.resize(static_cast<size_t>(n));
+      h5::read_dataset(params, name, H5T_NATIVE_FLOAT, n, t.data.data(),
+                       path + ": /params/" + name);
+    }
     h5::Handle d(KQLORA_H5(H5Dopen2(params, name.c_str(), H5P_DEFAULT)));
     if (h5::has_attribute(d, "first_element")) {  // an FSDP slice
       const std::string where = path + ": /params/" + name;
@@ -313,7 +317,7 @@ CheckpointContents read_checkpoint_file(const std::string& path, bool with_optim
       const int64_t real = h5::read_int_attribute(d, "num_elements", where).at(0);
       KQLORA_INPUT_CHECK(real >= 0 && real <= n,
                          where << ": num_elements " << real << " out of range");
-      t.data.resize(static_cast<size_t>(real));
+      if (with_values) t.data.resize(static_cast<size_t>(real));
       t.shape = {real};
     }
     c.params.push_back(std::move(t));
@@ -328,8 +332,9 @@ CheckpointContents read_checkpoint_file(const std::string& path, bool with_optim
                          path << ": /optimizer/" << d << " is not <param>/<state>");
       int64_t n = 1;
       for (int64_t x : h5::dataset_dims(opt, d, path)) n *= x;
-      std::vector<float> v(static_cast<size_t>(n));
-      h5::read_dataset(opt, d, H5T_NATIVE_FLOAT, n, v.data(), path + ": /optimizer/" + d);
+      std::vector<float> v(with_values ? static_cast<size_t>(n) : 0);
+      if (with_values)
+        h5::read_dataset(opt, d, H5T_NATIVE_FLOAT, n, v.data(), path + ": /optimizer/" + d);
       c.optimizer.push_back({{d.substr(0, slash), d.substr(slash + 1)}, std::move(v)});
     }
   }

@@ -24,14 +24,16 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-/// Reads a dataset stored as kqlora writes checkpoints (chunks that are contiguous ranges
-/// of the flattened dataset, Fletcher32 the only filter, the file's type the memory's, a
-/// little-endian host) chunk by chunk with H5Dread_chunk straight into `data`, each
-/// checksum verified with kqlora's Fletcher32: one copy out of the page cache and a
-/// vectorised check, where HDF5's pipeline copies through a buffer per chunk and sums
-/// word by word (measured: docs/BENCHMARKS.md). Returns false, having read nothing, for a
-/// dataset stored otherwise (HDF5 reads it then).
-bool read_flat_chunks(hid_t d, hid_t mem_type, int64_t n, void* data, const std::string& what) {
+/// Reads elements [lo, hi) of a dataset of n elements stored as kqlora writes checkpoints
+/// (chunks that are contiguous ranges of the flattened dataset, Fletcher32 the only
+/// filter, the file's type the memory's, a little-endian host) chunk by chunk with
+/// H5Dread_chunk straight into `data` (element lo's place), each checksum verified with
+/// kqlora's Fletcher32: one copy out of the page cache and a vectorised check, where
+/// HDF5's pipeline copies through a buffer per chunk and sums word by word (measured:
+/// docs/BENCHMARKS.md). Returns false, having read nothing, for a dataset stored otherwise
+/// (HDF5 reads it then).
+bool read_flat_chunks(hid_t d, hid_t mem_type, int64_t n, int64_t lo, int64_t hi, void* data,
+                      const std::string& what) {
   const uint16_t probe = 1;
   if (*reinterpret_cast<const uint8_t*>(&probe) != 1 || n <= 0) return false;
   Handle type(KQLORA_H5(H5Dget_type(d)));
@@ -56,22 +58,23 @@ bool read_flat_chunks(hid_t d, hid_t mem_type, int64_t n, void* data, const std:
   const size_t es = H5Tget_size(type);
   if (es == 0) return false;
   const size_t bytes = static_cast<size_t>(per) * es;
-  std::vector<char> edge;  // the last chunk, stored whole (its tail past n is padding)
-  char* out = static_cast<char*>(data);
+  std::vector<char> edge;  // a chunk only partly wanted (the last is stored whole, padded)
+  char* out = static_cast<char*>(data) - static_cast<ptrdiff_t>(lo) * static_cast<ptrdiff_t>(es);
   std::vector<hsize_t> offset(static_cast<size_t>(rank), 0);
-  for (int64_t a = 0; a < n; a += per) {
+  for (int64_t a = lo / per * per; a < hi; a += per) {
     offset[0] = static_cast<hsize_t>(a / per) * chunk[0];
     hsize_t stored = 0;
     KQLORA_H5(H5Dget_chunk_storage_size(d, offset.data(), &stored));
     KQLORA_INPUT_CHECK(stored == bytes + 4, what << ": chunk at element " << a << " holds "
                                                  << stored << " bytes, " << bytes + 4
                                                  << " expected (damaged file)");
-    // A chunk is read in place when the data after it has room for its 4 checksum bytes:
-    // they land on the next chunk's first bytes, which the next read overwrites. The last
-    // chunk (and one followed by fewer than 4 bytes) goes through `edge`.
-    const bool last = (n - a - per) * static_cast<int64_t>(es) < 4;
-    char* dst = out + static_cast<size_t>(a) * es;
-    if (last) {
+    // A chunk lying whole in [lo, hi) is read in place when the range after it has room
+    // for its 4 checksum bytes: they land on the next chunk's first bytes, which the next
+    // read overwrites. Any other chunk goes through `edge`.
+    const int64_t a0 = std::max(a, lo), a1 = std::min(a + per, hi);
+    const bool in_place = a >= lo && (hi - a - per) * static_cast<int64_t>(es) >= 4;
+    char* dst = in_place ? out + static_cast<size_t>(a) * es : nullptr;
+    if (!in_place) {
       edge.resize(bytes + 4);
       dst = edge.data();
     }
@@ -87,7 +90,9 @@ bool read_flat_chunks(hid_t d, hid_t mem_type, int64_t n, void* data, const std:
                        what << ": failed checksum (Fletcher32) in the chunk at element " << a
                             << " (damaged file)");
     stats.verify_s += seconds_since(t);
-    if (last) std::memcpy(out + static_cast<size_t>(a) * es, dst, static_cast<size_t>(n - a) * es);
+    if (!in_place)
+      std::memcpy(out + static_cast<size_t>(a0) * es, dst + static_cast<size_t>(a0 - a) * es,
+                  static_cast<size_t>(a1 - a0) * es);
     stats.bytes += static_cast<int64_t>(bytes) + 4;
   }
   return true;
@@ -261,11 +266,29 @@ void read_dataset(hid_t loc, const std::string& name, hid_t mem_type, int64_t ex
   for (int64_t d : dims) n *= d;
   KQLORA_INPUT_CHECK(n == expected_numel, file << ": dataset '" << name << "' has " << n
                                                << " elements, expected " << expected_numel);
+  read_dataset_range(loc, name, mem_type, 0, n, data, file);
+}
+
+void read_dataset_range(hid_t loc, const std::string& name, hid_t mem_type, int64_t lo, int64_t hi,
+                        void* data, const std::string& file) {
+  const auto dims = dataset_dims(loc, name, file);
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  KQLORA_INPUT_CHECK(0 <= lo && lo <= hi && hi <= n, file << ": dataset '" << name << "' has " << n
+                                                          << " elements, elements [" << lo << ", "
+                                                          << hi << ") wanted");
+  if (lo == hi) return;
   Handle d(KQLORA_H5(H5Dopen2(loc, name.c_str(), H5P_DEFAULT)));
-  if (read_flat_chunks(d, mem_type, n, data, file + ": dataset '" + name + "'")) return;
-  // A failed checksum (Fletcher32) or a truncated file fails here.
+  if (read_flat_chunks(d, mem_type, n, lo, hi, data, file + ": dataset '" + name + "'")) return;
+  // Through HDF5's pipeline (conversions, other filters): a part goes through a copy of
+  // the whole. A failed checksum (Fletcher32) or a truncated file fails here.
+  const size_t es = H5Tget_size(mem_type);
+  KQLORA_THROW_IF(es == 0, name << ": H5Tget_size failed");
+  std::vector<char> whole;
+  if (lo > 0 || hi < n) whole.resize(static_cast<size_t>(n) * es);
   const auto t = std::chrono::steady_clock::now();
-  const herr_t rc = H5Dread(d, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
+  const herr_t rc =
+      H5Dread(d, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, whole.empty() ? data : whole.data());
   stats.read_s += seconds_since(t);
   if (rc < 0) {
     std::string stack;
@@ -274,6 +297,9 @@ void read_dataset(hid_t loc, const std::string& name, hid_t mem_type, int64_t ex
     KQLORA_INPUT_CHECK(false, file << ": cannot read dataset '" << name << "' (damaged file or "
                                    << "failed checksum): " << stack);
   }
+  if (!whole.empty())
+    std::memcpy(data, whole.data() + static_cast<size_t>(lo) * es,
+                static_cast<size_t>(hi - lo) * es);
 }
 
 void write_attribute(hid_t obj, const std::string& name, const std::string& value) {

@@ -36,7 +36,7 @@ std::string LoraModel<ExecSpace>::base_name(int layer) {
 }
 
 template <class ExecSpace>
-LoraModel<ExecSpace>::LoraModel(const ExecSpace& exec, const ModelConfig& cfg)
+LoraModel<ExecSpace>::LoraModel(const ExecSpace& exec, const ModelConfig& cfg, bool zeroed)
     : exec_(exec), cfg_(cfg) {
   const int64_t d = cfg.dim, r = cfg.rank;
   int64_t offset = 0;
@@ -51,8 +51,13 @@ LoraModel<ExecSpace>::LoraModel(const ExecSpace& exec, const ModelConfig& cfg)
       offset += d;
     }
   }
-  params = Vec("kqlora::LoraModel::params", offset);
-  grads = Vec("kqlora::LoraModel::grads", offset);
+  auto alloc = [&](const char* label) {
+    return zeroed
+               ? Vec(std::string(label), offset)
+               : Vec(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), offset);
+  };
+  params = alloc("kqlora::LoraModel::params");
+  grads = alloc("kqlora::LoraModel::grads");
   compute_ = cfg.bf16() ? Vec("kqlora::LoraModel::params_bf16", offset) : params;
   base.resize(cfg.num_layers);
   cache_.resize(cfg.num_layers);

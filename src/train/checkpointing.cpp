@@ -1,23 +1,19 @@
 #include "kqlora/train/checkpointing.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <ostream>
 #include <sstream>
 #include <tuple>
 
 #include "kqlora/core/error.hpp"
+#include "kqlora/core/populate_pages.hpp"
 #include "kqlora/io/shared_checkpoint.hpp"
 
 namespace kqlora {
 
 namespace {
-
-const CheckpointTensor* find_tensor(const CheckpointContents& c, const std::string& name) {
-  for (const auto& t : c.params)
-    if (t.name == name) return &t;
-  return nullptr;
-}
 
 /// The shared layout: one file; each rank writes its part of every dataset (its FSDP
 /// shards and parameter chunk, or an even split in whole chunks of what every DDP rank
@@ -128,9 +124,7 @@ std::string save_shared(
 
 }  // namespace
 
-/// The state a restart resumes from: `latest` in save_dir or a path; refuses a different
-/// model, dtype, NF4 block sizes or optimizer, listing what differs.
-CheckpointContents load_restart(const Config& cfg, std::ostream& log) {
+CheckpointReader load_restart(const Config& cfg, std::ostream& log) {
   const std::string path = cfg.restart == "latest" ? cfg.save_dir : cfg.restart;
   if (cfg.restart == "latest") {
     std::ifstream latest(cfg.save_dir + "/latest");
@@ -138,9 +132,8 @@ CheckpointContents load_restart(const Config& cfg, std::ostream& log) {
         latest.good(),
         "restart = latest: " << cfg.save_dir << "/latest does not exist (no checkpoint to resume)");
   }
-  std::vector<CheckpointContents> parts;
-  for (const auto& f : checkpoint_files(path)) parts.push_back(read_checkpoint_file(f, true));
-  CheckpointContents c = assemble_checkpoint(parts, path);
+  CheckpointReader reader(path);
+  const CheckpointContents& c = reader.contents();
   const Config old = parse_deck_text(c.config_text, path + " (config)", {}, 1, false);
   std::ostringstream diff;
   auto check = [&](const char* key, const std::string& a, const std::string& b) {
@@ -166,50 +159,83 @@ CheckpointContents load_restart(const Config& cfg, std::ostream& log) {
                      "restart from " << path << ": the checkpoint is at step " << c.step
                                      << ", past num_steps " << cfg.num_steps);
   log << "restart: " << path << " at step " << c.step << "\n";
-  return c;
+  return reader;
 }
 
 template <class ExecSpace>
-void restore_model(LoraModel<ExecSpace>& model, const CheckpointContents& c) {
+void restore_base(LoraModel<ExecSpace>& model, const CheckpointReader& c) {
   using Mem = typename ExecSpace::memory_space;
   for (int l = 0; l < model.config().num_layers; ++l) {
     const std::string name = LoraModel<ExecSpace>::base_name(l);
     const Nf4Tensor<Kokkos::HostSpace>* t = nullptr;
-    for (const auto& [key, value] : c.nf4)
+    for (const auto& [key, value] : c.contents().nf4)
       if (key == name) t = &value;
     KQLORA_INPUT_CHECK(t, "restart: base weight '" << name << "' missing from the checkpoint");
     model.base[l] = nf4_copy_to<Mem>(*t);
   }
-  auto hp = Kokkos::create_mirror_view(model.params);
-  for (const auto& p : model.params_info()) {
-    const auto* t = find_tensor(c, p.name);
-    KQLORA_INPUT_CHECK(t && static_cast<int64_t>(t->data.size()) == p.numel,
-                       "restart: parameter '" << p.name << "' missing or of the wrong size");
-    std::copy(t->data.begin(), t->data.end(), hp.data() + p.offset);
+}
+
+namespace {
+
+/// Writes into host memory: the view itself, or a mirror copied back by done(); its pages
+/// placed first (their first touch, timed apart from the reading).
+template <class View>
+struct HostDestination {
+  View view;
+  typename View::HostMirror host;
+  HostDestination(const View& v, double& first_touch_s)
+      : view(v), host(Kokkos::create_mirror_view(v)) {
+    const auto t = std::chrono::steady_clock::now();
+    populate_pages(host.data(), sizeof(float) * host.extent(0));
+    first_touch_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   }
-  Kokkos::deep_copy(model.params, hp);
-  model.params_changed();
+  void done() { Kokkos::deep_copy(view, host); }
+};
+
+/// For each parameter, the part of [first, first + n) it covers: f(info, lo, hi) with lo
+/// and hi indices into the parameter.
+template <class F>
+void for_each_part(const std::vector<ParamInfo>& info, int64_t first, int64_t n, F&& f) {
+  for (const auto& p : info) {
+    const int64_t a = std::max(first, p.offset), b = std::min(first + n, p.offset + p.numel);
+    if (a < b) f(p, a - p.offset, b - p.offset);
+  }
+}
+
+}  // namespace
+
+template <class ExecSpace>
+double restore_params(const LoraModel<ExecSpace>& model, const CheckpointReader& c, int64_t first,
+                      const typename LoraModel<ExecSpace>::Vec& dst) {
+  double first_touch_s = 0;
+  HostDestination<typename LoraModel<ExecSpace>::Vec> out(dst, first_touch_s);
+  for_each_part(model.params_info(), first, dst.extent(0),
+                [&](const ParamInfo& p, int64_t lo, int64_t hi) {
+                  c.read_param(p.name, lo, hi, out.host.data() + (p.offset + lo - first));
+                });
+  out.done();
+  return first_touch_s;
 }
 
 template <class ExecSpace>
-void restore_optimizer(Optimizer<ExecSpace>& opt, const LoraModel<ExecSpace>& model,
-                       const CheckpointContents& c, int64_t first) {
+double restore_optimizer(Optimizer<ExecSpace>& opt, const LoraModel<ExecSpace>& model,
+                         const CheckpointReader& c, int64_t first) {
+  double first_touch_s = 0;
   for (const auto& [state, view] : opt.state()) {
+    HostDestination<typename Optimizer<ExecSpace>::Vec> out(view, first_touch_s);
     const int64_t n = view.extent(0);
-    auto h = Kokkos::create_mirror_view(view);
-    Kokkos::deep_copy(h, 0.0f);
-    for (const auto& p : model.params_info()) {
-      const std::vector<float>* v = nullptr;
-      for (const auto& [key, values] : c.optimizer)
-        if (key.first == p.name && key.second == state) v = &values;
-      KQLORA_INPUT_CHECK(v && static_cast<int64_t>(v->size()) == p.numel,
+    // (past the last parameter: an FSDP chunk's padding, at zero as a fresh state's)
+    const int64_t real = std::max<int64_t>(0, std::min(n, model.num_params() - first));
+    std::fill(out.host.data() + real, out.host.data() + n, 0.0f);
+    for_each_part(model.params_info(), first, n, [&](const ParamInfo& p, int64_t lo, int64_t hi) {
+      KQLORA_INPUT_CHECK(c.has_state(p.name, state),
                          "restart: optimizer state " << state << " of '" << p.name << "' missing");
-      for (int64_t i = std::max(first, p.offset); i < std::min(first + n, p.offset + p.numel); ++i)
-        h(i - first) = (*v)[i - p.offset];
-    }
-    Kokkos::deep_copy(view, h);
+      c.read_state(p.name, state, lo, hi, out.host.data() + (p.offset + lo - first));
+    });
+    out.done();
   }
-  opt.set_steps(c.optimizer_steps);
+  opt.set_steps(c.contents().optimizer_steps);
+  return first_touch_s;
 }
 
 template <class ExecSpace>
@@ -277,9 +303,11 @@ std::string save_checkpoint(
 }
 
 using Exec = Kokkos::DefaultExecutionSpace;
-template void restore_model(LoraModel<Exec>&, const CheckpointContents&);
-template void restore_optimizer(Optimizer<Exec>&, const LoraModel<Exec>&, const CheckpointContents&,
-                                int64_t);
+template void restore_base(LoraModel<Exec>&, const CheckpointReader&);
+template double restore_params(const LoraModel<Exec>&, const CheckpointReader&, int64_t,
+                               const LoraModel<Exec>::Vec&);
+template double restore_optimizer(Optimizer<Exec>&, const LoraModel<Exec>&, const CheckpointReader&,
+                                  int64_t);
 template std::string save_checkpoint(
     const Config&, LoraModel<Exec>&, const Optimizer<Exec>&,
     const std::vector<std::pair<std::string, LoraModel<Exec>::Vec>>&, Fsdp<Exec>*,

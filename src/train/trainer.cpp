@@ -29,10 +29,9 @@
 #include "kqlora/train/synthetic.hpp"
 #if KQLORA_HAVE_HDF5
 #include "kqlora/io/checkpoint.hpp"
+#include "kqlora/io/checkpoint_reader.hpp"
 #include "kqlora/io/hdf5_file.hpp"
 #include "kqlora/train/checkpointing.hpp"
-#else
-#include "kqlora/io/checkpoint_contents.hpp"
 #endif
 
 namespace kqlora {
@@ -160,30 +159,29 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
         << cfg.to_deck_text() << "--\n";
   }
 
-  LoraModel<Exec> model(exec, mcfg);
+  // The weights are written once, by the initialisation or the restart (and, with
+  // node-shared DDP, only into the shared memory): no zeros to write first.
+  LoraModel<Exec> model(exec, mcfg, false);
   std::ostringstream init_log;
   // A restart takes the whole state from a checkpoint (any layout, world size and parallel
   // mode), after checking that it is the same model: no initialisation to throw away.
   if (cfg.restart == "none") initialize_model(exec, model, cfg.init_file, init_log);
-  CheckpointContents resumed;
+#if KQLORA_HAVE_HDF5
+  std::unique_ptr<CheckpointReader> resumed;
+#endif
   int64_t start_step = 0;
-  // A restart's set-up, split for the log: reading (and verifying) the files, filling the
-  // model, the data-parallel set-up, the optimizer state.
-  double restart_read_s = 0, restart_model_s = 0, parallel_setup_s = 0, restart_opt_s = 0;
-  double chunk_read_s = 0, chunk_verify_s = 0, chunk_gb = 0;
+  // A restart's set-up, split for the log: opening and checking the files with the base
+  // weights, the data-parallel set-up, reading each rank's part of the parameters and
+  // optimizer state into where they live (and of that, reading and checksums).
+  double restart_open_s = 0, parallel_setup_s = 0, restart_state_s = 0;
+  double chunk_read_s = 0, chunk_verify_s = 0, chunk_gb = 0, first_touch_s = 0;
   if (cfg.restart != "none") {
 #if KQLORA_HAVE_HDF5  // (without HDF5 a restart was refused above)
-    auto t = Clock::now();
-    const h5::ReadStats before = h5::read_stats();
-    resumed = load_restart(cfg, init_log);
-    restart_read_s = seconds_since(t);
-    chunk_read_s = h5::read_stats().read_s - before.read_s;
-    chunk_verify_s = h5::read_stats().verify_s - before.verify_s;
-    chunk_gb = 1e-9 * static_cast<double>(h5::read_stats().bytes - before.bytes);
-    t = Clock::now();
-    start_step = resumed.step;
-    restore_model(model, resumed);
-    restart_model_s = seconds_since(t);
+    const auto t = Clock::now();
+    resumed = std::make_unique<CheckpointReader>(load_restart(cfg, init_log));
+    start_step = resumed->contents().step;
+    restore_base(model, *resumed);
+    restart_open_s = seconds_since(t);
 #endif
   }
   if (root) log << init_log.str();
@@ -212,12 +210,14 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
     const bool overlap =
         env ? std::string(env) == "1" : !std::is_same<Mem, Kokkos::HostSpace>::value;
     ddp = std::make_unique<Ddp<Exec>>(comm, model, cfg.bucket_mb, overlap);
-    // A restart read the same files on every rank: the state is already rank 0's.
+    // A restart reads the same files on every rank: the state is rank 0's already.
     if (cfg.restart == "none") ddp->broadcast_parameters();
     // Ranks on one node share gradients, weights and optimizer state instead of sending
-    // them (KQLORA_DDP_SHARED_MEMORY=0: buckets always).
+    // them (KQLORA_DDP_SHARED_MEMORY=0: buckets always). A restart fills the shared
+    // weights and state below, each rank its chunk.
     const char* shm = std::getenv("KQLORA_DDP_SHARED_MEMORY");
-    if (!(shm && std::string(shm) == "0")) ddp->share_node_memory(OptimizerConfig::from(cfg));
+    if (!(shm && std::string(shm) == "0"))
+      ddp->share_node_memory(OptimizerConfig::from(cfg), cfg.restart == "none");
   }
   // The optimizer sees this rank's parameters: all of them, its FSDP chunk, or its chunk
   // of the node-shared DDP weights.
@@ -233,23 +233,36 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
           ? Optimizer<Exec>(exec, OptimizerConfig::from(cfg), ddp->optimizer_buffers())
           : Optimizer<Exec>(exec, OptimizerConfig::from(cfg), opt_params.extent(0));
   parallel_setup_s = seconds_since(t_parallel);
-  if (cfg.restart != "none") {  // the optimizer state of this rank's parameters
+  if (cfg.restart != "none") {
 #if KQLORA_HAVE_HDF5
+    // This rank's parameters (all of them, its FSDP chunk, or its chunk of the node-shared
+    // weights) and their optimizer state, read straight into place; then every rank's
+    // parameters made whole.
     const auto t = Clock::now();
-    restore_optimizer(opt, model, resumed, opt_first);
-    restart_opt_s = seconds_since(t);
-#endif
+    const h5::ReadStats before = h5::read_stats();
+    first_touch_s = restore_params(model, *resumed, opt_first, opt_params) +
+                    restore_optimizer(opt, model, *resumed, opt_first);
+    if (fsdp)
+      fsdp->gather_params();
+    else if (ddp && ddp->shares_memory())
+      ddp->updated();  // every rank's chunk is in place
+    if (!fsdp) model.params_changed();
+    restart_state_s = seconds_since(t);
+    chunk_read_s = h5::read_stats().read_s - before.read_s;
+    chunk_verify_s = h5::read_stats().verify_s - before.verify_s;
+    chunk_gb = 1e-9 * static_cast<double>(h5::read_stats().bytes - before.bytes);
     if (root)
-      log << "restart: step " << start_step << " (" << resumed.world_size << " rank(s), "
-          << resumed.parallel << ") -> " << nranks << " rank(s), " << cfg.parallel
-          << "; set-up on rank 0: files " << human_time(restart_read_s) << " (reading "
-          << human_time(chunk_read_s) << ", checksums " << human_time(chunk_verify_s) << " for "
-          << std::fixed << std::setprecision(3) << chunk_gb << std::defaultfloat
-          << " GB; the rest allocation, first touch and checks)"
-          << ", model " << human_time(restart_model_s) << ", " << cfg.parallel << " set-up "
-          << human_time(parallel_setup_s) << ", optimizer state " << human_time(restart_opt_s)
-          << "\n";
-    resumed = CheckpointContents();  // the run holds the state now: free the file's copy
+      log << "restart: step " << start_step << " (" << resumed->contents().world_size
+          << " rank(s), " << resumed->contents().parallel << ") -> " << nranks << " rank(s), "
+          << cfg.parallel << "; set-up on rank 0: files and base weights "
+          << human_time(restart_open_s) << ", " << cfg.parallel << " set-up "
+          << human_time(parallel_setup_s) << ", parameters and optimizer state "
+          << human_time(restart_state_s) << " (first touch " << human_time(first_touch_s)
+          << ", reading " << human_time(chunk_read_s) << ", checksums "
+          << human_time(chunk_verify_s) << " for " << std::fixed << std::setprecision(3) << chunk_gb
+          << std::defaultfloat << " GB)\n";
+    resumed.reset();  // (closes the files)
+#endif
   }
   DataSource data(cfg.data_file, cfg.dim, cfg.global_bs, static_cast<uint64_t>(cfg.seed),
                   loss_kind == LossKind::mse, "data_file");
@@ -509,6 +522,7 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
     log << "peak memory (rank 0): tracked allocations " << human_bytes(peak_tracked)
         << ", RSS above start-up " << human_bytes(rss_above) << "\n";
   }
+  if (ddp) ddp->keep_nothing_for_model();  // (the model goes with it)
   return summary;
 }
 

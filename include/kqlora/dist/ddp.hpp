@@ -39,8 +39,12 @@ class Ddp {
 
   /// After broadcast_parameters(), collective: the node-shared mode described above, with
   /// state buffers for an optimizer of `opt`. False (and nothing changed) where the ranks
-  /// cannot share memory; buckets are used then.
-  bool share_node_memory(const OptimizerConfig& opt);
+  /// cannot share memory; buckets are used then. `fill`: this rank's chunk of the shared
+  /// weights gets the model's values, its gradients and optimizer state zeros (a fresh
+  /// run); false: the caller fills the chunk and the state and calls updated() (a
+  /// restart reads them from its checkpoint), the gradients are left unwritten (the
+  /// trainer zeroes them before every backward).
+  bool share_node_memory(const OptimizerConfig& opt, bool fill = true);
   bool shares_memory() const { return shared_ != nullptr; }
   /// The part of the flat parameters this rank's optimizer updates: all of them, or in the
   /// node-shared mode its chunk [chunk_offset, chunk_offset + chunk_size).
@@ -62,6 +66,12 @@ class Ddp {
   /// After the optimizer has updated this rank's chunk (or skipped the step): node-shared
   /// mode waits until every rank has, so the weights are whole again.
   void updated();
+
+  /// The model is not used after this Ddp: in the node-shared mode its weights and
+  /// gradients go with the shared memory instead of being copied back into private
+  /// buffers at destruction (a trainer about to return; saves touching 2 x 4 bytes per
+  /// parameter per rank).
+  void keep_nothing_for_model() { copy_back_ = false; }
 
   struct Stats {
     double in_flight_s = 0;  // summed lifetime of the bucket reductions
@@ -86,7 +96,7 @@ class Ddp {
   LoraModel<ExecSpace>& model_;
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_layer_;
-  bool armed_ = false, overlap_ = true;
+  bool armed_ = false, overlap_ = true, copy_back_ = true;
   Stats stats_;
   Kokkos::View<float*, Kokkos::HostSpace> staging_;  // device gradients through the host
   // Node-shared mode: every rank's gradients (rows of padded_ floats), the master weights

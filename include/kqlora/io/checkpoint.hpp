@@ -44,8 +44,11 @@ std::vector<std::string> checkpoint_files(const std::string& path);
 
 /// Reads a checkpoint file: attributes, parameters (NF4 and float) and, when
 /// `with_optimizer`, the optimizer state. Validates the format and every object read;
-/// errors name the file and the object.
-CheckpointContents read_checkpoint_file(const std::string& path, bool with_optimizer = false);
+/// errors name the file and the object. `with_values` false: the float tensors and
+/// optimizer states are listed with their shapes but their values left in the file (data
+/// empty; CheckpointReader reads them where they are needed).
+CheckpointContents read_checkpoint_file(const std::string& path, bool with_optimizer = false,
+                                        bool with_values = true);
 
 /// The whole state of a run from its files: an FSDP run's shards gathered (every rank's
 /// file needed), a DDP run's rank 0 file as it is. Errors name `where`.

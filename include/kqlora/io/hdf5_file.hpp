@@ -90,6 +90,10 @@ ReadStats& read_stats();
 /// chunk's checksum (a damaged file is an InputError naming `file` and the dataset).
 void read_dataset(hid_t loc, const std::string& name, hid_t mem_type, int64_t expected_numel,
                   void* data, const std::string& file);
+/// Elements [lo, hi) of a dataset's flattened values into `data` (element lo's place),
+/// converted to mem_type, with the same checks (only the chunks holding them are read).
+void read_dataset_range(hid_t loc, const std::string& name, hid_t mem_type, int64_t lo, int64_t hi,
+                        void* data, const std::string& file);
 /// The dataset's stored type class and size (e.g. H5T_FLOAT, 2 for bfloat16).
 void dataset_type(hid_t loc, const std::string& name, H5T_class_t* cls, size_t* size);
 

@@ -52,7 +52,11 @@ class LoraModel {
   using Mem = typename ExecSpace::memory_space;
   using Vec = Kokkos::View<float*, Mem>;
 
-  LoraModel(const ExecSpace& exec, const ModelConfig& cfg);
+  /// `zeroed` false: the master weights and gradients are allocated but not written (the
+  /// caller writes every parameter and zeroes the gradients before a backward). Pages
+  /// never written cost nothing: a trainer that fills the weights from a file, or moves
+  /// them into node-shared memory, touches each byte once.
+  LoraModel(const ExecSpace& exec, const ModelConfig& cfg, bool zeroed = true);
 
   const ModelConfig& config() const { return cfg_; }
   const std::vector<ParamInfo>& params_info() const { return info_; }

@@ -8,26 +8,36 @@
 #include "kqlora/dist/communicator.hpp"
 #include "kqlora/dist/fsdp.hpp"
 #include "kqlora/io/checkpoint.hpp"
+#include "kqlora/io/checkpoint_reader.hpp"
 #include "kqlora/io/deck.hpp"
 #include "kqlora/nn/lora_model.hpp"
 #include "kqlora/optim/optimizer.hpp"
 
 namespace kqlora {
 
-/// The state a restart resumes from: `latest` in save_dir or a path (any layout, world
-/// size and parallel mode, FSDP shards reassembled); refuses another model, dtype, NF4
-/// block sizes or optimizer, listing what differs. Notes itself on `log`.
-CheckpointContents load_restart(const Config& cfg, std::ostream& log);
+/// The checkpoint a restart resumes from: `latest` in save_dir or a path (any layout,
+/// world size and parallel mode), opened with its values left in the file; refuses
+/// another model, dtype, NF4 block sizes or optimizer, listing what differs. Notes itself
+/// on `log`.
+CheckpointReader load_restart(const Config& cfg, std::ostream& log);
 
-/// The checkpoint's base weights and parameters into the model (whole, before sharding).
+/// The checkpoint's base weights into the model (whole, before any sharding).
 template <class ExecSpace>
-void restore_model(LoraModel<ExecSpace>& model, const CheckpointContents& c);
+void restore_base(LoraModel<ExecSpace>& model, const CheckpointReader& c);
+
+/// Parameters [first, first + dst.extent(0)) of the flat vector (clipped to it) from the
+/// checkpoint into dst, read straight into it where dst is host memory. Returns the
+/// seconds spent placing dst's pages (first touch) before the reading.
+template <class ExecSpace>
+double restore_params(const LoraModel<ExecSpace>& model, const CheckpointReader& c, int64_t first,
+                      const typename LoraModel<ExecSpace>::Vec& dst);
 
 /// The optimizer state of parameters [first, first + size) of the flat vector (the whole
-/// vector for DDP, this rank's chunk for FSDP) and the step count.
+/// vector for DDP, this rank's chunk for FSDP and node-shared DDP) and the step count.
+/// Returns the seconds of first touch, as restore_params.
 template <class ExecSpace>
-void restore_optimizer(Optimizer<ExecSpace>& opt, const LoraModel<ExecSpace>& model,
-                       const CheckpointContents& c, int64_t first);
+double restore_optimizer(Optimizer<ExecSpace>& opt, const LoraModel<ExecSpace>& model,
+                         const CheckpointReader& c, int64_t first);
 
 /// Writes and commits the checkpoint of `steps_done` steps in cfg.checkpoint_layout
 /// (collective); returns the step directory. `opt_state`: the optimizer's state by name,
