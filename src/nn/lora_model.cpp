@@ -221,8 +221,9 @@ Matrix<typename ExecSpace::memory_space> LoraModel<ExecSpace>::forward(const Mat
 }
 
 template <class ExecSpace>
-void LoraModel<ExecSpace>::backward(const Matrix<Mem>& gy) {
+void LoraModel<ExecSpace>::backward(const Matrix<Mem>& gy, bool accumulate) {
   const bool bf16 = cfg_.bf16();
+  const float beta = accumulate ? 1.0f : 0.0f;  // (0 + x and x: the same bits)
   const float s = cfg_.scale();
   const int L = static_cast<int>(cfg_.num_layers);
   Matrix<Mem> g = gy;
@@ -230,11 +231,11 @@ void LoraModel<ExecSpace>::backward(const Matrix<Mem>& gy) {
     LayerCache& c = cache_[l];
     if (l + 1 < L && cfg_.activation != Activation::none)
       nn::activation_backward(exec_, cfg_.activation, bf16, c.z, g);
-    gemm(exec_, "T", "N", s, c.h, g, 1.0f, b_t(grads, l));  // dB^T += s h^T g
-    if (cfg_.bias) nn::accumulate_bias_grad(exec_, g, bias(grads, l));
+    gemm(exec_, "T", "N", s, c.h, g, beta, b_t(grads, l));  // dB^T += s h^T g
+    if (cfg_.bias) nn::accumulate_bias_grad(exec_, g, bias(grads, l), accumulate);
     gemm(exec_, "N", "T", s, g, b_t(compute_, l), 0.0f, gh_);  // gh = s g B
     if (bf16) nn::round_bf16(exec_, gh_);
-    gemm(exec_, "T", "N", 1.0f, c.xd, gh_, 1.0f, a_t(grads, l));  // dA^T += x_d^T gh
+    gemm(exec_, "T", "N", 1.0f, c.xd, gh_, beta, a_t(grads, l));  // dA^T += x_d^T gh
     if (layer_done_) {
       fence(exec_, "kqlora::LoraModel::layer_grads");  // in memory before anyone sends them
       layer_done_(l);

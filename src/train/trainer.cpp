@@ -321,7 +321,7 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
         loss += nn::loss_forward_backward(exec, loss_kind, y, tg, loss_count, g);
         if (timer) timer->enter(kBackward);
         if (ddp && m0 + mb >= count) ddp->arm();  // the last micro-batch reduces
-        model.backward(g);
+        model.backward(g, m0 > 0);                // the first micro-batch writes the gradients
       } else {
         loss += nn::loss_value(exec, loss_kind, y, tg, loss_count);
       }
@@ -346,8 +346,6 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
 
   for (int64_t step = start_step; step < cfg.num_steps; ++step) {
     const double lr = scheduled_lr(cfg.lr_schedule, cfg.lr, step, cfg.warmup_steps, cfg.num_steps);
-    timer.enter(kBackward);
-    Kokkos::deep_copy(exec, model.grads, 0.0f);
     double loss = run_batch(data, step, true, &timer);
 
     timer.enter(kComm);

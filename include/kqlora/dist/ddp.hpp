@@ -42,8 +42,8 @@ class Ddp {
   /// cannot share memory; buckets are used then. `fill`: this rank's chunk of the shared
   /// weights gets the model's values, its gradients and optimizer state zeros (a fresh
   /// run); false: the caller fills the chunk and the state and calls updated() (a
-  /// restart reads them from its checkpoint), the gradients are left unwritten (the
-  /// trainer zeroes them before every backward).
+  /// restart reads them from its checkpoint), the gradients are left unwritten (a step's
+  /// first backward writes them).
   bool share_node_memory(const OptimizerConfig& opt, bool fill = true);
   bool shares_memory() const { return shared_ != nullptr; }
   /// The part of the flat parameters this rank's optimizer updates: all of them, or in the

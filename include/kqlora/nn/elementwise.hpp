@@ -119,10 +119,11 @@ void add_bias(const ExecSpace& exec, const Kokkos::View<const float*, M>& bias, 
       });
 }
 
-/// gbias(f) += sum_t g(t, f) (one thread per feature: a fixed summation order).
+/// gbias(f) += sum_t g(t, f) (one thread per feature: a fixed summation order);
+/// `accumulate` false: gbias(f) = that sum.
 template <class ExecSpace, class M>
 void accumulate_bias_grad(const ExecSpace& exec, const Matrix<M>& g,
-                          const Kokkos::View<float*, M>& gbias) {
+                          const Kokkos::View<float*, M>& gbias, bool accumulate = true) {
   const int64_t T = g.extent(0);
   Kokkos::parallel_for(
       "kqlora::nn::bias_grad",
@@ -130,7 +131,7 @@ void accumulate_bias_grad(const ExecSpace& exec, const Matrix<M>& g,
       KOKKOS_LAMBDA(int64_t f) {
         float s = 0.0f;
         for (int64_t t = 0; t < T; ++t) s += g(t, f);
-        gbias(f) += s;
+        gbias(f) = accumulate ? gbias(f) + s : s;
       });
 }
 

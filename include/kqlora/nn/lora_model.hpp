@@ -53,9 +53,9 @@ class LoraModel {
   using Vec = Kokkos::View<float*, Mem>;
 
   /// `zeroed` false: the master weights and gradients are allocated but not written (the
-  /// caller writes every parameter and zeroes the gradients before a backward). Pages
-  /// never written cost nothing: a trainer that fills the weights from a file, or moves
-  /// them into node-shared memory, touches each byte once.
+  /// caller writes every parameter, and zeroes the gradients or runs the first backward
+  /// with accumulate false). Pages never written cost nothing: a trainer that fills the
+  /// weights from a file, or moves them into node-shared memory, touches each byte once.
   LoraModel(const ExecSpace& exec, const ModelConfig& cfg, bool zeroed = true);
 
   const ModelConfig& config() const { return cfg_; }
@@ -84,9 +84,10 @@ class LoraModel {
   /// `step` and `first_sample` (the global index of x's first row) key the dropout masks.
   /// Returns the output [T, dim] (a view into the model's buffers).
   Matrix<Mem> forward(const Matrix<Mem>& x, int64_t step, int64_t first_sample, int64_t global_bs);
-  /// Backward from dL/dy [T, dim] of the last forward; adds the gradients into `grads`.
-  /// gy is used as scratch (its contents are gone afterwards).
-  void backward(const Matrix<Mem>& gy);
+  /// Backward from dL/dy [T, dim] of the last forward; adds the gradients into `grads`,
+  /// or (`accumulate` false: a step's first micro-batch) writes them, so that no pass
+  /// zeroes them first. gy is used as scratch (its contents are gone afterwards).
+  void backward(const Matrix<Mem>& gy, bool accumulate = true);
 
   /// Hooks for data parallelism: layer_done(l) runs (after a fence) as soon as layer l's
   /// parameter gradients are complete, before its input gradient is computed;
