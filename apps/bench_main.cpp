@@ -185,34 +185,34 @@ void lora_linear_records(int64_t dim, int64_t rank, int64_t tokens, int pairs,
   Exec exec;
   std::mt19937 gen(7);
   M x("x", tokens, dim), y("y", tokens, dim), gy("gy", tokens, dim), gx("gx", tokens, dim);
-  M h("h", tokens, rank), gh("gh", tokens, rank), At("At", dim, rank), Bt("Bt", rank, dim);
-  M gAt("gAt", dim, rank), gBt("gBt", rank, dim), Wt("Wt", dim, dim);
+  M h("h", tokens, rank), gh("gh", tokens, rank), A("A", rank, dim), B("B", dim, rank);
+  M gA("gA", rank, dim), gB("gB", dim, rank), Wd("W", dim, dim);  // W [out, in]
   fill_random(x, 1.0f, gen);
   fill_random(gy, 1.0f, gen);
-  fill_random(At, 0.02f, gen);
-  fill_random(Bt, 0.02f, gen);
-  fill_random(Wt, 0.02f, gen);  // row-major W [out, in] is the LayoutLeft W^T [in, out]
+  fill_random(A, 0.02f, gen);
+  fill_random(B, 0.02f, gen);
+  fill_random(Wd, 0.02f, gen);
   kqlora::Nf4Layout layout;
   layout.shape = {dim, dim};
-  auto W = kqlora::nf4_quantize<float>(exec, Kokkos::View<const float*, Mem>(Wt.data(), dim * dim),
+  auto W = kqlora::nf4_quantize<float>(exec, Kokkos::View<const float*, Mem>(Wd.data(), dim * dim),
                                        layout);
   kqlora::LinearNf4Workspace<Mem> ws;
   const float s = 16.0f / rank;
   auto step = [&](bool nf4) {
-    kqlora::gemm(exec, "N", "N", 1.0f, x, At, 0.0f, h);  // forward
+    kqlora::gemm(exec, "N", "T", 1.0f, x, A, 0.0f, h);  // forward: h = x A^T
     if (nf4)
       kqlora::linear_nf4_forward(exec, W, x, y, ws);
     else
-      kqlora::gemm(exec, "N", "N", 1.0f, x, Wt, 0.0f, y);
-    kqlora::gemm(exec, "N", "N", s, h, Bt, 1.0f, y);
-    kqlora::gemm(exec, "T", "N", s, h, gy, 1.0f, gBt);  // backward
-    kqlora::gemm(exec, "N", "T", s, gy, Bt, 0.0f, gh);
-    kqlora::gemm(exec, "T", "N", 1.0f, x, gh, 1.0f, gAt);
+      kqlora::gemm(exec, "N", "T", 1.0f, x, Wd, 0.0f, y);  // y = x W^T
+    kqlora::gemm(exec, "N", "T", s, h, B, 1.0f, y);        // y += s h B^T
+    kqlora::gemm(exec, "T", "N", s, gy, h, 1.0f, gB);      // backward: dB += s gy^T h
+    kqlora::gemm(exec, "N", "N", s, gy, B, 0.0f, gh);      // gh = s gy B
+    kqlora::gemm(exec, "T", "N", 1.0f, gh, x, 1.0f, gA);   // dA += gh^T x
     if (nf4)
       kqlora::linear_nf4_backward(exec, W, gy, gx, ws);
     else
-      kqlora::gemm(exec, "N", "T", 1.0f, gy, Wt, 0.0f, gx);
-    kqlora::gemm(exec, "N", "T", 1.0f, gh, At, 1.0f, gx);
+      kqlora::gemm(exec, "N", "N", 1.0f, gy, Wd, 0.0f, gx);  // gx = gy W
+    kqlora::gemm(exec, "N", "N", 1.0f, gh, A, 1.0f, gx);     // gx += gh A
   };
   if (want_q) step(true);  // warm-up: page faults, the panel workspace
   if (want_d) step(false);

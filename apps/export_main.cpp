@@ -77,11 +77,11 @@ void write_merged(const kqlora::CheckpointContents& c, const kqlora::Config& cfg
     const auto& B = find_param(c, p + "lora_b.weight", file);
     KQLORA_INPUT_CHECK(A.data.size() == size_t(r * d) && B.data.size() == size_t(d * r),
                        file << ": layer " << l << ": adapters do not match rank " << r);
-    // W (row-major [d, d]) += scale * B A; as LayoutLeft matrices: W^T += scale * A^T B^T.
-    kqlora::Matrix<Kokkos::HostSpace> Wt(w.data(), d, d);
-    kqlora::Matrix<Kokkos::HostSpace> At(const_cast<float*>(A.data.data()), d, r);
-    kqlora::Matrix<Kokkos::HostSpace> Bt(const_cast<float*>(B.data.data()), r, d);
-    kqlora::gemm(Host(), "N", "N", scale, At, Bt, 1.0f, Wt);
+    // W [d, d] += scale * B [d, r] A [r, d] (all row-major).
+    kqlora::Matrix<Kokkos::HostSpace> Wm(w.data(), d, d);
+    kqlora::Matrix<Kokkos::HostSpace> Am(const_cast<float*>(A.data.data()), r, d);
+    kqlora::Matrix<Kokkos::HostSpace> Bm(const_cast<float*>(B.data.data()), d, r);
+    kqlora::gemm(Host(), "N", "N", scale, Bm, Am, 1.0f, Wm);
     add(p + "weight", {d, d}, std::vector<float>(w.data(), w.data() + d * d));
     if (cfg.bias) add(p + "bias", {d}, find_param(c, p + "bias", file).data);
   }

@@ -67,8 +67,8 @@ TEST(LinearNf4, ForwardAndInputGradientMatchFloat64) {
   const auto xf = randn(T * I, 2), gf = randn(T * O, 3);
   auto dW = kqlora::nf4_copy_to<Mem>(Wn);
   kqlora::LinearNf4Workspace<Mem> ws;
-  ws.reserve(O, I, 32, 20 * I * 4);  // small panels: several of them, the last one short
-  ASSERT_LT(ws.panel_rows, O);
+  ws.max_panel_bytes = 20 * I * 4;  // small panels: several of them, the last one short
+  ASSERT_LT(ws.reserve(O, I, 32, T), O);
   Matrix<Mem> x = to_matrix(xf, T, I), y("y", T, O), g = to_matrix(gf, T, O), gx("gx", T, I);
   kqlora::linear_nf4_forward(Exec(), dW, x, y, ws);
   kqlora::linear_nf4_backward(Exec(), dW, g, gx, ws);

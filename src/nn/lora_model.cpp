@@ -100,15 +100,13 @@ void LoraModel<ExecSpace>::params_changed() {
 }
 
 template <class ExecSpace>
-Matrix<typename ExecSpace::memory_space> LoraModel<ExecSpace>::a_t(const Vec& v, int l) const {
-  // A is row-major [rank, dim]: the same memory is the LayoutLeft [dim, rank] matrix A^T.
-  return Matrix<Mem>(v.data() + info_[l * (cfg_.bias ? 3 : 2)].offset, cfg_.dim, cfg_.rank);
+Matrix<typename ExecSpace::memory_space> LoraModel<ExecSpace>::a_of(const Vec& v, int l) const {
+  return Matrix<Mem>(v.data() + info_[l * (cfg_.bias ? 3 : 2)].offset, cfg_.rank, cfg_.dim);
 }
 
 template <class ExecSpace>
-Matrix<typename ExecSpace::memory_space> LoraModel<ExecSpace>::b_t(const Vec& v, int l) const {
-  // B is row-major [dim, rank]: the LayoutLeft [rank, dim] matrix B^T.
-  return Matrix<Mem>(v.data() + info_[l * (cfg_.bias ? 3 : 2) + 1].offset, cfg_.rank, cfg_.dim);
+Matrix<typename ExecSpace::memory_space> LoraModel<ExecSpace>::b_of(const Vec& v, int l) const {
+  return Matrix<Mem>(v.data() + info_[l * (cfg_.bias ? 3 : 2) + 1].offset, cfg_.dim, cfg_.rank);
 }
 
 template <class ExecSpace>
@@ -126,8 +124,7 @@ nn::DropoutKey LoraModel<ExecSpace>::dropout_key(int layer) const {
 }
 
 namespace {
-// A [T, cols] LayoutLeft matrix over the start of a flat buffer (contiguous, so it stays
-// a plain LayoutLeft matrix that the BLAS path takes).
+// A [T, cols] matrix over the start of a flat buffer (its first T rows).
 template <class Mem>
 Matrix<Mem> head(const Kokkos::View<float*, Mem>& buf, int64_t T, int64_t cols) {
   return Matrix<Mem>(buf.data(), T, cols);
@@ -194,7 +191,7 @@ Matrix<typename ExecSpace::memory_space> LoraModel<ExecSpace>::forward(const Mat
     } else {
       c.xd = c.x;
     }
-    gemm(exec_, "N", "N", 1.0f, c.xd, a_t(compute_, l), 0.0f, c.h);  // h = x_d A^T
+    gemm(exec_, "N", "T", 1.0f, c.xd, a_of(compute_, l), 0.0f, c.h);  // h = x_d A^T
     if (bf16) nn::round_bf16(exec_, c.h);
     if (acquire_base_) acquire_base_(l);
     linear_nf4_forward(exec_, base[l], c.x, c.z, ws_);  // z = x W^T
@@ -203,11 +200,11 @@ Matrix<typename ExecSpace::memory_space> LoraModel<ExecSpace>::forward(const Mat
     if (cfg_.bias)
       nn::add_bias(exec_, Kokkos::View<const float*, Mem>(bias(compute_, l)), bf16, c.z);
     if (bf16) {  // PyTorch: out + lora_b(h) * scaling, each rounded
-      gemm(exec_, "N", "N", 1.0f, c.h, b_t(compute_, l), 0.0f, tmp_);
+      gemm(exec_, "N", "T", 1.0f, c.h, b_of(compute_, l), 0.0f, tmp_);
       nn::round_bf16(exec_, tmp_);
       nn::add_scaled_bf16(exec_, s, tmp_, c.z);
     } else {
-      gemm(exec_, "N", "N", s, c.h, b_t(compute_, l), 1.0f, c.z);  // z += s h B^T
+      gemm(exec_, "N", "T", s, c.h, b_of(compute_, l), 1.0f, c.z);  // z += s h B^T
     }
     if (l + 1 < L) {
       if (cfg_.activation == Activation::none) {
@@ -231,11 +228,11 @@ void LoraModel<ExecSpace>::backward(const Matrix<Mem>& gy, bool accumulate) {
     LayerCache& c = cache_[l];
     if (l + 1 < L && cfg_.activation != Activation::none)
       nn::activation_backward(exec_, cfg_.activation, bf16, c.z, g);
-    gemm(exec_, "T", "N", s, c.h, g, beta, b_t(grads, l));  // dB^T += s h^T g
+    gemm(exec_, "T", "N", s, g, c.h, beta, b_of(grads, l));  // dB += s g^T h
     if (cfg_.bias) nn::accumulate_bias_grad(exec_, g, bias(grads, l), accumulate);
-    gemm(exec_, "N", "T", s, g, b_t(compute_, l), 0.0f, gh_);  // gh = s g B
+    gemm(exec_, "N", "N", s, g, b_of(compute_, l), 0.0f, gh_);  // gh = s g B
     if (bf16) nn::round_bf16(exec_, gh_);
-    gemm(exec_, "T", "N", 1.0f, c.xd, gh_, beta, a_t(grads, l));  // dA^T += x_d^T gh
+    gemm(exec_, "T", "N", 1.0f, gh_, c.xd, beta, a_of(grads, l));  // dA += gh^T x_d
     if (layer_done_) {
       fence(exec_, "kqlora::LoraModel::layer_grads");  // in memory before anyone sends them
       layer_done_(l);
@@ -247,11 +244,11 @@ void LoraModel<ExecSpace>::backward(const Matrix<Mem>& gy, bool accumulate) {
     linear_nf4_backward(exec_, base[l], g, gx, ws_);  // gx = g W
     if (release_base_) release_base_(l);
     if (cfg_.dropout > 0) {
-      gemm(exec_, "N", "T", 1.0f, gh_, a_t(compute_, l), 0.0f, tmp_);  // gh A
+      gemm(exec_, "N", "N", 1.0f, gh_, a_of(compute_, l), 0.0f, tmp_);  // gh A
       if (bf16) nn::round_bf16(exec_, tmp_);
       nn::dropout_apply(exec_, dropout_key(l), false, tmp_, gx, 1.0f);
     } else {
-      gemm(exec_, "N", "T", 1.0f, gh_, a_t(compute_, l), 1.0f, gx);  // gx += gh A
+      gemm(exec_, "N", "N", 1.0f, gh_, a_of(compute_, l), 1.0f, gx);  // gx += gh A
     }
     if (bf16) nn::round_bf16(exec_, gx);
     g = gx;

@@ -70,7 +70,7 @@ std::pair<int64_t, int64_t> slice_of(int64_t global_bs, int rank, int size) {
   return {rank * base + std::min<int64_t>(rank, extra), base + (rank < extra ? 1 : 0)};
 }
 
-/// Row-major host rows -> a LayoutLeft [n, dim] device matrix.
+/// Row-major host rows -> an [n, dim] device matrix.
 void upload(const std::vector<float>& rows, int64_t n, int64_t dim, const Matrix<Mem>& m) {
   auto h = Kokkos::create_mirror_view(m);
   for (int64_t t = 0; t < n; ++t)

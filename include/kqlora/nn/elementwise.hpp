@@ -1,6 +1,6 @@
 #pragma once
 // Element-wise kernels of the LoRA model: activations, dropout, bias, bfloat16 rounding,
-// losses. Each is a labelled Kokkos kernel over a [tokens, features] LayoutLeft matrix.
+// losses. Each is a labelled Kokkos kernel over a [tokens, features] matrix (row-major).
 
 #include <Kokkos_Core.hpp>
 
@@ -48,7 +48,7 @@ KOKKOS_INLINE_FUNCTION float activation_derivative(Activation a, float z) {
 namespace nn {
 
 template <class ExecSpace>
-using Policy2 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2, Kokkos::Iterate::Left>,
+using Policy2 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2, Kokkos::Iterate::Right>,
                                       Kokkos::IndexType<int64_t>>;
 
 template <class ExecSpace>

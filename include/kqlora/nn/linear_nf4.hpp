@@ -2,9 +2,9 @@
 // y = x W^T with W an NF4 tensor [out, in], and its input gradient gx = gy W (W is frozen).
 // W is dequantized in row panels into a float32 scratch buffer (bfloat16 NF4 widens into
 // float32 panels), each panel consumed by a Kokkos Kernels gemm at once; no full copy of W
-// exists at any time. Activations are LayoutLeft [tokens, features], so a panel of W's rows
-// is a contiguous column block of y and every gemm operand is a plain LayoutLeft matrix
-// (a row-major [P, in] panel is the LayoutLeft [in, P] matrix W_p^T).
+// exists at any time. A panel of W's rows is a row-major [P, in] matrix W_p; activations
+// are row-major [tokens, features], so the panel's outputs are a column block of y, which
+// the host BLAS reads and writes in place (leading dimension out).
 
 #include <Kokkos_Core.hpp>
 
@@ -22,45 +22,50 @@ namespace kqlora {
 template <class MemSpace>
 struct LinearNf4Workspace {
   Kokkos::View<float*, MemSpace> panel;
-  int64_t panel_rows = 0;
   /// Called after each panel's gemm, e.g. to drive outstanding communication.
   std::function<void()> between_panels;
+  /// > 0: panels of at most this many bytes (tests: several panels on a small weight).
+  int64_t max_panel_bytes = 0;
 
-  /// Panels of about `target_bytes`, whole NF4 blocks each. 4 MiB (256 rows of a
-  /// 4096-wide weight): the panel stays in the L3 cache between its dequantization and the
-  /// gemm that reads it. Measured on an AMD EPYC Zen 3 (OpenBLAS Zen kernel, interleaved
-  /// pairs, docs/BENCHMARKS.md): 1.020-1.027x of the dense linear at 256 tokens against
-  /// 1.046-1.075x with 16 MiB panels, and no loss at 2048 tokens (0.994x vs 1.005x).
-  void reserve(int64_t out_features, int64_t in_features, int64_t block_size,
-               int64_t target_bytes = int64_t(4) << 20) {
+  /// Rows per panel for a call over `tokens` tokens (whole NF4 blocks each), the buffer
+  /// grown to hold them. A panel of at least 4 MiB (256 rows of a 4096-wide weight) stays
+  /// in the L3 cache between its dequantization and the gemm that reads it; the forward's
+  /// gemm packs the whole input once per panel, so a panel also holds at least twice the
+  /// input's bytes (at 2048 tokens of 4096 features: the whole weight). Measured on an AMD
+  /// EPYC Zen 3 (OpenBLAS Zen kernel, interleaved pairs against the dense linear,
+  /// docs/BENCHMARKS.md): 2048 tokens 1.117x with 4 MiB panels, 1.003x with the whole
+  /// weight; 256 tokens 1.046 - 1.055x at 4 - 64 MiB.
+  int64_t reserve(int64_t out_features, int64_t in_features, int64_t block_size, int64_t tokens) {
+    int64_t target_bytes = std::max(int64_t(4) << 20, 2 * 4 * tokens * in_features);
+    if (max_panel_bytes > 0) target_bytes = std::min(target_bytes, max_panel_bytes);
     // Rows per panel must make rows * in_features a multiple of block_size.
     const int64_t step = block_size / std::gcd(block_size, in_features);
     int64_t rows = std::max<int64_t>(step, target_bytes / (4 * in_features) / step * step);
     rows = std::min(rows, (out_features + step - 1) / step * step);
     if (rows * in_features > static_cast<int64_t>(panel.extent(0))) {
+      panel = Kokkos::View<float*, MemSpace>();  // (the old one goes first)
       panel = Kokkos::View<float*, MemSpace>(
           Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::LinearNf4::panel"),
           rows * in_features);
     }
-    panel_rows = std::max(panel_rows, rows);
+    return rows;
   }
 };
 
 namespace impl {
 
-/// Calls f(row0, rows, WpT) for each row panel of W, WpT the LayoutLeft [in, rows] view
-/// of the dequantized panel.
+/// Calls f(row0, rows, Wp) for each row panel of W, Wp the [rows, in] dequantized panel.
 template <class ExecSpace, class MemSpace, class F>
-void for_each_panel(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
+void for_each_panel(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W, int64_t tokens,
                     LinearNf4Workspace<MemSpace>& ws, F&& f) {
   const int64_t out = W.layout.shape[0], in = W.layout.shape[1], bs = W.layout.block_size;
-  ws.reserve(out, in, bs);
-  for (int64_t r0 = 0; r0 < out; r0 += ws.panel_rows) {
-    const int64_t rows = std::min(ws.panel_rows, out - r0);
+  const int64_t panel_rows = ws.reserve(out, in, bs, tokens);
+  for (int64_t r0 = 0; r0 < out; r0 += panel_rows) {
+    const int64_t rows = std::min(panel_rows, out - r0);
     // rows * in is a whole number of blocks except possibly for the last panel, whose end
     // is the tensor's end (numel is a multiple of block_size).
     nf4_dequantize_blocks(exec, W, r0 * in / bs, rows * in / bs, ws.panel, Nf4Store::cached);
-    f(r0, rows, Matrix<MemSpace>(ws.panel.data(), in, rows));
+    f(r0, rows, Matrix<MemSpace>(ws.panel.data(), rows, in));
     if (ws.between_panels) ws.between_panels();
   }
 }
@@ -78,10 +83,15 @@ void linear_nf4_forward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
                   "linear_nf4_forward: shapes x " << x.extent(0) << "x" << x.extent(1) << ", y "
                                                   << y.extent(0) << "x" << y.extent(1) << ", W "
                                                   << W.layout.shape_string());
-  impl::for_each_panel(exec, W, ws, [&](int64_t r0, int64_t rows, const Matrix<MemSpace>& WpT) {
-    auto yp = Kokkos::subview(y, Kokkos::ALL, Kokkos::make_pair(r0, r0 + rows));
-    gemm(exec, "N", "N", 1.0f, x, WpT, beta, yp);
-  });
+  const int64_t out = W.layout.shape[0];
+  impl::for_each_panel(
+      exec, W, x.extent(0), ws, [&](int64_t r0, int64_t rows, const Matrix<MemSpace>& Wp) {
+        if (rows == out)  // one panel: y itself (a plain row-major matrix for any gemm)
+          gemm(exec, "N", "T", 1.0f, x, Wp, beta, y);
+        else
+          gemm(exec, "N", "T", 1.0f, x, Wp, beta,
+               Kokkos::subview(y, Kokkos::ALL, Kokkos::make_pair(r0, r0 + rows)));
+      });
 }
 
 /// gx = gy W + beta * gx; gy [T, out], gx [T, in].
@@ -95,10 +105,16 @@ void linear_nf4_backward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
                   "linear_nf4_backward: shapes gy "
                       << gy.extent(0) << "x" << gy.extent(1) << ", gx " << gx.extent(0) << "x"
                       << gx.extent(1) << ", W " << W.layout.shape_string());
-  impl::for_each_panel(exec, W, ws, [&](int64_t r0, int64_t rows, const Matrix<MemSpace>& WpT) {
-    auto gyp = Kokkos::subview(gy, Kokkos::ALL, Kokkos::make_pair(r0, r0 + rows));
-    gemm(exec, "N", "T", 1.0f, gyp, WpT, r0 == 0 ? beta : 1.0f, gx);
-  });
+  const int64_t out = W.layout.shape[0];
+  impl::for_each_panel(
+      exec, W, gy.extent(0), ws, [&](int64_t r0, int64_t rows, const Matrix<MemSpace>& Wp) {
+        const float b = r0 == 0 ? beta : 1.0f;
+        if (rows == out)
+          gemm(exec, "N", "N", 1.0f, gy, Wp, b, gx);
+        else
+          gemm(exec, "N", "N", 1.0f,
+               Kokkos::subview(gy, Kokkos::ALL, Kokkos::make_pair(r0, r0 + rows)), Wp, b, gx);
+      });
 }
 
 }  // namespace kqlora

@@ -118,8 +118,8 @@ class LoraModel {
   int64_t tokens_ = 0, step_ = 0, first_sample_ = 0, global_bs_ = 1;
 
   void ensure_tokens(int64_t T);
-  Matrix<Mem> a_t(const Vec& v, int layer) const;  // LayoutLeft [dim, rank] view of A
-  Matrix<Mem> b_t(const Vec& v, int layer) const;  // LayoutLeft [rank, dim] view of B
+  Matrix<Mem> a_of(const Vec& v, int layer) const;  // A [rank, dim] in v (row-major)
+  Matrix<Mem> b_of(const Vec& v, int layer) const;  // B [dim, rank] in v
   Kokkos::View<float*, Mem> bias(const Vec& v, int layer) const;
   nn::DropoutKey dropout_key(int layer) const;
 };

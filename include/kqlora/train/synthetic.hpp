@@ -29,7 +29,7 @@ void fill_normal_rows(const ExecSpace& exec, const Matrix<MemSpace>& m, uint64_t
   const int64_t dim = m.extent(1);
   Kokkos::parallel_for(
       "kqlora::fill_normal_rows",
-      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2, Kokkos::Iterate::Left>,
+      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2, Kokkos::Iterate::Right>,
                             Kokkos::IndexType<int64_t>>(exec, {0, 0}, {int64_t(m.extent(0)), dim}),
       KOKKOS_LAMBDA(int64_t t, int64_t f) {
         m(t, f) = static_cast<float>(
