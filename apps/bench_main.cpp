@@ -349,7 +349,7 @@ int bench_main(std::vector<std::string>& args) {
       f << "}" << (i + 1 < records.size() ? "," : "") << "\n";
     }
     f << "]\n";
-    KQLORA_THROW_IF(!f.good(), json_path << ": write failed");
+    KQLORA_CHECK(f.good(), json_path << ": write failed");
   }
   return 0;
 }

@@ -135,8 +135,8 @@ int quantize_main(std::vector<std::string>& args) {
       throw;
     }
   }
-  KQLORA_THROW_IF(std::rename(tmp_path.c_str(), out_path.c_str()) != 0,
-                  "cannot rename " << tmp_path << " to " << out_path);
+  KQLORA_CHECK(std::rename(tmp_path.c_str(), out_path.c_str()) == 0,
+               "cannot rename " << tmp_path << " to " << out_path);
   std::cout << out_path << ": " << quantized << " quantized, " << copied << " copied, " << skipped
             << " skipped\n";
   return 0;

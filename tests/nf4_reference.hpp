@@ -1,5 +1,5 @@
 #pragma once
-// A plain scalar NF4 reference written from DESIGN.md, for sizes torchao refuses (partial
+// A plain scalar NF4 reference written from docs/NF4.md, for sizes torchao refuses (partial
 // scaler blocks, all-zero blocks). It computes all 16 distances (no interval trick) and
 // the mean in long double, so it shares no shortcut with the kernels.
 

@@ -1,5 +1,5 @@
 // FSDP sharding in whole scaler blocks: every N from 1 to 8 on awkward shapes, padding as
-// DESIGN.md defines it, and a bit-identical gather.
+// docs/NF4.md defines it, and a bit-identical gather.
 #include <gtest/gtest.h>
 
 #include <cstring>

@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-torch.set_num_threads(1)  # torchao's scaler_mean depends on the thread count (DESIGN.md)
+torch.set_num_threads(1)  # torchao's scaler_mean depends on the thread count (docs/NF4.md)
 
 from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4  # noqa: E402
 

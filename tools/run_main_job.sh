@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job, from a fresh clone on Debian 12: install, build, then the seed scenario of
-# DESIGN.md as the upstream DDP test runs it (cluster_scripts/run_ddp_nf4_test.sh): a
+# input/seed.in (README) as the upstream DDP test runs it (cluster_scripts/run_ddp_nf4_test.sh): a
 # reference run at world size 1, a run at world size 2 writing one checkpoint per rank, and
 # kqlora-diff's verdict on every parameter of every rank. The exit code is kqlora-diff's.
 set -euo pipefail

@@ -44,14 +44,8 @@ void track_kokkos_allocations() {
   installed = true;
 }
 
-int64_t tracked_bytes() {
-  return current.load();
-}
 int64_t tracked_peak_bytes() {
   return peak.load();
-}
-void reset_tracked_peak() {
-  peak = current.load();
 }
 
 int64_t rss_bytes() {

@@ -67,11 +67,11 @@ Runtime::Runtime(int& argc, char**& argv) {
   }
   // Errors come back as codes that KQLORA_CHECK_MPI turns into exceptions.
   KQLORA_CHECK_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
-  KQLORA_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
-  KQLORA_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+  int rank = 0;
+  KQLORA_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   MPI_Comm node;
   KQLORA_CHECK_MPI(
-      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
   int ranks_on_node = 1;
   KQLORA_CHECK_MPI(MPI_Comm_size(node, &ranks_on_node));
   KQLORA_CHECK_MPI(MPI_Comm_free(&node));

@@ -80,9 +80,9 @@ void Communicator::wait(Request& r) {
     if (Clock::now() > deadline) {
       broken_ = true;
       on_timeout();
-      KQLORA_THROW_IF(true, backend() << " " << r.what << " did not complete within " << timeout_s_
-                                      << " s (comm_timeout_s) on rank " << rank_ << " of " << size_
-                                      << ": another rank is hung or dead");
+      KQLORA_CHECK(false, backend() << " " << r.what << " did not complete within " << timeout_s_
+                                    << " s (comm_timeout_s) on rank " << rank_ << " of " << size_
+                                    << ": another rank is hung or dead");
     }
     // Spin briefly (collectives usually finish fast), then yield the core to the other
     // ranks that share it.

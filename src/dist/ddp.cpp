@@ -269,7 +269,7 @@ void Ddp<ExecSpace>::progress() {
 
 template <class ExecSpace>
 void Ddp<ExecSpace>::finish() {
-  KQLORA_THROW_IF(!armed_, "Ddp::finish without arm");
+  KQLORA_CHECK(armed_, "Ddp::finish without arm");
   armed_ = false;
   const auto t0 = Clock::now();
   if (shared_) {

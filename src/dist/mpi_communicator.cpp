@@ -114,7 +114,7 @@ class MpiCommunicator : public Communicator {
   }
 
   std::unique_ptr<Request> allgather(const void* send, void* recv, int64_t bytes) override {
-    KQLORA_THROW_IF(bytes > INT_MAX, "allgather of " << bytes << " bytes per rank: too large");
+    KQLORA_CHECK(bytes <= INT_MAX, "allgather of " << bytes << " bytes per rank: too large");
     auto r = start("allgather of " + size_text(bytes) + " per rank");
     r->reqs.emplace_back();
     // This rank's block already in place in recv: MPI's in-place form (buffers may not alias).
@@ -127,8 +127,7 @@ class MpiCommunicator : public Communicator {
 
   std::unique_ptr<Request> reduce_scatter_sum(const float* send, float* recv,
                                               int64_t count) override {
-    KQLORA_THROW_IF(count > INT_MAX,
-                    "reduce_scatter of " << count << " floats per rank: too large");
+    KQLORA_CHECK(count <= INT_MAX, "reduce_scatter of " << count << " floats per rank: too large");
     auto r = start("reduce-scatter of " + size_text(4 * count) + " per rank");
     r->reqs.emplace_back();
     KQLORA_CHECK_MPI(MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count), MPI_FLOAT,
@@ -245,7 +244,7 @@ std::unique_ptr<Communicator> make_mpi_communicator(bool world) {
 }
 #else
 std::unique_ptr<Communicator> make_mpi_communicator(bool) {
-  KQLORA_THROW_IF(true, "this kqlora was built without MPI");
+  KQLORA_CHECK(false, "this kqlora was built without MPI");
 }
 #endif
 

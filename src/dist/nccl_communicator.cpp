@@ -25,18 +25,18 @@
 #include "kqlora/dist/communicator.hpp"
 #include "kqlora/dist/nccl_communicator.hpp"
 
-#define KQLORA_CHECK_CUDA(call)                                                   \
-  do {                                                                            \
-    const cudaError_t kqlora_cuda_rc_ = (call);                                   \
-    KQLORA_THROW_IF(kqlora_cuda_rc_ != cudaSuccess,                               \
-                    #call << " failed: " << cudaGetErrorString(kqlora_cuda_rc_)); \
+#define KQLORA_CHECK_CUDA(call)                                                \
+  do {                                                                         \
+    const cudaError_t kqlora_cuda_rc_ = (call);                                \
+    KQLORA_CHECK(kqlora_cuda_rc_ == cudaSuccess,                               \
+                 #call << " failed: " << cudaGetErrorString(kqlora_cuda_rc_)); \
   } while (0)
 
-#define KQLORA_CHECK_NCCL(call)                                                   \
-  do {                                                                            \
-    const ncclResult_t kqlora_nccl_rc_ = (call);                                  \
-    KQLORA_THROW_IF(kqlora_nccl_rc_ != ncclSuccess,                               \
-                    #call << " failed: " << ncclGetErrorString(kqlora_nccl_rc_)); \
+#define KQLORA_CHECK_NCCL(call)                                                \
+  do {                                                                         \
+    const ncclResult_t kqlora_nccl_rc_ = (call);                               \
+    KQLORA_CHECK(kqlora_nccl_rc_ == ncclSuccess,                               \
+                 #call << " failed: " << ncclGetErrorString(kqlora_nccl_rc_)); \
   } while (0)
 
 namespace kqlora::dist {
@@ -171,8 +171,8 @@ class NcclCommunicator : public Communicator {
   }
   std::unique_ptr<Request> reduce_scatter_sum(const float* send, float* recv,
                                               int64_t count) override {
-    KQLORA_THROW_IF(static_cast<const void*>(send) == static_cast<void*>(recv),
-                    "NCCL reduce-scatter: in place is not supported (separate buffers)");
+    KQLORA_CHECK(static_cast<const void*>(send) != static_cast<void*>(recv),
+                 "NCCL reduce-scatter: in place is not supported (separate buffers)");
     auto r = begin("reduce-scatter");
     Staged s(*this, send, 4 * count * size_, recv, 4 * count);
     KQLORA_CHECK_NCCL(ncclReduceScatter(s.send, s.recv, static_cast<size_t>(count), ncclFloat32,
@@ -186,8 +186,8 @@ class NcclCommunicator : public Communicator {
     if (r.done) return true;
     ncclResult_t async = ncclSuccess;
     KQLORA_CHECK_NCCL(ncclCommGetAsyncError(comm_, &async));
-    KQLORA_THROW_IF(
-        async != ncclSuccess && async != ncclInProgress,
+    KQLORA_CHECK(
+        !(async != ncclSuccess && async != ncclInProgress),
         "NCCL " << r.what << " failed on rank " << rank_ << ": " << ncclGetErrorString(async));
     const cudaError_t q = cudaEventQuery(r.done_event);
     if (q == cudaErrorNotReady) return false;

@@ -25,11 +25,11 @@ namespace {
 
 void fsync_path(const std::string& path, bool directory) {
   const int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  KQLORA_THROW_IF(fd < 0, "cannot open " << path << " to sync it: " << std::strerror(errno));
+  KQLORA_CHECK(fd >= 0, "cannot open " << path << " to sync it: " << std::strerror(errno));
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
-  KQLORA_THROW_IF(rc != 0, "fsync " << path << " failed: " << std::strerror(err));
+  KQLORA_CHECK(rc == 0, "fsync " << path << " failed: " << std::strerror(err));
 }
 
 void make_dirs(const std::string& path) {
@@ -173,8 +173,8 @@ std::string commit_checkpoint(const std::string& save_dir, int64_t step, int64_t
       error = e.what();
     }
   }
-  KQLORA_THROW_IF(
-      any_rank(comm, failed),
+  KQLORA_CHECK(
+      !any_rank(comm, failed),
       "checkpoint " << tmp_dir << ": " << (error.empty() ? "rank 0 could not create it" : error));
   try {
     write(tmp_dir);
@@ -182,25 +182,25 @@ std::string commit_checkpoint(const std::string& save_dir, int64_t step, int64_t
     failed = true;
     error = e.what();
   }
-  KQLORA_THROW_IF(any_rank(comm, failed),
-                  "checkpoint " << tmp_dir << ": writing failed"
-                                << (error.empty() ? " on another rank" : ": " + error));
+  KQLORA_CHECK(!any_rank(comm, failed), "checkpoint "
+                                            << tmp_dir << ": writing failed"
+                                            << (error.empty() ? " on another rank" : ": " + error));
   if (root) {
     fsync_path(tmp_dir, true);
     if (is_dir(final_dir)) remove_tree(final_dir);  // the same step written again (a rerun)
-    KQLORA_THROW_IF(
-        ::rename(tmp_dir.c_str(), final_dir.c_str()) != 0,
+    KQLORA_CHECK(
+        ::rename(tmp_dir.c_str(), final_dir.c_str()) == 0,
         "cannot rename " << tmp_dir << " to " << final_dir << ": " << std::strerror(errno));
     fsync_path(save_dir, true);
     const std::string latest = save_dir + "/latest", latest_tmp = latest + ".tmp";
     {
       std::ofstream l(latest_tmp, std::ios::trunc);
       l << name << "\n";
-      KQLORA_THROW_IF(!l.good(), "cannot write " << latest_tmp);
+      KQLORA_CHECK(l.good(), "cannot write " << latest_tmp);
     }
     fsync_path(latest_tmp, false);
-    KQLORA_THROW_IF(::rename(latest_tmp.c_str(), latest.c_str()) != 0,
-                    "cannot replace " << latest << ": " << std::strerror(errno));
+    KQLORA_CHECK(::rename(latest_tmp.c_str(), latest.c_str()) == 0,
+                 "cannot replace " << latest << ": " << std::strerror(errno));
     fsync_path(save_dir, true);
     if (keep_last > 0) {
       auto steps = complete_steps(save_dir);

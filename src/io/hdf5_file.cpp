@@ -227,7 +227,7 @@ void write_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t me
   for (const auto d : dims) n *= d;
   bool done = false;
   const size_t element_size = H5Tget_size(file_type);  // (0: an error)
-  KQLORA_THROW_IF(element_size == 0, name << ": H5Tget_size failed");
+  KQLORA_CHECK(element_size != 0, name << ": H5Tget_size failed");
   if (KQLORA_H5(H5Tequal(mem_type, file_type)) > 0) {
     std::vector<char> buf;
     done = write_whole_chunks(ds, dims, element_size, 0, n, data, buf, StreamingScope::current())
@@ -283,7 +283,7 @@ void read_dataset_range(hid_t loc, const std::string& name, hid_t mem_type, int6
   // Through HDF5's pipeline (conversions, other filters): a part goes through a copy of
   // the whole. A failed checksum (Fletcher32) or a truncated file fails here.
   const size_t es = H5Tget_size(mem_type);
-  KQLORA_THROW_IF(es == 0, name << ": H5Tget_size failed");
+  KQLORA_CHECK(es != 0, name << ": H5Tget_size failed");
   std::vector<char> whole;
   if (lo > 0 || hi < n) whole.resize(static_cast<size_t>(n) * es);
   const auto t = std::chrono::steady_clock::now();

@@ -173,9 +173,9 @@ void write(const std::string& path, const std::vector<TensorToWrite>& tensors,
   for (const auto& t : tensors) {
     int64_t numel = 1;
     for (int64_t d : t.shape) numel *= d;
-    KQLORA_THROW_IF(static_cast<uint64_t>(numel) * dtype_size(t.dtype, t.name) != t.nbytes,
-                    "safetensors::write: '" << t.name << "' has " << t.nbytes
-                                            << " bytes for its shape and dtype");
+    KQLORA_CHECK(static_cast<uint64_t>(numel) * dtype_size(t.dtype, t.name) == t.nbytes,
+                 "safetensors::write: '" << t.name << "' has " << t.nbytes
+                                         << " bytes for its shape and dtype");
     hdr << (first ? "" : ",") << json::quote(t.name) << ":{\"dtype\":\"" << t.dtype
         << "\",\"shape\":[";
     for (size_t i = 0; i < t.shape.size(); ++i) hdr << (i ? "," : "") << t.shape[i];

@@ -79,7 +79,7 @@ void select_flat_range(hid_t space, const std::vector<int64_t>& dims, int64_t lo
                                   &count, nullptr));
     return;
   }
-  KQLORA_THROW_IF(dims.size() != 2, "shared checkpoint: datasets of rank " << dims.size());
+  KQLORA_CHECK(dims.size() == 2, "shared checkpoint: datasets of rank " << dims.size());
   const int64_t C = dims[1];
   auto add = [&](int64_t row, int64_t rows, int64_t col, int64_t cols) {
     if (rows <= 0 || cols <= 0) return;
@@ -176,9 +176,8 @@ void write_parts(hid_t file, hid_t dxpl, const std::vector<SharedPart>& parts,
     flags.back() = 1.0;
   }
   comm.wait(comm.allreduce_sum(flags.data(), static_cast<int64_t>(flags.size())));
-  KQLORA_THROW_IF(
-      flags.back() > 0,
-      (error.empty() ? "another rank failed to write its chunks (see its error)" : error));
+  KQLORA_CHECK(flags.back() <= 0,
+               (error.empty() ? "another rank failed to write its chunks (see its error)" : error));
   for (size_t i = 0; i < parts.size(); ++i)
     if (flags[i] > 0) write_pieces(sets[i], dxpl, parts[i], left[i]);
 }
@@ -218,7 +217,7 @@ std::string write_checkpoint_shared(const std::string& save_dir, const SharedChe
     }
     double failed = error.empty() ? 0.0 : 1.0;
     comm.wait(comm.allreduce_sum(&failed, 1));
-    KQLORA_THROW_IF(failed > 0, (comm.rank() == 0 ? error : "rank 0 could not create " + path));
+    KQLORA_CHECK(failed <= 0, (comm.rank() == 0 ? error : "rank 0 could not create " + path));
     Handle file(KQLORA_H5(H5Fopen(path.c_str(), H5F_ACC_RDWR, fapl)));
     Handle dxpl(KQLORA_H5(H5Pcreate(H5P_DATASET_XFER)));
     KQLORA_H5(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE));

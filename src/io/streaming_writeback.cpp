@@ -36,7 +36,7 @@ void StreamingWriteback::wrote(int64_t bytes) {
     fd_ = -1;
     return;
   }
-  KQLORA_THROW_IF(err != 0, "writing back a checkpoint file: " << std::strerror(err));
+  KQLORA_CHECK(err == 0, "writing back a checkpoint file: " << std::strerror(err));
 #endif
 }
 

@@ -67,7 +67,7 @@ template <class ExecSpace>
 const ParamInfo& LoraModel<ExecSpace>::param(const std::string& name) const {
   for (const auto& p : info_)
     if (p.name == name) return p;
-  KQLORA_THROW_IF(true, "no parameter named '" << name << "'");
+  KQLORA_CHECK(false, "no parameter named '" << name << "'");
 }
 
 template <class ExecSpace>
@@ -79,8 +79,8 @@ int64_t LoraModel<ExecSpace>::base_bytes() const {
 
 template <class ExecSpace>
 void LoraModel<ExecSpace>::use_buffers(const Vec& new_params, const Vec& new_grads) {
-  KQLORA_THROW_IF(
-      new_params.extent(0) != params.extent(0) || new_grads.extent(0) != grads.extent(0),
+  KQLORA_CHECK(
+      !(new_params.extent(0) != params.extent(0) || new_grads.extent(0) != grads.extent(0)),
       "LoraModel::use_buffers: buffers of the wrong size");
   const bool same = compute_.data() == params.data();
   params = new_params;
@@ -173,9 +173,8 @@ Matrix<typename ExecSpace::memory_space> LoraModel<ExecSpace>::forward(const Mat
                                                                        int64_t first_sample,
                                                                        int64_t global_bs) {
   const int64_t T = x.extent(0);
-  KQLORA_THROW_IF(
-      static_cast<int64_t>(x.extent(1)) != cfg_.dim,
-      "LoraModel::forward: input has " << x.extent(1) << " features, dim is " << cfg_.dim);
+  KQLORA_CHECK(static_cast<int64_t>(x.extent(1)) == cfg_.dim,
+               "LoraModel::forward: input has " << x.extent(1) << " features, dim is " << cfg_.dim);
   ensure_tokens(T);
   step_ = step;
   first_sample_ = first_sample;

@@ -32,9 +32,9 @@ template <class ExecSpace>
 Optimizer<ExecSpace>::Optimizer(const ExecSpace& exec, const OptimizerConfig& cfg,
                                 const std::vector<Vec>& state)
     : exec_(exec), cfg_(cfg) {
-  KQLORA_THROW_IF(state.size() != state_names(cfg).size(),
-                  "Optimizer: " << state.size() << " state buffers for " << state_names(cfg).size()
-                                << " states");
+  KQLORA_CHECK(state.size() == state_names(cfg).size(),
+               "Optimizer: " << state.size() << " state buffers for " << state_names(cfg).size()
+                             << " states");
   if (!state.empty()) m_ = state[0];
   if (state.size() > 1) v_ = state[1];
 }

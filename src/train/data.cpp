@@ -41,9 +41,9 @@ DataSource::DataSource(const std::string& path, int64_t dim, int64_t global_bs, 
 
 void DataSource::fill(const std::vector<float>& src, int64_t step, int64_t first, int64_t n,
                       float* out) const {
-  KQLORA_THROW_IF(path_.empty(),
-                  "DataSource: synthetic rows are generated on the device "
-                  "(fill_normal_rows), not read");
+  KQLORA_CHECK(!path_.empty(),
+               "DataSource: synthetic rows are generated on the device "
+               "(fill_normal_rows), not read");
   for (int64_t i = 0; i < n; ++i) {
     const int64_t g = step * global_bs_ + first + i;  // global sample index over the run
     std::memcpy(out + i * dim_, src.data() + (g % rows_) * dim_, sizeof(float) * dim_);

@@ -64,7 +64,7 @@ struct PhaseTimer {
 };
 
 /// A rank's contiguous slice of the global batch: sizes differ by at most one, the first
-/// global_bs % N ranks take one more (DESIGN.md).
+/// global_bs % N ranks take one more (docs/TRAINING.md, "A step").
 std::pair<int64_t, int64_t> slice_of(int64_t global_bs, int rank, int size) {
   const int64_t base = global_bs / size, extra = global_bs % size;
   return {rank * base + std::min<int64_t>(rank, extra), base + (rank < extra ? 1 : 0)};
@@ -364,11 +364,11 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
                               : grad_norm(exec, model.grads);
     const bool finite = std::isfinite(loss) && std::isfinite(norm);
     if (!finite) {
-      KQLORA_THROW_IF(cfg.nonfinite == "stop",
-                      "step " << step + 1 << ": the " << (std::isfinite(loss) ? "gradient" : "loss")
-                              << " is not finite (loss " << loss << ", gradient norm " << norm
-                              << "); stopping without updating the weights (nonfinite = skip "
-                                 "skips such steps instead)");
+      KQLORA_CHECK(cfg.nonfinite != "stop",
+                   "step " << step + 1 << ": the " << (std::isfinite(loss) ? "gradient" : "loss")
+                           << " is not finite (loss " << loss << ", gradient norm " << norm
+                           << "); stopping without updating the weights (nonfinite = skip "
+                              "skips such steps instead)");
       ++summary.steps_skipped;
     } else {
       if (cfg.grad_clip > 0 && norm > 0) {

@@ -30,17 +30,18 @@ namespace detail {
 
 }  // namespace kqlora
 
-/// Throws kqlora::Error with the message and the source location when cond holds.
-#define KQLORA_THROW_IF(cond, msg)                                          \
+/// Throws kqlora::Error with the message and the source location unless cond holds (a
+/// program error; KQLORA_INPUT_CHECK takes its condition the same way round).
+#define KQLORA_CHECK(cond, msg)                                             \
   do {                                                                      \
-    if (cond) {                                                             \
+    if (!(cond)) {                                                          \
       std::ostringstream kqlora_msg_;                                       \
       kqlora_msg_ << msg;                                                   \
       ::kqlora::detail::throw_error(kqlora_msg_.str(), __FILE__, __LINE__); \
     }                                                                       \
   } while (0)
 
-/// Throws kqlora::InputError with the message when cond holds (no source location: the
+/// Throws kqlora::InputError with the message unless cond holds (no source location: the
 /// message is for the user and names the file or argument at fault).
 #define KQLORA_INPUT_CHECK(cond, msg)                         \
   do {                                                        \

@@ -8,10 +8,8 @@ namespace kqlora::memory {
 
 /// Starts counting Kokkos allocations (after Kokkos::initialize); idempotent.
 void track_kokkos_allocations();
-/// Bytes held now and the peak since tracking started (or the last reset).
-int64_t tracked_bytes();
+/// The peak of the bytes held since tracking started.
 int64_t tracked_peak_bytes();
-void reset_tracked_peak();
 
 /// Resident set size now, and the process's peak (VmHWM), in bytes; 0 where unknown.
 int64_t rss_bytes();

@@ -1,6 +1,6 @@
 #pragma once
-// The counter-based random generator of DESIGN.md: every value is a pure function of
-// (seed, stream, index), so any rank computes any value on its own and a step's global
+// kqlora's counter-based random generator (docs/TRAINING.md, "The model"): every value is a pure
+// function of (seed, stream, index), so any rank computes any value on its own and a step's global
 // batch is the same whatever the world size. The mixing is SplitMix64's finaliser applied
 // twice with the key folded in between (statistically sound for initialisation and
 // synthetic data; not for cryptography).

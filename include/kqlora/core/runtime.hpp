@@ -11,12 +11,8 @@ class Runtime {
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
-
  private:
   bool owns_mpi_ = false;
-  int rank_ = 0, size_ = 1;
 };
 
 }  // namespace kqlora

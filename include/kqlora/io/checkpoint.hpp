@@ -1,5 +1,5 @@
 #pragma once
-// HDF5 checkpoints in the schema of DESIGN.md, committed atomically:
+// HDF5 checkpoints in the schema of docs/CHECKPOINTS.md, committed atomically:
 // save_dir/step-XXXXXXXX.tmp/ is written (each file fsynced), renamed to step-XXXXXXXX once
 // every rank has finished, then save_dir/latest is replaced. A kill at any moment leaves
 // the previous checkpoint and `latest` intact.

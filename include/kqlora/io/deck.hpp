@@ -1,7 +1,7 @@
 #pragma once
-// Input decks (DESIGN.md): `key = value` lines, `#` comments, blank lines; `key=value`
-// overrides after the deck. Every error names the file and line (or the argument) and is
-// an InputError.
+// Input decks (docs/TRAINING.md; the keys: kqlora-train --help): `key = value` lines, `#` comments,
+// blank lines; `key=value` overrides after the deck. Every error names the file and line (or the
+// argument) and is an InputError.
 
 #include <array>
 #include <cstdint>

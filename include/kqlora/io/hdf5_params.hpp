@@ -1,7 +1,7 @@
 #pragma once
-// Parameters in the checkpoint schema (DESIGN.md): /params/<name> is a float dataset, or an
-// NF4 group holding quantized_data, quantized_scalers, quantization_factor and scaler_mean
-// with shape, dtype, block_size and scaler_block_size attributes.
+// Parameters in the checkpoint schema (docs/CHECKPOINTS.md): /params/<name> is a float dataset, or
+// an NF4 group holding quantized_data, quantized_scalers, quantization_factor and scaler_mean with
+// shape, dtype, block_size and scaler_block_size attributes.
 
 #include <Kokkos_Core.hpp>
 

@@ -78,11 +78,11 @@ void linear_nf4_forward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
                         const Matrix<MemSpace>& x, const Matrix<MemSpace>& y,
                         LinearNf4Workspace<MemSpace>& ws, float beta = 0.0f) {
   static_assert(accessible_from<ExecSpace, MemSpace>(), "memory not accessible from exec");
-  KQLORA_THROW_IF(W.layout.shape.size() != 2 || x.extent(1) != size_t(W.layout.shape[1]) ||
-                      y.extent(1) != size_t(W.layout.shape[0]) || x.extent(0) != y.extent(0),
-                  "linear_nf4_forward: shapes x " << x.extent(0) << "x" << x.extent(1) << ", y "
-                                                  << y.extent(0) << "x" << y.extent(1) << ", W "
-                                                  << W.layout.shape_string());
+  KQLORA_CHECK(!(W.layout.shape.size() != 2 || x.extent(1) != size_t(W.layout.shape[1]) ||
+                 y.extent(1) != size_t(W.layout.shape[0]) || x.extent(0) != y.extent(0)),
+               "linear_nf4_forward: shapes x " << x.extent(0) << "x" << x.extent(1) << ", y "
+                                               << y.extent(0) << "x" << y.extent(1) << ", W "
+                                               << W.layout.shape_string());
   const int64_t out = W.layout.shape[0];
   impl::for_each_panel(
       exec, W, x.extent(0), ws, [&](int64_t r0, int64_t rows, const Matrix<MemSpace>& Wp) {
@@ -100,11 +100,11 @@ void linear_nf4_backward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
                          const Matrix<MemSpace>& gy, const Matrix<MemSpace>& gx,
                          LinearNf4Workspace<MemSpace>& ws, float beta = 0.0f) {
   static_assert(accessible_from<ExecSpace, MemSpace>(), "memory not accessible from exec");
-  KQLORA_THROW_IF(W.layout.shape.size() != 2 || gx.extent(1) != size_t(W.layout.shape[1]) ||
-                      gy.extent(1) != size_t(W.layout.shape[0]) || gx.extent(0) != gy.extent(0),
-                  "linear_nf4_backward: shapes gy "
-                      << gy.extent(0) << "x" << gy.extent(1) << ", gx " << gx.extent(0) << "x"
-                      << gx.extent(1) << ", W " << W.layout.shape_string());
+  KQLORA_CHECK(!(W.layout.shape.size() != 2 || gx.extent(1) != size_t(W.layout.shape[1]) ||
+                 gy.extent(1) != size_t(W.layout.shape[0]) || gx.extent(0) != gy.extent(0)),
+               "linear_nf4_backward: shapes gy " << gy.extent(0) << "x" << gy.extent(1) << ", gx "
+                                                 << gx.extent(0) << "x" << gx.extent(1) << ", W "
+                                                 << W.layout.shape_string());
   const int64_t out = W.layout.shape[0];
   impl::for_each_panel(
       exec, W, gy.extent(0), ws, [&](int64_t r0, int64_t rows, const Matrix<MemSpace>& Wp) {

@@ -108,16 +108,4 @@ void scale_grads(const ExecSpace& exec,
       KOKKOS_LAMBDA(int64_t i) { g(i) *= factor; });
 }
 
-/// torch.nn.utils.clip_grad_norm_: scales by max_norm / (norm + 1e-6) when that is < 1.
-/// Returns the norm before clipping.
-template <class ExecSpace>
-double clip_grad_norm(const ExecSpace& exec,
-                      const Kokkos::View<float*, typename ExecSpace::memory_space>& g,
-                      double max_norm) {
-  const double norm = grad_norm(exec, g);
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) scale_grads(exec, g, static_cast<float>(coef));
-  return norm;
-}
-
 }  // namespace kqlora

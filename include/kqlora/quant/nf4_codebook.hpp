@@ -11,7 +11,7 @@
 
 namespace kqlora {
 
-/// The codebook literals of DESIGN.md (torchao's), as float32.
+/// The codebook literals (torchao's; docs/NF4.md), as float32.
 KOKKOS_INLINE_FUNCTION float nf4_literal(int code) {
   switch (code) {
     case 0:

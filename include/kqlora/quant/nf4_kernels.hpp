@@ -291,7 +291,7 @@ Nf4Tensor<MemSpace> nf4_quantize(const ExecSpace& exec, Kokkos::View<const T*, M
   for (int64_t g = 0; g < nsb; ++g) sum += partial_host(g);
   KQLORA_INPUT_CHECK(std::isfinite(sum), name << ": cannot quantize to NF4: the tensor holds NaN "
                                                  "or Inf (or overflows float32)");
-  // The mean is rounded once to the dtype (DESIGN.md: the one exception to per-op rounding).
+  // The mean is rounded once to the dtype (docs/NF4.md: the one exception to per-op rounding).
   const double mean = sum / static_cast<double>(nb);
   t.scaler_mean = std::is_same<T, float>::value ? static_cast<float>(mean)
                                                 : static_cast<float>(bf16_from_double(mean));
@@ -332,12 +332,12 @@ void nf4_dequantize_blocks(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t, 
   static_assert(std::is_same<TOut, float>::value || std::is_same<TOut, bfloat16>::value,
                 "NF4 dequantizes to float32 or bfloat16");
   const Nf4Layout& L = t.layout;
-  KQLORA_THROW_IF(first_block < 0 || num_blocks < 0 || first_block + num_blocks > L.num_blocks(),
-                  "nf4_dequantize: blocks [" << first_block << ", " << first_block + num_blocks
-                                             << ") outside the tensor's " << L.num_blocks());
-  KQLORA_THROW_IF(static_cast<int64_t>(out.extent(0)) < num_blocks * L.block_size,
-                  "nf4_dequantize: output has " << out.extent(0) << " elements, "
-                                                << num_blocks * L.block_size << " needed");
+  KQLORA_CHECK(!(first_block < 0 || num_blocks < 0 || first_block + num_blocks > L.num_blocks()),
+               "nf4_dequantize: blocks [" << first_block << ", " << first_block + num_blocks
+                                          << ") outside the tensor's " << L.num_blocks());
+  KQLORA_CHECK(!(static_cast<int64_t>(out.extent(0)) < num_blocks * L.block_size),
+               "nf4_dequantize: output has " << out.extent(0) << " elements, "
+                                             << num_blocks * L.block_size << " needed");
   if (L.dtype == DType::float32) {
     impl::nf4_dequantize_as<float>(exec, t, first_block, num_blocks, out, store);
   } else {
@@ -349,8 +349,8 @@ void nf4_dequantize_blocks(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t, 
 template <class TOut, class ExecSpace, class MemSpace>
 void nf4_dequantize(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t,
                     Kokkos::View<TOut*, MemSpace> out, Nf4Store store = Nf4Store::automatic) {
-  KQLORA_THROW_IF(
-      static_cast<int64_t>(out.extent(0)) != t.layout.numel(),
+  KQLORA_CHECK(
+      static_cast<int64_t>(out.extent(0)) == t.layout.numel(),
       "nf4_dequantize: output has " << out.extent(0) << " elements, tensor " << t.layout.numel());
   nf4_dequantize_blocks(exec, t, 0, t.layout.num_blocks(), out, store);
 }

@@ -1,5 +1,5 @@
 #pragma once
-// FSDP sharding of NF4 tensors in the quantized domain (DESIGN.md, "Sharding"): shard r of
+// FSDP sharding of NF4 tensors in the quantized domain (docs/NF4.md, "Sharding (FSDP)"): shard r of
 // N holds the whole scaler blocks [r*k, min((r+1)*k, n_sb)) with k = ceil(n_sb / N); every
 // shard has room for k scaler blocks, and what lies past the tensor is padding (codes 0x77,
 // q = 0, factor 1) that gathering drops. Equal-sized shards make the all-gather a plain
@@ -98,11 +98,11 @@ Nf4Shard<MemSpace> nf4_shard(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t
 template <class ExecSpace, class MemSpace>
 Nf4Tensor<MemSpace> nf4_gather(const ExecSpace& exec,
                                const std::vector<Nf4Shard<MemSpace>>& shards) {
-  KQLORA_THROW_IF(shards.empty(), "nf4_gather: no shards");
+  KQLORA_CHECK(!shards.empty(), "nf4_gather: no shards");
   const Nf4Layout& L = shards[0].global;
   const int n = shards[0].num_shards;
-  KQLORA_THROW_IF(static_cast<int>(shards.size()) != n,
-                  "nf4_gather: " << shards.size() << " shards given, " << n << " expected");
+  KQLORA_CHECK(static_cast<int>(shards.size()) == n,
+               "nf4_gather: " << shards.size() << " shards given, " << n << " expected");
   std::vector<int> seen(n, 0);
   auto t = Nf4Tensor<MemSpace>::allocate(L);
   t.scaler_mean = shards[0].scaler_mean;
@@ -110,10 +110,10 @@ Nf4Tensor<MemSpace> nf4_gather(const ExecSpace& exec,
   using Kokkos::make_pair;
   using Kokkos::subview;
   for (const auto& s : shards) {
-    KQLORA_THROW_IF(s.global != L || s.num_shards != n || s.shard_index < 0 || s.shard_index >= n ||
-                        seen[s.shard_index]++ || s.scaler_mean != t.scaler_mean,
-                    "nf4_gather: shard " << s.shard_index << " of " << s.num_shards
-                                         << " does not belong to this set");
+    KQLORA_CHECK(!(s.global != L || s.num_shards != n || s.shard_index < 0 || s.shard_index >= n ||
+                   seen[s.shard_index]++ || s.scaler_mean != t.scaler_mean),
+                 "nf4_gather: shard " << s.shard_index << " of " << s.num_shards
+                                      << " does not belong to this set");
     const Nf4ShardRange& r = s.range;
     if (r.num_blocks == 0) continue;
     Kokkos::deep_copy(exec,

@@ -1,6 +1,6 @@
 #pragma once
 // The NF4 tensor: 4-bit NormalFloat codes with double-quantized block scalers, laid out
-// as torchao's NF4Tensor (see DESIGN.md, "NF4 semantics").
+// as torchao's NF4Tensor (docs/NF4.md).
 
 #include <Kokkos_Core.hpp>
 

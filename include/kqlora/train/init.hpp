@@ -1,7 +1,7 @@
 #pragma once
-// Model initialisation: every tensor from the counter-based generator of DESIGN.md, unless
-// the init_file (HDF5 in the checkpoint schema, float datasets or NF4 groups; or a
-// safetensors file keyed by parameter name) provides it.
+// Model initialisation: every tensor from the counter-based generator (core/random.hpp;
+// docs/TRAINING.md, "The model"), unless the init_file (HDF5 in the checkpoint schema, float
+// datasets or NF4 groups; or a safetensors file keyed by parameter name) provides it.
 
 #include <iosfwd>
 #include <string>
