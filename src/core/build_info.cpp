@@ -7,7 +7,6 @@
 #include "kqlora/build_config.hpp"
 #include "kqlora/core/blas_selection.hpp"
 #include "kqlora/core/cpu_features.hpp"
-#include "kqlora/quant/impl/nf4_host_simd.hpp"
 #if KQLORA_HAVE_MPI
 #include <mpi.h>
 #endif
@@ -61,11 +60,15 @@ std::string build_configuration() {
 #else
   os << "  NCCL: not built (no CUDA backend)\n";
 #endif
-  os << "  host SIMD (NF4): "
-     << (KQLORA_HAVE_AVX512
-             ? "AVX-512"
-             : (KQLORA_HAVE_AVX2 ? "AVX2 (dequantize; quantize portable)" : "portable"))
-     << "\n";
+  // What the library was compiled for (quant/impl/nf4_host_simd.hpp chooses its NF4
+  // bodies from the same macros).
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  os << "  host SIMD (NF4): AVX-512\n";
+#elif defined(__AVX2__)
+  os << "  host SIMD (NF4): AVX2 (dequantize; quantize portable)\n";
+#else
+  os << "  host SIMD (NF4): portable\n";
+#endif
   os << "  CPU: " << cpu_features().describe() << "\n";
   os << "  BLAS: " << blas::describe() << "\n";
   os << "  compiler: " << KQLORA_CXX_COMPILER << "\n";

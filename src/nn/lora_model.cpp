@@ -1,7 +1,6 @@
 #include "kqlora/nn/lora_model.hpp"
 
 #include "kqlora/core/kokkos_compat.hpp"
-#include "kqlora/io/deck.hpp"
 
 namespace kqlora {
 
@@ -11,23 +10,6 @@ Activation parse_activation(const std::string& s) {
   if (s == "silu") return Activation::silu;
   KQLORA_INPUT_CHECK(s == "none", "activation: expected none|relu|gelu|silu, got '" << s << "'");
   return Activation::none;
-}
-
-ModelConfig ModelConfig::from(const Config& c) {
-  ModelConfig m;
-  m.dim = c.dim;
-  m.num_layers = c.num_linears;
-  m.rank = c.lora_rank;
-  m.alpha = static_cast<float>(c.lora_alpha);
-  m.dropout = static_cast<float>(c.lora_dropout);
-  m.bias = c.bias;
-  m.activation = parse_activation(c.activation);
-  m.dtype = c.dtype;
-  m.block_size = c.block_size;
-  m.scaler_block_size = c.scaler_block_size;
-  m.seed = static_cast<uint64_t>(c.seed);
-  m.lora_b_zeros = c.lora_b_init == "zeros";
-  return m;
 }
 
 template <class ExecSpace>

@@ -1,21 +1,8 @@
 #include "kqlora/optim/optimizer.hpp"
 
 #include "kqlora/core/error.hpp"
-#include "kqlora/io/deck.hpp"
 
 namespace kqlora {
-
-OptimizerConfig OptimizerConfig::from(const Config& c) {
-  OptimizerConfig o;
-  o.kind = c.optimizer == "sgd" ? Kind::sgd : c.optimizer == "adamw" ? Kind::adamw : Kind::adam;
-  o.lr = c.lr;
-  o.momentum = c.momentum;
-  o.beta1 = c.betas[0];
-  o.beta2 = c.betas[1];
-  o.eps = c.eps;
-  o.weight_decay = c.weight_decay;
-  return o;
-}
 
 template <class ExecSpace>
 Optimizer<ExecSpace>::Optimizer(const ExecSpace& exec, const OptimizerConfig& cfg, int64_t n)

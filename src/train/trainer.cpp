@@ -24,6 +24,7 @@
 #include "kqlora/nn/lora_model.hpp"
 #include "kqlora/nn/loss.hpp"
 #include "kqlora/optim/optimizer.hpp"
+#include "kqlora/train/component_configs.hpp"
 #include "kqlora/train/data.hpp"
 #include "kqlora/train/init.hpp"
 #include "kqlora/train/synthetic.hpp"
@@ -151,7 +152,7 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
   const int64_t rss_start = memory::rss_bytes();
   const auto t_start = Clock::now();
   Exec exec;
-  const ModelConfig mcfg = ModelConfig::from(cfg);
+  const ModelConfig mcfg = model_config(cfg);
   const LossKind loss_kind = parse_loss(cfg.loss);
   if (root) {
     log << "kqlora-train: " << nranks << " rank(s), Kokkos " << Exec::name() << ", dtype "
@@ -217,7 +218,7 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
     // weights and state below, each rank its chunk.
     const char* shm = std::getenv("KQLORA_DDP_SHARED_MEMORY");
     if (!(shm && std::string(shm) == "0"))
-      ddp->share_node_memory(OptimizerConfig::from(cfg), cfg.restart == "none");
+      ddp->share_node_memory(optimizer_config(cfg), cfg.restart == "none");
   }
   // The optimizer sees this rank's parameters: all of them, its FSDP chunk, or its chunk
   // of the node-shared DDP weights.
@@ -228,10 +229,9 @@ TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& lo
   const Vec opt_params =
       fsdp ? fsdp->shard_params() : Vec(Kokkos::subview(model.params, opt_range));
   const Vec opt_grads = fsdp ? fsdp->shard_grads() : Vec(Kokkos::subview(model.grads, opt_range));
-  Optimizer<Exec> opt =
-      ddp && ddp->shares_memory()
-          ? Optimizer<Exec>(exec, OptimizerConfig::from(cfg), ddp->optimizer_buffers())
-          : Optimizer<Exec>(exec, OptimizerConfig::from(cfg), opt_params.extent(0));
+  Optimizer<Exec> opt = ddp && ddp->shares_memory()
+                            ? Optimizer<Exec>(exec, optimizer_config(cfg), ddp->optimizer_buffers())
+                            : Optimizer<Exec>(exec, optimizer_config(cfg), opt_params.extent(0));
   parallel_setup_s = seconds_since(t_parallel);
   if (cfg.restart != "none") {
 #if KQLORA_HAVE_HDF5

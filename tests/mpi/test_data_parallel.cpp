@@ -16,6 +16,7 @@
 #include "kqlora/io/checkpoint.hpp"
 #include "kqlora/io/checkpoint_diff.hpp"
 #include "kqlora/io/deck.hpp"
+#include "kqlora/train/component_configs.hpp"
 #include "kqlora/train/init.hpp"
 #include "kqlora/train/trainer.hpp"
 
@@ -178,7 +179,7 @@ TEST(DataParallel, FsdpClippingUsesTheGlobalNorm) {
 TEST(DataParallel, BroadcastGivesEveryRankRank0sBytes) {
   auto world = kqlora::dist::make_mpi_communicator(true);
   kqlora::Config cfg = kqlora::parse_deck_text("", "t", {"dim=64", "num_linears=2", "lora_rank=8"});
-  kqlora::ModelConfig m = kqlora::ModelConfig::from(cfg);
+  kqlora::ModelConfig m = kqlora::model_config(cfg);
   m.seed = 100 + world->rank();  // every rank starts from different values
   kqlora::LoraModel<Exec> model(Exec(), m);
   std::ostringstream log;

@@ -22,8 +22,6 @@
 
 namespace kqlora {
 
-struct Config;
-
 struct ModelConfig {
   int64_t dim = 128, num_layers = 1, rank = 64;
   float alpha = 16, dropout = 0;
@@ -36,7 +34,6 @@ struct ModelConfig {
 
   float scale() const { return alpha / static_cast<float>(rank); }
   bool bf16() const { return dtype == DType::bfloat16; }
-  static ModelConfig from(const Config& c);
 };
 
 /// A trainable tensor in the flat buffers.

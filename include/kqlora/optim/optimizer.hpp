@@ -12,12 +12,9 @@
 
 namespace kqlora {
 
-struct Config;
-
 struct OptimizerConfig {
   enum class Kind { sgd, adam, adamw } kind = Kind::adam;
   double lr = 1e-2, momentum = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
-  static OptimizerConfig from(const Config& c);
 };
 
 template <class ExecSpace>

@@ -1,0 +1,36 @@
+#include "kqlora/train/component_configs.hpp"
+
+namespace kqlora {
+
+ModelConfig model_config(const Config& c) {
+  ModelConfig m;
+  m.dim = c.dim;
+  m.num_layers = c.num_linears;
+  m.rank = c.lora_rank;
+  m.alpha = static_cast<float>(c.lora_alpha);
+  m.dropout = static_cast<float>(c.lora_dropout);
+  m.bias = c.bias;
+  m.activation = parse_activation(c.activation);
+  m.dtype = c.dtype;
+  m.block_size = c.block_size;
+  m.scaler_block_size = c.scaler_block_size;
+  m.seed = static_cast<uint64_t>(c.seed);
+  m.lora_b_zeros = c.lora_b_init == "zeros";
+  return m;
+}
+
+OptimizerConfig optimizer_config(const Config& c) {
+  OptimizerConfig o;
+  o.kind = c.optimizer == "sgd"     ? OptimizerConfig::Kind::sgd
+           : c.optimizer == "adamw" ? OptimizerConfig::Kind::adamw
+                                    : OptimizerConfig::Kind::adam;
+  o.lr = c.lr;
+  o.momentum = c.momentum;
+  o.beta1 = c.betas[0];
+  o.beta2 = c.betas[1];
+  o.eps = c.eps;
+  o.weight_decay = c.weight_decay;
+  return o;
+}
+
+}  // namespace kqlora
