@@ -9,7 +9,7 @@
 #include "kqlora/core/build_info.hpp"
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/runtime.hpp"
-#include "kqlora/dist/world.hpp"
+#include "kqlora/parallel/world.hpp"
 
 namespace kqlora::app {
 

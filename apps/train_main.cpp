@@ -7,8 +7,8 @@
 #include "app_main.hpp"
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/signals.hpp"
-#include "kqlora/dist/world.hpp"
 #include "kqlora/io/deck.hpp"
+#include "kqlora/parallel/world.hpp"
 #include "kqlora/train/trainer.hpp"
 
 namespace {

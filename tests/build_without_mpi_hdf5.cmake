@@ -15,7 +15,7 @@ execute_process(COMMAND ${CMAKE_COMMAND} --build ${BIN} -j ${jobs} RESULT_VARIAB
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "building without MPI and HDF5 failed")
 endif()
-if(WITH_NCCL AND NOT EXISTS ${BIN}/src/CMakeFiles/kqlora.dir/dist/nccl_communicator.cpp.o)
+if(WITH_NCCL AND NOT EXISTS ${BIN}/src/CMakeFiles/kqlora.dir/parallel/nccl_communicator.cpp.o)
   message(FATAL_ERROR "the NCCL backend was not built without MPI")
 endif()
 execute_process(COMMAND ${CMAKE_CTEST_COMMAND} --output-on-failure WORKING_DIRECTORY ${BIN}

@@ -148,7 +148,7 @@ void write_checkpoint_file(const std::string& path, const CheckpointContents& c)
 
 namespace {
 /// True on every rank when any rank passes true.
-bool any_rank(dist::Communicator& comm, bool flag) {
+bool any_rank(Communicator& comm, bool flag) {
   double v = flag ? 1.0 : 0.0;
   comm.wait(comm.allreduce_sum(&v, 1));
   return v > 0;
@@ -156,7 +156,7 @@ bool any_rank(dist::Communicator& comm, bool flag) {
 }  // namespace
 
 std::string commit_checkpoint(const std::string& save_dir, int64_t step, int64_t keep_last,
-                              dist::Communicator& comm,
+                              Communicator& comm,
                               const std::function<void(const std::string& tmp_dir)>& write) {
   const std::string name = step_dir_name(step);
   const std::string final_dir = save_dir + "/" + name, tmp_dir = final_dir + ".tmp";
@@ -214,7 +214,7 @@ std::string commit_checkpoint(const std::string& save_dir, int64_t step, int64_t
 }
 
 std::string write_checkpoint_per_rank(const std::string& save_dir, const CheckpointContents& c,
-                                      int64_t keep_last, dist::Communicator& comm) {
+                                      int64_t keep_last, Communicator& comm) {
   return commit_checkpoint(save_dir, c.step, keep_last, comm, [&](const std::string& tmp_dir) {
     char file[32];
     std::snprintf(file, sizeof file, "/rank-%05d.h5", c.rank);

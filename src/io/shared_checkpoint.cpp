@@ -153,8 +153,8 @@ void create_layout(hid_t file, const SharedCheckpoint& s, const std::vector<Shar
 
 /// Every part into the laid-out file: whole chunks written by their rank, then the partial
 /// chunks of the parts that have any (on any rank) written collectively.
-void write_parts(hid_t file, hid_t dxpl, const std::vector<SharedPart>& parts,
-                 dist::Communicator& comm, StreamingWriteback& writeback) {
+void write_parts(hid_t file, hid_t dxpl, const std::vector<SharedPart>& parts, Communicator& comm,
+                 StreamingWriteback& writeback) {
   std::vector<Handle> sets;  // opened by every rank alike (collective metadata reads)
   for (const auto& p : parts)
     sets.emplace_back(KQLORA_H5(H5Dopen2(file, p.path.c_str(), H5P_DEFAULT)));
@@ -185,7 +185,7 @@ void write_parts(hid_t file, hid_t dxpl, const std::vector<SharedPart>& parts,
 }  // namespace
 
 std::string write_checkpoint_shared(const std::string& save_dir, const SharedCheckpoint& s,
-                                    int64_t keep_last, dist::Communicator& comm) {
+                                    int64_t keep_last, Communicator& comm) {
   return commit_checkpoint(save_dir, s.header.step, keep_last, comm, [&](const std::string& tmp) {
     const std::string path = tmp + "/checkpoint.h5";
     h5::quiet_errors();

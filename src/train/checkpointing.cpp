@@ -22,7 +22,7 @@ template <class ExecSpace>
 std::string save_shared(
     const Config& cfg, LoraModel<ExecSpace>& model,
     const std::vector<std::pair<std::string, typename LoraModel<ExecSpace>::Vec>>& state,
-    Fsdp<ExecSpace>* fsdp, dist::Communicator& comm, const CheckpointContents& header) {
+    Fsdp<ExecSpace>* fsdp, Communicator& comm, const CheckpointContents& header) {
   const int rank = comm.rank(), nranks = comm.size();
 
   SharedCheckpoint sc;
@@ -242,8 +242,7 @@ template <class ExecSpace>
 std::string save_checkpoint(
     const Config& cfg, LoraModel<ExecSpace>& model, const Optimizer<ExecSpace>& opt,
     const std::vector<std::pair<std::string, typename LoraModel<ExecSpace>::Vec>>& opt_state,
-    Fsdp<ExecSpace>* fsdp, dist::Communicator& comm, int64_t steps_done,
-    const std::string& data_source) {
+    Fsdp<ExecSpace>* fsdp, Communicator& comm, int64_t steps_done, const std::string& data_source) {
   const int rank = comm.rank(), nranks = comm.size();
   CheckpointContents c;
   c.step = steps_done;
@@ -310,7 +309,7 @@ template double restore_optimizer(Optimizer<Exec>&, const LoraModel<Exec>&, cons
                                   int64_t);
 template std::string save_checkpoint(
     const Config&, LoraModel<Exec>&, const Optimizer<Exec>&,
-    const std::vector<std::pair<std::string, LoraModel<Exec>::Vec>>&, Fsdp<Exec>*,
-    dist::Communicator&, int64_t, const std::string&);
+    const std::vector<std::pair<std::string, LoraModel<Exec>::Vec>>&, Fsdp<Exec>*, Communicator&,
+    int64_t, const std::string&);
 
 }  // namespace kqlora

@@ -16,10 +16,10 @@
 #include "kqlora/build_config.hpp"
 #include "kqlora/core/memory.hpp"
 #include "kqlora/core/signals.hpp"
-#include "kqlora/dist/ddp.hpp"
-#include "kqlora/dist/fsdp.hpp"
+#include "kqlora/parallel/ddp.hpp"
+#include "kqlora/parallel/fsdp.hpp"
 #if KQLORA_HAVE_NCCL
-#include "kqlora/dist/nccl_communicator.hpp"
+#include "kqlora/parallel/nccl_communicator.hpp"
 #endif
 #include "kqlora/nn/lora_model.hpp"
 #include "kqlora/nn/loss.hpp"
@@ -109,22 +109,22 @@ int64_t model_base_bytes(const Shards& shards) {
 
 }  // namespace
 
-std::unique_ptr<dist::Communicator> make_communicator(const Config& cfg) {
-  std::unique_ptr<dist::Communicator> comm;
+std::unique_ptr<Communicator> make_communicator(const Config& cfg) {
+  std::unique_ptr<Communicator> comm;
 #if KQLORA_HAVE_NCCL && defined(KOKKOS_ENABLE_CUDA)
   // auto: NCCL where the model lives in device memory, MPI otherwise.
   const bool device_memory = !std::is_same<Mem, Kokkos::HostSpace>::value;
   if (cfg.comm == "nccl" || (cfg.comm == "auto" && device_memory)) {
     Kokkos::Cuda cuda;
-    comm = dist::make_nccl_communicator(cuda.cuda_device(), cuda.cuda_stream());
+    comm = make_nccl_communicator(cuda.cuda_device(), cuda.cuda_stream());
   }
 #endif
   KQLORA_INPUT_CHECK(comm || cfg.comm != "nccl",
                      "comm = nccl: this kqlora was built without NCCL on a CUDA Kokkos");
 #if KQLORA_HAVE_MPI
-  if (!comm) comm = dist::make_mpi_communicator(true);
+  if (!comm) comm = make_mpi_communicator(true);
 #else
-  if (!comm) comm = dist::make_self_communicator();
+  if (!comm) comm = make_self_communicator();
 #endif
   comm->set_timeout(cfg.comm_timeout_s);
   return comm;
@@ -135,8 +135,7 @@ TrainSummary train(const Config& cfg, std::ostream& log) {
   return train(cfg, *comm, log);
 }
 
-TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& log,
-                   bool collect_final) {
+TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, bool collect_final) {
   const int rank = comm.rank(), nranks = comm.size();
   const bool root = rank == 0;
   KQLORA_INPUT_CHECK(nranks <= cfg.global_bs, "global_bs " << cfg.global_bs

@@ -11,11 +11,11 @@
 #include <cstring>
 #include <sstream>
 
-#include "kqlora/dist/ddp.hpp"
-#include "kqlora/dist/world.hpp"
 #include "kqlora/io/checkpoint.hpp"
 #include "kqlora/io/checkpoint_diff.hpp"
 #include "kqlora/io/deck.hpp"
+#include "kqlora/parallel/ddp.hpp"
+#include "kqlora/parallel/world.hpp"
 #include "kqlora/train/component_configs.hpp"
 #include "kqlora/train/init.hpp"
 #include "kqlora/train/trainer.hpp"
@@ -29,8 +29,8 @@ std::string base_dir() {
 }
 
 void run_and_compare(const std::string& name, const std::string& keys) {
-  auto world = kqlora::dist::make_mpi_communicator(true);
-  auto self = kqlora::dist::make_mpi_communicator(false);
+  auto world = kqlora::make_mpi_communicator(true);
+  auto self = kqlora::make_mpi_communicator(false);
   const int r = world->rank(), n = world->size();
   const std::string dir = base_dir() + "/" + name + "_np" + std::to_string(n);
   std::vector<std::string> overrides;
@@ -177,7 +177,7 @@ TEST(DataParallel, FsdpClippingUsesTheGlobalNorm) {
 }
 
 TEST(DataParallel, BroadcastGivesEveryRankRank0sBytes) {
-  auto world = kqlora::dist::make_mpi_communicator(true);
+  auto world = kqlora::make_mpi_communicator(true);
   kqlora::Config cfg = kqlora::parse_deck_text("", "t", {"dim=64", "num_linears=2", "lora_rank=8"});
   kqlora::ModelConfig m = kqlora::model_config(cfg);
   m.seed = 100 + world->rank();  // every rank starts from different values
@@ -245,7 +245,7 @@ void expect_same_state(const std::string& a, const std::string& b, double rtol, 
 
 TEST(Restart, ExactAtTheSameWorldSizeDdpAndFsdp) {
   // 6 steps straight, and 3 + restart + 3: bit-identical parameters and optimizer state.
-  auto world = kqlora::dist::make_mpi_communicator(true);
+  auto world = kqlora::make_mpi_communicator(true);
   const int n = world->size();
   std::ostringstream log;
   for (const std::string layout : {"per_rank", "shared"})
@@ -265,7 +265,7 @@ TEST(Checkpoint, SharedFileEqualsPerRankFiles) {
   // The shared file (laid out by rank 0, chunks written by their ranks, partial chunks at
   // FSDP shard boundaries written collectively) holds exactly what the per-rank files hold:
   // a 2048 x 2048 weight has 2 chunks of NF4 data, cut by the FSDP shards at any N.
-  auto world = kqlora::dist::make_mpi_communicator(true);
+  auto world = kqlora::make_mpi_communicator(true);
   const int n = world->size();
   const std::string dir = base_dir() + "/shared_vs_per_rank_np" + std::to_string(n);
   std::ostringstream log;
@@ -285,7 +285,7 @@ TEST(Checkpoint, SharedFileEqualsPerRankFiles) {
 TEST(Restart, DdpSharedMemoryStateResumedWithBuckets) {
   // The optimizer state sharded over node shared memory is written whole: a run resumed
   // with bucket reductions (every rank holding all of it) continues as the straight run.
-  auto world = kqlora::dist::make_mpi_communicator(true);
+  auto world = kqlora::make_mpi_communicator(true);
   const int n = world->size();
   const std::string dir = base_dir() + "/shm_to_buckets_np" + std::to_string(n);
   std::ostringstream log;
@@ -304,8 +304,8 @@ TEST(Restart, DdpSharedMemoryStateResumedWithBuckets) {
 TEST(Restart, AcrossWorldSizesAndParallelModes) {
   // Saved by one process with DDP, resumed by all ranks with FSDP (and the other way):
   // allclose to the straight run.
-  auto world = kqlora::dist::make_mpi_communicator(true);
-  auto self = kqlora::dist::make_mpi_communicator(false);
+  auto world = kqlora::make_mpi_communicator(true);
+  auto self = kqlora::make_mpi_communicator(false);
   const int n = world->size(), r = world->rank();
   const std::string dir = base_dir() + "/reshard_np" + std::to_string(n);
   const std::string mine = dir + "/rank" + std::to_string(r);
@@ -324,7 +324,7 @@ TEST(Restart, AcrossWorldSizesAndParallelModes) {
 }
 
 TEST(Restart, RefusesAnotherModel) {
-  auto self = kqlora::dist::make_mpi_communicator(false);
+  auto self = kqlora::make_mpi_communicator(false);
   const std::string dir = base_dir() + "/refuse_rank" + std::to_string(kqlora::world::rank());
   std::ostringstream log;
   kqlora::train(deck("num_steps=1 save_dir=" + dir, 1), *self, log);

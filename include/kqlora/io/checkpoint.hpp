@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "kqlora/dist/communicator.hpp"
 #include "kqlora/io/checkpoint_contents.hpp"
 #include "kqlora/io/hdf5_params.hpp"
+#include "kqlora/parallel/communicator.hpp"
 
 namespace kqlora {
 
@@ -23,13 +23,13 @@ std::string step_dir_name(int64_t step);
 /// (collective over the run's ranks). keep_last > 0 removes older complete checkpoints
 /// after the commit. Returns the committed directory.
 std::string write_checkpoint_per_rank(const std::string& save_dir, const CheckpointContents& c,
-                                      int64_t keep_last, dist::Communicator& comm);
+                                      int64_t keep_last, Communicator& comm);
 
 /// The commit protocol around `write(tmp_dir)` (collective): rank 0 prepares
 /// save_dir/step-XXXXXXXX.tmp, every rank writes into it, then rank 0 syncs, renames it to
 /// step-XXXXXXXX, replaces `latest` and applies keep_last. Returns the step directory.
 std::string commit_checkpoint(const std::string& save_dir, int64_t step, int64_t keep_last,
-                              dist::Communicator& comm,
+                              Communicator& comm,
                               const std::function<void(const std::string& tmp_dir)>& write);
 /// fsync of a file (after HDF5 closed it).
 void fsync_file(const std::string& path);

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "kqlora/dist/communicator.hpp"
 #include "kqlora/io/checkpoint.hpp"
+#include "kqlora/parallel/communicator.hpp"
 
 namespace kqlora {
 
@@ -43,7 +43,7 @@ struct SharedCheckpoint {
 
 /// Writes and commits save_dir/step-XXXXXXXX/checkpoint.h5 (collective).
 std::string write_checkpoint_shared(const std::string& save_dir, const SharedCheckpoint& s,
-                                    int64_t keep_last, dist::Communicator& comm);
+                                    int64_t keep_last, Communicator& comm);
 
 /// An even split of n elements: rank r's [lo, hi).
 std::pair<int64_t, int64_t> even_range(int64_t n, int rank, int size);

@@ -5,13 +5,13 @@
 #include <iosfwd>
 #include <string>
 
-#include "kqlora/dist/communicator.hpp"
-#include "kqlora/dist/fsdp.hpp"
 #include "kqlora/io/checkpoint.hpp"
 #include "kqlora/io/checkpoint_reader.hpp"
 #include "kqlora/io/deck.hpp"
 #include "kqlora/nn/lora_model.hpp"
 #include "kqlora/optim/optimizer.hpp"
+#include "kqlora/parallel/communicator.hpp"
+#include "kqlora/parallel/fsdp.hpp"
 
 namespace kqlora {
 
@@ -46,7 +46,6 @@ template <class ExecSpace>
 std::string save_checkpoint(
     const Config& cfg, LoraModel<ExecSpace>& model, const Optimizer<ExecSpace>& opt,
     const std::vector<std::pair<std::string, typename LoraModel<ExecSpace>::Vec>>& opt_state,
-    Fsdp<ExecSpace>* fsdp, dist::Communicator& comm, int64_t steps_done,
-    const std::string& data_source);
+    Fsdp<ExecSpace>* fsdp, Communicator& comm, int64_t steps_done, const std::string& data_source);
 
 }  // namespace kqlora

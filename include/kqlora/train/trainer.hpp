@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "kqlora/dist/communicator.hpp"
 #include "kqlora/io/deck.hpp"
+#include "kqlora/parallel/communicator.hpp"
 #include "kqlora/quant/nf4_tensor.hpp"
 
 namespace kqlora {
@@ -29,9 +29,9 @@ struct TrainSummary {
 /// nonfinite = stop among them).
 TrainSummary train(const Config& cfg, std::ostream& log);
 /// The same over a given communicator (tests run a reference over MPI_COMM_SELF).
-TrainSummary train(const Config& cfg, dist::Communicator& comm, std::ostream& log,
+TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log,
                    bool collect_final = false);
 /// The communicator the deck asks for (comm = auto|mpi|nccl) over all ranks of the run.
-std::unique_ptr<dist::Communicator> make_communicator(const Config& cfg);
+std::unique_ptr<Communicator> make_communicator(const Config& cfg);
 
 }  // namespace kqlora

@@ -1,4 +1,4 @@
-#include "kqlora/dist/communicator.hpp"
+#include "kqlora/parallel/communicator.hpp"
 
 #include <unistd.h>
 #include <atomic>
@@ -11,7 +11,7 @@
 
 #include <sstream>
 
-namespace kqlora::dist {
+namespace kqlora {
 
 namespace {
 
@@ -123,4 +123,4 @@ std::unique_ptr<Communicator> make_self_communicator() {
   return std::make_unique<SelfCommunicator>();
 }
 
-}  // namespace kqlora::dist
+}  // namespace kqlora

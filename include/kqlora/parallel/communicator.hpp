@@ -17,7 +17,7 @@
 #include <memory>
 #include <string>
 
-namespace kqlora::dist {
+namespace kqlora {
 
 class Communicator;
 
@@ -128,4 +128,4 @@ std::unique_ptr<Communicator> make_mpi_communicator(bool world = true);
 /// One process, no MPI: collectives are copies. For builds without MPI.
 std::unique_ptr<Communicator> make_self_communicator();
 
-}  // namespace kqlora::dist
+}  // namespace kqlora

@@ -6,10 +6,10 @@
 
 #include <memory>
 
-#include "kqlora/dist/communicator.hpp"
+#include "kqlora/parallel/communicator.hpp"
 
-namespace kqlora::dist {
+namespace kqlora {
 
 std::unique_ptr<Communicator> make_nccl_communicator(int device, void* compute_stream);
 
-}  // namespace kqlora::dist
+}  // namespace kqlora

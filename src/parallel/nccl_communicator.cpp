@@ -1,4 +1,4 @@
-// The NCCL backend of dist::Communicator (built with KQLORA_ENABLE_NCCL): collectives on
+// The NCCL backend of Communicator (built with KQLORA_ENABLE_NCCL): collectives on
 // device memory, on a communication stream that waits for the compute stream Kokkos uses
 // (an event recorded there), so they overlap the compute that follows. Bootstrapped from
 // MPI the nccl-tests way: rank 0 calls ncclGetUniqueId, MPI_Bcast of the id,
@@ -22,8 +22,8 @@
 #if KQLORA_HAVE_MPI
 #include "kqlora/core/mpi_check.hpp"
 #endif
-#include "kqlora/dist/communicator.hpp"
-#include "kqlora/dist/nccl_communicator.hpp"
+#include "kqlora/parallel/communicator.hpp"
+#include "kqlora/parallel/nccl_communicator.hpp"
 
 #define KQLORA_CHECK_CUDA(call)                                                \
   do {                                                                         \
@@ -39,7 +39,7 @@
                  #call << " failed: " << ncclGetErrorString(kqlora_nccl_rc_)); \
   } while (0)
 
-namespace kqlora::dist {
+namespace kqlora {
 
 namespace {
 
@@ -283,4 +283,4 @@ std::unique_ptr<Communicator> make_nccl_communicator(int device, void* compute_s
   return std::make_unique<NcclCommunicator>(device, static_cast<cudaStream_t>(compute_stream));
 }
 
-}  // namespace kqlora::dist
+}  // namespace kqlora

@@ -1,4 +1,4 @@
-#include "kqlora/dist/ddp.hpp"
+#include "kqlora/parallel/ddp.hpp"
 
 #include <cmath>
 #include <cstring>
@@ -17,8 +17,7 @@ double since(Clock::time_point t) {
 }  // namespace
 
 template <class ExecSpace>
-Ddp<ExecSpace>::Ddp(dist::Communicator& comm, LoraModel<ExecSpace>& model, double bucket_mb,
-                    bool overlap)
+Ddp<ExecSpace>::Ddp(Communicator& comm, LoraModel<ExecSpace>& model, double bucket_mb, bool overlap)
     : comm_(comm),
       model_(model),
       overlap_(overlap && (std::is_same<Mem, Kokkos::HostSpace>::value || comm.device_buffers())) {
@@ -92,7 +91,7 @@ bool Ddp<ExecSpace>::share_node_memory(const OptimizerConfig& opt, bool fill) {
     if (!grads) return false;  // (the same answer on every rank)
     auto params = comm_.allocate_shared(4 * (first(r + 1) - first(r)));
     state_names_ = Optimizer<ExecSpace>::state_names(opt);
-    std::vector<std::unique_ptr<dist::SharedMemory>> state;
+    std::vector<std::unique_ptr<SharedMemory>> state;
     for (size_t k = 0; k < state_names_.size(); ++k)
       state.push_back(comm_.allocate_shared(4 * (first(r + 1) - first(r))));
     // The views below need the segments end to end (MPI's default for shared windows).
@@ -253,7 +252,7 @@ void Ddp<ExecSpace>::start(Bucket& b) {
   stats_.in_flight_s += t;
   stats_.waited_s += t;
   b.finished = true;
-  b.request = std::make_unique<dist::Request>();
+  b.request = std::make_unique<Request>();
   b.request->done = true;
 }
 

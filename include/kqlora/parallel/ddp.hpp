@@ -20,9 +20,9 @@
 #include <utility>
 #include <vector>
 
-#include "kqlora/dist/communicator.hpp"
 #include "kqlora/nn/lora_model.hpp"
 #include "kqlora/optim/optimizer.hpp"
+#include "kqlora/parallel/communicator.hpp"
 
 namespace kqlora {
 
@@ -31,7 +31,7 @@ class Ddp {
  public:
   using Mem = typename ExecSpace::memory_space;
 
-  Ddp(dist::Communicator& comm, LoraModel<ExecSpace>& model, double bucket_mb, bool overlap = true);
+  Ddp(Communicator& comm, LoraModel<ExecSpace>& model, double bucket_mb, bool overlap = true);
   ~Ddp();
 
   /// Rank 0's base weights and parameters on every rank (one broadcast).
@@ -88,11 +88,11 @@ class Ddp {
     int64_t lo = 0, hi = 0;  // flat gradient range
     int first_layer = 0, last_layer = 0;
     int pending = 0;
-    std::unique_ptr<dist::Request> request;
+    std::unique_ptr<Request> request;
     std::chrono::steady_clock::time_point started;
     bool finished = false;
   };
-  dist::Communicator& comm_;
+  Communicator& comm_;
   LoraModel<ExecSpace>& model_;
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_layer_;
@@ -101,8 +101,8 @@ class Ddp {
   Kokkos::View<float*, Kokkos::HostSpace> staging_;  // device gradients through the host
   // Node-shared mode: every rank's gradients (rows of padded_ floats), the master weights
   // and each optimizer state (chunks end to end).
-  std::unique_ptr<dist::SharedMemory> shared_, shared_params_;
-  std::vector<std::unique_ptr<dist::SharedMemory>> shared_state_;
+  std::unique_ptr<SharedMemory> shared_, shared_params_;
+  std::vector<std::unique_ptr<SharedMemory>> shared_state_;
   std::vector<std::string> state_names_;
   int64_t chunk_ = 0, padded_ = 0;
   double chunk_sum_squares_ = 0;

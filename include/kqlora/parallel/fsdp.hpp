@@ -10,8 +10,8 @@
 
 #include <vector>
 
-#include "kqlora/dist/communicator.hpp"
 #include "kqlora/nn/lora_model.hpp"
+#include "kqlora/parallel/communicator.hpp"
 #include "kqlora/quant/nf4_shard.hpp"
 
 namespace kqlora {
@@ -23,7 +23,7 @@ class Fsdp {
   using Vec = Kokkos::View<float*, Mem>;
 
   /// Shards the model's (whole, identical on every rank) base weights and frees them.
-  Fsdp(const ExecSpace& exec, dist::Communicator& comm, LoraModel<ExecSpace>& model);
+  Fsdp(const ExecSpace& exec, Communicator& comm, LoraModel<ExecSpace>& model);
   ~Fsdp();
 
   /// This rank's chunk of the flat parameters: [shard_offset, shard_offset + shard_size),
@@ -49,7 +49,7 @@ class Fsdp {
 
  private:
   ExecSpace exec_;
-  dist::Communicator& comm_;
+  Communicator& comm_;
   LoraModel<ExecSpace>& model_;
   std::vector<Nf4Shard<Mem>> shards_;
   int64_t chunk_ = 0;

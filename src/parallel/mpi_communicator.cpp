@@ -1,6 +1,6 @@
-// The MPI backend of dist::Communicator: non-blocking MPI-3 collectives on a duplicate of
+// The MPI backend of Communicator: non-blocking MPI-3 collectives on a duplicate of
 // MPI_COMM_WORLD (or MPI_COMM_SELF), every call checked. Counts above INT_MAX go in pieces.
-#include "kqlora/dist/communicator.hpp"
+#include "kqlora/parallel/communicator.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -17,7 +17,7 @@
 #endif
 #endif
 
-namespace kqlora::dist {
+namespace kqlora {
 
 #if KQLORA_HAVE_MPI
 namespace {
@@ -248,4 +248,4 @@ std::unique_ptr<Communicator> make_mpi_communicator(bool) {
 }
 #endif
 
-}  // namespace kqlora::dist
+}  // namespace kqlora

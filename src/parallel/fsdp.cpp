@@ -1,4 +1,4 @@
-#include "kqlora/dist/fsdp.hpp"
+#include "kqlora/parallel/fsdp.hpp"
 
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/kokkos_compat.hpp"
@@ -16,7 +16,7 @@ auto host_of(const V& v) {
 }  // namespace
 
 template <class ExecSpace>
-Fsdp<ExecSpace>::Fsdp(const ExecSpace& exec, dist::Communicator& comm, LoraModel<ExecSpace>& model)
+Fsdp<ExecSpace>::Fsdp(const ExecSpace& exec, Communicator& comm, LoraModel<ExecSpace>& model)
     : exec_(exec), comm_(comm), model_(model) {
   const int n = comm.size(), r = comm.rank();
   for (auto& w : model.base) {

@@ -1,4 +1,4 @@
-#include "kqlora/dist/world.hpp"
+#include "kqlora/parallel/world.hpp"
 
 #include <cstdint>
 
