@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "kqlora/io/checkpoint.hpp"
+#include "kqlora/io/chunk_writer.hpp"
 #include "kqlora/io/deck.hpp"
 #include "kqlora/train/trainer.hpp"
 

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <random>
 
+#include "kqlora/io/chunk_writer.hpp"
 #include "kqlora/io/fletcher32.hpp"
 #include "kqlora/io/hdf5_file.hpp"
 #include "kqlora/io/hdf5_params.hpp"

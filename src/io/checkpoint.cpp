@@ -96,7 +96,6 @@ void fsync_file(const std::string& path) {
 void write_checkpoint_file(const std::string& path, const CheckpointContents& c) {
   auto f = h5::create_file(path);
   StreamingWriteback writeback(path);  // the datasets' chunks stream through a few pages
-  h5::StreamingScope streaming(writeback);
   h5::write_attribute(f, "format", std::string("kqlora-checkpoint"));
   h5::write_attribute(f, "format_version", int64_t(1));
   h5::write_attribute(f, "step", c.step);
@@ -107,17 +106,18 @@ void write_checkpoint_file(const std::string& path, const CheckpointContents& c)
   h5::write_attribute(f, "config", c.config_text);
   h5::write_attribute(f, "kqlora_version", version());
   auto params = h5::create_group(f, "params");
-  for (const auto& [name, t] : c.nf4) h5::write_nf4(params, name, t);
-  for (const auto& [name, s] : c.nf4_shards) h5::write_nf4_shard(params, name, s);
+  for (const auto& [name, t] : c.nf4) h5::write_nf4(params, name, t, &writeback);
+  for (const auto& [name, s] : c.nf4_shards) h5::write_nf4_shard(params, name, s, &writeback);
   for (const auto& p : c.params) {
     if (p.first_element < 0) {
-      h5::write_float(params, p.name, p.shape, p.data.data());
+      h5::write_float(params, p.name, p.shape, p.data.data(), &writeback);
       continue;
     }
     // An FSDP slice of the flattened tensor (empty slices get a placeholder element).
     const float zero = 0.0f;
     const int64_t n = static_cast<int64_t>(p.data.size());
-    h5::write_float(params, p.name, {std::max<int64_t>(n, 1)}, n ? p.data.data() : &zero);
+    h5::write_float(params, p.name, {std::max<int64_t>(n, 1)}, n ? p.data.data() : &zero,
+                    &writeback);
     h5::Handle d(KQLORA_H5(H5Dopen2(params, p.name.c_str(), H5P_DEFAULT)));
     h5::write_attribute(d, "global_shape", p.global_shape);
     h5::write_attribute(d, "first_element", p.first_element);
@@ -133,14 +133,15 @@ void write_checkpoint_file(const std::string& path, const CheckpointContents& c)
     std::vector<int64_t> shape{static_cast<int64_t>(values.size())};
     for (const auto& p : c.params)
       if (p.name == key.first) shape = p.shape;
-    h5::write_float(opt, key.first + "/" + key.second, shape, values.data());
+    h5::write_float(opt, key.first + "/" + key.second, shape, values.data(), &writeback);
   }
   auto rng = h5::create_group(f, "rng");
   const int64_t seed = c.seed;
-  h5::write_dataset(rng, "seed", H5T_STD_I64LE, H5T_NATIVE_INT64, {1}, &seed);
+  h5::write_dataset(rng, "seed", H5T_STD_I64LE, H5T_NATIVE_INT64, {1}, &seed, &writeback);
   auto data = h5::create_group(f, "data");
   const int64_t next_step = c.step;
-  h5::write_dataset(data, "next_step", H5T_STD_I64LE, H5T_NATIVE_INT64, {1}, &next_step);
+  h5::write_dataset(data, "next_step", H5T_STD_I64LE, H5T_NATIVE_INT64, {1}, &next_step,
+                    &writeback);
   h5::write_attribute(data, "source", c.data_source);
   f.close();
   fsync_path(path, false);

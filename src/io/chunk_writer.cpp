@@ -9,20 +9,6 @@
 
 namespace kqlora::h5 {
 
-namespace {
-thread_local StreamingWriteback* scope_writeback = nullptr;
-}
-
-StreamingScope::StreamingScope(StreamingWriteback& w) : previous_(scope_writeback) {
-  scope_writeback = &w;
-}
-StreamingScope::~StreamingScope() {
-  scope_writeback = previous_;
-}
-StreamingWriteback* StreamingScope::current() {
-  return scope_writeback;
-}
-
 std::vector<Range> write_whole_chunks(hid_t ds, const std::vector<int64_t>& dims,
                                       size_t element_size, int64_t lo, int64_t hi, const void* data,
                                       std::vector<char>& buf, StreamingWriteback* writeback) {
@@ -63,6 +49,28 @@ std::vector<Range> write_whole_chunks(hid_t ds, const std::vector<int64_t>& dims
   if (lo < k0 * per) left.push_back({lo, k0 * per});
   if (std::min(n, k1 * per) < hi) left.push_back({k1 * per, hi});
   return left;
+}
+
+void write_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type,
+                   const std::vector<int64_t>& dims, const void* data,
+                   StreamingWriteback* writeback) {
+  Handle ds = create_checkpoint_dataset(loc, name, file_type, dims);
+  // Data already in the file's representation goes chunk by chunk straight into the file;
+  // anything else (or what that leaves) through HDF5's conversion and filter pipeline.
+  int64_t n = 1;
+  for (const auto d : dims) n *= d;
+  bool done = false;
+  const size_t element_size = H5Tget_size(file_type);  // (0: an error)
+  KQLORA_CHECK(element_size != 0, name << ": H5Tget_size failed");
+  if (KQLORA_H5(H5Tequal(mem_type, file_type)) > 0) {
+    std::vector<char> buf;
+    done = write_whole_chunks(ds, dims, element_size, 0, n, data, buf, writeback).empty();
+  }
+  if (!done) {
+    KQLORA_H5(H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
+    if (auto* w = writeback) w->wrote(n * static_cast<int64_t>(element_size));
+  }
+  ds.close();
 }
 
 }  // namespace kqlora::h5

@@ -4,9 +4,7 @@
 #include <chrono>
 #include <cstring>
 
-#include "kqlora/io/chunk_writer.hpp"
 #include "kqlora/io/fletcher32.hpp"
-#include "kqlora/io/streaming_writeback.hpp"
 
 namespace kqlora::h5 {
 
@@ -216,28 +214,6 @@ Handle create_checkpoint_dataset(hid_t loc, const std::string& name, hid_t file_
   KQLORA_H5(H5Pset_create_intermediate_group(lcpl, 1));
   return Handle(
       KQLORA_H5(H5Dcreate2(loc, name.c_str(), file_type, space, lcpl, dcpl, H5P_DEFAULT)));
-}
-
-void write_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type,
-                   const std::vector<int64_t>& dims, const void* data) {
-  Handle ds = create_checkpoint_dataset(loc, name, file_type, dims);
-  // Data already in the file's representation goes chunk by chunk straight into the file;
-  // anything else (or what that leaves) through HDF5's conversion and filter pipeline.
-  int64_t n = 1;
-  for (const auto d : dims) n *= d;
-  bool done = false;
-  const size_t element_size = H5Tget_size(file_type);  // (0: an error)
-  KQLORA_CHECK(element_size != 0, name << ": H5Tget_size failed");
-  if (KQLORA_H5(H5Tequal(mem_type, file_type)) > 0) {
-    std::vector<char> buf;
-    done = write_whole_chunks(ds, dims, element_size, 0, n, data, buf, StreamingScope::current())
-               .empty();
-  }
-  if (!done) {
-    KQLORA_H5(H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
-    if (auto* w = StreamingScope::current()) w->wrote(n * static_cast<int64_t>(element_size));
-  }
-  ds.close();
 }
 
 std::vector<int64_t> dataset_dims(hid_t loc, const std::string& name, const std::string& file) {

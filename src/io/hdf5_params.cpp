@@ -1,5 +1,7 @@
 #include "kqlora/io/hdf5_params.hpp"
 
+#include "kqlora/io/chunk_writer.hpp"
+
 #include <algorithm>
 
 namespace kqlora::h5 {
@@ -11,35 +13,37 @@ hid_t file_type_of(DType t) {
 }
 
 /// Components of the dtype are held as float; bfloat16 ones are written as bfloat16.
-void write_dtype_values(hid_t loc, const std::string& name, DType t, const float* v, int64_t n) {
+void write_dtype_values(hid_t loc, const std::string& name, DType t, const float* v, int64_t n,
+                        StreamingWriteback* w) {
   if (t == DType::float32) {
-    write_dataset(loc, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {n}, v);
+    write_dataset(loc, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {n}, v, w);
   } else {
     std::vector<bfloat16> b(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) b[i] = bfloat16(v[i]);
-    write_dataset(loc, name, bfloat16_type(), bfloat16_type(), {n}, b.data());
+    write_dataset(loc, name, bfloat16_type(), bfloat16_type(), {n}, b.data(), w);
   }
 }
 
 }  // namespace
 
-void write_nf4(hid_t loc, const std::string& name, const HostNf4& t) {
+void write_nf4(hid_t loc, const std::string& name, const HostNf4& t, StreamingWriteback* w) {
   Handle g = create_group(loc, name);
   const Nf4Layout& L = t.layout;
   write_dataset(g, "quantized_data", H5T_STD_U8LE, H5T_NATIVE_UINT8, {L.num_bytes()},
-                t.quantized_data.data());
+                t.quantized_data.data(), w);
   write_dataset(g, "quantized_scalers", H5T_STD_I8LE, H5T_NATIVE_INT8, {L.num_blocks()},
-                t.quantized_scalers.data());
+                t.quantized_scalers.data(), w);
   write_dtype_values(g, "quantization_factor", L.dtype, t.quantization_factor.data(),
-                     L.num_scaler_blocks());
-  write_dtype_values(g, "scaler_mean", L.dtype, &t.scaler_mean, 1);
+                     L.num_scaler_blocks(), w);
+  write_dtype_values(g, "scaler_mean", L.dtype, &t.scaler_mean, 1, w);
   write_attribute(g, "shape", L.shape);
   write_attribute(g, "dtype", std::string(dtype_name(L.dtype)));
   write_attribute(g, "block_size", L.block_size);
   write_attribute(g, "scaler_block_size", L.scaler_block_size);
 }
 
-void write_nf4_shard(hid_t loc, const std::string& name, const Nf4Shard<Kokkos::HostSpace>& s) {
+void write_nf4_shard(hid_t loc, const std::string& name, const Nf4Shard<Kokkos::HostSpace>& s,
+                     StreamingWriteback* w) {
   Handle g = create_group(loc, name);
   const Nf4Layout& L = s.global;
   const Nf4ShardRange& r = s.range;
@@ -49,11 +53,11 @@ void write_nf4_shard(hid_t loc, const std::string& name, const Nf4Shard<Kokkos::
   const int64_t nb = std::max<int64_t>(r.num_blocks, 1),
                 nsb = std::max<int64_t>(r.num_scaler_blocks, 1);
   write_dataset(g, "quantized_data", H5T_STD_U8LE, H5T_NATIVE_UINT8, {nb * half},
-                s.quantized_data.data());
+                s.quantized_data.data(), w);
   write_dataset(g, "quantized_scalers", H5T_STD_I8LE, H5T_NATIVE_INT8, {nb},
-                s.quantized_scalers.data());
-  write_dtype_values(g, "quantization_factor", L.dtype, s.quantization_factor.data(), nsb);
-  write_dtype_values(g, "scaler_mean", L.dtype, &s.scaler_mean, 1);
+                s.quantized_scalers.data(), w);
+  write_dtype_values(g, "quantization_factor", L.dtype, s.quantization_factor.data(), nsb, w);
+  write_dtype_values(g, "scaler_mean", L.dtype, &s.scaler_mean, 1, w);
   write_attribute(g, "shape", std::vector<int64_t>{r.num_blocks * L.block_size});
   write_attribute(g, "global_shape", L.shape);
   write_attribute(g, "dtype", std::string(dtype_name(L.dtype)));
@@ -168,13 +172,13 @@ HostNf4 read_nf4(hid_t loc, const std::string& name, const std::string& file) {
 }
 
 void write_float(hid_t loc, const std::string& name, const std::vector<int64_t>& shape,
-                 const float* data) {
-  write_dataset(loc, name, file_type_of(DType::float32), H5T_NATIVE_FLOAT, shape, data);
+                 const float* data, StreamingWriteback* w) {
+  write_dataset(loc, name, file_type_of(DType::float32), H5T_NATIVE_FLOAT, shape, data, w);
 }
 
 void write_bfloat16(hid_t loc, const std::string& name, const std::vector<int64_t>& shape,
-                    const bfloat16* data) {
-  write_dataset(loc, name, bfloat16_type(), bfloat16_type(), shape, data);
+                    const bfloat16* data, StreamingWriteback* w) {
+  write_dataset(loc, name, bfloat16_type(), bfloat16_type(), shape, data, w);
 }
 
 }  // namespace kqlora::h5

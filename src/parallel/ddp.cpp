@@ -117,7 +117,7 @@ bool Ddp<ExecSpace>::share_node_memory(const OptimizerConfig& opt, bool fill) {
                         Kokkos::subview(model_.params, make_pair(lo, lo + m)));
       Kokkos::deep_copy(g, 0.0f);
       for (const auto& buf : optimizer_buffers()) Kokkos::deep_copy(buf, 0.0f);
-      Kokkos::fence();  // (the barrier below orders memory, not kernels still running)
+      fence_all("kqlora::Ddp::share_node_memory");  // (the barrier orders memory, not kernels)
       shared_->sync();
     }
     model_.use_buffers(p, g);
@@ -168,7 +168,7 @@ double Ddp<ExecSpace>::grad_norm(const ExecSpace& exec) {
 template <class ExecSpace>
 void Ddp<ExecSpace>::updated() {
   if (!shared_) return;
-  Kokkos::fence();  // this rank's optimizer update is in memory
+  fence_all("kqlora::Ddp::updated");  // this rank's optimizer update is in memory
   shared_->sync();
 }
 
@@ -273,8 +273,8 @@ void Ddp<ExecSpace>::finish() {
   const auto t0 = Clock::now();
   if (shared_) {
     if constexpr (std::is_same<Mem, Kokkos::HostSpace>::value) {
-      Kokkos::fence();
-      shared_->sync();  // every rank's backward is done
+      fence_all("kqlora::Ddp::finish");  // this rank's gradients are in memory
+      shared_->sync();                   // every rank's backward is done
       const auto t1 = Clock::now();
       // Rank k's gradients are row k; this rank's chunk of the sum, in rank order (the
       // same order on every rank and every run), into its own row, with the sum of squares

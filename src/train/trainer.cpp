@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "kqlora/build_config.hpp"
+#include "kqlora/core/kokkos_compat.hpp"
 #include "kqlora/core/memory.hpp"
 #include "kqlora/core/signals.hpp"
 #include "kqlora/parallel/ddp.hpp"
@@ -57,7 +58,7 @@ struct PhaseTimer {
   Phase current = kData;
   Clock::time_point since = Clock::now();
   void enter(Phase p) {
-    Kokkos::fence();
+    fence_all("kqlora::train::phase");
     total[current] += seconds_since(since);
     current = p;
     since = Clock::now();

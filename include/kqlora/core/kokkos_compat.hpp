@@ -20,6 +20,16 @@ void fence(const ExecSpace& exec, const std::string& label) {
 #endif
 }
 
+/// Labelled fence of every execution space (Kokkos::fence). Remove with the one above.
+inline void fence_all(const std::string& label) {
+#if KOKKOS_VERSION >= 30600
+  Kokkos::fence(label);
+#else
+  (void)label;
+  Kokkos::fence();
+#endif
+}
+
 /// True when ExecSpace can read memory in MemSpace.
 template <class ExecSpace, class MemSpace>
 constexpr bool accessible_from() {

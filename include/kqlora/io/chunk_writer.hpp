@@ -2,11 +2,12 @@
 // Whole chunks of a checkpoint dataset written straight into the file (H5Dwrite_chunk) with
 // the Fletcher32 checksum HDF5's filter would have appended: no trip through HDF5's chunk
 // cache and filter pipeline. Used by the shared layout (each rank its whole chunks) and by
-// every single-writer dataset (h5::write_dataset).
+// every single-writer dataset (h5::write_dataset, here too).
 
 #include <hdf5.h>
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -30,18 +31,11 @@ std::vector<Range> write_whole_chunks(hid_t ds, const std::vector<int64_t>& dims
                                       std::vector<char>& buf,
                                       StreamingWriteback* writeback = nullptr);
 
-/// The streaming writeback that h5::write_dataset reports to on this thread while a
-/// StreamingScope lives (a per-rank checkpoint file being written).
-class StreamingScope {
- public:
-  explicit StreamingScope(StreamingWriteback& w);
-  ~StreamingScope();
-  StreamingScope(const StreamingScope&) = delete;
-  StreamingScope& operator=(const StreamingScope&) = delete;
-  static StreamingWriteback* current();
-
- private:
-  StreamingWriteback* previous_;
-};
+/// A chunked dataset with the Fletcher32 checksum filter, written in one call: data
+/// already in the file's representation chunk by chunk straight into the file, the rest
+/// through HDF5's pipeline. `writeback`, if given, hears of every byte written.
+void write_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type,
+                   const std::vector<int64_t>& dims, const void* data,
+                   StreamingWriteback* writeback = nullptr);
 
 }  // namespace kqlora::h5

@@ -72,9 +72,6 @@ std::vector<int64_t> chunk_dims(const std::vector<int64_t>& dims);
 Handle create_checkpoint_dataset(hid_t loc, const std::string& name, hid_t file_type,
                                  const std::vector<int64_t>& dims, bool allocate_early = false);
 
-/// A chunked dataset with the Fletcher32 checksum filter, written in one call.
-void write_dataset(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type,
-                   const std::vector<int64_t>& dims, const void* data);
 /// Dimensions of a dataset, or an InputError naming `file` and the object.
 std::vector<int64_t> dataset_dims(hid_t loc, const std::string& name, const std::string& file);
 /// Time spent and bytes read by read_dataset in this process (a restart's log splits
