@@ -26,6 +26,17 @@ std::string tmp(const std::string& name) {
   return std::string(KQLORA_TEST_BIN_DIR) + "/../tests/tmp_" + name;
 }
 
+/// XORs the byte at `offset` of the file with `mask` (damage a stored chunk).
+void flip_bits(const std::string& path, uint64_t offset, char mask) {
+  std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  io.read(&c, 1);
+  c = static_cast<char>(c ^ mask);
+  io.seekp(static_cast<std::streamoff>(offset));
+  io.write(&c, 1);
+}
+
 void expect_same(const HostNf4& a, const HostNf4& b) {
   ASSERT_EQ(a.layout, b.layout);
   const auto& L = a.layout;
@@ -323,15 +334,7 @@ TEST(Hdf5Read, ChunkByChunkMatchesHdf5sPipelineAndCatchesDamage) {
     hsize_t size = 0;
     KQLORA_H5(H5Dget_chunk_info_by_coord(d, &offset, &mask, &middle, &size));
   }
-  {
-    std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
-    io.seekg(static_cast<std::streamoff>(middle + 1000));
-    char c = 0;
-    io.read(&c, 1);
-    c = static_cast<char>(c ^ 0x04);
-    io.seekp(static_cast<std::streamoff>(middle + 1000));
-    io.write(&c, 1);
-  }
+  flip_bits(path, middle + 1000, 0x04);
   h5::Handle file = h5::open_file(path);
   std::vector<uint8_t> u2(nu);
   try {
@@ -401,15 +404,7 @@ TEST(Hdf5Read, RangesReadOnlyTheirChunksAndEqualTheWholeDataset) {
     KQLORA_H5(H5Dget_chunk_info_by_coord(d, &offset, &mask, &second, &size));
   }
   file.reset();
-  {
-    std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
-    io.seekg(static_cast<std::streamoff>(second + 4000));
-    char c = 0;
-    io.read(&c, 1);
-    c = static_cast<char>(c ^ 0x10);
-    io.seekp(static_cast<std::streamoff>(second + 4000));
-    io.write(&c, 1);
-  }
+  flip_bits(path, second + 4000, 0x10);
   file = h5::open_file(path);
   h5::read_dataset_range(file, "f", H5T_NATIVE_FLOAT, 0, 8, out.data(), path);  // chunk 0
   EXPECT_TRUE(std::equal(f.begin(), f.begin() + 8, out.begin()));
