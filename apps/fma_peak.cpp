@@ -18,78 +18,26 @@ void run_fma_loop(const FmaLoop& loop, int64_t iterations) {
 #if defined(__x86_64__)
   int64_t n = iterations;
   if (n <= 0) return;
+    // The AVX-512 and AVX2 loops are one text over two register files: registers 0-13
+    // zeroed (vpxord: AVX-512F alone zeroes a zmm), then 12 independent FMAs per iteration
+    // into 0-11 from the zero operands 12 and 13.
+#define KQ_ZERO(OP, R, i) OP " %%" R #i ", %%" R #i ", %%" R #i "\n"
+#define KQ_FMA(R, i) "vfmadd231ps %%" R "12, %%" R "13, %%" R #i "\n"
+#define KQ_FMA_LOOP(OP, R)                                                                       \
+  KQ_ZERO(OP, R, 0)                                                                              \
+  KQ_ZERO(OP, R, 1) KQ_ZERO(OP, R, 2) KQ_ZERO(OP, R, 3) KQ_ZERO(OP, R, 4) KQ_ZERO(OP, R, 5)      \
+      KQ_ZERO(OP, R, 6) KQ_ZERO(OP, R, 7) KQ_ZERO(OP, R, 8) KQ_ZERO(OP, R, 9) KQ_ZERO(OP, R, 10) \
+          KQ_ZERO(OP, R, 11) KQ_ZERO(OP, R, 12) KQ_ZERO(OP, R, 13) "1:\n" KQ_FMA(R, 0)           \
+              KQ_FMA(R, 1) KQ_FMA(R, 2) KQ_FMA(R, 3) KQ_FMA(R, 4) KQ_FMA(R, 5) KQ_FMA(R, 6)      \
+                  KQ_FMA(R, 7) KQ_FMA(R, 8) KQ_FMA(R, 9) KQ_FMA(R, 10)                           \
+                      KQ_FMA(R, 11) "dec %0\njnz 1b\nvzeroupper\n"
+#define KQ_CLOBBERS                                                                        \
+  "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", \
+      "xmm11", "xmm12", "xmm13", "cc"
   if (loop.width_bits == 512) {
-    __asm__ volatile(
-        "vpxord %%zmm0, %%zmm0, %%zmm0\n"
-        "vpxord %%zmm1, %%zmm1, %%zmm1\n"
-        "vpxord %%zmm2, %%zmm2, %%zmm2\n"
-        "vpxord %%zmm3, %%zmm3, %%zmm3\n"
-        "vpxord %%zmm4, %%zmm4, %%zmm4\n"
-        "vpxord %%zmm5, %%zmm5, %%zmm5\n"
-        "vpxord %%zmm6, %%zmm6, %%zmm6\n"
-        "vpxord %%zmm7, %%zmm7, %%zmm7\n"
-        "vpxord %%zmm8, %%zmm8, %%zmm8\n"
-        "vpxord %%zmm9, %%zmm9, %%zmm9\n"
-        "vpxord %%zmm10, %%zmm10, %%zmm10\n"
-        "vpxord %%zmm11, %%zmm11, %%zmm11\n"
-        "vpxord %%zmm12, %%zmm12, %%zmm12\n"
-        "vpxord %%zmm13, %%zmm13, %%zmm13\n"
-        "1:\n"
-        "vfmadd231ps %%zmm12, %%zmm13, %%zmm0\n"
-        "vfmadd231ps %%zmm12, %%zmm13, %%zmm1\n"
-        "vfmadd231ps %%zmm12, %%zmm13, %%zmm2\n"
-        "vfmadd231ps %%zmm12, %%zmm13, %%zmm3\n"
-        "vfmadd231ps %%zmm12, %%zmm13, %%zmm4\n"
-        "vfmadd231ps %%zmm12, %%zmm13, %%zmm5\n"
-        "vfmadd231ps %%zmm12, %%zmm13, %%zmm6\n"
-        "vfmadd231ps %%zmm12, %%zmm13, %%zmm7\n"
-        "vfmadd231ps %%zmm12, %%zmm13, %%zmm8\n"
-        "vfmadd231ps %%zmm12, %%zmm13, %%zmm9\n"
-        "vfmadd231ps %%zmm12, %%zmm13, %%zmm10\n"
-        "vfmadd231ps %%zmm12, %%zmm13, %%zmm11\n"
-        "dec %0\n"
-        "jnz 1b\n"
-        "vzeroupper\n"
-        : "+r"(n)
-        :
-        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-          "xmm11", "xmm12", "xmm13", "cc");
+    __asm__ volatile(KQ_FMA_LOOP("vpxord", "zmm") : "+r"(n) : : KQ_CLOBBERS);
   } else if (loop.width_bits == 256) {
-    __asm__ volatile(
-        "vxorps %%ymm0, %%ymm0, %%ymm0\n"
-        "vxorps %%ymm1, %%ymm1, %%ymm1\n"
-        "vxorps %%ymm2, %%ymm2, %%ymm2\n"
-        "vxorps %%ymm3, %%ymm3, %%ymm3\n"
-        "vxorps %%ymm4, %%ymm4, %%ymm4\n"
-        "vxorps %%ymm5, %%ymm5, %%ymm5\n"
-        "vxorps %%ymm6, %%ymm6, %%ymm6\n"
-        "vxorps %%ymm7, %%ymm7, %%ymm7\n"
-        "vxorps %%ymm8, %%ymm8, %%ymm8\n"
-        "vxorps %%ymm9, %%ymm9, %%ymm9\n"
-        "vxorps %%ymm10, %%ymm10, %%ymm10\n"
-        "vxorps %%ymm11, %%ymm11, %%ymm11\n"
-        "vxorps %%ymm12, %%ymm12, %%ymm12\n"
-        "vxorps %%ymm13, %%ymm13, %%ymm13\n"
-        "1:\n"
-        "vfmadd231ps %%ymm12, %%ymm13, %%ymm0\n"
-        "vfmadd231ps %%ymm12, %%ymm13, %%ymm1\n"
-        "vfmadd231ps %%ymm12, %%ymm13, %%ymm2\n"
-        "vfmadd231ps %%ymm12, %%ymm13, %%ymm3\n"
-        "vfmadd231ps %%ymm12, %%ymm13, %%ymm4\n"
-        "vfmadd231ps %%ymm12, %%ymm13, %%ymm5\n"
-        "vfmadd231ps %%ymm12, %%ymm13, %%ymm6\n"
-        "vfmadd231ps %%ymm12, %%ymm13, %%ymm7\n"
-        "vfmadd231ps %%ymm12, %%ymm13, %%ymm8\n"
-        "vfmadd231ps %%ymm12, %%ymm13, %%ymm9\n"
-        "vfmadd231ps %%ymm12, %%ymm13, %%ymm10\n"
-        "vfmadd231ps %%ymm12, %%ymm13, %%ymm11\n"
-        "dec %0\n"
-        "jnz 1b\n"
-        "vzeroupper\n"
-        : "+r"(n)
-        :
-        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-          "xmm11", "xmm12", "xmm13", "cc");
+    __asm__ volatile(KQ_FMA_LOOP("vxorps", "ymm") : "+r"(n) : : KQ_CLOBBERS);
   } else {
     __asm__ volatile(
         "xorps %%xmm0, %%xmm0\n"
@@ -129,9 +77,12 @@ void run_fma_loop(const FmaLoop& loop, int64_t iterations) {
         "jnz 1b\n"
         : "+r"(n)
         :
-        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-          "xmm11", "xmm12", "xmm13", "cc");
+        : KQ_CLOBBERS);
   }
+#undef KQ_ZERO
+#undef KQ_FMA
+#undef KQ_FMA_LOOP
+#undef KQ_CLOBBERS
 #else
   (void)loop;
   (void)iterations;
