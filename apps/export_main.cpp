@@ -15,7 +15,6 @@
 #include "app_main.hpp"
 #include "kqlora/core/blas.hpp"
 #include "kqlora/io/checkpoint.hpp"
-#include "kqlora/io/deck.hpp"
 #include "kqlora/io/json.hpp"
 #include "kqlora/io/safetensors.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
@@ -27,11 +26,13 @@ const char* usage =
     "       kqlora-export CHECKPOINT --peft DIR\n"
     "\n"
     "CHECKPOINT is a checkpoint file, a step directory or a save_dir (its latest).\n"
-    "  --merged FILE   layers.<i>.weight = dequantized NF4 base + (alpha/rank) * B A, and\n"
-    "                  layers.<i>.bias when the model has one, as safetensors\n"
+    "  --merged FILE   every NF4 weight dequantized, plus (alpha/rank) * B A where a LoRA\n"
+    "                  adapter targets it, and the other tensors (biases, frozen dense) as\n"
+    "                  they are, as safetensors (names as in the checkpoint)\n"
     "  --dtype T       float32 (default) or bfloat16 (rounded to nearest even)\n"
-    "  --peft DIR      DIR/adapter_model.safetensors (base_model.model.layers.<i>.lora_A.weight,\n"
-    "                  lora_B.weight) and DIR/adapter_config.json (peft_type LORA)\n"
+    "  --peft DIR      DIR/adapter_model.safetensors (base_model.model.<module>.lora_A.weight,\n"
+    "                  lora_B.weight, e.g. module layers.0) and DIR/adapter_config.json\n"
+    "                  (peft_type LORA)\n"
     "  --version       version and build configuration\n"
     "Exit codes: 0 done, 2 bad input, 1 other failure.\n";
 
@@ -44,15 +45,31 @@ const kqlora::CheckpointTensor& find_param(const kqlora::CheckpointContents& c,
   KQLORA_INPUT_CHECK(false, file << ": parameter '" << name << "' is missing");
 }
 
-void write_merged(const kqlora::CheckpointContents& c, const kqlora::Config& cfg,
-                  const std::string& file, const std::string& out, bool bf16) {
-  const int64_t d = cfg.dim, r = cfg.lora_rank;
-  const float scale = static_cast<float>(cfg.lora_alpha / cfg.lora_rank);
+const kqlora::h5::HostNf4& find_nf4(const kqlora::CheckpointContents& c, const std::string& name,
+                                    const std::string& file) {
+  for (const auto& [n, t] : c.nf4)
+    if (n == name) return t;
+  KQLORA_INPUT_CHECK(false, file << ": NF4 parameter '" << name << "' is missing");
+}
+
+/// The adapter over an entry, or one that an entry is the A or B of.
+const kqlora::LoraAdapter* adapter_of(const kqlora::ParamTable& t, const std::string& name) {
+  for (const auto& a : t.adapters)
+    if (a.base == name || a.a == name || a.b == name) return &a;
+  return nullptr;
+}
+
+/// Every tensor of the table, group by group (each group's NF4 weights first), as the
+/// merged model: an NF4 weight dequantized plus scale * B A where an adapter targets it,
+/// the other tensors as they are; adapters' A and B are merged, not written.
+void write_merged(const kqlora::CheckpointContents& c, const std::string& file,
+                  const std::string& out, bool bf16) {
+  const kqlora::ParamTable& table = c.table;
   std::vector<std::vector<float>> f32;
   std::vector<std::vector<uint16_t>> b16;
   std::vector<kqlora::safetensors::TensorToWrite> tensors;
-  f32.reserve(2 * cfg.num_linears);
-  b16.reserve(2 * cfg.num_linears);
+  f32.reserve(table.entries.size());
+  b16.reserve(table.entries.size());
   auto add = [&](const std::string& name, std::vector<int64_t> shape, std::vector<float> v) {
     if (bf16) {
       b16.emplace_back(v.size());
@@ -63,27 +80,38 @@ void write_merged(const kqlora::CheckpointContents& c, const kqlora::Config& cfg
       tensors.push_back({name, "F32", shape, f32.back().data(), 4 * f32.back().size()});
     }
   };
-  for (int l = 0; l < cfg.num_linears; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    const kqlora::h5::HostNf4* base = nullptr;
-    for (const auto& [n, t] : c.nf4)
-      if (n == p + "weight") base = &t;
-    KQLORA_INPUT_CHECK(base, file << ": NF4 parameter '" << p << "weight' is missing");
-    KQLORA_INPUT_CHECK(base->layout.shape == (std::vector<int64_t>{d, d}),
-                       file << ": '" << p << "weight' has shape " << base->layout.shape_string());
-    Kokkos::View<float*, Kokkos::HostSpace> w("kqlora::export::w", d * d);
-    kqlora::nf4_dequantize(Host(), *base, w);
-    const auto& A = find_param(c, p + "lora_a.weight", file);
-    const auto& B = find_param(c, p + "lora_b.weight", file);
-    KQLORA_INPUT_CHECK(A.data.size() == size_t(r * d) && B.data.size() == size_t(d * r),
-                       file << ": layer " << l << ": adapters do not match rank " << r);
-    // W [d, d] += scale * B [d, r] A [r, d] (all row-major).
-    kqlora::Matrix<Kokkos::HostSpace> Wm(w.data(), d, d);
-    kqlora::Matrix<Kokkos::HostSpace> Am(const_cast<float*>(A.data.data()), r, d);
-    kqlora::Matrix<Kokkos::HostSpace> Bm(const_cast<float*>(B.data.data()), d, r);
-    kqlora::gemm(Host(), "N", "N", scale, Bm, Am, 1.0f, Wm);
-    add(p + "weight", {d, d}, std::vector<float>(w.data(), w.data() + d * d));
-    if (cfg.bias) add(p + "bias", {d}, find_param(c, p + "bias", file).data);
+  auto merged = [&](const kqlora::ParamEntry& e) {
+    const auto& base = find_nf4(c, e.name, file);
+    KQLORA_INPUT_CHECK(base.layout.shape == e.shape,
+                       file << ": '" << e.name << "' has shape " << base.layout.shape_string());
+    const int64_t out_f = e.shape.at(0), in_f = e.shape.at(1);
+    Kokkos::View<float*, Kokkos::HostSpace> w("kqlora::export::w", out_f * in_f);
+    kqlora::nf4_dequantize(Host(), base, w);
+    const kqlora::LoraAdapter* ad = adapter_of(table, e.name);
+    if (ad) {
+      const int64_t r = ad->rank;
+      const auto& A = find_param(c, ad->a, file);
+      const auto& B = find_param(c, ad->b, file);
+      KQLORA_INPUT_CHECK(A.data.size() == size_t(r * in_f) && B.data.size() == size_t(out_f * r),
+                         file << ": " << ad->module << ": adapters do not match rank " << r);
+      // W [out, in] += scale * B [out, r] A [r, in] (all row-major).
+      const float scale = static_cast<float>(ad->alpha / static_cast<double>(r));
+      kqlora::Matrix<Kokkos::HostSpace> Wm(w.data(), out_f, in_f);
+      kqlora::Matrix<Kokkos::HostSpace> Am(const_cast<float*>(A.data.data()), r, in_f);
+      kqlora::Matrix<Kokkos::HostSpace> Bm(const_cast<float*>(B.data.data()), out_f, r);
+      kqlora::gemm(Host(), "N", "N", scale, Bm, Am, 1.0f, Wm);
+    }
+    add(e.name, e.shape, std::vector<float>(w.data(), w.data() + w.extent(0)));
+  };
+  for (int g = 0; g < table.num_groups(); ++g) {
+    for (const auto& e : table.entries)
+      if (e.group == g && e.kind == kqlora::ParamKind::nf4) merged(e);
+    for (const auto& e : table.entries) {
+      if (e.group != g || e.kind == kqlora::ParamKind::nf4 || !e.tied_to.empty()) continue;
+      const kqlora::LoraAdapter* ad = adapter_of(table, e.name);
+      if (ad && (ad->a == e.name || ad->b == e.name)) continue;
+      add(e.name, e.shape, find_param(c, e.name, file).data);
+    }
   }
   kqlora::safetensors::write(
       out, tensors,
@@ -92,38 +120,48 @@ void write_merged(const kqlora::CheckpointContents& c, const kqlora::Config& cfg
             << (bf16 ? "bfloat16" : "float32") << ", step " << c.step << ")\n";
 }
 
-void write_peft(const kqlora::CheckpointContents& c, const kqlora::Config& cfg,
-                const std::string& file, const std::string& dir) {
+/// The trainable tensors in PEFT's layout: each adapter's A and B as
+/// base_model.model.<module>.lora_A/lora_B.weight, the other trainable tensors under
+/// base_model.model.<name>.
+void write_peft(const kqlora::CheckpointContents& c, const std::string& file,
+                const std::string& dir) {
+  const kqlora::ParamTable& table = c.table;
+  KQLORA_INPUT_CHECK(!table.adapters.empty(), file << ": the model has no LoRA adapters");
   KQLORA_INPUT_CHECK(::mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST,
                      dir << ": cannot create: " << std::strerror(errno));
   std::vector<kqlora::safetensors::TensorToWrite> tensors;
   std::ostringstream targets;
-  for (int l = 0; l < cfg.num_linears; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    const auto& A = find_param(c, p + "lora_a.weight", file);
-    const auto& B = find_param(c, p + "lora_b.weight", file);
-    tensors.push_back({"base_model.model." + p + "lora_A.weight", "F32", A.shape, A.data.data(),
-                       4 * A.data.size()});
-    tensors.push_back({"base_model.model." + p + "lora_B.weight", "F32", B.shape, B.data.data(),
-                       4 * B.data.size()});
-    if (cfg.bias) {
-      const auto& b = find_param(c, p + "bias", file);
-      tensors.push_back(
-          {"base_model.model." + p + "bias", "F32", b.shape, b.data.data(), 4 * b.data.size()});
+  bool other_trainable = false;
+  auto add = [&](const std::string& name, const kqlora::CheckpointTensor& t) {
+    tensors.push_back(
+        {"base_model.model." + name, "F32", t.shape, t.data.data(), 4 * t.data.size()});
+  };
+  for (int g = 0; g < table.num_groups(); ++g) {
+    for (const auto& a : table.adapters) {
+      if (table.at(a.base).group != g) continue;
+      add(a.module + ".lora_A.weight", find_param(c, a.a, file));
+      add(a.module + ".lora_B.weight", find_param(c, a.b, file));
+      targets << (targets.tellp() > 0 ? ", " : "") << kqlora::json::quote(a.module);
     }
-    targets << (l ? ", " : "") << kqlora::json::quote("layers." + std::to_string(l));
+    for (const auto& e : table.entries) {
+      if (e.group != g || e.kind != kqlora::ParamKind::trainable || adapter_of(table, e.name))
+        continue;
+      add(e.name, find_param(c, e.name, file));
+      other_trainable = true;
+    }
   }
+  const kqlora::LoraAdapter& first = table.adapters.front();
   kqlora::safetensors::write(dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
   std::ofstream js(dir + "/adapter_config.json");
   js << "{\n"
      << "  \"peft_type\": \"LORA\",\n"
      << "  \"task_type\": null,\n"
      << "  \"base_model_name_or_path\": null,\n"
-     << "  \"r\": " << cfg.lora_rank << ",\n"
-     << "  \"lora_alpha\": " << cfg.lora_alpha << ",\n"
-     << "  \"lora_dropout\": " << cfg.lora_dropout << ",\n"
+     << "  \"r\": " << first.rank << ",\n"
+     << "  \"lora_alpha\": " << first.alpha << ",\n"
+     << "  \"lora_dropout\": " << first.dropout << ",\n"
      << "  \"target_modules\": [" << targets.str() << "],\n"
-     << "  \"bias\": \"" << (cfg.bias ? "all" : "none") << "\",\n"
+     << "  \"bias\": \"" << (other_trainable ? "all" : "none") << "\",\n"
      << "  \"fan_in_fan_out\": false,\n"
      << "  \"use_rslora\": false,\n"
      << "  \"init_lora_weights\": true,\n"
@@ -131,8 +169,8 @@ void write_peft(const kqlora::CheckpointContents& c, const kqlora::Config& cfg,
      << "}\n";
   KQLORA_INPUT_CHECK(js.good(), dir << "/adapter_config.json: write failed");
   std::cout << dir << ": adapter_model.safetensors (" << tensors.size()
-            << " tensors) and adapter_config.json (r " << cfg.lora_rank << ", alpha "
-            << cfg.lora_alpha << ", step " << c.step << ")\n";
+            << " tensors) and adapter_config.json (r " << first.rank << ", alpha " << first.alpha
+            << ", step " << c.step << ")\n";
 }
 
 int export_main(std::vector<std::string>& args) {
@@ -152,12 +190,10 @@ int export_main(std::vector<std::string>& args) {
   std::vector<kqlora::CheckpointContents> parts;
   for (const auto& f : files) parts.push_back(kqlora::read_checkpoint_file(f));
   const auto c = kqlora::assemble_checkpoint(parts, args[0]);
-  const auto cfg =
-      kqlora::parse_deck_text(c.config_text, files.front() + " (config)", {}, 1, false);
   if (has_merged)
-    write_merged(c, cfg, files.front(), merged, dtype == "bfloat16");
+    write_merged(c, files.front(), merged, dtype == "bfloat16");
   else
-    write_peft(c, cfg, files.front(), peft);
+    write_peft(c, files.front(), peft);
   return 0;
 }
 

@@ -6,7 +6,7 @@
 #include <random>
 
 #include "kqlora/nn/linear_nf4.hpp"
-#include "kqlora/nn/lora_model.hpp"
+#include "kqlora/nn/lora_stack.hpp"
 #include "kqlora/nn/loss.hpp"
 #include "nf4_test_util.hpp"
 
@@ -97,10 +97,16 @@ struct Case {
 };
 
 // The model in float64 from the same NF4 weights, parameters and dropout masks.
+std::vector<kqlora::ParamEntry> trainable(const kqlora::LoraStack<Exec>& m) {
+  std::vector<kqlora::ParamEntry> v;
+  for (const auto* e : m.table().of_kind(kqlora::ParamKind::trainable)) v.push_back(*e);
+  return v;
+}
+
 struct Reference {
   kqlora::ModelConfig cfg;
-  std::vector<std::vector<double>> W;  // per layer, [dim, dim] row-major
-  std::vector<kqlora::ParamInfo> info;
+  std::vector<std::vector<double>> W;    // per layer, [dim, dim] row-major
+  std::vector<kqlora::ParamEntry> info;  // the trainable entries
 
   double loss(const std::vector<double>& p, const std::vector<double>& x,
               const std::vector<double>& target, int64_t T, kqlora::LossKind kind, int64_t step,
@@ -112,9 +118,13 @@ struct Reference {
     for (int l = 0; l < cfg.num_layers; ++l) {
       const double* A = p.data() + info[per * l].offset;
       const double* B = p.data() + info[per * l + 1].offset;
-      const kqlora::nn::DropoutKey key{
-          cfg.seed,   kqlora::layer_stream(kqlora::RandomStream::dropout, l), step, global_bs, 0, d,
-          cfg.dropout};
+      const kqlora::nn::DropoutKey key{cfg.seed,
+                                       kqlora::layer_stream(kqlora::RandomStream::dropout, l),
+                                       step,
+                                       global_bs,
+                                       0,
+                                       d,
+                                       static_cast<float>(cfg.dropout)};
       for (int64_t t = 0; t < T; ++t) {
         std::vector<double> xd(d), h(r, 0.0);
         for (int64_t f = 0; f < d; ++f)
@@ -141,9 +151,9 @@ struct Reference {
 
 }  // namespace
 
-class LoraModelGradients : public ::testing::TestWithParam<Case> {};
+class LoraStackGradients : public ::testing::TestWithParam<Case> {};
 
-TEST_P(LoraModelGradients, MatchFloat64FiniteDifferences) {
+TEST_P(LoraStackGradients, MatchFloat64FiniteDifferences) {
   const Case c = GetParam();
   kqlora::ModelConfig cfg;
   cfg.dim = 16;
@@ -155,8 +165,8 @@ TEST_P(LoraModelGradients, MatchFloat64FiniteDifferences) {
   cfg.activation = c.act;
   cfg.block_size = 32;
   cfg.scaler_block_size = 4;
-  kqlora::LoraModel<Exec> model(Exec(), cfg);
-  Reference ref{cfg, {}, model.params_info()};
+  kqlora::LoraStack<Exec> model(Exec(), cfg);
+  Reference ref{cfg, {}, trainable(model)};
   for (int l = 0; l < cfg.num_layers; ++l) {
     kqlora::Nf4Layout L;
     L.shape = {cfg.dim, cfg.dim};
@@ -164,7 +174,7 @@ TEST_P(LoraModelGradients, MatchFloat64FiniteDifferences) {
     L.scaler_block_size = cfg.scaler_block_size;
     const auto w = quantize(randn(L.numel(), 10 + l, 0.5f), L);
     ref.W.push_back(dequantized(w));
-    model.base[l] = kqlora::nf4_copy_to<Mem>(w);
+    model.nf4[l] = kqlora::nf4_copy_to<Mem>(w);
   }
   const int64_t n = model.num_params(), T = 5, d = cfg.dim;
   const auto pf = randn(n, 20, 0.3f);
@@ -202,25 +212,26 @@ TEST_P(LoraModelGradients, MatchFloat64FiniteDifferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Cases, LoraModelGradients,
+    Cases, LoraStackGradients,
     ::testing::Values(Case{Activation::none, 0.0f, false, kqlora::LossKind::sum},
                       Case{Activation::relu, 0.0f, true, kqlora::LossKind::mse},
                       Case{Activation::gelu, 0.25f, true, kqlora::LossKind::sum},
                       Case{Activation::silu, 0.5f, false, kqlora::LossKind::mse},
                       Case{Activation::gelu, 0.0f, false, kqlora::LossKind::mse}));
 
-TEST(LoraModel, MicroBatchesAddUpToTheWholeBatch) {
+TEST(LoraStack, MicroBatchesAddUpToTheWholeBatch) {
   kqlora::ModelConfig cfg;
   cfg.dim = 32;
   cfg.num_layers = 2;
   cfg.rank = 8;
   cfg.activation = Activation::silu;
   cfg.block_size = 64;
-  kqlora::LoraModel<Exec> model(Exec(), cfg);
+  cfg.loss = kqlora::LossKind::mse;
+  kqlora::LoraStack<Exec> model(Exec(), cfg);
   for (int l = 0; l < 2; ++l) {
     kqlora::Nf4Layout L;
     L.shape = {32, 32};
-    model.base[l] = kqlora::nf4_copy_to<Mem>(quantize(randn(1024, 30 + l), L));
+    model.nf4[l] = kqlora::nf4_copy_to<Mem>(quantize(randn(1024, 30 + l), L));
   }
   const auto pf = randn(model.num_params(), 31, 0.2f);
   Kokkos::deep_copy(
@@ -233,10 +244,12 @@ TEST(LoraModel, MicroBatchesAddUpToTheWholeBatch) {
     for (auto [r0, rows] : parts) {
       std::vector<float> xs(xf.begin() + r0 * 32, xf.begin() + (r0 + rows) * 32);
       std::vector<float> ts(tf.begin() + r0 * 32, tf.begin() + (r0 + rows) * 32);
-      Matrix<Mem> x = to_matrix(xs, rows, 32), t = to_matrix(ts, rows, 32), g("g", rows, 32);
-      auto y = model.forward(x, 0, r0, 8);
-      loss += kqlora::nn::loss_forward_backward(Exec(), kqlora::LossKind::mse, y, t, 8.0 * 32, g);
-      model.backward(g);
+      kqlora::Batch<Mem> b;  // through the model interface: the loss inside the model
+      b.inputs = to_matrix(xs, rows, 32);
+      b.targets = to_matrix(ts, rows, 32);
+      b.first_sample = r0;
+      b.global_bs = 8;
+      loss += model.forward_backward(b, 8.0 * 32, true);
     }
     std::vector<float> gr(model.num_params());
     Kokkos::deep_copy(

@@ -16,8 +16,8 @@
 #include "kqlora/core/build_info.hpp"
 #include "kqlora/core/error.hpp"
 #include "kqlora/io/chunk_writer.hpp"
-#include "kqlora/io/deck.hpp"
 #include "kqlora/io/streaming_writeback.hpp"
+#include "kqlora/nn/model_registry.hpp"
 
 namespace kqlora {
 
@@ -104,6 +104,10 @@ void write_checkpoint_file(const std::string& path, const CheckpointContents& c)
   h5::write_attribute(f, "layout", c.layout);
   if (c.layout == "per_rank") h5::write_attribute(f, "rank", int64_t(c.rank));
   h5::write_attribute(f, "config", c.config_text);
+  if (!c.model_config_text.empty()) {  // (absent: readers take the model from `config`)
+    h5::write_attribute(f, "model", c.table.model_kind);
+    h5::write_attribute(f, "model_config", c.model_config_text);
+  }
   h5::write_attribute(f, "kqlora_version", version());
   auto params = h5::create_group(f, "params");
   for (const auto& [name, t] : c.nf4) h5::write_nf4(params, name, t, &writeback);
@@ -274,6 +278,10 @@ CheckpointContents read_checkpoint_file(const std::string& path, bool with_optim
   if (c.layout == "per_rank")
     c.rank = static_cast<int>(h5::read_int_attribute(f, "rank", path).at(0));
   c.config_text = h5::read_string_attribute(f, "config", path);
+  c.model_config_text = h5::has_attribute(f, "model_config")
+                            ? h5::read_string_attribute(f, "model_config", path)
+                            : c.config_text;
+  c.table = model_table(ModelConfig::from_text(c.model_config_text, path + " (model_config)"));
   KQLORA_INPUT_CHECK(h5::exists(f, "params"), path << ": group /params is missing");
   auto params = h5::open_group(f, "params");
   std::vector<std::string> names;
@@ -344,25 +352,16 @@ CheckpointContents read_checkpoint_file(const std::string& path, bool with_optim
 
 namespace {
 
-/// The objects a checkpoint of this config must hold, with their shapes: refuses a file
-/// that misses one or holds it in another shape (a damaged or foreign file).
+/// The objects the checkpoint's parameter table says it holds, with their shapes and NF4
+/// layouts: refuses a file that misses one or holds it in another shape (a damaged or
+/// foreign file).
 void validate_against_config(const CheckpointContents& c, const std::string& path) {
-  const Config cfg = parse_deck_text(c.config_text, path + " (config attribute)", {}, 1, false);
-  const int64_t d = cfg.dim, r = cfg.lora_rank;
-  std::map<std::string, std::vector<int64_t>> expected;
-  for (int64_t l = 0; l < cfg.num_linears; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    expected[p + "lora_a.weight"] = {r, d};
-    expected[p + "lora_b.weight"] = {d, r};
-    if (cfg.bias) expected[p + "bias"] = {d};
-    Nf4Layout L;
-    L.shape = {d, d};
-    L.dtype = cfg.dtype;
-    L.block_size = cfg.block_size;
-    L.scaler_block_size = cfg.scaler_block_size;
+  const ParamTable& table = c.table;
+  for (const ParamEntry* e : table.of_kind(ParamKind::nf4)) {
+    const Nf4Layout L = e->nf4_layout();
     bool found = false;
     for (const auto& [name, t] : c.nf4) {
-      if (name != p + "weight") continue;
+      if (name != e->name) continue;
       found = true;
       KQLORA_INPUT_CHECK(t.layout == L, path << ": /params/" << name << " is NF4 "
                                              << t.layout.shape_string() << " "
@@ -370,28 +369,29 @@ void validate_against_config(const CheckpointContents& c, const std::string& pat
                                              << L.shape_string() << " " << dtype_name(L.dtype));
     }
     for (const auto& [name, s] : c.nf4_shards) {
-      if (name != p + "weight") continue;
+      if (name != e->name) continue;
       found = true;
       KQLORA_INPUT_CHECK(s.global == L, path << ": NF4 shard /params/" << name
                                              << " does not match the config's layout");
     }
-    KQLORA_INPUT_CHECK(found, path << ": /params/" << p << "weight (NF4) is missing");
+    KQLORA_INPUT_CHECK(found, path << ": /params/" << e->name << " (NF4) is missing");
   }
   const bool sharded = !c.nf4_shards.empty();
   for (const auto& t : c.params) {
-    const auto it = expected.find(t.name);
-    KQLORA_INPUT_CHECK(it != expected.end(),
+    const ParamEntry* e = table.find(t.name);
+    KQLORA_INPUT_CHECK(e && e->kind != ParamKind::nf4,
                        path << ": /params/" << t.name << " is not a parameter of this model");
     const auto& shape = t.first_element >= 0 ? t.global_shape : t.shape;
-    KQLORA_INPUT_CHECK(shape == it->second, path << ": /params/" << t.name << " has shape "
-                                                 << h5::shape_text(shape) << ", expected "
-                                                 << h5::shape_text(it->second));
+    KQLORA_INPUT_CHECK(shape == e->shape, path << ": /params/" << t.name << " has shape "
+                                               << h5::shape_text(shape) << ", expected "
+                                               << h5::shape_text(e->shape));
   }
-  if (!sharded) {  // a whole checkpoint has every parameter
-    for (const auto& kv : expected) {
+  if (!sharded) {  // a whole checkpoint has every float tensor
+    for (const auto& e : table.entries) {
+      if (e.kind == ParamKind::nf4) continue;
       bool found = false;
-      for (const auto& t : c.params) found |= t.name == kv.first;
-      KQLORA_INPUT_CHECK(found, path << ": /params/" << kv.first << " is missing");
+      for (const auto& t : c.params) found |= t.name == e.name;
+      KQLORA_INPUT_CHECK(found, path << ": /params/" << e.name << " is missing");
     }
   }
 }

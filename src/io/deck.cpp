@@ -114,6 +114,8 @@ struct Key {
 
 const std::vector<Key>& keys() {
   static const std::vector<Key> k = {
+      Key{"model", [](Config& c, const std::string& v, const std::string&) { c.model = v; },
+          [](const Config& c) { return c.model; }},
       KQ_INT(dim),
       KQ_INT(num_linears),
       KQ_INT(lora_rank),

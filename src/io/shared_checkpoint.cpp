@@ -132,6 +132,10 @@ void create_layout(hid_t file, const SharedCheckpoint& s, const std::vector<Shar
   h5::write_attribute(file, "parallel", c.parallel);
   h5::write_attribute(file, "layout", std::string("shared"));
   h5::write_attribute(file, "config", c.config_text);
+  if (!c.model_config_text.empty()) {  // (absent: readers take the model from `config`)
+    h5::write_attribute(file, "model", c.table.model_kind);
+    h5::write_attribute(file, "model_config", c.model_config_text);
+  }
   h5::write_attribute(file, "kqlora_version", version());
   for (const auto& p : parts)
     h5::create_checkpoint_dataset(file, p.path, file_type(p.type), p.dims, true).close();

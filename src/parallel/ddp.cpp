@@ -17,37 +17,32 @@ double since(Clock::time_point t) {
 }  // namespace
 
 template <class ExecSpace>
-Ddp<ExecSpace>::Ddp(Communicator& comm, LoraModel<ExecSpace>& model, double bucket_mb, bool overlap)
+Ddp<ExecSpace>::Ddp(Communicator& comm, Model<ExecSpace>& model, double bucket_mb, bool overlap)
     : comm_(comm),
       model_(model),
       overlap_(overlap && (std::is_same<Mem, Kokkos::HostSpace>::value || comm.device_buffers())) {
-  const auto& info = model.params_info();
-  const int L = static_cast<int>(model.config().num_layers);
-  // Layer l's parameters are one contiguous range; buckets gather layers from the last
-  // (whose gradients are ready first) down, each at least bucket_mb.
-  std::vector<int64_t> lo(L, INT64_MAX), hi(L, 0);
-  for (const auto& p : info) {
-    const int l = std::stoi(p.name.substr(7, p.name.find('.', 7) - 7));
-    lo[l] = std::min(lo[l], p.offset);
-    hi[l] = std::max(hi[l], p.offset + p.numel);
-  }
+  const ParamTable& t = model.table();
+  // Buckets gather groups from the last (whose gradients are ready first) down, each at
+  // least bucket_mb of one contiguous range of the flat gradients.
   const int64_t target = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * (1 << 20) / 4));
-  bucket_of_layer_.assign(L, -1);
-  for (int l = L - 1; l >= 0; --l) {
-    if (buckets_.empty() || buckets_.back().hi - buckets_.back().lo >= target) {
+  bucket_of_group_.assign(t.num_groups(), -1);
+  for (int g = t.num_groups() - 1; g >= 0; --g) {
+    const auto range = t.trainable_range(g);
+    if (range.first == range.second) continue;  // nothing to sum (its backward has no hook)
+    if (buckets_.empty() || buckets_.back().hi - buckets_.back().lo >= target ||
+        buckets_.back().lo != range.second) {
       buckets_.emplace_back();
-      buckets_.back().hi = hi[l];
-      buckets_.back().last_layer = l;
+      buckets_.back().hi = range.second;
     }
     Bucket& b = buckets_.back();
-    b.lo = lo[l];
-    b.first_layer = l;
-    bucket_of_layer_[l] = static_cast<int>(buckets_.size()) - 1;
+    b.lo = range.first;
+    ++b.groups;
+    bucket_of_group_[g] = static_cast<int>(buckets_.size()) - 1;
   }
   model_.set_backward_hooks(
-      [this](int layer) {
-        if (!armed_) return;
-        Bucket& b = buckets_[bucket_of_layer_[layer]];
+      [this](int group) {
+        if (!armed_ || bucket_of_group_[group] < 0) return;
+        Bucket& b = buckets_[bucket_of_group_[group]];
         // A bucket goes as soon as it is complete where the communicator reads the
         // gradients where they are (host memory, or device memory with NCCL: its stream
         // waits for the compute stream); device gradients staged through the host for MPI
@@ -66,9 +61,9 @@ Ddp<ExecSpace>::~Ddp() {
   if (!shared_ || !copy_back_) return;
   if (std::uncaught_exceptions() > 0) return;  // (the windows see to themselves)
   // The model gets private copies back before the shared memory goes.
-  using Vec = typename LoraModel<ExecSpace>::Vec;
-  Vec p("kqlora::LoraModel::params", model_.num_params());
-  Vec g("kqlora::LoraModel::grads", model_.num_params());
+  using Vec = typename Model<ExecSpace>::Vec;
+  Vec p("kqlora::Model::params", model_.num_params());
+  Vec g("kqlora::Model::grads", model_.num_params());
   Kokkos::deep_copy(p, model_.params);
   Kokkos::deep_copy(g, model_.grads);
   model_.use_buffers(p, g);
@@ -80,7 +75,7 @@ bool Ddp<ExecSpace>::share_node_memory(const OptimizerConfig& opt, bool fill) {
     (void)opt, (void)fill;
     return false;  // device memory: buckets
   } else {
-    using Vec = typename LoraModel<ExecSpace>::Vec;
+    using Vec = typename Model<ExecSpace>::Vec;
     const int n = comm_.size(), r = comm_.rank();
     const int64_t P = model_.num_params();
     // Chunks of whole 64-byte lines: no two ranks write to one cache line.
@@ -138,20 +133,20 @@ int64_t Ddp<ExecSpace>::chunk_size() const {
 }
 
 template <class ExecSpace>
-std::vector<typename LoraModel<ExecSpace>::Vec> Ddp<ExecSpace>::optimizer_buffers() const {
-  std::vector<typename LoraModel<ExecSpace>::Vec> v;
+std::vector<typename Model<ExecSpace>::Vec> Ddp<ExecSpace>::optimizer_buffers() const {
+  std::vector<typename Model<ExecSpace>::Vec> v;
   for (const auto& s : shared_state_)
     v.emplace_back(reinterpret_cast<float*>(s->segment(0)) + chunk_offset(), chunk_size());
   return v;
 }
 
 template <class ExecSpace>
-std::vector<std::pair<std::string, typename LoraModel<ExecSpace>::Vec>>
-Ddp<ExecSpace>::optimizer_state(const Optimizer<ExecSpace>& opt) const {
+std::vector<std::pair<std::string, typename Model<ExecSpace>::Vec>> Ddp<ExecSpace>::optimizer_state(
+    const Optimizer<ExecSpace>& opt) const {
   if (!shared_) return opt.state();
-  std::vector<std::pair<std::string, typename LoraModel<ExecSpace>::Vec>> v;
+  std::vector<std::pair<std::string, typename Model<ExecSpace>::Vec>> v;
   for (size_t k = 0; k < shared_state_.size(); ++k)
-    v.emplace_back(state_names_[k], typename LoraModel<ExecSpace>::Vec(
+    v.emplace_back(state_names_[k], typename Model<ExecSpace>::Vec(
                                         reinterpret_cast<float*>(shared_state_[k]->segment(0)),
                                         model_.num_params()));
   return v;
@@ -186,12 +181,16 @@ float* Ddp<ExecSpace>::grads_buffer() {
 
 template <class ExecSpace>
 void Ddp<ExecSpace>::broadcast_parameters() {
-  // One buffer: every layer's NF4 components, then the flat float parameters.
+  // One buffer: every NF4 tensor's components, the frozen dense tensors, then the flat
+  // float parameters.
   std::vector<std::pair<char*, int64_t>> parts;
-  std::vector<Nf4Tensor<Kokkos::HostSpace>> host_base;
-  for (auto& t : model_.base) host_base.push_back(nf4_copy_to<Kokkos::HostSpace>(t));
+  std::vector<Nf4Tensor<Kokkos::HostSpace>> host_nf4;
+  for (auto& t : model_.nf4) host_nf4.push_back(nf4_copy_to<Kokkos::HostSpace>(t));
+  std::vector<Kokkos::View<float*, Kokkos::HostSpace>> host_dense;
+  for (auto& t : model_.dense)
+    host_dense.push_back(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), t));
   auto params = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model_.params);
-  for (auto& t : host_base) {
+  for (auto& t : host_nf4) {
     parts.push_back(
         {reinterpret_cast<char*>(t.quantized_data.data()), int64_t(t.quantized_data.extent(0))});
     parts.push_back({reinterpret_cast<char*>(t.quantized_scalers.data()),
@@ -200,6 +199,8 @@ void Ddp<ExecSpace>::broadcast_parameters() {
                      4 * int64_t(t.quantization_factor.extent(0))});
     parts.push_back({reinterpret_cast<char*>(&t.scaler_mean), 4});
   }
+  for (auto& t : host_dense)
+    parts.push_back({reinterpret_cast<char*>(t.data()), 4 * int64_t(t.extent(0))});
   parts.push_back({reinterpret_cast<char*>(params.data()), 4 * int64_t(params.extent(0))});
   int64_t total = 0;
   for (const auto& p : parts) total += p.second;
@@ -215,13 +216,14 @@ void Ddp<ExecSpace>::broadcast_parameters() {
     std::memcpy(p.first, buf.data() + off, static_cast<size_t>(p.second));
     off += p.second;
   }
-  for (size_t l = 0; l < host_base.size(); ++l) {
-    auto& t = model_.base[l];
-    Kokkos::deep_copy(t.quantized_data, host_base[l].quantized_data);
-    Kokkos::deep_copy(t.quantized_scalers, host_base[l].quantized_scalers);
-    Kokkos::deep_copy(t.quantization_factor, host_base[l].quantization_factor);
-    t.scaler_mean = host_base[l].scaler_mean;
+  for (size_t i = 0; i < host_nf4.size(); ++i) {
+    auto& t = model_.nf4[i];
+    Kokkos::deep_copy(t.quantized_data, host_nf4[i].quantized_data);
+    Kokkos::deep_copy(t.quantized_scalers, host_nf4[i].quantized_scalers);
+    Kokkos::deep_copy(t.quantization_factor, host_nf4[i].quantization_factor);
+    t.scaler_mean = host_nf4[i].scaler_mean;
   }
+  for (size_t i = 0; i < host_dense.size(); ++i) Kokkos::deep_copy(model_.dense[i], host_dense[i]);
   Kokkos::deep_copy(model_.params, params);
   model_.params_changed();
 }
@@ -230,7 +232,7 @@ template <class ExecSpace>
 void Ddp<ExecSpace>::arm() {
   armed_ = true;
   for (auto& b : buckets_) {
-    b.pending = b.last_layer - b.first_layer + 1;
+    b.pending = b.groups;
     b.request.reset();
     b.finished = false;
   }
@@ -317,7 +319,7 @@ void Ddp<ExecSpace>::finish() {
     Kokkos::deep_copy(staging_, model_.grads);
   }
   for (auto& b : buckets_)
-    if (!b.request) start(b);  // no overlap, or a layer without a hook call
+    if (!b.request) start(b);  // no overlap, or a group without a hook call
   for (auto& b : buckets_) {
     if (b.finished) continue;
     comm_.wait(*b.request);

@@ -16,10 +16,10 @@ auto host_of(const V& v) {
 }  // namespace
 
 template <class ExecSpace>
-Fsdp<ExecSpace>::Fsdp(const ExecSpace& exec, Communicator& comm, LoraModel<ExecSpace>& model)
+Fsdp<ExecSpace>::Fsdp(const ExecSpace& exec, Communicator& comm, Model<ExecSpace>& model)
     : exec_(exec), comm_(comm), model_(model) {
   const int n = comm.size(), r = comm.rank();
-  for (auto& w : model.base) {
+  for (auto& w : model.nf4) {
     shards_.push_back(nf4_shard(exec, w, r, n));
     w = Nf4Tensor<Mem>();  // the whole weight exists only around its uses from now on
   }
@@ -30,8 +30,13 @@ Fsdp<ExecSpace>::Fsdp(const ExecSpace& exec, Communicator& comm, LoraModel<ExecS
   shard_grads_ = Vec("kqlora::Fsdp::shard_grads", chunk_);
   using Kokkos::make_pair;
   Kokkos::deep_copy(exec, Kokkos::subview(padded_params_, make_pair(int64_t(0), P)), model.params);
-  model.set_base_hooks([this](int l) { gather_base(l); },
-                       [this](int l) { model_.base[l] = Nf4Tensor<Mem>(); });
+  model.set_base_hooks(
+      [this](int g) {
+        for (int i : model_.table().nf4_of_group(g)) gather_nf4(i);
+      },
+      [this](int g) {
+        for (int i : model_.table().nf4_of_group(g)) model_.nf4[i] = Nf4Tensor<Mem>();
+      });
 }
 
 template <class ExecSpace>
@@ -55,8 +60,8 @@ int64_t Fsdp<ExecSpace>::base_shard_bytes() const {
 }
 
 template <class ExecSpace>
-void Fsdp<ExecSpace>::gather_base(int l) {
-  const Nf4Shard<Mem>& mine = shards_[l];
+void Fsdp<ExecSpace>::gather_nf4(int i) {
+  const Nf4Shard<Mem>& mine = shards_[i];
   const int n = comm_.size();
   // Each component's shards, equal-sized, side by side: [rank 0's | rank 1's | ...].
   auto gather = [&](auto local) {
@@ -87,17 +92,17 @@ void Fsdp<ExecSpace>::gather_base(int l) {
   }
   auto whole = nf4_gather(Kokkos::DefaultHostExecutionSpace(), parts);
   if constexpr (std::is_same<Mem, Kokkos::HostSpace>::value) {
-    model_.base[l] = whole;
+    model_.nf4[i] = whole;
   } else {
-    model_.base[l] = nf4_copy_to<Mem>(whole);
+    model_.nf4[i] = nf4_copy_to<Mem>(whole);
   }
 }
 
 template <class ExecSpace>
-Nf4Tensor<typename ExecSpace::memory_space> Fsdp<ExecSpace>::whole_base(int layer) {
-  gather_base(layer);
-  auto t = model_.base[layer];
-  model_.base[layer] = Nf4Tensor<Mem>();
+Nf4Tensor<typename ExecSpace::memory_space> Fsdp<ExecSpace>::whole_nf4(int i) {
+  gather_nf4(i);
+  auto t = model_.nf4[i];
+  model_.nf4[i] = Nf4Tensor<Mem>();
   return t;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <ostream>
 #include <sstream>
 #include <tuple>
@@ -10,6 +11,7 @@
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/populate_pages.hpp"
 #include "kqlora/io/shared_checkpoint.hpp"
+#include "kqlora/train/component_configs.hpp"
 
 namespace kqlora {
 
@@ -20,8 +22,8 @@ namespace {
 /// holds), straight from the model's buffers.
 template <class ExecSpace>
 std::string save_shared(
-    const Config& cfg, LoraModel<ExecSpace>& model,
-    const std::vector<std::pair<std::string, typename LoraModel<ExecSpace>::Vec>>& state,
+    const Config& cfg, Model<ExecSpace>& model,
+    const std::vector<std::pair<std::string, typename Model<ExecSpace>::Vec>>& state,
     Fsdp<ExecSpace>* fsdp, Communicator& comm, const CheckpointContents& header) {
   const int rank = comm.rank(), nranks = comm.size();
 
@@ -33,10 +35,11 @@ std::string save_shared(
   sc.header.optimizer.clear();
   std::vector<std::vector<uint16_t>> bf16_keep;  // converted parts, alive until written
   std::vector<Nf4Tensor<Kokkos::HostSpace>> base_keep;
-  base_keep.reserve(cfg.num_linears);  // parts point into it: no reallocation
-  auto add_dtype_values = [&](const std::string& path, int64_t n, int64_t lo, int64_t hi,
-                              const float* v) {
-    if (cfg.dtype == DType::float32) {
+  const auto nf4_entries = model.table().of_kind(ParamKind::nf4);
+  base_keep.reserve(nf4_entries.size());  // parts point into it: no reallocation
+  auto add_dtype_values = [&](DType dtype, const std::string& path, int64_t n, int64_t lo,
+                              int64_t hi, const float* v) {
+    if (dtype == DType::float32) {
       sc.parts.push_back({SharedPart::Type::f32, path, {n}, lo, hi, v});
       return;
     }
@@ -45,8 +48,8 @@ std::string save_shared(
     sc.parts.push_back({SharedPart::Type::bf16, path, {n}, lo, hi, bf16_keep.back().data()});
   };
   const int64_t mean_hi = rank == 0 ? 1 : 0;
-  for (int l = 0; l < cfg.num_linears; ++l) {
-    const std::string g = "params/" + LoraModel<ExecSpace>::base_name(l);
+  for (const ParamEntry* e : nf4_entries) {
+    const std::string g = "params/" + e->name;
     Nf4Layout L;
     int64_t d0, d1, b0, b1, s0, s1;  // this rank's data bytes, blocks, scaler blocks
     const uint8_t* data;
@@ -54,7 +57,7 @@ std::string save_shared(
     const float* factors;
     const float* mean;
     if (fsdp) {
-      const auto h = nf4_shard_host(fsdp->base_shards()[l]);
+      const auto h = nf4_shard_host(fsdp->base_shards()[e->offset]);
       Nf4Tensor<Kokkos::HostSpace> t;  // views of the shard, offset to global indices
       L = h.global;
       b0 = h.range.first_block;
@@ -72,7 +75,7 @@ std::string save_shared(
       scalers = t.quantized_scalers.data();
       factors = t.quantization_factor.data();
     } else {
-      base_keep.push_back(nf4_host(model.base[l]));
+      base_keep.push_back(nf4_host(model.nf4[e->offset]));
       const auto& t = base_keep.back();
       L = t.layout;
       // Split in whole chunks of the datasets (HDF5 then ships no chunk between ranks).
@@ -88,9 +91,18 @@ std::string save_shared(
         {SharedPart::Type::u8, g + "/quantized_data", {L.num_bytes()}, d0, d1, data});
     sc.parts.push_back(
         {SharedPart::Type::i8, g + "/quantized_scalers", {L.num_blocks()}, b0, b1, scalers});
-    add_dtype_values(g + "/quantization_factor", L.num_scaler_blocks(), s0, s1, factors);
-    add_dtype_values(g + "/scaler_mean", 1, 0, mean_hi, mean);
+    add_dtype_values(L.dtype, g + "/quantization_factor", L.num_scaler_blocks(), s0, s1, factors);
+    add_dtype_values(L.dtype, g + "/scaler_mean", 1, 0, mean_hi, mean);
     sc.nf4_groups.push_back({g, L});
+  }
+  // Frozen dense tensors (replicated): an even split in whole chunks, as DDP parameters.
+  std::vector<Kokkos::View<float*, Kokkos::HostSpace>> dense_keep;
+  for (const ParamEntry* e : model.table().of_kind(ParamKind::dense)) {
+    dense_keep.push_back(
+        Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.dense[e->offset]));
+    const auto [lo, hi] = chunk_range(e->shape, rank, nranks);
+    sc.parts.push_back({SharedPart::Type::f32, "params/" + e->name, e->shape, lo, std::max(lo, hi),
+                        dense_keep.back().data() + lo});
   }
   auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params);
   // Parameters: the flat chunk this rank owns (FSDP) or an even split (DDP).
@@ -99,7 +111,8 @@ std::string save_shared(
   for (const auto& kv : state)
     hs.push_back(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kv.second));
   const int64_t state_base = fsdp ? fsdp->shard_offset() : 0;  // index of hs[k](0)
-  for (const auto& p : model.params_info()) {
+  for (const ParamEntry* pp : model.table().of_kind(ParamKind::trainable)) {
+    const ParamEntry& p = *pp;
     // FSDP: the part of the parameter in this rank's chunk; DDP: whole dataset chunks.
     int64_t lo, hi;
     if (fsdp) {
@@ -110,8 +123,8 @@ std::string save_shared(
       lo += p.offset;
       hi += p.offset;
     }
-    const int64_t a = std::clamp(lo, p.offset, p.offset + p.numel);
-    const int64_t b = std::clamp(hi, p.offset, p.offset + p.numel);
+    const int64_t a = std::clamp(lo, p.offset, p.offset + p.numel());
+    const int64_t b = std::clamp(hi, p.offset, p.offset + p.numel());
     sc.parts.push_back({SharedPart::Type::f32, "params/" + p.name, p.shape, a - p.offset,
                         std::max(a, b) - p.offset, hp.data() + a});
     for (size_t k = 0; k < state.size(); ++k)
@@ -136,20 +149,24 @@ CheckpointReader load_restart(const Config& cfg, std::ostream& log) {
   const CheckpointContents& c = reader.contents();
   const Config old = parse_deck_text(c.config_text, path + " (config)", {}, 1, false);
   std::ostringstream diff;
-  auto check = [&](const char* key, const std::string& a, const std::string& b) {
+  auto check = [&](const std::string& key, const std::string& a, const std::string& b) {
     if (a != b) diff << "\n  " << key << ": checkpoint " << a << ", deck " << b;
   };
-  check("dim", std::to_string(old.dim), std::to_string(cfg.dim));
-  check("num_linears", std::to_string(old.num_linears), std::to_string(cfg.num_linears));
-  check("lora_rank", std::to_string(old.lora_rank), std::to_string(cfg.lora_rank));
-  check("lora_alpha", std::to_string(old.lora_alpha), std::to_string(cfg.lora_alpha));
-  check("lora_dropout", std::to_string(old.lora_dropout), std::to_string(cfg.lora_dropout));
-  check("bias", old.bias ? "true" : "false", cfg.bias ? "true" : "false");
-  check("activation", old.activation, cfg.activation);
-  check("dtype", dtype_name(old.dtype), dtype_name(cfg.dtype));
-  check("block_size", std::to_string(old.block_size), std::to_string(cfg.block_size));
-  check("scaler_block_size", std::to_string(old.scaler_block_size),
-        std::to_string(cfg.scaler_block_size));
+  // Every key of the model's configuration but the seed and the loss (which a restart may
+  // change), and the optimizer.
+  auto lines = [](const ModelConfig& m) {
+    std::map<std::string, std::string> kv;
+    std::istringstream in(m.to_text());
+    for (std::string line; std::getline(in, line);) {
+      const auto eq = line.find(" = ");
+      if (eq != std::string::npos) kv[line.substr(0, eq)] = line.substr(eq + 3);
+    }
+    kv.erase("seed");
+    kv.erase("loss");
+    return kv;
+  };
+  const auto was = lines(model_config(old)), now = lines(model_config(cfg));
+  for (const auto& [key, value] : now) check(key, was.count(key) ? was.at(key) : "none", value);
   check("optimizer", old.optimizer, cfg.optimizer);
   KQLORA_INPUT_CHECK(diff.str().empty(), "restart from " << path
                                                          << ": the deck changes what a "
@@ -163,15 +180,22 @@ CheckpointReader load_restart(const Config& cfg, std::ostream& log) {
 }
 
 template <class ExecSpace>
-void restore_base(LoraModel<ExecSpace>& model, const CheckpointReader& c) {
+void restore_frozen(Model<ExecSpace>& model, const CheckpointReader& c) {
   using Mem = typename ExecSpace::memory_space;
-  for (int l = 0; l < model.config().num_layers; ++l) {
-    const std::string name = LoraModel<ExecSpace>::base_name(l);
+  for (const ParamEntry* e : model.table().of_kind(ParamKind::nf4)) {
     const Nf4Tensor<Kokkos::HostSpace>* t = nullptr;
     for (const auto& [key, value] : c.contents().nf4)
-      if (key == name) t = &value;
-    KQLORA_INPUT_CHECK(t, "restart: base weight '" << name << "' missing from the checkpoint");
-    model.base[l] = nf4_copy_to<Mem>(*t);
+      if (key == e->name) t = &value;
+    KQLORA_INPUT_CHECK(t, "restart: NF4 tensor '" << e->name << "' missing from the checkpoint");
+    model.nf4[e->offset] = nf4_copy_to<Mem>(*t);
+  }
+  for (const ParamEntry* e : model.table().of_kind(ParamKind::dense)) {
+    Kokkos::View<float*, Mem> v(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::restart::dense"), e->numel());
+    auto h = Kokkos::create_mirror_view(v);
+    c.read_param(e->name, 0, e->numel(), h.data());
+    Kokkos::deep_copy(v, h);
+    model.dense[e->offset] = v;
   }
 }
 
@@ -192,25 +216,25 @@ struct HostDestination {
   void done() { Kokkos::deep_copy(view, host); }
 };
 
-/// For each parameter, the part of [first, first + n) it covers: f(info, lo, hi) with lo
-/// and hi indices into the parameter.
+/// For each trainable parameter, the part of [first, first + n) of the flat vector it
+/// covers: f(entry, lo, hi) with lo and hi indices into the parameter.
 template <class F>
-void for_each_part(const std::vector<ParamInfo>& info, int64_t first, int64_t n, F&& f) {
-  for (const auto& p : info) {
-    const int64_t a = std::max(first, p.offset), b = std::min(first + n, p.offset + p.numel);
-    if (a < b) f(p, a - p.offset, b - p.offset);
+void for_each_part(const ParamTable& table, int64_t first, int64_t n, F&& f) {
+  for (const ParamEntry* p : table.of_kind(ParamKind::trainable)) {
+    const int64_t a = std::max(first, p->offset), b = std::min(first + n, p->offset + p->numel());
+    if (a < b) f(*p, a - p->offset, b - p->offset);
   }
 }
 
 }  // namespace
 
 template <class ExecSpace>
-double restore_params(const LoraModel<ExecSpace>& model, const CheckpointReader& c, int64_t first,
-                      const typename LoraModel<ExecSpace>::Vec& dst) {
+double restore_params(const Model<ExecSpace>& model, const CheckpointReader& c, int64_t first,
+                      const typename Model<ExecSpace>::Vec& dst) {
   double first_touch_s = 0;
-  HostDestination<typename LoraModel<ExecSpace>::Vec> out(dst, first_touch_s);
-  for_each_part(model.params_info(), first, dst.extent(0),
-                [&](const ParamInfo& p, int64_t lo, int64_t hi) {
+  HostDestination<typename Model<ExecSpace>::Vec> out(dst, first_touch_s);
+  for_each_part(model.table(), first, dst.extent(0),
+                [&](const ParamEntry& p, int64_t lo, int64_t hi) {
                   c.read_param(p.name, lo, hi, out.host.data() + (p.offset + lo - first));
                 });
   out.done();
@@ -218,7 +242,7 @@ double restore_params(const LoraModel<ExecSpace>& model, const CheckpointReader&
 }
 
 template <class ExecSpace>
-double restore_optimizer(Optimizer<ExecSpace>& opt, const LoraModel<ExecSpace>& model,
+double restore_optimizer(Optimizer<ExecSpace>& opt, const Model<ExecSpace>& model,
                          const CheckpointReader& c, int64_t first) {
   double first_touch_s = 0;
   for (const auto& [state, view] : opt.state()) {
@@ -227,7 +251,7 @@ double restore_optimizer(Optimizer<ExecSpace>& opt, const LoraModel<ExecSpace>& 
     // (past the last parameter: an FSDP chunk's padding, at zero as a fresh state's)
     const int64_t real = std::max<int64_t>(0, std::min(n, model.num_params() - first));
     std::fill(out.host.data() + real, out.host.data() + n, 0.0f);
-    for_each_part(model.params_info(), first, n, [&](const ParamInfo& p, int64_t lo, int64_t hi) {
+    for_each_part(model.table(), first, n, [&](const ParamEntry& p, int64_t lo, int64_t hi) {
       KQLORA_INPUT_CHECK(c.has_state(p.name, state),
                          "restart: optimizer state " << state << " of '" << p.name << "' missing");
       c.read_state(p.name, state, lo, hi, out.host.data() + (p.offset + lo - first));
@@ -240,8 +264,8 @@ double restore_optimizer(Optimizer<ExecSpace>& opt, const LoraModel<ExecSpace>& 
 
 template <class ExecSpace>
 std::string save_checkpoint(
-    const Config& cfg, LoraModel<ExecSpace>& model, const Optimizer<ExecSpace>& opt,
-    const std::vector<std::pair<std::string, typename LoraModel<ExecSpace>::Vec>>& opt_state,
+    const Config& cfg, Model<ExecSpace>& model, const Optimizer<ExecSpace>& opt,
+    const std::vector<std::pair<std::string, typename Model<ExecSpace>::Vec>>& opt_state,
     Fsdp<ExecSpace>* fsdp, Communicator& comm, int64_t steps_done, const std::string& data_source) {
   const int rank = comm.rank(), nranks = comm.size();
   CheckpointContents c;
@@ -251,65 +275,81 @@ std::string save_checkpoint(
   c.parallel = cfg.parallel;
   c.layout = cfg.checkpoint_layout;
   c.config_text = cfg.to_deck_text();
+  c.model_config_text = model.config().to_text();
+  c.table = model.table();
   c.optimizer_steps = opt.steps();
   c.seed = cfg.seed;
   c.data_source = data_source;
   if (cfg.checkpoint_layout == "shared")  // written straight from the model's buffers
     return save_shared(cfg, model, opt_state, fsdp, comm, c);
   auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params);
+  const ParamTable& table = model.table();
+  const auto trainable = table.of_kind(ParamKind::trainable);
   if (!fsdp) {
-    for (int l = 0; l < cfg.num_linears; ++l)
-      c.nf4.emplace_back(LoraModel<ExecSpace>::base_name(l), nf4_host(model.base[l]));
-    for (const auto& p : model.params_info())
+    for (const ParamEntry* e : table.of_kind(ParamKind::nf4))
+      c.nf4.emplace_back(e->name, nf4_host(model.nf4[e->offset]));
+    for (const ParamEntry* p : trainable)
       c.params.push_back(
-          {p.name, p.shape,
-           std::vector<float>(hp.data() + p.offset, hp.data() + p.offset + p.numel)});
+          {p->name, p->shape,
+           std::vector<float>(hp.data() + p->offset, hp.data() + p->offset + p->numel())});
     for (const auto& [state, view] : opt_state) {
       auto hs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
-      for (const auto& p : model.params_info())
+      for (const ParamEntry* p : trainable)
         c.optimizer.push_back(
-            {{p.name, state},
-             std::vector<float>(hs.data() + p.offset, hs.data() + p.offset + p.numel)});
+            {{p->name, state},
+             std::vector<float>(hs.data() + p->offset, hs.data() + p->offset + p->numel())});
     }
   } else {
     // This rank's shards: its NF4 blocks, and the part of each parameter (and of its
     // optimizer state) that lies in its chunk of the flat vector.
-    for (int l = 0; l < cfg.num_linears; ++l)
-      c.nf4_shards.emplace_back(LoraModel<ExecSpace>::base_name(l),
-                                nf4_shard_host(fsdp->base_shards()[l]));
+    for (const ParamEntry* e : table.of_kind(ParamKind::nf4))
+      c.nf4_shards.emplace_back(e->name, nf4_shard_host(fsdp->base_shards()[e->offset]));
     const int64_t lo = fsdp->shard_offset(), hi = lo + fsdp->shard_size();
     const auto& state = opt_state;
     std::vector<decltype(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params))>
         hs;
     for (const auto& kv : state)
       hs.push_back(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kv.second));
-    for (const auto& p : model.params_info()) {
-      const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel);
+    for (const ParamEntry* p : trainable) {
+      const int64_t a = std::max(lo, p->offset), b = std::min(hi, p->offset + p->numel());
       if (a >= b) continue;  // not in this rank's chunk
-      CheckpointTensor t{p.name, {b - a}, std::vector<float>(hp.data() + a, hp.data() + b)};
-      t.first_element = a - p.offset;
-      t.global_shape = p.shape;
+      CheckpointTensor t{p->name, {b - a}, std::vector<float>(hp.data() + a, hp.data() + b)};
+      t.first_element = a - p->offset;
+      t.global_shape = p->shape;
       t.shard_index = rank;
       t.num_shards = nranks;
       c.params.push_back(std::move(t));
       for (size_t k = 0; k < state.size(); ++k)
         c.optimizer.push_back(
-            {{p.name, state[k].first},
+            {{p->name, state[k].first},
              std::vector<float>(hs[k].data() + (a - lo), hs[k].data() + (b - lo))});
     }
+  }
+  // Frozen dense tensors (replicated): whole in every DDP file; in rank 0's FSDP file, as
+  // a slice of all of it (the other ranks' files hold none).
+  for (const ParamEntry* e : table.of_kind(ParamKind::dense)) {
+    if (fsdp && rank != 0) continue;
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.dense[e->offset]);
+    CheckpointTensor t{e->name, fsdp ? std::vector<int64_t>{e->numel()} : e->shape,
+                       std::vector<float>(h.data(), h.data() + e->numel())};
+    if (fsdp) {
+      t.first_element = 0;
+      t.global_shape = e->shape;
+      t.num_shards = nranks;
+    }
+    c.params.push_back(std::move(t));
   }
   return write_checkpoint_per_rank(cfg.save_dir, c, cfg.keep_last, comm);
 }
 
 using Exec = Kokkos::DefaultExecutionSpace;
-template void restore_base(LoraModel<Exec>&, const CheckpointReader&);
-template double restore_params(const LoraModel<Exec>&, const CheckpointReader&, int64_t,
-                               const LoraModel<Exec>::Vec&);
-template double restore_optimizer(Optimizer<Exec>&, const LoraModel<Exec>&, const CheckpointReader&,
+template void restore_frozen(Model<Exec>&, const CheckpointReader&);
+template double restore_params(const Model<Exec>&, const CheckpointReader&, int64_t,
+                               const Model<Exec>::Vec&);
+template double restore_optimizer(Optimizer<Exec>&, const Model<Exec>&, const CheckpointReader&,
                                   int64_t);
-template std::string save_checkpoint(
-    const Config&, LoraModel<Exec>&, const Optimizer<Exec>&,
-    const std::vector<std::pair<std::string, LoraModel<Exec>::Vec>>&, Fsdp<Exec>*, Communicator&,
-    int64_t, const std::string&);
+template std::string save_checkpoint(const Config&, Model<Exec>&, const Optimizer<Exec>&,
+                                     const std::vector<std::pair<std::string, Model<Exec>::Vec>>&,
+                                     Fsdp<Exec>*, Communicator&, int64_t, const std::string&);
 
 }  // namespace kqlora

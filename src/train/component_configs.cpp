@@ -4,11 +4,13 @@ namespace kqlora {
 
 ModelConfig model_config(const Config& c) {
   ModelConfig m;
+  m.kind = c.model;
+  m.loss = parse_loss(c.loss);
   m.dim = c.dim;
   m.num_layers = c.num_linears;
   m.rank = c.lora_rank;
-  m.alpha = static_cast<float>(c.lora_alpha);
-  m.dropout = static_cast<float>(c.lora_dropout);
+  m.alpha = c.lora_alpha;
+  m.dropout = c.lora_dropout;
   m.bias = c.bias;
   m.activation = parse_activation(c.activation);
   m.dtype = c.dtype;

@@ -4,58 +4,119 @@
 
 #include "kqlora/build_config.hpp"
 #include "kqlora/core/error.hpp"
+#include "kqlora/core/random.hpp"
 #if KQLORA_HAVE_HDF5
 #include "kqlora/io/hdf5_file.hpp"
 #endif
 
 namespace kqlora {
 
-DataSource::DataSource(const std::string& path, int64_t dim, int64_t global_bs, uint64_t seed,
-                       bool need_targets, const std::string& what)
-    : path_(path), dim_(dim), global_bs_(global_bs), seed_(seed) {
+DataSource::DataSource(const std::string& path, const InputSpec& spec, int64_t global_bs,
+                       uint64_t seed, const std::string& what)
+    : path_(path), spec_(spec), global_bs_(global_bs), seed_(seed) {
   if (path.empty()) return;
 #if KQLORA_HAVE_HDF5
   auto f = h5::open_file(path);
   const std::string where = what + " " + path;
+  auto dims_text = [](const std::vector<int64_t>& d) {
+    return d.size() == 2 ? std::to_string(d[0]) + " x " + std::to_string(d[1])
+                         : std::to_string(d.size()) + " dimensions";
+  };
+  if (spec.tokens) {
+    const int64_t T = spec.seq_len;
+    for (const char* name : {"input_ids", "labels"}) {
+      KQLORA_INPUT_CHECK(h5::exists(f, name), where << ": dataset '" << name << "' is missing");
+      const auto d = h5::dataset_dims(f, name, path);
+      KQLORA_INPUT_CHECK(
+          d.size() == 2 && d[1] == T && d[0] > 0,
+          where << ": dataset '" << name << "' must be [rows, " << T << "], got " << dims_text(d));
+      rows_ = d[0];
+    }
+    ids_.resize(static_cast<size_t>(rows_ * T));
+    labels_.resize(ids_.size());
+    h5::read_dataset(f, "input_ids", H5T_NATIVE_INT32, rows_ * T, ids_.data(), path);
+    h5::read_dataset(f, "labels", H5T_NATIVE_INT32, rows_ * T, labels_.data(), path);
+    for (size_t i = 0; i < ids_.size(); ++i) {
+      KQLORA_INPUT_CHECK(ids_[i] >= 0 && ids_[i] < spec.vocab,
+                         where << ": input_ids[" << i / T << ", " << i % T << "] = " << ids_[i]
+                               << " is outside the model's vocabulary [0, " << spec.vocab << ")");
+      KQLORA_INPUT_CHECK(labels_[i] == kIgnoreLabel || (labels_[i] >= 0 && labels_[i] < spec.vocab),
+                         where << ": labels[" << i / T << ", " << i % T << "] = " << labels_[i]
+                               << " is neither -100 nor in [0, " << spec.vocab << ")");
+    }
+    return;
+  }
+  const int64_t dim = spec.features;
   const auto dims = h5::dataset_dims(f, "inputs", path);
   KQLORA_INPUT_CHECK(
       dims.size() == 2 && dims[1] == dim && dims[0] > 0,
-      where << ": dataset 'inputs' must be [rows, " << dim << "], got "
-            << (dims.size() == 2 ? std::to_string(dims[0]) + " x " + std::to_string(dims[1])
-                                 : std::to_string(dims.size()) + " dimensions"));
+      where << ": dataset 'inputs' must be [rows, " << dim << "], got " << dims_text(dims));
   rows_ = dims[0];
   inputs_.resize(static_cast<size_t>(rows_ * dim));
   h5::read_dataset(f, "inputs", H5T_NATIVE_FLOAT, rows_ * dim, inputs_.data(), path);
-  if (need_targets) {
+  if (spec.target_features > 0) {
     KQLORA_INPUT_CHECK(h5::exists(f, "targets"),
                        where << ": loss = mse needs a dataset 'targets' [rows, dim]");
     const auto td = h5::dataset_dims(f, "targets", path);
-    KQLORA_INPUT_CHECK(td == dims, where << ": 'targets' must have the shape of 'inputs'");
-    targets_.resize(inputs_.size());
-    h5::read_dataset(f, "targets", H5T_NATIVE_FLOAT, rows_ * dim, targets_.data(), path);
+    KQLORA_INPUT_CHECK(td == (std::vector<int64_t>{rows_, spec.target_features}),
+                       where << ": 'targets' must have the shape of 'inputs'");
+    targets_.resize(static_cast<size_t>(rows_ * spec.target_features));
+    h5::read_dataset(f, "targets", H5T_NATIVE_FLOAT, rows_ * spec.target_features, targets_.data(),
+                     path);
   }
 #else
+  (void)spec;
   KQLORA_INPUT_CHECK(false, what << " " << path << ": this kqlora was built without HDF5");
 #endif
 }
 
-void DataSource::fill(const std::vector<float>& src, int64_t step, int64_t first, int64_t n,
-                      float* out) const {
+template <class T>
+void DataSource::fill(const std::vector<T>& src, int64_t width, int64_t step, int64_t first,
+                      int64_t n, T* out) const {
   KQLORA_CHECK(!path_.empty(),
                "DataSource: synthetic rows are generated on the device "
                "(fill_normal_rows), not read");
   for (int64_t i = 0; i < n; ++i) {
     const int64_t g = step * global_bs_ + first + i;  // global sample index over the run
-    std::memcpy(out + i * dim_, src.data() + (g % rows_) * dim_, sizeof(float) * dim_);
+    std::memcpy(out + i * width, src.data() + (g % rows_) * width, sizeof(T) * width);
   }
 }
 
 void DataSource::inputs(int64_t step, int64_t first, int64_t n, float* out) const {
-  fill(inputs_, step, first, n, out);
+  fill(inputs_, spec_.features, step, first, n, out);
 }
 
 void DataSource::targets(int64_t step, int64_t first, int64_t n, float* out) const {
-  fill(targets_, step, first, n, out);
+  fill(targets_, spec_.target_features, step, first, n, out);
+}
+
+void DataSource::tokens(int64_t step, int64_t first, int64_t n, int32_t* ids,
+                        int32_t* labels) const {
+  const int64_t T = spec_.seq_len;
+  if (!synthetic()) {
+    fill(ids_, T, step, first, n, ids);
+    fill(labels_, T, step, first, n, labels);
+    return;
+  }
+  for (int64_t i = 0; i < n * T; ++i) {
+    const uint64_t index = static_cast<uint64_t>(global_sample(step, first) * T + i);
+    ids[i] = static_cast<int32_t>(
+        random_uniform(seed_, static_cast<uint64_t>(RandomStream::inputs), index) *
+        static_cast<double>(spec_.vocab));
+    labels[i] = ids[i];
+  }
+}
+
+double DataSource::normaliser(int64_t step, bool mse) const {
+  if (!spec_.tokens) return mse ? static_cast<double>(global_bs_ * spec_.target_features) : 1.0;
+  const int64_t T = spec_.seq_len;
+  if (synthetic()) return static_cast<double>(global_bs_ * (T - 1));
+  int64_t n = 0;
+  for (int64_t i = 0; i < global_bs_; ++i) {
+    const int32_t* row = labels_.data() + ((step * global_bs_ + i) % rows_) * T;
+    for (int64_t t = 1; t < T; ++t) n += row[t] != kIgnoreLabel;
+  }
+  return static_cast<double>(n);
 }
 
 }  // namespace kqlora

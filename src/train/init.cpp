@@ -19,10 +19,6 @@ namespace kqlora {
 
 namespace {
 
-int layer_of(const std::string& name) {
-  return std::stoi(name.substr(7, name.find('.', 7) - 7));  // "layers.<i>."
-}
-
 // Kaiming-uniform with a = sqrt(5): bound 1/sqrt(fan_in).
 std::vector<float> uniform(uint64_t seed, uint64_t stream, int64_t n, double bound) {
   std::vector<float> v(static_cast<size_t>(n));
@@ -101,66 +97,63 @@ struct InitFile {
 
 }  // namespace
 
-std::vector<float> seed_param_values(const ModelConfig& cfg, const ParamInfo& p) {
-  const int l = layer_of(p.name);
-  if (p.name.find("lora_a") != std::string::npos)
-    return uniform(cfg.seed, layer_stream(RandomStream::lora_a, l), p.numel,
-                   1.0 / std::sqrt(static_cast<double>(cfg.dim)));
-  if (p.name.find("lora_b") != std::string::npos) {
-    if (cfg.lora_b_zeros) return std::vector<float>(static_cast<size_t>(p.numel), 0.0f);
-    return uniform(cfg.seed, layer_stream(RandomStream::lora_b, l), p.numel,
-                   1.0 / std::sqrt(static_cast<double>(cfg.rank)));
-  }
-  // bias: nn.Linear's default, U(-1/sqrt(fan_in), 1/sqrt(fan_in))
-  return uniform(cfg.seed, layer_stream(RandomStream::bias, l), p.numel,
-                 1.0 / std::sqrt(static_cast<double>(cfg.dim)));
+std::vector<float> seed_values(const ModelConfig& cfg, const ParamEntry& p) {
+  const InitRule& r = p.init;
+  KQLORA_CHECK(r.dist != InitRule::Dist::normal,
+               "'" << p.name << "': normal values are generated in place (fill_normal)");
+  if (r.dist == InitRule::Dist::zeros)
+    return std::vector<float>(static_cast<size_t>(p.numel()), 0.0f);
+  return uniform(cfg.seed, r.stream, p.numel(), 1.0 / std::sqrt(static_cast<double>(r.fan_in)));
 }
 
 template <class ExecSpace>
-void initialize_model(const ExecSpace& exec, LoraModel<ExecSpace>& model,
-                      const std::string& init_file, std::ostream& log) {
+void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std::string& init_file,
+                      std::ostream& log) {
   using Mem = typename ExecSpace::memory_space;
   const ModelConfig& cfg = model.config();
   InitFile init(init_file);
-  Nf4Layout layout;
-  layout.shape = {cfg.dim, cfg.dim};
-  layout.dtype = cfg.dtype;
-  layout.block_size = cfg.block_size;
-  layout.scaler_block_size = cfg.scaler_block_size;
   int from_file = 0, from_seed = 0;
-
-  for (int l = 0; l < cfg.num_layers; ++l) {
-    const std::string name = LoraModel<ExecSpace>::base_name(l);
-#if KQLORA_HAVE_HDF5
-    if (init.has(name) && !init.source && h5::is_nf4_group(init.params, name)) {
-      init.used.insert(name);
-      auto t = h5::read_nf4(init.params, name, init_file);
-      KQLORA_INPUT_CHECK(t.layout == layout,
-                         init_file << ": NF4 tensor '" << name << "' is " << t.layout.shape_string()
-                                   << " " << dtype_name(t.layout.dtype) << " with blocks "
-                                   << t.layout.block_size << "/" << t.layout.scaler_block_size
-                                   << "; the deck asks for " << layout.shape_string() << " "
-                                   << dtype_name(layout.dtype) << " with blocks "
-                                   << layout.block_size << "/" << layout.scaler_block_size);
-      model.base[l] = nf4_copy_to<Mem>(t);
-      ++from_file;
-      continue;
-    }
-#endif
-    // The float32 weight (from the file, or generated in place), then NF4 in the dtype.
+  // The float32 values of a frozen tensor: from the file, or N(0, 1) generated in place.
+  auto frozen_values = [&](const ParamEntry& e) {
     Kokkos::View<float*, Mem> w32(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kqlora::init::w")),
-        layout.numel());
-    if (init.has(name)) {
-      const auto w = init.floats(name, layout.shape);
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kqlora::init::w")), e.numel());
+    if (init.has(e.name)) {
+      const auto w = init.floats(e.name, e.shape);
       Kokkos::deep_copy(w32, Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
                                  w.data(), w.size()));
       ++from_file;
     } else {
-      fill_normal(exec, w32, cfg.seed, layer_stream(RandomStream::base_weight, l));
+      if (e.init.dist == InitRule::Dist::normal)
+        fill_normal(exec, w32, cfg.seed, e.init.stream);
+      else
+        Kokkos::deep_copy(w32, 0.0f);
       ++from_seed;
     }
-    if (cfg.bf16()) {
+    return w32;
+  };
+
+  for (const ParamEntry* ep : model.table().of_kind(ParamKind::nf4)) {
+    const ParamEntry& e = *ep;
+    const Nf4Layout layout = e.nf4_layout();
+#if KQLORA_HAVE_HDF5
+    if (init.has(e.name) && !init.source && h5::is_nf4_group(init.params, e.name)) {
+      init.used.insert(e.name);
+      auto t = h5::read_nf4(init.params, e.name, init_file);
+      KQLORA_INPUT_CHECK(
+          t.layout == layout,
+          init_file << ": NF4 tensor '" << e.name << "' is " << t.layout.shape_string() << " "
+                    << dtype_name(t.layout.dtype) << " with blocks " << t.layout.block_size << "/"
+                    << t.layout.scaler_block_size << "; the deck asks for " << layout.shape_string()
+                    << " " << dtype_name(layout.dtype) << " with blocks " << layout.block_size
+                    << "/" << layout.scaler_block_size);
+      model.nf4[e.offset] = nf4_copy_to<Mem>(t);
+      ++from_file;
+      continue;
+    }
+#endif
+    // The float32 weight, then NF4 in the dtype.
+    auto w32 = frozen_values(e);
+    if (layout.dtype == DType::bfloat16) {
       Kokkos::View<bfloat16*, Mem> w16(
           Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kqlora::init::w_bf16")),
           layout.numel());
@@ -168,24 +161,34 @@ void initialize_model(const ExecSpace& exec, LoraModel<ExecSpace>& model,
           "kqlora::init::to_bf16",
           Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, layout.numel()),
           KOKKOS_LAMBDA(int64_t i) { w16(i) = bfloat16(w32(i)); });
-      model.base[l] =
-          nf4_quantize<bfloat16>(exec, Kokkos::View<const bfloat16*, Mem>(w16), layout, name);
+      model.nf4[e.offset] =
+          nf4_quantize<bfloat16>(exec, Kokkos::View<const bfloat16*, Mem>(w16), layout, e.name);
     } else {
-      model.base[l] = nf4_quantize<float>(exec, Kokkos::View<const float*, Mem>(w32), layout, name);
+      model.nf4[e.offset] =
+          nf4_quantize<float>(exec, Kokkos::View<const float*, Mem>(w32), layout, e.name);
     }
+  }
+  for (const ParamEntry* ep : model.table().of_kind(ParamKind::dense)) {
+    auto w = frozen_values(*ep);
+    if (ep->dtype == DType::bfloat16)  // the values of its dtype, held as float32
+      Kokkos::parallel_for(
+          "kqlora::init::round_bf16",
+          Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, w.extent(0)),
+          KOKKOS_LAMBDA(int64_t i) { w(i) = round_to_bf16(w(i)); });
+    model.dense[ep->offset] = w;
   }
 
   auto host = Kokkos::create_mirror_view(model.params);
-  for (const auto& p : model.params_info()) {
+  for (const ParamEntry* p : model.table().of_kind(ParamKind::trainable)) {
     std::vector<float> v;
-    if (init.has(p.name)) {
-      v = init.floats(p.name, p.shape);
+    if (init.has(p->name)) {
+      v = init.floats(p->name, p->shape);
       ++from_file;
     } else {
-      v = seed_param_values(cfg, p);
+      v = seed_values(cfg, *p);
       ++from_seed;
     }
-    std::copy(v.begin(), v.end(), host.data() + p.offset);
+    std::copy(v.begin(), v.end(), host.data() + p->offset);
   }
   Kokkos::deep_copy(model.params, host);
   model.params_changed();
@@ -206,7 +209,7 @@ void initialize_model(const ExecSpace& exec, LoraModel<ExecSpace>& model,
 }
 
 template void initialize_model(const Kokkos::DefaultExecutionSpace&,
-                               LoraModel<Kokkos::DefaultExecutionSpace>&, const std::string&,
+                               Model<Kokkos::DefaultExecutionSpace>&, const std::string&,
                                std::ostream&);
 
 }  // namespace kqlora

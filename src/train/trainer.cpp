@@ -22,8 +22,7 @@
 #if KQLORA_HAVE_NCCL
 #include "kqlora/parallel/nccl_communicator.hpp"
 #endif
-#include "kqlora/nn/lora_model.hpp"
-#include "kqlora/nn/loss.hpp"
+#include "kqlora/nn/model_registry.hpp"
 #include "kqlora/optim/optimizer.hpp"
 #include "kqlora/train/component_configs.hpp"
 #include "kqlora/train/data.hpp"
@@ -48,9 +47,9 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-enum Phase { kData, kForward, kBackward, kComm, kOptimizer, kCheckpoint, kEval, kPhases };
-const char* phase_names[kPhases] = {"data",      "forward",        "backward",  "communication",
-                                    "optimizer", "checkpoint I/O", "evaluation"};
+enum Phase { kData, kForwardBackward, kComm, kOptimizer, kCheckpoint, kEval, kPhases };
+const char* phase_names[kPhases] = {"data",      "forward+backward", "communication",
+                                    "optimizer", "checkpoint I/O",   "evaluation"};
 
 /// Wall time per phase; each phase ends with a fence so device work is charged to it.
 struct PhaseTimer {
@@ -72,11 +71,13 @@ std::pair<int64_t, int64_t> slice_of(int64_t global_bs, int rank, int size) {
   return {rank * base + std::min<int64_t>(rank, extra), base + (rank < extra ? 1 : 0)};
 }
 
-/// Row-major host rows -> an [n, dim] device matrix.
-void upload(const std::vector<float>& rows, int64_t n, int64_t dim, const Matrix<Mem>& m) {
+/// Row-major host rows -> an [n, width] device matrix.
+template <class T, class View>
+void upload(const std::vector<T>& rows, const View& m) {
   auto h = Kokkos::create_mirror_view(m);
+  const int64_t n = m.extent(0), width = m.extent(1);
   for (int64_t t = 0; t < n; ++t)
-    for (int64_t f = 0; f < dim; ++f) h(t, f) = rows[t * dim + f];
+    for (int64_t f = 0; f < width; ++f) h(t, f) = rows[t * width + f];
   Kokkos::deep_copy(m, h);
 }
 
@@ -153,7 +154,6 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   const auto t_start = Clock::now();
   Exec exec;
   const ModelConfig mcfg = model_config(cfg);
-  const LossKind loss_kind = parse_loss(cfg.loss);
   if (root) {
     log << "kqlora-train: " << nranks << " rank(s), Kokkos " << Exec::name() << ", dtype "
         << dtype_name(cfg.dtype) << "\n-- effective configuration --\n"
@@ -162,7 +162,8 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
 
   // The weights are written once, by the initialisation or the restart (and, with
   // node-shared DDP, only into the shared memory): no zeros to write first.
-  LoraModel<Exec> model(exec, mcfg, false);
+  const std::unique_ptr<Model<Exec>> model_ptr = make_model(exec, mcfg, false);
+  Model<Exec>& model = *model_ptr;
   std::ostringstream init_log;
   // A restart takes the whole state from a checkpoint (any layout, world size and parallel
   // mode), after checking that it is the same model: no initialisation to throw away.
@@ -181,7 +182,7 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
     const auto t = Clock::now();
     resumed = std::make_unique<CheckpointReader>(load_restart(cfg, init_log));
     start_step = resumed->contents().step;
-    restore_base(model, *resumed);
+    restore_frozen(model, *resumed);
     restart_open_s = seconds_since(t);
 #endif
   }
@@ -222,7 +223,7 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   }
   // The optimizer sees this rank's parameters: all of them, its FSDP chunk, or its chunk
   // of the node-shared DDP weights.
-  using Vec = LoraModel<Exec>::Vec;
+  using Vec = Model<Exec>::Vec;
   const int64_t opt_first = fsdp ? fsdp->shard_offset() : ddp ? ddp->chunk_offset() : 0;
   const int64_t opt_size = fsdp ? fsdp->shard_size() : ddp ? ddp->chunk_size() : model.num_params();
   const auto opt_range = Kokkos::make_pair(opt_first, opt_first + opt_size);
@@ -264,18 +265,17 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
     resumed.reset();  // (closes the files)
 #endif
   }
-  DataSource data(cfg.data_file, cfg.dim, cfg.global_bs, static_cast<uint64_t>(cfg.seed),
-                  loss_kind == LossKind::mse, "data_file");
+  const InputSpec spec = model.input();
+  DataSource data(cfg.data_file, spec, cfg.global_bs, static_cast<uint64_t>(cfg.seed), "data_file");
   std::unique_ptr<DataSource> eval;
   if (!cfg.eval_file.empty())
-    eval = std::make_unique<DataSource>(cfg.eval_file, cfg.dim, cfg.global_bs,
-                                        static_cast<uint64_t>(cfg.seed), loss_kind == LossKind::mse,
-                                        "eval_file");
+    eval = std::make_unique<DataSource>(cfg.eval_file, spec, cfg.global_bs,
+                                        static_cast<uint64_t>(cfg.seed), "eval_file");
   if (root) {
-    log << "model: " << cfg.num_linears << " x LoRA linear " << cfg.dim << "x" << cfg.dim
-        << ", rank " << cfg.lora_rank << ", " << model.num_params()
-        << " trainable parameters, NF4 base "
-        << human_bytes(static_cast<double>(model.base_bytes())) << "\n";
+    log << "model: " << mcfg.kind << ", " << model.table().entries.size() << " tensors in "
+        << model.table().num_groups() << " groups, " << model.num_params()
+        << " trainable parameters, NF4 " << human_bytes(static_cast<double>(model.nf4_bytes()))
+        << "\n";
   }
   std::ofstream metrics;
   if (root && !cfg.metrics_file.empty()) {
@@ -287,43 +287,81 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   // (Plain variables, not structured bindings: lambdas below capture them.)
   const auto slice = slice_of(cfg.global_bs, rank, nranks);
   const int64_t first = slice.first, count = slice.second;
-  const int64_t mb = std::min(cfg.micro_bs, std::max<int64_t>(count, 1));
-  const int64_t dim = cfg.dim;
-  Matrix<Mem> x_buf("kqlora::train::x", mb, dim), t_buf("kqlora::train::target", mb, dim),
-      g_buf("kqlora::train::grad_out", mb, dim);
-  std::vector<float> rows(static_cast<size_t>(mb * dim)), trows(rows.size());
-  const double loss_count = static_cast<double>(cfg.global_bs) * dim;  // mse averages over it
+  // Micro-batches of at most micro_bs samples. FSDP gathers NF4 weights in every
+  // micro-batch's forward and backward, collectively: there every rank runs as many
+  // micro-batches as the largest slice (rank 0's) needs, a smaller slice's last ones
+  // empty. (The split of a slice is the same as with its own count.)
+  const int64_t largest = slice_of(cfg.global_bs, 0, nranks).second;
+  const int64_t mb = std::min(cfg.micro_bs, largest);
+  const int64_t micro_batches = ((fsdp ? largest : count) + mb - 1) / mb;
+  // One micro-batch's buffers, in the form the model reads.
+  Batch<Mem> buf;
+  std::vector<float> rows, trows;
+  std::vector<int32_t> ids, labels;
+  if (spec.tokens) {
+    buf.tokens = TokenMatrix<Mem>("kqlora::train::tokens", mb, spec.seq_len);
+    buf.labels = TokenMatrix<Mem>("kqlora::train::labels", mb, spec.seq_len);
+    ids.resize(static_cast<size_t>(mb * spec.seq_len));
+    labels.resize(ids.size());
+  } else {
+    buf.inputs = Matrix<Mem>("kqlora::train::x", mb, spec.features);
+    rows.resize(static_cast<size_t>(mb * spec.features));
+    if (spec.target_features > 0) {
+      buf.targets = Matrix<Mem>("kqlora::train::target", mb, spec.target_features);
+      trows.resize(static_cast<size_t>(mb * spec.target_features));
+    }
+  }
+  const bool mse = mcfg.loss == LossKind::mse;
+
+  // Samples [first + m0, first + m0 + n) of `step` into the buffers' first n rows.
+  auto load = [&](const DataSource& src, int64_t step, int64_t m0, int64_t n) {
+    Batch<Mem> b;
+    b.step = step;
+    b.first_sample = first + m0;
+    b.global_bs = cfg.global_bs;
+    using Kokkos::ALL;
+    const auto rows_n = Kokkos::make_pair(int64_t(0), n);
+    if (spec.tokens) {
+      b.tokens = Kokkos::subview(buf.tokens, rows_n, ALL);
+      b.labels = Kokkos::subview(buf.labels, rows_n, ALL);
+      src.tokens(step, first + m0, n, ids.data(), labels.data());
+      upload(ids, b.tokens);
+      upload(labels, b.labels);
+      return b;
+    }
+    b.inputs = Matrix<Mem>(buf.inputs.data(), n, spec.features);
+    if (buf.targets.data()) b.targets = Matrix<Mem>(buf.targets.data(), n, spec.target_features);
+    if (src.synthetic()) {  // generated in place, on the device
+      const int64_t g0 = src.global_sample(step, first + m0);
+      const uint64_t seed = static_cast<uint64_t>(cfg.seed);
+      fill_normal_rows(exec, b.inputs, seed, static_cast<uint64_t>(RandomStream::inputs), g0);
+      if (b.targets.data())
+        fill_normal_rows(exec, b.targets, seed, static_cast<uint64_t>(RandomStream::targets), g0);
+    } else {
+      src.inputs(step, first + m0, n, rows.data());
+      upload(rows, b.inputs);
+      if (b.targets.data()) {
+        src.targets(step, first + m0, n, trows.data());
+        upload(trows, b.targets);
+      }
+    }
+    return b;
+  };
 
   // The loss (and, for training, the gradients) of this rank's slice of a step's batch.
   auto run_batch = [&](const DataSource& src, int64_t step, bool train_pass, PhaseTimer* timer) {
     double loss = 0.0;
-    for (int64_t m0 = 0; m0 < count; m0 += mb) {
-      const int64_t n = std::min(mb, count - m0);
-      Matrix<Mem> x(x_buf.data(), n, dim), tg(t_buf.data(), n, dim), g(g_buf.data(), n, dim);
+    const double normaliser = src.normaliser(step, mse);
+    for (int64_t k = 0; k < micro_batches; ++k) {
+      const int64_t m0 = k * mb, n = std::clamp<int64_t>(count - m0, 0, mb);
       if (timer) timer->enter(kData);
-      if (src.synthetic()) {  // generated in place, on the device
-        const int64_t g0 = src.global_sample(step, first + m0);
-        const uint64_t seed = static_cast<uint64_t>(cfg.seed);
-        fill_normal_rows(exec, x, seed, static_cast<uint64_t>(RandomStream::inputs), g0);
-        if (loss_kind == LossKind::mse)
-          fill_normal_rows(exec, tg, seed, static_cast<uint64_t>(RandomStream::targets), g0);
-      } else {
-        src.inputs(step, first + m0, n, rows.data());
-        upload(rows, n, dim, x);
-        if (loss_kind == LossKind::mse) {
-          src.targets(step, first + m0, n, trows.data());
-          upload(trows, n, dim, tg);
-        }
-      }
-      if (timer) timer->enter(kForward);
-      auto y = model.forward(x, step, first + m0, cfg.global_bs);
+      const Batch<Mem> b = load(src, step, m0, n);
+      if (timer) timer->enter(kForwardBackward);
       if (train_pass) {
-        loss += nn::loss_forward_backward(exec, loss_kind, y, tg, loss_count, g);
-        if (timer) timer->enter(kBackward);
-        if (ddp && m0 + mb >= count) ddp->arm();  // the last micro-batch reduces
-        model.backward(g, m0 > 0);                // the first micro-batch writes the gradients
+        if (ddp && k + 1 == micro_batches) ddp->arm();          // the last micro-batch reduces
+        loss += model.forward_backward(b, normaliser, m0 > 0);  // the first writes the grads
       } else {
-        loss += nn::loss_value(exec, loss_kind, y, tg, loss_count);
+        loss += model.loss(b, normaliser);
       }
     }
     return loss;
@@ -450,14 +488,14 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
 #endif
   timer.enter(kData);
   if (collect_final) {
-    for (int l = 0; l < cfg.num_linears; ++l)
+    for (const ParamEntry* e : model.table().of_kind(ParamKind::nf4))
       summary.final_base.emplace_back(
-          LoraModel<Exec>::base_name(l),
-          nf4_copy_to<Kokkos::HostSpace>(fsdp ? fsdp->whole_base(l) : model.base[l]));
+          e->name,
+          nf4_copy_to<Kokkos::HostSpace>(fsdp ? fsdp->whole_nf4(e->offset) : model.nf4[e->offset]));
     auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params);
-    for (const auto& p : model.params_info())
+    for (const ParamEntry* p : model.table().of_kind(ParamKind::trainable))
       summary.final_params.emplace_back(
-          p.name, std::vector<float>(hp.data() + p.offset, hp.data() + p.offset + p.numel));
+          p->name, std::vector<float>(hp.data() + p->offset, hp.data() + p->offset + p->numel()));
   }
 
   // Timing table: min / avg / max over ranks.
@@ -483,11 +521,11 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   const double rss_above = static_cast<double>(memory::peak_rss_bytes() - rss_start);
   if (root) {
     log << "\n"
-        << std::left << std::setw(16) << "phase" << std::right << std::setw(11) << "min"
+        << std::left << std::setw(18) << "phase" << std::right << std::setw(11) << "min"
         << std::setw(11) << "avg" << std::setw(11) << "max" << std::setw(9) << "% total\n";
     const double avg_total = sum[kPhases] / nranks;
     auto row = [&](const char* name, double a, double b, double c) {
-      log << std::left << std::setw(16) << name << std::right << std::fixed << std::setprecision(3)
+      log << std::left << std::setw(18) << name << std::right << std::fixed << std::setprecision(3)
           << std::setw(10) << a << "s" << std::setw(10) << b << "s" << std::setw(10) << c << "s"
           << std::setw(8) << std::setprecision(1) << 100.0 * b / avg_total << "%\n"
           << std::defaultfloat;

@@ -14,11 +14,13 @@
 #include "kqlora/io/checkpoint.hpp"
 #include "kqlora/io/checkpoint_diff.hpp"
 #include "kqlora/io/deck.hpp"
+#include "kqlora/nn/lora_stack.hpp"
 #include "kqlora/parallel/ddp.hpp"
 #include "kqlora/parallel/world.hpp"
 #include "kqlora/train/component_configs.hpp"
 #include "kqlora/train/init.hpp"
 #include "kqlora/train/trainer.hpp"
+#include "token_mlp_model.hpp"
 
 namespace {
 
@@ -176,25 +178,33 @@ TEST(DataParallel, FsdpClippingUsesTheGlobalNorm) {
                   "lr=1e-3 grad_clip=1");
 }
 
+TEST(DataParallel, FsdpUnevenSlicesMicroBatches) {
+  // 7 samples in micro-batches of 2: np 3 -> 3+2+2, rank 0 runs 2 micro-batches and the
+  // others 1 + an empty one, so that every rank joins each gather of the NF4 weights.
+  run_and_compare("fsdp_uneven_micro",
+                  "parallel=fsdp checkpoint_layout=per_rank dim=64 num_linears=2 lora_rank=8 "
+                  "global_bs=7 micro_bs=2 num_steps=3 loss=mse optimizer=adam lr=1e-2");
+}
+
 TEST(DataParallel, BroadcastGivesEveryRankRank0sBytes) {
   auto world = kqlora::make_mpi_communicator(true);
   kqlora::Config cfg = kqlora::parse_deck_text("", "t", {"dim=64", "num_linears=2", "lora_rank=8"});
   kqlora::ModelConfig m = kqlora::model_config(cfg);
   m.seed = 100 + world->rank();  // every rank starts from different values
-  kqlora::LoraModel<Exec> model(Exec(), m);
+  kqlora::LoraStack<Exec> model(Exec(), m);
   std::ostringstream log;
   kqlora::initialize_model(Exec(), model, "", log);
   // Rank 0's own bytes, for the comparison after the broadcast.
   m.seed = 100;
-  kqlora::LoraModel<Exec> rank0(Exec(), m);
+  kqlora::LoraStack<Exec> rank0(Exec(), m);
   kqlora::initialize_model(Exec(), rank0, "", log);
   {
     kqlora::Ddp<Exec> ddp(*world, model, 25.0);
     ddp.broadcast_parameters();
   }
   for (int l = 0; l < 2; ++l) {
-    auto a = kqlora::nf4_host(model.base[l]);
-    auto b = kqlora::nf4_host(rank0.base[l]);
+    auto a = kqlora::nf4_host(model.nf4[l]);
+    auto b = kqlora::nf4_host(rank0.nf4[l]);
     EXPECT_EQ(0, std::memcmp(a.quantized_data.data(), b.quantized_data.data(),
                              a.quantized_data.extent(0)));
     EXPECT_EQ(0, std::memcmp(a.quantized_scalers.data(), b.quantized_scalers.data(),
@@ -348,4 +358,45 @@ TEST(Restart, RefusesAnotherModel) {
                              dir,
                          1),
                     *self, log));
+}
+
+// The model interface carries a second model (tests/mpi/token_mlp_model.cpp: token ids in,
+// a frozen dense embedding, two rectangular NF4 weights in one group, a trainable head)
+// that no library code knows: DDP (node shared memory and buckets) and FSDP at this world
+// size give the one-process results, and a restart continues exactly.
+namespace {
+const std::string kTokenMlp =
+    " model=test_token_mlp dim=16 lora_rank=4 lora_alpha=8 block_size=16 scaler_block_size=8 ";
+}
+
+TEST(SecondModel, DataParallelEqualsOneProcess) {
+  tokenmlp::register_token_mlp();
+  const std::string keys = kTokenMlp + "global_bs=7 micro_bs=2 num_steps=4 optimizer=adam lr=1e-2";
+  run_and_compare("token_mlp_ddp", keys);
+  with_buckets([&] { run_and_compare("token_mlp_buckets", keys + " bucket_mb=0.0001"); });
+  run_and_compare("token_mlp_fsdp", keys + " parallel=fsdp checkpoint_layout=per_rank");
+}
+
+TEST(SecondModel, RestartIsExact) {
+  tokenmlp::register_token_mlp();
+  auto world = kqlora::make_mpi_communicator(true);
+  const int n = world->size();
+  std::ostringstream log;
+  for (const std::string layout : {"per_rank", "shared"})
+    for (const std::string mode : {"ddp", "fsdp"}) {
+      const std::string dir =
+          base_dir() + "/token_mlp_resume_" + mode + "_" + layout + "_np" + std::to_string(n);
+      const std::string keys = kTokenMlp + "parallel=" + mode + " checkpoint_layout=" + layout;
+      kqlora::train(deck(keys + " num_steps=4 save_dir=" + dir + "/straight", n), *world, log);
+      kqlora::train(deck(keys + " num_steps=2 save_dir=" + dir + "/split", n), *world, log);
+      kqlora::train(deck(keys + " num_steps=4 restart=latest save_dir=" + dir + "/split", n),
+                    *world, log);
+      expect_same_state(dir + "/straight", dir + "/split", 0, 0);
+      // The checkpoint names its model: its table comes back from the file alone.
+      const auto c = load_state(dir + "/split");
+      EXPECT_EQ(c.table.model_kind, "test_token_mlp");
+      EXPECT_EQ(c.table.count(kqlora::ParamKind::nf4), 2);
+      ASSERT_NE(c.table.find("embed.weight"), nullptr);
+      EXPECT_EQ(c.table.find("embed.weight")->kind, kqlora::ParamKind::dense);
+    }
 }

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "kqlora/nn/param_table.hpp"
 #include "kqlora/quant/nf4_shard.hpp"
 #include "kqlora/quant/nf4_tensor.hpp"
 
@@ -27,6 +28,11 @@ struct CheckpointContents {
   int64_t step = 0;  // optimizer steps done
   int world_size = 1, rank = 0;
   std::string parallel = "ddp", layout = "per_rank", config_text;
+  /// The model's own configuration text (root attribute model_config; ModelConfig), and
+  /// the parameter table rebuilt from it when the file is read: all a reader needs to
+  /// know the model. Files without the attribute (older kqlora) take it from `config`.
+  std::string model_config_text;
+  ParamTable table;
   std::vector<std::pair<std::string, Nf4Tensor<Kokkos::HostSpace>>> nf4;  // frozen base weights
   std::vector<std::pair<std::string, Nf4Shard<Kokkos::HostSpace>>> nf4_shards;  // FSDP
   std::vector<CheckpointTensor> params;  // trainable, float32 masters

@@ -14,6 +14,7 @@ namespace kqlora {
 
 struct Config {
   // model
+  std::string model = "lora_stack";  // a registered model kind (nn/model_registry.hpp)
   int64_t dim = 128, num_linears = 1, lora_rank = 64;
   double lora_alpha = 16, lora_dropout = 0;
   std::string lora_b_init = "kaiming";  // zeros | kaiming

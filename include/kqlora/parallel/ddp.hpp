@@ -3,7 +3,7 @@
 // components byte for byte and the float tensors, in one broadcast -- replace every rank's
 // (so all ranks hold rank 0's exact bytes). In the last micro-batch's backward, gradients
 // are summed over ranks in buckets of about bucket_mb, each bucket started as soon as its
-// layers' gradients are complete, and driven between the panels of the products that
+// groups' gradients are complete, and driven between the panels of the products that
 // follow, so the reduction overlaps the rest of the backward.
 //
 // Where all ranks run on one node and the model is in host memory, share_node_memory()
@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "kqlora/nn/lora_model.hpp"
+#include "kqlora/nn/model.hpp"
 #include "kqlora/optim/optimizer.hpp"
 #include "kqlora/parallel/communicator.hpp"
 
@@ -31,7 +31,7 @@ class Ddp {
  public:
   using Mem = typename ExecSpace::memory_space;
 
-  Ddp(Communicator& comm, LoraModel<ExecSpace>& model, double bucket_mb, bool overlap = true);
+  Ddp(Communicator& comm, Model<ExecSpace>& model, double bucket_mb, bool overlap = true);
   ~Ddp();
 
   /// Rank 0's base weights and parameters on every rank (one broadcast).
@@ -51,12 +51,12 @@ class Ddp {
   int64_t chunk_offset() const;
   int64_t chunk_size() const;
   /// Buffers for the optimizer's state over this rank's chunk (node-shared mode).
-  std::vector<typename LoraModel<ExecSpace>::Vec> optimizer_buffers() const;
+  std::vector<typename Model<ExecSpace>::Vec> optimizer_buffers() const;
   /// The whole optimizer state by name (node-shared mode: every rank's chunks together).
-  std::vector<std::pair<std::string, typename LoraModel<ExecSpace>::Vec>> optimizer_state(
+  std::vector<std::pair<std::string, typename Model<ExecSpace>::Vec>> optimizer_state(
       const Optimizer<ExecSpace>& opt) const;
 
-  /// Before the last micro-batch's backward: its layer hooks start the buckets.
+  /// Before the last micro-batch's backward: its group hooks start the buckets.
   void arm();
   /// After that backward: starts what is left, waits for all buckets (node-shared mode:
   /// waits for every rank's backward and sums its chunk of the gradients).
@@ -86,16 +86,16 @@ class Ddp {
  private:
   struct Bucket {
     int64_t lo = 0, hi = 0;  // flat gradient range
-    int first_layer = 0, last_layer = 0;
+    int groups = 0;          // parameter groups in it
     int pending = 0;
     std::unique_ptr<Request> request;
     std::chrono::steady_clock::time_point started;
     bool finished = false;
   };
   Communicator& comm_;
-  LoraModel<ExecSpace>& model_;
+  Model<ExecSpace>& model_;
   std::vector<Bucket> buckets_;
-  std::vector<int> bucket_of_layer_;
+  std::vector<int> bucket_of_group_;  // -1: a group without trainable parameters
   bool armed_ = false, overlap_ = true, copy_back_ = true;
   Stats stats_;
   Kokkos::View<float*, Kokkos::HostSpace> staging_;  // device gradients through the host

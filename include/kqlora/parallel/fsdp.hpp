@@ -1,16 +1,17 @@
 #pragma once
 // FSDP: the NF4 base weights, quantized globally, live as shards of whole scaler blocks
-// (nf4_shard: any N, padded to equal sizes); each layer's weight is all-gathered just
-// before its forward and again before its backward, and freed right after. The flat LoRA
-// parameter vector is split into N equal (padded) chunks: each rank owns one chunk and
-// its optimizer state; gradients are reduce-scattered onto the owners, and the updated
-// chunks all-gathered so that every rank computes with the whole (small) adapter set.
+// (nf4_shard: any N, padded to equal sizes); each parameter group's NF4 weights are
+// all-gathered just before a product reads them, forward and backward, and freed right
+// after. Frozen dense tensors (groups without NF4: an embedding, a head) stay replicated. The flat
+// LoRA parameter vector is split into N equal (padded) chunks: each rank owns one chunk and its
+// optimizer state; gradients are reduce-scattered onto the owners, and the updated chunks
+// all-gathered so that every rank computes with the whole (small) adapter set.
 
 #include <Kokkos_Core.hpp>
 
 #include <vector>
 
-#include "kqlora/nn/lora_model.hpp"
+#include "kqlora/nn/model.hpp"
 #include "kqlora/parallel/communicator.hpp"
 #include "kqlora/quant/nf4_shard.hpp"
 
@@ -22,8 +23,8 @@ class Fsdp {
   using Mem = typename ExecSpace::memory_space;
   using Vec = Kokkos::View<float*, Mem>;
 
-  /// Shards the model's (whole, identical on every rank) base weights and frees them.
-  Fsdp(const ExecSpace& exec, Communicator& comm, LoraModel<ExecSpace>& model);
+  /// Shards the model's (whole, identical on every rank) NF4 tensors and frees them.
+  Fsdp(const ExecSpace& exec, Communicator& comm, Model<ExecSpace>& model);
   ~Fsdp();
 
   /// This rank's chunk of the flat parameters: [shard_offset, shard_offset + shard_size),
@@ -42,20 +43,20 @@ class Fsdp {
   double grad_norm();
 
   const std::vector<Nf4Shard<Mem>>& base_shards() const { return shards_; }
-  /// Layer l's whole base weight (collective: every rank must call it).
-  Nf4Tensor<Mem> whole_base(int layer);
+  /// NF4 tensor i whole (collective: every rank must call it).
+  Nf4Tensor<Mem> whole_nf4(int i);
   /// Bytes of base weight this rank holds between uses (its shards).
   int64_t base_shard_bytes() const;
 
  private:
   ExecSpace exec_;
   Communicator& comm_;
-  LoraModel<ExecSpace>& model_;
+  Model<ExecSpace>& model_;
   std::vector<Nf4Shard<Mem>> shards_;
   int64_t chunk_ = 0;
   Vec padded_params_, padded_grads_, shard_grads_;
 
-  void gather_base(int layer);
+  void gather_nf4(int i);
 };
 
 }  // namespace kqlora

@@ -8,7 +8,7 @@
 #include "kqlora/io/checkpoint.hpp"
 #include "kqlora/io/checkpoint_reader.hpp"
 #include "kqlora/io/deck.hpp"
-#include "kqlora/nn/lora_model.hpp"
+#include "kqlora/nn/model.hpp"
 #include "kqlora/optim/optimizer.hpp"
 #include "kqlora/parallel/communicator.hpp"
 #include "kqlora/parallel/fsdp.hpp"
@@ -21,22 +21,23 @@ namespace kqlora {
 /// on `log`.
 CheckpointReader load_restart(const Config& cfg, std::ostream& log);
 
-/// The checkpoint's base weights into the model (whole, before any sharding).
+/// The checkpoint's frozen tensors (NF4 and dense) into the model (whole, before any
+/// sharding).
 template <class ExecSpace>
-void restore_base(LoraModel<ExecSpace>& model, const CheckpointReader& c);
+void restore_frozen(Model<ExecSpace>& model, const CheckpointReader& c);
 
 /// Parameters [first, first + dst.extent(0)) of the flat vector (clipped to it) from the
 /// checkpoint into dst, read straight into it where dst is host memory. Returns the
 /// seconds spent placing dst's pages (first touch) before the reading.
 template <class ExecSpace>
-double restore_params(const LoraModel<ExecSpace>& model, const CheckpointReader& c, int64_t first,
-                      const typename LoraModel<ExecSpace>::Vec& dst);
+double restore_params(const Model<ExecSpace>& model, const CheckpointReader& c, int64_t first,
+                      const typename Model<ExecSpace>::Vec& dst);
 
 /// The optimizer state of parameters [first, first + size) of the flat vector (the whole
 /// vector for DDP, this rank's chunk for FSDP and node-shared DDP) and the step count.
 /// Returns the seconds of first touch, as restore_params.
 template <class ExecSpace>
-double restore_optimizer(Optimizer<ExecSpace>& opt, const LoraModel<ExecSpace>& model,
+double restore_optimizer(Optimizer<ExecSpace>& opt, const Model<ExecSpace>& model,
                          const CheckpointReader& c, int64_t first);
 
 /// Writes and commits the checkpoint of `steps_done` steps in cfg.checkpoint_layout
@@ -44,8 +45,8 @@ double restore_optimizer(Optimizer<ExecSpace>& opt, const LoraModel<ExecSpace>& 
 /// over this rank's FSDP chunk or (DDP) the whole flat vector.
 template <class ExecSpace>
 std::string save_checkpoint(
-    const Config& cfg, LoraModel<ExecSpace>& model, const Optimizer<ExecSpace>& opt,
-    const std::vector<std::pair<std::string, typename LoraModel<ExecSpace>::Vec>>& opt_state,
+    const Config& cfg, Model<ExecSpace>& model, const Optimizer<ExecSpace>& opt,
+    const std::vector<std::pair<std::string, typename Model<ExecSpace>::Vec>>& opt_state,
     Fsdp<ExecSpace>* fsdp, Communicator& comm, int64_t steps_done, const std::string& data_source);
 
 }  // namespace kqlora

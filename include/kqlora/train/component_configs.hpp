@@ -3,7 +3,7 @@
 // the optimizer: nn/ and optim/ know nothing of the deck (docs/ARCHITECTURE.md).
 
 #include "kqlora/io/deck.hpp"
-#include "kqlora/nn/lora_model.hpp"
+#include "kqlora/nn/model_config.hpp"
 #include "kqlora/optim/optimizer.hpp"
 
 namespace kqlora {

@@ -1,37 +1,53 @@
 #pragma once
-// Training and evaluation batches: from an HDF5 file (`inputs` [rows, dim], `targets`
-// [rows, dim] for mse) or synthetic from the counter-based generator. Step s uses the
-// global rows s*global_bs .. (s+1)*global_bs - 1 (modulo the file's rows), so a step's
-// global batch is the same whatever the world size.
+// Training and evaluation batches, in the form the model's InputSpec asks for: float rows
+// from an HDF5 file (`inputs` [rows, features], `targets` [rows, target_features] when the
+// loss needs them) or token ids (`input_ids` and `labels`, int32 [rows, seq_len], label
+// -100 ignored; docs/TRAINING.md, "Data files"), or synthetic from the counter-based
+// generator. Step s uses the global rows s*global_bs .. (s+1)*global_bs - 1 (modulo the
+// file's rows), so a step's global batch is the same whatever the world size.
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "kqlora/nn/batch.hpp"
+
 namespace kqlora {
 
 class DataSource {
  public:
-  /// `path` empty: synthetic data from `seed`. `need_targets`: mse needs targets.
-  DataSource(const std::string& path, int64_t dim, int64_t global_bs, uint64_t seed,
-             bool need_targets, const std::string& what);
+  /// `path` empty: synthetic data from `seed` (token labels equal the ids, as for a
+  /// language model whose labels are its inputs).
+  DataSource(const std::string& path, const InputSpec& spec, int64_t global_bs, uint64_t seed,
+             const std::string& what);
 
-  /// Row-major [n, dim] inputs (and targets) of samples first .. first+n-1 of `step`, from
-  /// the file (synthetic rows come from fill_normal_rows, keyed by global_sample).
+  /// Row-major float rows (and targets) of samples first .. first+n-1 of `step`, from the
+  /// file (synthetic rows come from fill_normal_rows, keyed by global_sample).
   void inputs(int64_t step, int64_t first, int64_t n, float* out) const;
   void targets(int64_t step, int64_t first, int64_t n, float* out) const;
+  /// Token ids and labels [n, seq_len] of those samples (file or synthetic).
+  void tokens(int64_t step, int64_t first, int64_t n, int32_t* ids, int32_t* labels) const;
+  /// The count the loss of `step`'s global batch is divided by: mse, its elements; sum, 1;
+  /// tokens, its labels that are scored (not -100, past position 0). Every rank computes
+  /// it alone.
+  double normaliser(int64_t step, bool mse) const;
+
   bool synthetic() const { return path_.empty(); }
+  const InputSpec& spec() const { return spec_; }
   /// Global sample index of sample `first` of `step` (the counter of synthetic rows).
   int64_t global_sample(int64_t step, int64_t first) const { return step * global_bs_ + first; }
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
-  int64_t dim_, global_bs_, rows_ = 0;
+  InputSpec spec_;
+  int64_t global_bs_, rows_ = 0;
   uint64_t seed_;
   std::vector<float> inputs_, targets_;
-  void fill(const std::vector<float>& src, int64_t step, int64_t first, int64_t n,
-            float* out) const;
+  std::vector<int32_t> ids_, labels_;
+  template <class T>
+  void fill(const std::vector<T>& src, int64_t width, int64_t step, int64_t first, int64_t n,
+            T* out) const;
 };
 
 }  // namespace kqlora

@@ -6,17 +6,17 @@
 #include <iosfwd>
 #include <string>
 
-#include "kqlora/nn/lora_model.hpp"
+#include "kqlora/nn/model.hpp"
 
 namespace kqlora {
 
-/// Synthetic values of a trainable parameter (row-major, float32). Base weights are
-/// generated in place (fill_normal, stream base_weight + layer) before quantization.
-std::vector<float> seed_param_values(const ModelConfig& cfg, const ParamInfo& p);
+/// A trainable parameter's values from the seed by its InitRule (row-major, float32).
+/// Frozen tensors' normal values are generated in place (fill_normal) before quantization.
+std::vector<float> seed_values(const ModelConfig& cfg, const ParamEntry& p);
 
-/// Fills the model's base weights and parameters; notes what came from where on `log`.
+/// Fills every tensor of the model's table; notes what came from where on `log`.
 template <class ExecSpace>
-void initialize_model(const ExecSpace& exec, LoraModel<ExecSpace>& model,
-                      const std::string& init_file, std::ostream& log);
+void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std::string& init_file,
+                      std::ostream& log);
 
 }  // namespace kqlora

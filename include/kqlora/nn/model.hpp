@@ -1,0 +1,86 @@
+#pragma once
+// The model interface: what the trainer, data parallelism, checkpoints and exports know of
+// a model. A model publishes its parameter table, holds its tensors (the trainable float32
+// masters and their gradients in two flat buffers, the frozen NF4 and dense tensors by
+// index), and computes the loss of a batch -- with its gradients -- inside its forward and
+// backward, divided by a normaliser the trainer passes in (the global count the loss is
+// divided by, so micro-batches and ranks add up to the global batch's gradient).
+
+#include <Kokkos_Core.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kqlora/nn/batch.hpp"
+#include "kqlora/nn/model_config.hpp"
+#include "kqlora/nn/param_table.hpp"
+#include "kqlora/quant/nf4_tensor.hpp"
+
+namespace kqlora {
+
+template <class ExecSpace>
+class Model {
+ public:
+  using Mem = typename ExecSpace::memory_space;
+  using Vec = Kokkos::View<float*, Mem>;
+
+  virtual ~Model() = default;
+
+  const ModelConfig& config() const { return cfg_; }
+  const ParamTable& table() const { return table_; }
+  int64_t num_params() const { return table_.num_trainable; }
+  /// What a batch of this model holds.
+  virtual InputSpec input() const = 0;
+
+  /// Master weights and their gradients (float32), flat, laid out as the table says.
+  Vec params, grads;
+  /// Frozen NF4 tensors (ParamEntry::offset indexes them).
+  std::vector<Nf4Tensor<Mem>> nf4;
+  /// Frozen dense tensors, as float32 values of their dtype.
+  std::vector<Vec> dense;
+
+  /// Moves the master weights and gradients into caller-owned buffers of num_params()
+  /// floats (e.g. memory the ranks of a node share) that the caller has filled.
+  virtual void use_buffers(const Vec& new_params, const Vec& new_grads);
+  /// Call after the master weights change (optimizer step, loading).
+  virtual void params_changed() {}
+
+  /// This batch's share of the loss (summed, divided by `normaliser`), with the gradients
+  /// added into `grads` -- or written, `accumulate` false: a step's first micro-batch.
+  virtual double forward_backward(const Batch<Mem>& batch, double normaliser, bool accumulate) = 0;
+  /// The loss alone (evaluation: no dropout, no gradients).
+  virtual double loss(const Batch<Mem>& batch, double normaliser) = 0;
+
+  /// Data-parallel hooks: group_done(g) runs (after a fence) as soon as group g's
+  /// gradients are complete; progress() runs between the panels of long products.
+  void set_backward_hooks(std::function<void(int)> group_done, std::function<void()> progress);
+  /// Sharded NF4 (FSDP): acquire(g) makes every nf4 tensor of group g whole just before a
+  /// product reads it, release(g) right after.
+  void set_base_hooks(std::function<void(int)> acquire, std::function<void(int)> release);
+
+  /// Bytes of the NF4 tensors held now.
+  int64_t nf4_bytes() const;
+
+ protected:
+  Model(const ExecSpace& exec, const ModelConfig& cfg, ParamTable table, bool zeroed);
+
+  ExecSpace exec_;
+  ModelConfig cfg_;
+  ParamTable table_;
+  std::function<void(int)> group_done_, acquire_, release_;
+  std::function<void()> progress_;
+
+  void group_done(int g) const;
+  void acquire(int g) const {
+    if (acquire_) acquire_(g);
+  }
+  void release(int g) const {
+    if (release_) release_(g);
+  }
+  /// A [rows, cols] row-major view of a trainable entry in `v` (params, grads or a copy).
+  Matrix<Mem> matrix(const Vec& v, const ParamEntry& e) const;
+  Vec vector(const Vec& v, const ParamEntry& e) const;
+};
+
+}  // namespace kqlora

@@ -1,0 +1,44 @@
+#pragma once
+// The configuration of a model: which model (`kind`) and the settings every model reads.
+// It has its own text form (`key = value` lines with the deck's key names), which a
+// checkpoint stores so that its parameter table can be rebuilt from the file alone; the
+// reader ignores other keys, so a whole deck's text parses as well.
+
+#include <cstdint>
+#include <string>
+
+#include "kqlora/core/dtype.hpp"
+#include "kqlora/nn/elementwise.hpp"
+#include "kqlora/nn/loss.hpp"
+
+namespace kqlora {
+
+struct ModelConfig {
+  std::string kind = "lora_stack";
+  int64_t dim = 128, num_layers = 1, rank = 64;
+  double alpha = 16, dropout = 0;
+  bool bias = false;
+  Activation activation = Activation::none;
+  DType dtype = DType::float32;
+  int64_t block_size = 64, scaler_block_size = 256;
+  uint64_t seed = 42;
+  bool lora_b_zeros = false;
+  LossKind loss = LossKind::sum;
+
+  /// The LoRA scale alpha / rank, in float as the forward applies it.
+  float scale() const { return static_cast<float>(alpha) / static_cast<float>(rank); }
+  bool bf16() const { return dtype == DType::bfloat16; }
+
+  /// `key = value` lines (model, dim, num_linears, lora_rank, lora_alpha, lora_dropout,
+  /// bias, activation, dtype, block_size, scaler_block_size, seed, lora_b_init, loss).
+  std::string to_text() const;
+  /// The keys above from `text` (other keys and `#` comments ignored; a missing key keeps
+  /// its default: `model` absent is lora_stack, as in checkpoints that predate it).
+  /// InputError naming `source` for a value that does not parse.
+  static ModelConfig from_text(const std::string& text, const std::string& source);
+};
+
+const char* activation_name(Activation a);
+const char* loss_name(LossKind k);
+
+}  // namespace kqlora

@@ -1,0 +1,44 @@
+#pragma once
+// Models by kind (ModelConfig::kind): a model registers how to build its parameter table
+// and an instance; the trainer, checkpoints, kqlora-diff and kqlora-export ask here and
+// know no model by name. Built in: lora_stack.
+
+#include <Kokkos_Core.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kqlora/nn/model.hpp"
+
+namespace kqlora {
+
+using DefaultModel = Model<Kokkos::DefaultExecutionSpace>;
+
+struct ModelKind {
+  /// The table of a configuration (no tensors allocated).
+  std::function<ParamTable(const ModelConfig&)> table;
+  /// An instance with its tensors allocated; `zeroed` false leaves the master weights and
+  /// gradients unwritten (the caller writes every parameter; a step's first backward
+  /// writes the gradients).
+  std::function<std::unique_ptr<DefaultModel>(const Kokkos::DefaultExecutionSpace&,
+                                              const ModelConfig&, bool zeroed)>
+      make;
+};
+
+/// Adds (or replaces) a kind.
+void register_model(const std::string& kind, ModelKind k);
+/// The registered kind; InputError listing the known ones otherwise.
+const ModelKind& model_kind(const std::string& kind);
+std::vector<std::string> model_kinds();
+
+inline ParamTable model_table(const ModelConfig& cfg) {
+  return model_kind(cfg.kind).table(cfg);
+}
+inline std::unique_ptr<DefaultModel> make_model(const Kokkos::DefaultExecutionSpace& exec,
+                                                const ModelConfig& cfg, bool zeroed = true) {
+  return model_kind(cfg.kind).make(exec, cfg, zeroed);
+}
+
+}  // namespace kqlora

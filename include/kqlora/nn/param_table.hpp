@@ -1,0 +1,89 @@
+#pragma once
+// The parameter table a model publishes: every tensor it holds, with its shape, kind,
+// group and initial-value rule. Initialisation, checkpoints (write, read, validation),
+// restarts, DDP buckets, FSDP shards, kqlora-diff and kqlora-export iterate it; none of
+// them spells a parameter name or shape (docs/ARCHITECTURE.md, "The model interface").
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kqlora/core/dtype.hpp"
+#include "kqlora/quant/nf4_layout.hpp"
+
+namespace kqlora {
+
+enum class ParamKind {
+  trainable,  // float32 master weights, in the model's flat parameter buffer
+  nf4,        // frozen, NF4 (quantized from its dtype)
+  dense,      // frozen, dense in its dtype (held as float32 values of that dtype)
+};
+
+/// How a tensor is initialised from the seed (core/random.hpp), when no file provides it.
+struct InitRule {
+  enum class Dist {
+    zeros,
+    uniform,  // U(-1/sqrt(fan_in), 1/sqrt(fan_in)): kaiming-uniform with a = sqrt(5)
+    normal,   // N(0, 1), generated in float32
+  };
+  Dist dist = Dist::zeros;
+  int64_t fan_in = 1;
+  uint64_t stream = 0;  // a RandomStream, offset by the layer
+};
+
+struct ParamEntry {
+  std::string name;
+  std::vector<int64_t> shape;  // [out, in] for a weight, [n] for a vector
+  ParamKind kind = ParamKind::trainable;
+  DType dtype = DType::float32;  // nf4 and dense: the dtype of their values
+  int group = 0;                 // index into ParamTable::groups
+  InitRule init;
+  std::string tied_to;  // the entry whose storage this one reads (empty: its own)
+  /// trainable: first element in the flat buffers; nf4 / dense: index among the model's
+  /// tensors of that kind (Model::nf4, Model::dense).
+  int64_t offset = 0;
+  int64_t block_size = 64, scaler_block_size = 256;  // nf4
+
+  int64_t numel() const;
+  /// The NF4 layout of an nf4 entry.
+  Nf4Layout nf4_layout() const;
+};
+
+/// A LoRA adapter over a frozen weight: y = W x + scale * B (A x). Exports merge it and
+/// write it in PEFT's layout under `module`.
+struct LoraAdapter {
+  std::string module;  // e.g. "layers.0"
+  std::string base;    // the frozen weight's entry
+  std::string a, b;    // entries of A [rank, in] and B [out, rank]
+  double alpha = 0;    // scale = alpha / rank
+  int64_t rank = 0;
+  double dropout = 0;
+};
+
+struct ParamTable {
+  std::string model_kind;
+  std::vector<ParamEntry> entries;
+  std::vector<std::string> groups;
+  std::vector<LoraAdapter> adapters;
+  int64_t num_trainable = 0;  // floats in the flat buffers
+
+  /// Appends an entry (a new group when `group` names none yet); trainable entries are
+  /// laid out end to end in the order added, so a group's adapters are contiguous when
+  /// added together. Returns the entry.
+  ParamEntry& add(ParamEntry e, const std::string& group);
+
+  const ParamEntry* find(const std::string& name) const;
+  const ParamEntry& at(const std::string& name) const;  // Error when absent
+  int num_groups() const { return static_cast<int>(groups.size()); }
+  /// The entries of one kind, in table order.
+  std::vector<const ParamEntry*> of_kind(ParamKind k) const;
+  int64_t count(ParamKind k) const;
+  /// The flat range [lo, hi) of a group's trainable entries (lo == hi: none). Error when
+  /// they are not contiguous.
+  std::pair<int64_t, int64_t> trainable_range(int group) const;
+  /// Indices (ParamEntry::offset) of a group's nf4 entries.
+  std::vector<int> nf4_of_group(int group) const;
+};
+
+}  // namespace kqlora

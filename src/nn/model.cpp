@@ -1,0 +1,71 @@
+#include "kqlora/nn/model.hpp"
+
+#include "kqlora/core/kokkos_compat.hpp"
+
+namespace kqlora {
+
+template <class ExecSpace>
+Model<ExecSpace>::Model(const ExecSpace& exec, const ModelConfig& cfg, ParamTable table,
+                        bool zeroed)
+    : exec_(exec), cfg_(cfg), table_(std::move(table)) {
+  const int64_t n = table_.num_trainable;
+  auto alloc = [&](const char* label) {
+    return zeroed ? Vec(std::string(label), n)
+                  : Vec(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n);
+  };
+  params = alloc("kqlora::Model::params");
+  grads = alloc("kqlora::Model::grads");
+  nf4.resize(static_cast<size_t>(table_.count(ParamKind::nf4)));
+  dense.resize(static_cast<size_t>(table_.count(ParamKind::dense)));
+}
+
+template <class ExecSpace>
+void Model<ExecSpace>::use_buffers(const Vec& new_params, const Vec& new_grads) {
+  KQLORA_CHECK(new_params.extent(0) == params.extent(0) && new_grads.extent(0) == grads.extent(0),
+               "Model::use_buffers: buffers of the wrong size");
+  params = new_params;
+  grads = new_grads;
+}
+
+template <class ExecSpace>
+void Model<ExecSpace>::set_backward_hooks(std::function<void(int)> group_done,
+                                          std::function<void()> progress) {
+  group_done_ = std::move(group_done);
+  progress_ = std::move(progress);
+}
+
+template <class ExecSpace>
+void Model<ExecSpace>::set_base_hooks(std::function<void(int)> acquire,
+                                      std::function<void(int)> release) {
+  acquire_ = std::move(acquire);
+  release_ = std::move(release);
+}
+
+template <class ExecSpace>
+void Model<ExecSpace>::group_done(int g) const {
+  if (!group_done_) return;
+  fence(exec_, "kqlora::Model::group_grads");  // in memory before anyone sends them
+  group_done_(g);
+}
+
+template <class ExecSpace>
+int64_t Model<ExecSpace>::nf4_bytes() const {
+  int64_t n = 0;
+  for (const auto& t : nf4) n += t.storage_bytes();
+  return n;
+}
+
+template <class ExecSpace>
+Matrix<typename ExecSpace::memory_space> Model<ExecSpace>::matrix(const Vec& v,
+                                                                  const ParamEntry& e) const {
+  return Matrix<Mem>(v.data() + e.offset, e.shape.at(0), e.shape.size() > 1 ? e.shape[1] : 1);
+}
+
+template <class ExecSpace>
+typename Model<ExecSpace>::Vec Model<ExecSpace>::vector(const Vec& v, const ParamEntry& e) const {
+  return Vec(v.data() + e.offset, e.numel());
+}
+
+template class Model<Kokkos::DefaultExecutionSpace>;
+
+}  // namespace kqlora
