@@ -166,6 +166,8 @@ const std::vector<Key>& keys() {
       KQ_INT(eval_every),
       KQ_CHOICE(parallel, "ddp", "fsdp"),
       KQ_CHOICE(comm, "auto", "mpi", "nccl"),
+      KQ_CHOICE(ddp_shared_memory, "auto", "on", "off"),
+      KQ_CHOICE(ddp_overlap, "auto", "on", "off"),
       KQ_FLOAT(bucket_mb),
       KQ_FLOAT(comm_timeout_s),
       Key{"save_dir", [](Config& c, const std::string& v, const std::string&) { c.save_dir = v; },

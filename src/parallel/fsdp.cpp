@@ -1,6 +1,10 @@
 #include "kqlora/parallel/fsdp.hpp"
 
+#include <iomanip>
+#include <ostream>
+
 #include "kqlora/core/error.hpp"
+#include "kqlora/core/human_units.hpp"
 #include "kqlora/core/kokkos_compat.hpp"
 #include "kqlora/optim/optimizer.hpp"
 
@@ -99,7 +103,7 @@ void Fsdp<ExecSpace>::gather_nf4(int i) {
 }
 
 template <class ExecSpace>
-Nf4Tensor<typename ExecSpace::memory_space> Fsdp<ExecSpace>::whole_nf4(int i) {
+auto Fsdp<ExecSpace>::whole_nf4(int i) -> Nf4Tensor<Mem> {
   gather_nf4(i);
   auto t = model_.nf4[i];
   model_.nf4[i] = Nf4Tensor<Mem>();
@@ -132,11 +136,25 @@ void Fsdp<ExecSpace>::reduce_scatter_grads() {
 }
 
 template <class ExecSpace>
-double Fsdp<ExecSpace>::grad_norm() {
+double Fsdp<ExecSpace>::global_grad_norm() {
   const double local = kqlora::grad_norm(exec_, shard_grads_);
   double ss = local * local;
   comm_.wait(comm_.allreduce_sum(&ss, 1));
   return std::sqrt(ss);
+}
+
+template <class ExecSpace>
+void Fsdp<ExecSpace>::describe(std::ostream& log) const {
+  int64_t whole = 0;
+  for (const auto& s : shards_) {
+    const auto& L = s.global;
+    whole += L.num_bytes() + L.num_blocks() + 4 * L.num_scaler_blocks() + 4;
+  }
+  const double mine = static_cast<double>(base_shard_bytes());
+  log << "FSDP: base weights on rank 0 " << human_bytes(mine) << " (" << mine << " B, "
+      << std::fixed << std::setprecision(3) << mine / (static_cast<double>(whole) / comm_.size())
+      << std::defaultfloat << " x total/N; total " << human_bytes(static_cast<double>(whole))
+      << "), parameter chunk " << shard_size() << " of " << model_.num_params() << "\n";
 }
 
 template class Fsdp<Kokkos::DefaultExecutionSpace>;

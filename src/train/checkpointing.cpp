@@ -24,7 +24,9 @@ template <class ExecSpace>
 std::string save_shared(
     const Config& cfg, Model<ExecSpace>& model,
     const std::vector<std::pair<std::string, typename Model<ExecSpace>::Vec>>& state,
-    Fsdp<ExecSpace>* fsdp, Communicator& comm, const CheckpointContents& header) {
+    const DataParallel<ExecSpace>& dp, Communicator& comm, const CheckpointContents& header) {
+  const auto* shards = dp.nf4_shards();  // FSDP
+  const bool fsdp = shards != nullptr;
   const int rank = comm.rank(), nranks = comm.size();
 
   SharedCheckpoint sc;
@@ -57,7 +59,7 @@ std::string save_shared(
     const float* factors;
     const float* mean;
     if (fsdp) {
-      const auto h = nf4_shard_host(fsdp->base_shards()[e->offset]);
+      const auto h = nf4_shard_host((*shards)[e->offset]);
       Nf4Tensor<Kokkos::HostSpace> t;  // views of the shard, offset to global indices
       L = h.global;
       b0 = h.range.first_block;
@@ -110,14 +112,14 @@ std::string save_shared(
   std::vector<decltype(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params))> hs;
   for (const auto& kv : state)
     hs.push_back(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kv.second));
-  const int64_t state_base = fsdp ? fsdp->shard_offset() : 0;  // index of hs[k](0)
+  const int64_t state_base = fsdp ? dp.chunk_offset() : 0;  // index of hs[k](0)
   for (const ParamEntry* pp : model.table().of_kind(ParamKind::trainable)) {
     const ParamEntry& p = *pp;
     // FSDP: the part of the parameter in this rank's chunk; DDP: whole dataset chunks.
     int64_t lo, hi;
     if (fsdp) {
-      lo = fsdp->shard_offset();
-      hi = std::min(P, lo + fsdp->shard_size());
+      lo = dp.chunk_offset();
+      hi = std::min(P, lo + static_cast<int64_t>(dp.chunk_params().extent(0)));
     } else {
       std::tie(lo, hi) = chunk_range(p.shape, rank, nranks);
       lo += p.offset;
@@ -266,7 +268,10 @@ template <class ExecSpace>
 std::string save_checkpoint(
     const Config& cfg, Model<ExecSpace>& model, const Optimizer<ExecSpace>& opt,
     const std::vector<std::pair<std::string, typename Model<ExecSpace>::Vec>>& opt_state,
-    Fsdp<ExecSpace>* fsdp, Communicator& comm, int64_t steps_done, const std::string& data_source) {
+    const DataParallel<ExecSpace>& dp, Communicator& comm, int64_t steps_done,
+    const std::string& data_source) {
+  const auto* shards = dp.nf4_shards();  // FSDP: the NF4 shards and this rank's chunk
+  const bool fsdp = shards != nullptr;
   const int rank = comm.rank(), nranks = comm.size();
   CheckpointContents c;
   c.step = steps_done;
@@ -281,7 +286,7 @@ std::string save_checkpoint(
   c.seed = cfg.seed;
   c.data_source = data_source;
   if (cfg.checkpoint_layout == "shared")  // written straight from the model's buffers
-    return save_shared(cfg, model, opt_state, fsdp, comm, c);
+    return save_shared(cfg, model, opt_state, dp, comm, c);
   auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params);
   const ParamTable& table = model.table();
   const auto trainable = table.of_kind(ParamKind::trainable);
@@ -303,8 +308,9 @@ std::string save_checkpoint(
     // This rank's shards: its NF4 blocks, and the part of each parameter (and of its
     // optimizer state) that lies in its chunk of the flat vector.
     for (const ParamEntry* e : table.of_kind(ParamKind::nf4))
-      c.nf4_shards.emplace_back(e->name, nf4_shard_host(fsdp->base_shards()[e->offset]));
-    const int64_t lo = fsdp->shard_offset(), hi = lo + fsdp->shard_size();
+      c.nf4_shards.emplace_back(e->name, nf4_shard_host((*shards)[e->offset]));
+    const int64_t lo = dp.chunk_offset(),
+                  hi = lo + static_cast<int64_t>(dp.chunk_params().extent(0));
     const auto& state = opt_state;
     std::vector<decltype(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params))>
         hs;
@@ -350,6 +356,7 @@ template double restore_optimizer(Optimizer<Exec>&, const Model<Exec>&, const Ch
                                   int64_t);
 template std::string save_checkpoint(const Config&, Model<Exec>&, const Optimizer<Exec>&,
                                      const std::vector<std::pair<std::string, Model<Exec>::Vec>>&,
-                                     Fsdp<Exec>*, Communicator&, int64_t, const std::string&);
+                                     const DataParallel<Exec>&, Communicator&, int64_t,
+                                     const std::string&);
 
 }  // namespace kqlora

@@ -35,4 +35,15 @@ OptimizerConfig optimizer_config(const Config& c) {
   return o;
 }
 
+DataParallelConfig data_parallel_config(const Config& c, bool fresh) {
+  DataParallelConfig d;
+  d.parallel = c.parallel;
+  d.shared_memory = parse_switch(c.ddp_shared_memory, "ddp_shared_memory");
+  d.overlap = parse_switch(c.ddp_overlap, "ddp_overlap");
+  d.bucket_mb = c.bucket_mb;
+  d.optimizer = optimizer_config(c);
+  d.fresh = fresh;
+  return d;
+}
+
 }  // namespace kqlora

@@ -2,7 +2,7 @@
 // MPI_COMM_SELF, then the real run over all ranks, and compares: NF4 bytes equal, LoRA
 // parameters within rtol 1e-5 / atol 1e-6, for DDP with sgd and adam, even and uneven
 // slices, micro-batches; DDP both through node shared memory (the default on one node) and
-// through bucket reductions (KQLORA_DDP_SHARED_MEMORY=0, as across nodes); and the DDP
+// through bucket reductions (ddp_shared_memory = off, as across nodes); and the DDP
 // broadcast gives every rank rank 0's exact bytes.
 #include <gtest/gtest.h>
 
@@ -15,7 +15,7 @@
 #include "kqlora/io/checkpoint_diff.hpp"
 #include "kqlora/io/deck.hpp"
 #include "kqlora/nn/lora_stack.hpp"
-#include "kqlora/parallel/ddp.hpp"
+#include "kqlora/parallel/broadcast_model.hpp"
 #include "kqlora/parallel/world.hpp"
 #include "kqlora/train/component_configs.hpp"
 #include "kqlora/train/init.hpp"
@@ -92,20 +92,14 @@ TEST(DataParallel, DdpAdamEvenSlices) {
                   "loss=mse optimizer=adam lr=1e-2 activation=gelu bias=true");
 }
 
-/// Runs f with the DDP gradients summed by bucket reductions instead of node shared memory.
-template <class F>
-void with_buckets(F&& f) {
-  setenv("KQLORA_DDP_SHARED_MEMORY", "0", 1);
-  f();
-  unsetenv("KQLORA_DDP_SHARED_MEMORY");
-}
+/// DDP gradients summed by bucket reductions instead of through node shared memory.
+const std::string kBuckets = " ddp_shared_memory=off";
 
 TEST(DataParallel, DdpAdamBuckets) {
-  with_buckets([] {
-    run_and_compare("ddp_adam_buckets",
-                    "dim=64 num_linears=3 lora_rank=8 global_bs=12 num_steps=4 "
-                    "loss=mse optimizer=adamw weight_decay=0.1 lr=1e-2 activation=gelu");
-  });
+  run_and_compare("ddp_adam_buckets",
+                  "dim=64 num_linears=3 lora_rank=8 global_bs=12 num_steps=4 "
+                  "loss=mse optimizer=adamw weight_decay=0.1 lr=1e-2 activation=gelu" +
+                      kBuckets);
 }
 
 TEST(DataParallel, DdpSharedMemoryUnevenChunks) {
@@ -125,33 +119,28 @@ TEST(DataParallel, DdpSgdUnevenSlicesMicroBatches) {
 
 TEST(DataParallel, DdpSmallBucketsAndClipping) {
   // SGD, no clipping: any missing or doubled bucket changes the update.
-  with_buckets([] {
-    run_and_compare("ddp_buckets",
-                    "dim=64 num_linears=4 lora_rank=4 global_bs=9 num_steps=3 "
-                    "loss=mse optimizer=sgd lr=1e-9 bucket_mb=0.001");
-  });
+  run_and_compare("ddp_buckets",
+                  "dim=64 num_linears=4 lora_rank=4 global_bs=9 num_steps=3 "
+                  "loss=mse optimizer=sgd lr=1e-9 bucket_mb=0.001" +
+                      kBuckets);
   // Clipping active: the global norm must be that of the summed gradient (node shared
   // memory: summed from every rank's chunk; buckets: of the whole summed vector).
   run_and_compare("ddp_clip",
                   "dim=64 num_linears=2 lora_rank=4 global_bs=5 num_steps=3 "
                   "loss=sum optimizer=sgd lr=1e-3 grad_clip=1");
-  with_buckets([] {
-    run_and_compare("ddp_clip_buckets",
-                    "dim=64 num_linears=2 lora_rank=4 global_bs=5 num_steps=3 "
-                    "loss=sum optimizer=sgd lr=1e-3 grad_clip=1");
-  });
+  run_and_compare("ddp_clip_buckets",
+                  "dim=64 num_linears=2 lora_rank=4 global_bs=5 num_steps=3 "
+                  "loss=sum optimizer=sgd lr=1e-3 grad_clip=1" +
+                      kBuckets);
 }
 
 TEST(DataParallel, DdpNonBlockingOverlap) {
   // The non-blocking bucket reductions (driven between panels, finished after the
   // backward; the default on GPUs) give the same results as the blocking ones.
-  setenv("KQLORA_DDP_OVERLAP", "1", 1);
-  with_buckets([] {
-    run_and_compare("ddp_overlap",
-                    "dim=64 num_linears=4 lora_rank=4 global_bs=9 num_steps=3 "
-                    "loss=mse optimizer=sgd lr=1e-9 bucket_mb=0.001 micro_bs=2");
-  });
-  unsetenv("KQLORA_DDP_OVERLAP");
+  run_and_compare("ddp_overlap",
+                  "dim=64 num_linears=4 lora_rank=4 global_bs=9 num_steps=3 "
+                  "loss=mse optimizer=sgd lr=1e-9 bucket_mb=0.001 micro_bs=2 ddp_overlap=on" +
+                      kBuckets);
 }
 
 TEST(DataParallel, FsdpAdamUnevenSlices) {
@@ -198,10 +187,7 @@ TEST(DataParallel, BroadcastGivesEveryRankRank0sBytes) {
   m.seed = 100;
   kqlora::LoraStack<Exec> rank0(Exec(), m);
   kqlora::initialize_model(Exec(), rank0, "", log);
-  {
-    kqlora::Ddp<Exec> ddp(*world, model, 25.0);
-    ddp.broadcast_parameters();
-  }
+  kqlora::broadcast_model(*world, model);
   for (int l = 0; l < 2; ++l) {
     auto a = kqlora::nf4_host(model.nf4[l]);
     auto b = kqlora::nf4_host(rank0.nf4[l]);
@@ -303,10 +289,8 @@ TEST(Restart, DdpSharedMemoryStateResumedWithBuckets) {
     const std::string d = dir + "/" + layout, l = " checkpoint_layout=" + layout;
     kqlora::train(deck("num_steps=6 save_dir=" + d + "/straight" + l, n), *world, log);
     kqlora::train(deck("num_steps=3 save_dir=" + d + "/split" + l, n), *world, log);
-    with_buckets([&] {
-      kqlora::train(deck("num_steps=6 restart=latest save_dir=" + d + "/split" + l, n), *world,
-                    log);
-    });
+    kqlora::train(deck("num_steps=6 restart=latest save_dir=" + d + "/split" + l + kBuckets, n),
+                  *world, log);
     expect_same_state(d + "/straight", d + "/split", 1e-5, 1e-6);
   }
 }
@@ -373,7 +357,7 @@ TEST(SecondModel, DataParallelEqualsOneProcess) {
   tokenmlp::register_token_mlp();
   const std::string keys = kTokenMlp + "global_bs=7 micro_bs=2 num_steps=4 optimizer=adam lr=1e-2";
   run_and_compare("token_mlp_ddp", keys);
-  with_buckets([&] { run_and_compare("token_mlp_buckets", keys + " bucket_mb=0.0001"); });
+  run_and_compare("token_mlp_buckets", keys + " bucket_mb=0.0001" + kBuckets);
   run_and_compare("token_mlp_fsdp", keys + " parallel=fsdp checkpoint_layout=per_rank");
 }
 

@@ -40,6 +40,7 @@ struct Config {
   int64_t eval_every = 0;
   // parallelism
   std::string parallel = "ddp", comm = "auto";
+  std::string ddp_shared_memory = "auto", ddp_overlap = "auto";  // auto | on | off
   double bucket_mb = 25, comm_timeout_s = 300;
   // checkpoints and logging
   std::string save_dir = "./checkpoints";

@@ -11,21 +11,19 @@
 
 #include <vector>
 
-#include "kqlora/nn/model.hpp"
-#include "kqlora/parallel/communicator.hpp"
-#include "kqlora/quant/nf4_shard.hpp"
+#include "kqlora/parallel/data_parallel.hpp"
 
 namespace kqlora {
 
 template <class ExecSpace>
-class Fsdp {
+class Fsdp : public DataParallel<ExecSpace> {
  public:
-  using Mem = typename ExecSpace::memory_space;
-  using Vec = Kokkos::View<float*, Mem>;
+  using typename DataParallel<ExecSpace>::Mem;
+  using typename DataParallel<ExecSpace>::Vec;
 
   /// Shards the model's (whole, identical on every rank) NF4 tensors and frees them.
   Fsdp(const ExecSpace& exec, Communicator& comm, Model<ExecSpace>& model);
-  ~Fsdp();
+  ~Fsdp() override;
 
   /// This rank's chunk of the flat parameters: [shard_offset, shard_offset + shard_size),
   /// the end padded past num_params.
@@ -35,16 +33,29 @@ class Fsdp {
   Vec shard_params() const;
   Vec shard_grads() const { return shard_grads_; }
 
+  // The data-parallel interface.
+  std::string name() const override { return "fsdp"; }
+  int64_t chunk_offset() const override { return shard_offset(); }
+  Vec chunk_params() const override { return shard_params(); }
+  Vec chunk_grads() const override { return shard_grads_; }
+  void reduce_gradients() override { reduce_scatter_grads(); }
+  double grad_norm(const ExecSpace&) override { return global_grad_norm(); }
+  /// The updated chunks to every rank (nothing to do for a skipped step).
+  void after_update(bool updated) override {
+    if (updated) gather_params();
+  }
+  const std::vector<Nf4Shard<Mem>>* nf4_shards() const override { return &shards_; }
+  Nf4Tensor<Mem> whole_nf4(int i) override;
+  void describe(std::ostream& log) const override;
+
   /// Every rank's chunk into the model's full parameters.
   void gather_params();
   /// The model's gradients summed over ranks onto their owners' chunks.
   void reduce_scatter_grads();
   /// Global L2 norm of the gradients (after reduce_scatter_grads).
-  double grad_norm();
+  double global_grad_norm();
 
   const std::vector<Nf4Shard<Mem>>& base_shards() const { return shards_; }
-  /// NF4 tensor i whole (collective: every rank must call it).
-  Nf4Tensor<Mem> whole_nf4(int i);
   /// Bytes of base weight this rank holds between uses (its shards).
   int64_t base_shard_bytes() const;
 

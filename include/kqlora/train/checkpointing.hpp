@@ -11,7 +11,7 @@
 #include "kqlora/nn/model.hpp"
 #include "kqlora/optim/optimizer.hpp"
 #include "kqlora/parallel/communicator.hpp"
-#include "kqlora/parallel/fsdp.hpp"
+#include "kqlora/parallel/data_parallel.hpp"
 
 namespace kqlora {
 
@@ -42,11 +42,12 @@ double restore_optimizer(Optimizer<ExecSpace>& opt, const Model<ExecSpace>& mode
 
 /// Writes and commits the checkpoint of `steps_done` steps in cfg.checkpoint_layout
 /// (collective); returns the step directory. `opt_state`: the optimizer's state by name,
-/// over this rank's FSDP chunk or (DDP) the whole flat vector.
+/// over this rank's FSDP chunk or (DDP) the whole flat vector (dp.optimizer_state).
 template <class ExecSpace>
 std::string save_checkpoint(
     const Config& cfg, Model<ExecSpace>& model, const Optimizer<ExecSpace>& opt,
     const std::vector<std::pair<std::string, typename Model<ExecSpace>::Vec>>& opt_state,
-    Fsdp<ExecSpace>* fsdp, Communicator& comm, int64_t steps_done, const std::string& data_source);
+    const DataParallel<ExecSpace>& dp, Communicator& comm, int64_t steps_done,
+    const std::string& data_source);
 
 }  // namespace kqlora

@@ -1,14 +1,18 @@
 #pragma once
-// The run configuration (the deck) split into the small configurations of the model and
-// the optimizer: nn/ and optim/ know nothing of the deck (docs/ARCHITECTURE.md).
+// The run configuration (the deck) split into the small configurations of the model, the
+// optimizer and the data-parallel strategy: nn/, optim/ and parallel/ know nothing of the
+// deck (docs/ARCHITECTURE.md).
 
 #include "kqlora/io/deck.hpp"
 #include "kqlora/nn/model_config.hpp"
 #include "kqlora/optim/optimizer.hpp"
+#include "kqlora/parallel/data_parallel.hpp"
 
 namespace kqlora {
 
 ModelConfig model_config(const Config& c);
 OptimizerConfig optimizer_config(const Config& c);
+/// `fresh`: a run that starts from its initialisation (not a restart).
+DataParallelConfig data_parallel_config(const Config& c, bool fresh);
 
 }  // namespace kqlora

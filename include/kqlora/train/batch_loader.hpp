@@ -1,0 +1,54 @@
+#pragma once
+// This rank's part of a step: its contiguous slice of the global batch (sizes differ by at
+// most one, the first global_bs % N ranks take one more; docs/TRAINING.md, "A step"), in
+// micro-batches of at most micro_bs samples loaded into device buffers in the form the
+// model reads, and run through the model.
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "kqlora/io/deck.hpp"
+#include "kqlora/nn/model.hpp"
+#include "kqlora/parallel/data_parallel.hpp"
+#include "kqlora/train/data.hpp"
+#include "kqlora/train/run_report.hpp"
+
+namespace kqlora {
+
+/// Rank `rank`'s slice of a global batch: (first sample, count).
+std::pair<int64_t, int64_t> slice_of(int64_t global_bs, int rank, int size);
+
+template <class ExecSpace>
+class BatchLoader {
+ public:
+  using Mem = typename ExecSpace::memory_space;
+
+  /// `lockstep`: every rank runs as many micro-batches as the largest slice needs (a
+  /// smaller slice's last ones empty), as FSDP's collective gathers in every micro-batch
+  /// require.
+  BatchLoader(const ExecSpace& exec, const Config& cfg, const InputSpec& spec, int rank, int nranks,
+              bool lockstep);
+
+  /// The loss of this rank's slice of `step` of `src` (its share of the global batch's
+  /// loss); with `dp`, a training pass: the gradients too, dp->before_last_backward()
+  /// before the last micro-batch. Phases are charged to `report` where given.
+  double run(Model<ExecSpace>& model, DataParallel<ExecSpace>* dp, const DataSource& src,
+             int64_t step, RunReport* report);
+
+ private:
+  ExecSpace exec_;
+  InputSpec spec_;
+  uint64_t seed_;
+  int64_t global_bs_, first_ = 0, count_ = 0, mb_ = 1, micro_batches_ = 1;
+  Batch<Mem> buf_;
+  std::vector<float> rows_, trows_;
+  std::vector<int32_t> ids_, labels_;
+
+  /// Samples [first + m0, first + m0 + n) of `step` into the buffers' first n rows.
+  Batch<Mem> load(const DataSource& src, int64_t step, int64_t m0, int64_t n);
+};
+
+}  // namespace kqlora

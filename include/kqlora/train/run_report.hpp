@@ -1,0 +1,55 @@
+#pragma once
+// What a training run reports (rank 0): the header and the effective configuration, a
+// progress line every log_every steps, the metrics file (JSON lines), evaluation lines,
+// and at the end the timing table (min / avg / max over ranks of each phase) and the peak
+// memory (docs/TRAINING.md, "Output").
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <iosfwd>
+#include <string>
+
+#include "kqlora/io/deck.hpp"
+#include "kqlora/parallel/communicator.hpp"
+
+namespace kqlora {
+
+enum class Phase { data, forward_backward, communication, optimizer, checkpoint, evaluation };
+
+class RunReport {
+ public:
+  /// Prints the header (ranks, Kokkos backend) and the effective configuration; opens the
+  /// metrics file (appended to on a restart). Collective only in finish().
+  RunReport(const Config& cfg, Communicator& comm, const std::string& backend, std::ostream& log);
+
+  /// Ends the current phase (after a fence, so device work is charged to it).
+  void enter(Phase p);
+  /// Step `step` (0-based) done, called for every step: the progress line and the metrics
+  /// record every log_every steps and at the last.
+  void step(int64_t step, double loss, double lr, double grad_norm, bool finite);
+  void eval(int64_t step, double loss);
+  /// Collective: the timing table over every rank, `parallel_stats` (lines), the peak
+  /// memory.
+  void finish(const std::string& parallel_stats);
+
+  std::ostream& log() const { return log_; }
+  bool root() const { return root_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  static constexpr int kPhases = 6;
+  const Config& cfg_;
+  Communicator& comm_;
+  std::ostream& log_;
+  bool root_;
+  std::ofstream metrics_;
+  double total_[kPhases] = {0};
+  Phase current_ = Phase::data;
+  Clock::time_point since_, start_, loop_;
+  int64_t rss_start_ = 0;
+  bool loop_started_ = false;
+  int64_t first_step_ = -1;
+};
+
+}  // namespace kqlora

@@ -1,0 +1,98 @@
+// RunCheckpoints of a build with HDF5 (train/checkpointing.hpp does the work).
+#include <chrono>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+
+#include "kqlora/core/human_units.hpp"
+#include "kqlora/io/hdf5_file.hpp"
+#include "kqlora/train/checkpointing.hpp"
+#include "kqlora/train/run_checkpoints.hpp"
+
+namespace kqlora {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+template <class ExecSpace>
+class Hdf5Checkpoints : public RunCheckpoints<ExecSpace> {
+ public:
+  Hdf5Checkpoints(const Config& cfg, Communicator& comm, std::ostream& log)
+      : cfg_(cfg), comm_(comm), log_(log), root_(comm.rank() == 0) {}
+
+  int64_t open_restart(Model<ExecSpace>& model) override {
+    const auto t = Clock::now();
+    std::ostringstream notes;  // (every rank opens the files; rank 0 speaks)
+    reader_ = std::make_unique<CheckpointReader>(load_restart(cfg_, notes));
+    if (root_) log_ << notes.str();
+    restore_frozen(model, *reader_);
+    open_s_ = seconds_since(t);
+    set_up_ = Clock::now();
+    return reader_->contents().step;
+  }
+
+  void restore_state(Model<ExecSpace>& model, DataParallel<ExecSpace>& dp,
+                     Optimizer<ExecSpace>& opt) override {
+    // This rank's parameters (all of them, its FSDP chunk, or its chunk of the node-shared
+    // weights) and their optimizer state, read straight into place; then every rank's
+    // parameters made whole.
+    const double parallel_s = seconds_since(set_up_);
+    const auto t = Clock::now();
+    const h5::ReadStats before = h5::read_stats();
+    const double first_touch_s =
+        restore_params(model, *reader_, dp.chunk_offset(), dp.chunk_params()) +
+        restore_optimizer(opt, model, *reader_, dp.chunk_offset());
+    dp.after_restore();
+    const double state_s = seconds_since(t);
+    const h5::ReadStats after = h5::read_stats();
+    const auto& c = reader_->contents();
+    if (root_)
+      log_ << "restart: step " << c.step << " (" << c.world_size << " rank(s), " << c.parallel
+           << ") -> " << comm_.size() << " rank(s), " << cfg_.parallel
+           << "; set-up on rank 0: files and base weights " << human_time(open_s_) << ", "
+           << dp.name() << " set-up " << human_time(parallel_s)
+           << ", parameters and optimizer state " << human_time(state_s) << " (first touch "
+           << human_time(first_touch_s) << ", reading " << human_time(after.read_s - before.read_s)
+           << ", checksums " << human_time(after.verify_s - before.verify_s) << " for "
+           << std::fixed << std::setprecision(3)
+           << 1e-9 * static_cast<double>(after.bytes - before.bytes) << std::defaultfloat
+           << " GB)\n";
+    reader_.reset();  // (closes the files)
+  }
+
+  std::string save(Model<ExecSpace>& model, DataParallel<ExecSpace>& dp,
+                   const Optimizer<ExecSpace>& opt, int64_t steps_done,
+                   const std::string& data_source) override {
+    const std::string dir = save_checkpoint(cfg_, model, opt, dp.optimizer_state(opt), dp, comm_,
+                                            steps_done, data_source);
+    if (root_) log_ << "checkpoint: " << dir << "\n";
+    return dir;
+  }
+
+ private:
+  const Config& cfg_;
+  Communicator& comm_;
+  std::ostream& log_;
+  bool root_;
+  std::unique_ptr<CheckpointReader> reader_;
+  double open_s_ = 0;
+  Clock::time_point set_up_;
+};
+
+}  // namespace
+
+template <class ExecSpace>
+std::unique_ptr<RunCheckpoints<ExecSpace>> make_run_checkpoints(const Config& cfg,
+                                                                Communicator& comm,
+                                                                std::ostream& log) {
+  return std::make_unique<Hdf5Checkpoints<ExecSpace>>(cfg, comm, log);
+}
+
+template std::unique_ptr<RunCheckpoints<Kokkos::DefaultExecutionSpace>> make_run_checkpoints(
+    const Config&, Communicator&, std::ostream&);
+
+}  // namespace kqlora

@@ -1,0 +1,144 @@
+#include "kqlora/train/run_report.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <iomanip>
+#include <ostream>
+#include <vector>
+
+#include "kqlora/core/dtype.hpp"
+#include "kqlora/core/error.hpp"
+#include "kqlora/core/human_units.hpp"
+#include "kqlora/core/kokkos_compat.hpp"
+#include "kqlora/core/memory.hpp"
+
+namespace kqlora {
+
+namespace {
+const char* phase_names[] = {"data",      "forward+backward", "communication",
+                             "optimizer", "checkpoint I/O",   "evaluation"};
+
+double seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+}  // namespace
+
+RunReport::RunReport(const Config& cfg, Communicator& comm, const std::string& backend,
+                     std::ostream& log)
+    : cfg_(cfg), comm_(comm), log_(log), root_(comm.rank() == 0) {
+  memory::track_kokkos_allocations();
+  rss_start_ = memory::rss_bytes();
+  start_ = since_ = Clock::now();
+  if (root_) {
+    log_ << "kqlora-train: " << comm.size() << " rank(s), Kokkos " << backend << ", dtype "
+         << dtype_name(cfg.dtype) << "\n-- effective configuration --\n"
+         << cfg.to_deck_text() << "--\n";
+    if (!cfg.metrics_file.empty()) {
+      // A restart continues the metrics of the run it resumes.
+      metrics_.open(cfg.metrics_file, cfg.restart != "none" ? std::ios::app : std::ios::trunc);
+      KQLORA_INPUT_CHECK(metrics_.good(), cfg.metrics_file << ": cannot write the metrics file");
+    }
+  }
+}
+
+void RunReport::enter(Phase p) {
+  fence_all("kqlora::train::phase");
+  const auto now = Clock::now();
+  if (!loop_started_) {  // the set-up ends with the first phase of the first step
+    loop_started_ = true;
+    loop_ = now;
+  } else {
+    total_[static_cast<int>(current_)] += seconds(now - since_);
+  }
+  current_ = p;
+  since_ = now;
+}
+
+void RunReport::step(int64_t step, double loss, double lr, double norm, bool finite) {
+  if (first_step_ < 0) first_step_ = step;
+  const bool due = (step + 1) % cfg_.log_every == 0 || step + 1 == cfg_.num_steps;
+  if (!due) return;
+  const double elapsed = seconds(Clock::now() - loop_);
+  const int64_t done = step + 1 - first_step_;  // steps of this run (a restart starts later)
+  if (root_) {
+    const double sps = static_cast<double>(done * cfg_.global_bs) / elapsed;
+    const double eta = elapsed / done * (cfg_.num_steps - step - 1);
+    log_ << "step " << std::setw(6) << step + 1 << "/" << cfg_.num_steps << "  loss "
+         << std::setprecision(6) << std::scientific << loss << std::defaultfloat << "  lr "
+         << std::setprecision(3) << lr << "  |g| " << std::setprecision(4) << norm << "  samples/s "
+         << std::fixed << std::setprecision(1) << sps << std::defaultfloat << "  elapsed "
+         << human_time(elapsed) << "  ETA " << human_time(eta)
+         << (finite ? "" : "  (non-finite: step skipped)") << "\n";
+    log_.flush();
+  }
+  if (metrics_.is_open()) {
+    metrics_ << std::setprecision(17) << "{\"step\": " << step + 1 << ", \"loss\": ";
+    if (finite)
+      metrics_ << loss;
+    else
+      metrics_ << "null";
+    metrics_ << ", \"lr\": " << lr << ", \"grad_norm\": ";
+    if (std::isfinite(norm))
+      metrics_ << norm;
+    else
+      metrics_ << "null";
+    metrics_ << ", \"skipped\": " << (finite ? "false" : "true") << ", \"elapsed_s\": " << elapsed
+             << "}\n";
+    metrics_.flush();
+  }
+}
+
+void RunReport::eval(int64_t step, double loss) {
+  if (root_)
+    log_ << "eval   " << std::setw(6) << step + 1 << "  loss " << std::scientific
+         << std::setprecision(6) << loss << std::defaultfloat << "\n";
+  if (metrics_.is_open())
+    metrics_ << std::setprecision(17) << "{\"step\": " << step + 1 << ", \"eval_loss\": " << loss
+             << "}\n";
+}
+
+void RunReport::finish(const std::string& parallel_stats) {
+  enter(Phase::data);
+  // Every rank's phase times and total on every rank, then min / sum / max.
+  const int n = comm_.size();
+  double mine[kPhases + 1];
+  for (int p = 0; p < kPhases; ++p) mine[p] = total_[p];
+  mine[kPhases] = seconds(Clock::now() - start_);
+  std::vector<double> all(static_cast<size_t>((kPhases + 1) * n));
+  comm_.wait(comm_.allgather(mine, all.data(), sizeof(mine)));
+  double mn[kPhases + 1], sum[kPhases + 1], mx[kPhases + 1];
+  for (int p = 0; p <= kPhases; ++p) {
+    mn[p] = mx[p] = all[p];
+    sum[p] = 0;
+    for (int r = 0; r < n; ++r) {
+      const double v = all[r * (kPhases + 1) + p];
+      mn[p] = std::min(mn[p], v);
+      mx[p] = std::max(mx[p], v);
+      sum[p] += v;
+    }
+  }
+  if (!root_) return;
+  log_ << "\n"
+       << std::left << std::setw(18) << "phase" << std::right << std::setw(11) << "min"
+       << std::setw(11) << "avg" << std::setw(11) << "max" << std::setw(9) << "% total\n";
+  const double avg_total = sum[kPhases] / n;
+  auto row = [&](const char* name, double a, double b, double c) {
+    log_ << std::left << std::setw(18) << name << std::right << std::fixed << std::setprecision(3)
+         << std::setw(10) << a << "s" << std::setw(10) << b << "s" << std::setw(10) << c << "s"
+         << std::setw(8) << std::setprecision(1) << 100.0 * b / avg_total << "%\n"
+         << std::defaultfloat;
+  };
+  double phases_avg = 0;
+  for (int p = 0; p < kPhases; ++p) {
+    row(phase_names[p], mn[p], sum[p] / n, mx[p]);
+    phases_avg += sum[p] / n;
+  }
+  row("setup", avg_total - phases_avg, avg_total - phases_avg, avg_total - phases_avg);
+  row("total", mn[kPhases], avg_total, mx[kPhases]);
+  log_ << "(setup: initialisation, quantization and file reading, on average)\n"
+       << parallel_stats << "peak memory (rank 0): tracked allocations "
+       << human_bytes(static_cast<double>(memory::tracked_peak_bytes())) << ", RSS above start-up "
+       << human_bytes(static_cast<double>(memory::peak_rss_bytes() - rss_start_)) << "\n";
+}
+
+}  // namespace kqlora
