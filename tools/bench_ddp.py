@@ -9,9 +9,9 @@ First measures what the machine allows: one pinned one-thread gemm alone against
 each core at once (if each runs r times slower, np=N cannot beat r/N). Then, --runs times,
 side by side: np 1; np N with the default on one node
 (gradients, weights and optimizer state in node shared memory, each rank summing and
-updating its chunk); np N with bucket reductions as across nodes (KQLORA_DDP_SHARED_MEMORY=0),
+updating its chunk); np N with bucket reductions as across nodes (ddp_shared_memory=off),
 summed blocking as soon as a bucket is ready (the default for host memory; with --all); and
-the same with KQLORA_DDP_OVERLAP=1 (non-blocking, driven between panels, finished after the
+the same with ddp_overlap=on (non-blocking, driven between panels, finished after the
 backward). Step time: median of the per-step times after the first (metrics_file's
 elapsed_s).
 """
@@ -47,13 +47,13 @@ def gemm_s(cores):
 
 def run(np, shared=True, overlap=False):
     env = dict(ENV)
-    env["KQLORA_DDP_SHARED_MEMORY"] = "1" if shared else "0"
-    env["KQLORA_DDP_OVERLAP"] = "1" if overlap else "0"
+    keys = [f"ddp_shared_memory={'on' if shared else 'off'}",
+            f"ddp_overlap={'on' if overlap else 'off'}"]
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "m.jsonl")
         out = subprocess.run(["mpirun", "--oversubscribe", "--bind-to", "core", "-np", str(np),
                               os.path.join(args.bin, "kqlora-train"), args.deck,
-                              f"metrics_file={metrics}", f"save_dir={tmp}/ck"] +
+                              f"metrics_file={metrics}", f"save_dir={tmp}/ck"] + keys +
                              ([f"num_steps={args.steps}"] if args.steps else []),
                              env=env, check=True, capture_output=True, text=True).stdout
         t = [json.loads(l)["elapsed_s"] for l in open(metrics)]
