@@ -9,7 +9,7 @@
 
 #include "kqlora/io/checkpoint.hpp"
 #include "kqlora/io/chunk_writer.hpp"
-#include "kqlora/io/deck.hpp"
+#include "kqlora/train/config.hpp"
 #include "kqlora/train/trainer.hpp"
 
 namespace {

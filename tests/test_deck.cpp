@@ -2,11 +2,14 @@
 // every kind of error, each naming the file and line (or the argument).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 
 #include "kqlora/core/error.hpp"
-#include "kqlora/io/deck.hpp"
+#include "kqlora/nn/model_registry.hpp"
+#include "kqlora/train/config.hpp"
 
 using kqlora::parse_deck_text;
 
@@ -122,4 +125,31 @@ TEST(TrainApp, BadDeckExitsTwoAndWritesNothing) {
       std::system((bin + " " + dir + "/bad.in lora_rank=8 num_steps=1 > " + log + " 2>&1").c_str()),
       0);
   EXPECT_TRUE(std::ifstream(dir + "/ckpt/latest").good());
+}
+
+TEST(Deck, OneKeyTableForHelpEchoAndRestart) {
+  // A model kind that reads only dim: the echo comments out the model keys it ignores
+  // (and still parses back to the same text), a restart does not compare them, and
+  // --help lists every key.
+  kqlora::ModelKind kind = kqlora::model_kind("lora_stack");
+  kind.deck_keys = {"dim", "dtype"};
+  kqlora::register_model("deck_test_model", kind);
+  const auto c = parse_deck_text("model = deck_test_model\ndim = 32\n", "d", {});
+  const std::string text = c.to_deck_text();
+  EXPECT_NE(text.find("\ndim = 32\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("# num_linears = 1  (not used by model deck_test_model)"), std::string::npos)
+      << text;
+  EXPECT_EQ(parse_deck_text(text, "echo", {}).to_deck_text(), text);
+  const auto fixed = kqlora::restart_fixed_keys(c);
+  auto has = [&](const char* k) { return std::find(fixed.begin(), fixed.end(), k) != fixed.end(); };
+  EXPECT_TRUE(has("dim") && has("dtype") && has("model") && has("optimizer"));
+  EXPECT_FALSE(has("num_linears") || has("lora_rank") || has("seed") || has("num_steps"));
+  const auto stack = kqlora::restart_fixed_keys(parse_deck_text("", "d", {}));
+  EXPECT_NE(std::find(stack.begin(), stack.end(), "num_linears"), stack.end());
+  const std::string help = kqlora::deck_help(80);
+  for (const auto& k : kqlora::deck_keys())
+    EXPECT_NE(help.find(" " + k + " "), std::string::npos) << k;
+  std::istringstream lines(help);
+  for (std::string l; std::getline(lines, l);) EXPECT_LE(l.size(), 80u) << l;
+  expect_error("model = nonesuch\n", "deck.in:1: model: expected");
 }

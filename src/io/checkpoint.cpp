@@ -281,7 +281,11 @@ CheckpointContents read_checkpoint_file(const std::string& path, bool with_optim
   c.model_config_text = h5::has_attribute(f, "model_config")
                             ? h5::read_string_attribute(f, "model_config", path)
                             : c.config_text;
-  c.table = model_table(ModelConfig::from_text(c.model_config_text, path + " (model_config)"));
+  const ModelConfig model = ModelConfig::from_text(c.model_config_text, path + " (model_config)");
+  const auto kinds = model_kinds();
+  KQLORA_INPUT_CHECK(std::find(kinds.begin(), kinds.end(), model.kind) != kinds.end(),
+                     path << ": model '" << model.kind << "' is not a model this kqlora knows");
+  c.table = model_table(model);
   KQLORA_INPUT_CHECK(h5::exists(f, "params"), path << ": group /params is missing");
   auto params = h5::open_group(f, "params");
   std::vector<std::string> names;

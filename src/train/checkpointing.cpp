@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
-#include <map>
 #include <ostream>
 #include <sstream>
 #include <tuple>
@@ -11,7 +10,6 @@
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/populate_pages.hpp"
 #include "kqlora/io/shared_checkpoint.hpp"
-#include "kqlora/train/component_configs.hpp"
 
 namespace kqlora {
 
@@ -154,22 +152,8 @@ CheckpointReader load_restart(const Config& cfg, std::ostream& log) {
   auto check = [&](const std::string& key, const std::string& a, const std::string& b) {
     if (a != b) diff << "\n  " << key << ": checkpoint " << a << ", deck " << b;
   };
-  // Every key of the model's configuration but the seed and the loss (which a restart may
-  // change), and the optimizer.
-  auto lines = [](const ModelConfig& m) {
-    std::map<std::string, std::string> kv;
-    std::istringstream in(m.to_text());
-    for (std::string line; std::getline(in, line);) {
-      const auto eq = line.find(" = ");
-      if (eq != std::string::npos) kv[line.substr(0, eq)] = line.substr(eq + 3);
-    }
-    kv.erase("seed");
-    kv.erase("loss");
-    return kv;
-  };
-  const auto was = lines(model_config(old)), now = lines(model_config(cfg));
-  for (const auto& [key, value] : now) check(key, was.count(key) ? was.at(key) : "none", value);
-  check("optimizer", old.optimizer, cfg.optimizer);
+  for (const auto& key : restart_fixed_keys(cfg))
+    check(key, deck_value(old, key), deck_value(cfg, key));
   KQLORA_INPUT_CHECK(diff.str().empty(), "restart from " << path
                                                          << ": the deck changes what a "
                                                             "checkpoint cannot carry over:"

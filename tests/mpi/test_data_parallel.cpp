@@ -13,11 +13,11 @@
 
 #include "kqlora/io/checkpoint.hpp"
 #include "kqlora/io/checkpoint_diff.hpp"
-#include "kqlora/io/deck.hpp"
 #include "kqlora/nn/lora_stack.hpp"
 #include "kqlora/parallel/broadcast_model.hpp"
 #include "kqlora/parallel/world.hpp"
 #include "kqlora/train/component_configs.hpp"
+#include "kqlora/train/config.hpp"
 #include "kqlora/train/init.hpp"
 #include "kqlora/train/trainer.hpp"
 #include "token_mlp_model.hpp"

@@ -187,7 +187,9 @@ void register_token_mlp() {
                           [](const Exec& exec, const kqlora::ModelConfig& cfg,
                              bool zeroed) -> std::unique_ptr<kqlora::DefaultModel> {
                             return std::make_unique<TokenMlp>(exec, cfg, zeroed);
-                          }});
+                          },
+                          {"dim", "lora_rank", "lora_alpha", "lora_dropout", "block_size",
+                           "scaler_block_size", "dtype", "seed"}});
 }
 
 }  // namespace tokenmlp

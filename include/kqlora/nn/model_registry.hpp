@@ -25,6 +25,9 @@ struct ModelKind {
   std::function<std::unique_ptr<DefaultModel>(const Kokkos::DefaultExecutionSpace&,
                                               const ModelConfig&, bool zeroed)>
       make;
+  /// The deck's model keys this kind reads (empty: all of them); the echo of the effective
+  /// configuration comments out the others.
+  std::vector<std::string> deck_keys;
 };
 
 /// Adds (or replaces) a kind.

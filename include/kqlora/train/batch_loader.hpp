@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "kqlora/io/deck.hpp"
 #include "kqlora/nn/model.hpp"
 #include "kqlora/parallel/data_parallel.hpp"
+#include "kqlora/train/config.hpp"
 #include "kqlora/train/data.hpp"
 #include "kqlora/train/run_report.hpp"
 

@@ -7,11 +7,11 @@
 
 #include "kqlora/io/checkpoint.hpp"
 #include "kqlora/io/checkpoint_reader.hpp"
-#include "kqlora/io/deck.hpp"
 #include "kqlora/nn/model.hpp"
 #include "kqlora/optim/optimizer.hpp"
 #include "kqlora/parallel/communicator.hpp"
 #include "kqlora/parallel/data_parallel.hpp"
+#include "kqlora/train/config.hpp"
 
 namespace kqlora {
 

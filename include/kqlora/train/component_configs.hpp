@@ -3,10 +3,10 @@
 // optimizer and the data-parallel strategy: nn/, optim/ and parallel/ know nothing of the
 // deck (docs/ARCHITECTURE.md).
 
-#include "kqlora/io/deck.hpp"
 #include "kqlora/nn/model_config.hpp"
 #include "kqlora/optim/optimizer.hpp"
 #include "kqlora/parallel/data_parallel.hpp"
+#include "kqlora/train/config.hpp"
 
 namespace kqlora {
 

@@ -8,11 +8,11 @@
 #include <memory>
 #include <string>
 
-#include "kqlora/io/deck.hpp"
 #include "kqlora/nn/model.hpp"
 #include "kqlora/optim/optimizer.hpp"
 #include "kqlora/parallel/communicator.hpp"
 #include "kqlora/parallel/data_parallel.hpp"
+#include "kqlora/train/config.hpp"
 
 namespace kqlora {
 

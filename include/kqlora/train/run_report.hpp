@@ -10,8 +10,8 @@
 #include <iosfwd>
 #include <string>
 
-#include "kqlora/io/deck.hpp"
 #include "kqlora/parallel/communicator.hpp"
+#include "kqlora/train/config.hpp"
 
 namespace kqlora {
 

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "kqlora/io/deck.hpp"
 #include "kqlora/parallel/communicator.hpp"
 #include "kqlora/quant/nf4_tensor.hpp"
+#include "kqlora/train/config.hpp"
 
 namespace kqlora {
 

@@ -1,4 +1,4 @@
-#include "kqlora/io/deck.hpp"
+#include "kqlora/train/config.hpp"
 
 #include <Kokkos_Macros.hpp>
 
@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "kqlora/core/error.hpp"
+#include "kqlora/nn/model_registry.hpp"
 
 namespace kqlora {
 
@@ -80,69 +81,110 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
+using Setter = std::function<void(Config&, const std::string&, const std::string&)>;
+using Getter = std::function<std::string(const Config&)>;
+
+/// A deck key: everything the parser, --help, the echo and the restart check need.
 struct Key {
   std::string name;
-  std::function<void(Config&, const std::string&, const std::string&)> set;
-  std::function<std::string(const Config&)> get;
+  std::string help;  // --help's default text; empty: the default's value (and the choices)
+  std::vector<std::string> choices;
+  bool model = false;  // a key of the model's configuration
+  bool fixed = false;  // must be the same on a restart (the checkpoint cannot carry it over)
+  Setter set;
+  Getter get;
+  /// Non-null where the key does not apply to this configuration: why (the echo then
+  /// shows it commented out, so the text parses back to the same configuration).
+  std::function<std::string(const Config&)> unused;
 };
 
-#define KQ_INT(field)                                                                            \
-  Key {                                                                                          \
-#field, [](Config & c, const std::string& v,                                                 \
-               const std::string&                                                                \
-                   w) { c.field = to_int(v, w); }, [](const Config&                              \
-                                                          c) { return std::to_string(c.field); } \
-  }
-#define KQ_FLOAT(field)                                                                           \
-  Key {                                                                                           \
-#field, [](Config & c, const std::string& v,                                                  \
-               const std::string&                                                                 \
-                   w) { c.field = to_float(v, w); }, [](const Config& c) { return fmt(c.field); } \
-  }
-#define KQ_CHOICE(field, ...)                                                                      \
-  Key {                                                                                            \
-#field, [](Config & c, const std::string& v,                                                   \
-               const std::string&                                                                  \
-                   w) { c.field = to_choice(v, {__VA_ARGS__}, w); }, [](const Config&              \
-                                                                            c) { return c.field; } \
-  }
-#define KQ_PATH(field)                                                                   \
-  Key {                                                                                  \
-#field, [](Config& c, const std::string& v, const std::string&) { c.field = v; },      \
-        [](const Config& c) { return c.field.empty() ? std::string("none") : c.field; } \
-  }
+enum Flags { kPlain = 0, kModel = 1, kFixed = 2 };
 
-const std::vector<Key>& keys() {
-  static const std::vector<Key> k = {
-      Key{"model", [](Config& c, const std::string& v, const std::string&) { c.model = v; },
-          [](const Config& c) { return c.model; }},
-      KQ_INT(dim),
-      KQ_INT(num_linears),
-      KQ_INT(lora_rank),
-      KQ_FLOAT(lora_alpha),
-      KQ_FLOAT(lora_dropout),
-      KQ_CHOICE(lora_b_init, "zeros", "kaiming"),
-      Key{"bias",
+Key key(const char* name, int flags, Setter set, Getter get, std::string help = "",
+        std::vector<std::string> choices = {}) {
+  Key k;
+  k.name = name;
+  k.help = std::move(help);
+  k.choices = std::move(choices);
+  k.model = flags & kModel;
+  k.fixed = flags & kFixed;
+  k.set = std::move(set);
+  k.get = std::move(get);
+  return k;
+}
+
+#define KQ_INT(field, flags, ...)                                                            \
+  key(                                                                                       \
+      #field, flags,                                                                         \
+      [](Config& c, const std::string& v, const std::string& w) { c.field = to_int(v, w); }, \
+      [](const Config& c) { return std::to_string(c.field); }, ##__VA_ARGS__)
+#define KQ_FLOAT(field, flags, ...)                                                            \
+  key(                                                                                         \
+      #field, flags,                                                                           \
+      [](Config& c, const std::string& v, const std::string& w) { c.field = to_float(v, w); }, \
+      [](const Config& c) { return fmt(c.field); }, ##__VA_ARGS__)
+#define KQ_CHOICE(field, flags, ...)                              \
+  key(                                                            \
+      #field, flags,                                              \
+      [](Config& c, const std::string& v, const std::string& w) { \
+        c.field = to_choice(v, {__VA_ARGS__}, w);                 \
+      },                                                          \
+      [](const Config& c) { return c.field; }, "", {__VA_ARGS__})
+#define KQ_PATH(field, flags)                                                                  \
+  key(                                                                                         \
+      #field, flags, [](Config& c, const std::string& v, const std::string&) { c.field = v; }, \
+      [](const Config& c) { return c.field.empty() ? std::string("none") : c.field; })
+
+/// The model keys a registered model kind reads (all of them: an empty list, or a kind
+/// this process does not know).
+bool model_reads(const Config& c, const std::string& name) {
+  for (const auto& k : model_kinds())
+    if (k == c.model) {
+      const auto& keys = model_kind(k).deck_keys;
+      return keys.empty() || std::find(keys.begin(), keys.end(), name) != keys.end();
+    }
+  return true;
+}
+
+std::vector<Key> make_keys() {
+  std::vector<Key> k = {
+      key(
+          "model", kModel | kFixed,
+          [](Config& c, const std::string& v, const std::string& w) {
+            c.model = to_choice(v, model_kinds(), w);
+          },
+          [](const Config& c) { return c.model; }, "lora_stack (a registered model kind)"),
+      KQ_INT(dim, kModel | kFixed),
+      KQ_INT(num_linears, kModel | kFixed),
+      KQ_INT(lora_rank, kModel | kFixed, "dim/2"),
+      KQ_FLOAT(lora_alpha, kModel | kFixed),
+      KQ_FLOAT(lora_dropout, kModel | kFixed),
+      KQ_CHOICE(lora_b_init, kModel, "zeros", "kaiming"),
+      key(
+          "bias", kModel | kFixed,
           [](Config& c, const std::string& v, const std::string& w) { c.bias = to_bool(v, w); },
-          [](const Config& c) { return std::string(c.bias ? "true" : "false"); }},
-      KQ_CHOICE(activation, "none", "relu", "gelu", "silu"),
-      KQ_INT(block_size),
-      KQ_INT(scaler_block_size),
-      Key{"dtype",
+          [](const Config& c) { return std::string(c.bias ? "true" : "false"); }, "false"),
+      KQ_CHOICE(activation, kModel | kFixed, "none", "relu", "gelu", "silu"),
+      KQ_INT(block_size, kModel | kFixed),
+      KQ_INT(scaler_block_size, kModel | kFixed),
+      key(
+          "dtype", kModel | kFixed,
           [](Config& c, const std::string& v, const std::string& w) {
             c.dtype = parse_dtype(v, w);
           },
-          [](const Config& c) { return std::string(dtype_name(c.dtype)); }},
-      KQ_CHOICE(device, "auto", "host", "cuda"),
-      KQ_INT(seed),
-      KQ_INT(global_bs),
-      KQ_INT(micro_bs),
-      KQ_INT(num_steps),
-      KQ_CHOICE(loss, "sum", "mse"),
-      KQ_CHOICE(optimizer, "sgd", "adam", "adamw"),
-      KQ_FLOAT(lr),
-      KQ_FLOAT(momentum),
-      Key{"betas",
+          [](const Config& c) { return std::string(dtype_name(c.dtype)); }, "",
+          {"float32", "bfloat16"}),
+      KQ_CHOICE(device, kPlain, "auto", "host", "cuda"),
+      KQ_INT(seed, kModel),
+      KQ_INT(global_bs, kPlain),
+      KQ_INT(micro_bs, kPlain, "global_bs"),
+      KQ_INT(num_steps, kPlain),
+      KQ_CHOICE(loss, kModel, "sum", "mse"),
+      KQ_CHOICE(optimizer, kFixed, "sgd", "adam", "adamw"),
+      KQ_FLOAT(lr, kPlain),
+      KQ_FLOAT(momentum, kPlain),
+      key(
+          "betas", kPlain,
           [](Config& c, const std::string& v, const std::string& w) {
             std::string t = v;
             std::replace(t.begin(), t.end(), ',', ' ');
@@ -153,33 +195,55 @@ const std::vector<Key>& keys() {
                                w << ": expected two numbers (beta1, beta2), got '" << v << "'");
             c.betas = {to_float(a, w), to_float(b, w)};
           },
-          [](const Config& c) { return fmt(c.betas[0]) + ", " + fmt(c.betas[1]); }},
-      KQ_FLOAT(eps),
-      KQ_FLOAT(weight_decay),
-      KQ_CHOICE(lr_schedule, "constant", "cosine"),
-      KQ_INT(warmup_steps),
-      KQ_FLOAT(grad_clip),
-      KQ_CHOICE(nonfinite, "stop", "skip"),
-      KQ_PATH(init_file),
-      KQ_PATH(data_file),
-      KQ_PATH(eval_file),
-      KQ_INT(eval_every),
-      KQ_CHOICE(parallel, "ddp", "fsdp"),
-      KQ_CHOICE(comm, "auto", "mpi", "nccl"),
-      KQ_CHOICE(ddp_shared_memory, "auto", "on", "off"),
-      KQ_CHOICE(ddp_overlap, "auto", "on", "off"),
-      KQ_FLOAT(bucket_mb),
-      KQ_FLOAT(comm_timeout_s),
-      Key{"save_dir", [](Config& c, const std::string& v, const std::string&) { c.save_dir = v; },
-          [](const Config& c) { return c.save_dir; }},
-      KQ_INT(checkpoint_every),
-      KQ_CHOICE(checkpoint_layout, "per_rank", "shared"),
-      KQ_INT(keep_last),
-      Key{"restart", [](Config& c, const std::string& v, const std::string&) { c.restart = v; },
-          [](const Config& c) { return c.restart; }},
-      KQ_INT(log_every),
-      KQ_PATH(metrics_file),
+          [](const Config& c) { return fmt(c.betas[0]) + ", " + fmt(c.betas[1]); }, "0.9,0.999"),
+      KQ_FLOAT(eps, kPlain),
+      KQ_FLOAT(weight_decay, kPlain, "0 (adamw 0.01)"),
+      KQ_CHOICE(lr_schedule, kPlain, "constant", "cosine"),
+      KQ_INT(warmup_steps, kPlain),
+      KQ_FLOAT(grad_clip, kPlain, "0 (off)"),
+      KQ_CHOICE(nonfinite, kPlain, "stop", "skip"),
+      KQ_PATH(init_file, kPlain),
+      KQ_PATH(data_file, kPlain),
+      KQ_PATH(eval_file, kPlain),
+      KQ_INT(eval_every, kPlain),
+      KQ_CHOICE(parallel, kPlain, "ddp", "fsdp"),
+      KQ_CHOICE(comm, kPlain, "auto", "mpi", "nccl"),
+      KQ_CHOICE(ddp_shared_memory, kPlain, "auto", "on", "off"),
+      KQ_CHOICE(ddp_overlap, kPlain, "auto", "on", "off"),
+      KQ_FLOAT(bucket_mb, kPlain),
+      KQ_FLOAT(comm_timeout_s, kPlain),
+      key(
+          "save_dir", kPlain,
+          [](Config& c, const std::string& v, const std::string&) { c.save_dir = v; },
+          [](const Config& c) { return c.save_dir; }),
+      KQ_INT(checkpoint_every, kPlain, "0 (at the end only)"),
+      KQ_CHOICE(checkpoint_layout, kPlain, "per_rank", "shared"),
+      KQ_INT(keep_last, kPlain, "0 (all)"),
+      key(
+          "restart", kPlain,
+          [](Config& c, const std::string& v, const std::string&) { c.restart = v; },
+          [](const Config& c) { return c.restart; }, "none|latest|PATH (none)"),
+      KQ_INT(log_every, kPlain),
+      KQ_PATH(metrics_file, kPlain),
   };
+  for (auto& x : k) {
+    if (x.name == "momentum")
+      x.unused = [](const Config& c) { return c.optimizer != "sgd" ? "sgd only" : ""; };
+    if (x.name == "betas" || x.name == "eps")
+      x.unused = [](const Config& c) { return c.optimizer == "sgd" ? "adam and adamw only" : ""; };
+    if (x.model && x.name != "model") {
+      const std::string name = x.name;
+      x.unused = [name](const Config& c) {
+        return model_reads(c, name) ? std::string() : "not used by model " + c.model;
+      };
+    }
+    if (x.name == "checkpoint_layout") x.help = "per_rank|shared (per_rank; fsdp: shared)";
+  }
+  return k;
+}
+
+const std::vector<Key>& keys() {
+  static const std::vector<Key> k = make_keys();
   return k;
 }
 
@@ -220,16 +284,51 @@ const std::vector<std::string>& deck_keys() {
 }
 
 std::string Config::to_deck_text() const {
-  // Keys that do not apply to this optimizer are shown commented out, so the text parses
-  // back to the same configuration.
+  // Keys that do not apply to this configuration are shown commented out, so the text
+  // parses back to the same configuration.
   std::ostringstream os;
   for (const auto& k : keys()) {
-    const bool sgd_only = k.name == "momentum";
-    const bool adam_only = k.name == "betas" || k.name == "eps";
-    const bool off = (sgd_only && optimizer != "sgd") || (adam_only && optimizer == "sgd");
-    os << (off ? "# " : "") << k.name << " = " << k.get(*this)
-       << (off ? (sgd_only ? "  (sgd only)" : "  (adam and adamw only)") : "") << "\n";
+    const std::string why = k.unused ? k.unused(*this) : "";
+    os << (why.empty() ? "" : "# ") << k.name << " = " << k.get(*this)
+       << (why.empty() ? "" : "  (" + why + ")") << "\n";
   }
+  return os.str();
+}
+
+std::string deck_value(const Config& c, const std::string& name) {
+  const Key* k = find_key(name);
+  KQLORA_CHECK(k, "no deck key '" << name << "'");
+  return k->get(c);
+}
+
+std::vector<std::string> restart_fixed_keys(const Config& c) {
+  std::vector<std::string> v;
+  for (const auto& k : keys())
+    if (k.fixed && (!k.unused || k.unused(c).empty())) v.push_back(k.name);
+  return v;
+}
+
+std::string deck_help(int width) {
+  const Config defaults;
+  std::ostringstream os;
+  std::string line = " ";
+  for (size_t i = 0; i < keys().size(); ++i) {
+    const Key& k = keys()[i];
+    std::string choices;
+    for (size_t j = 0; j < k.choices.size(); ++j) choices += (j ? "|" : "") + k.choices[j];
+    std::string d = k.help;
+    if (d.empty()) {
+      std::string v = k.get(defaults);
+      d = choices.empty() ? v : choices + " (" + v + ")";
+    }
+    const std::string item = " " + k.name + " " + d + (i + 1 < keys().size() ? "," : ".");
+    if (static_cast<int>(line.size() + item.size()) > width) {
+      os << line << "\n";
+      line = " ";
+    }
+    line += item;
+  }
+  os << line << "\n";
   return os.str();
 }
 
@@ -348,8 +447,14 @@ Config parse_deck_text(const std::string& text, const std::string& source,
   KQLORA_INPUT_CHECK(c.eval_file.empty() || c.eval_every > 0,
                      at("eval_file") << ": eval_file is set but eval_every is 0");
 #if !defined(KOKKOS_ENABLE_CUDA)
-  KQLORA_INPUT_CHECK(c.device != "cuda",
-                     at("device") << ": device = cuda, but this kqlora was built without CUDA");
+  KQLORA_INPUT_CHECK(c.device != "cuda", at("device")
+                                             << ": device = cuda, but this kqlora was built "
+                                                "without CUDA (its Kokkos runs on "
+                                             << Kokkos::DefaultExecutionSpace::name() << ")");
+#else
+  KQLORA_INPUT_CHECK(c.device != "host",
+                     at("device") << ": device = host: this CUDA build runs on the GPU only "
+                                     "(build kqlora without CUDA to run on the host)");
 #endif
 #if !KQLORA_HAVE_NCCL || !defined(KOKKOS_ENABLE_CUDA)
   KQLORA_INPUT_CHECK(c.comm != "nccl", at("comm") << ": comm = nccl, but this kqlora was built "

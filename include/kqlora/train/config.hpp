@@ -1,7 +1,7 @@
 #pragma once
-// Input decks (docs/TRAINING.md; the keys: kqlora-train --help): `key = value` lines, `#` comments,
-// blank lines; `key=value` overrides after the deck. Every error names the file and line (or the
-// argument) and is an InputError.
+// The run configuration: input decks (docs/TRAINING.md; the keys: kqlora-train --help): `key =
+// value` lines, `#` comments, blank lines; `key=value` overrides after the deck. Every error names
+// the file and line (or the argument) and is an InputError.
 
 #include <array>
 #include <cstdint>
@@ -66,7 +66,17 @@ Config parse_deck_text(const std::string& text, const std::string& source,
                        const std::vector<std::string>& overrides, int world_size = 1,
                        bool check_files = true);
 
-/// Every deck key, in the order to_deck_text prints them.
+/// Every deck key, in the order to_deck_text prints them. The keys are declared once, in
+/// one table (src/train/config.cpp), which the parser, the echo, deck_help and
+/// restart_fixed_keys read.
 const std::vector<std::string>& deck_keys();
+/// A key's value as the echo prints it.
+std::string deck_value(const Config& c, const std::string& key);
+/// The keys a restart of `c` must not change (the checkpoint cannot carry the change
+/// over), of those that apply to it.
+std::vector<std::string> restart_fixed_keys(const Config& c);
+/// The key list of kqlora-train --help: every key with its default (and choices), lines
+/// of at most `width` characters.
+std::string deck_help(int width = 88);
 
 }  // namespace kqlora
