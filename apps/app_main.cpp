@@ -38,20 +38,20 @@ int run(int argc, char** argv, const std::string& name, const std::string& usage
       }
     }
     // The first line of every log: dense products run at the speed of this kernel.
-    if (world::rank() == 0)
-      std::cout << name << " " << version() << ": BLAS " << blas::describe() << "\n";
+    if (world_rank() == 0)
+      std::cout << name << " " << version() << ": BLAS " << describe_blas() << "\n";
     return body(args);
   } catch (const InputError& e) {
     // Input is checked identically on every rank (decks, files, sizes), so every rank
     // stops here together; rank 0 speaks for all.
-    if (world::rank() == 0) std::cerr << name << ": error: " << e.what() << "\n";
+    if (world_rank() == 0) std::cerr << name << ": error: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {
-    const int rank = world::rank(), size = world::size();
+    const int rank = world_rank(), size = world_size();
     std::cerr << name << ": error" << (size > 1 ? " on rank " + std::to_string(rank) : "") << ": "
               << e.what() << "\n";
     // Other ranks may wait in a collective for this one: end the whole job.
-    if (size > 1) world::abort(1);
+    if (size > 1) world_abort(1);
     return 1;
   }
 }

@@ -42,7 +42,7 @@ int train_main(std::vector<std::string>& args) {
   // Rank 0 reads the deck; every rank parses the same text, so all agree on the result
   // (and on the error, which only rank 0 prints).
   std::string text, status = "ok";
-  if (kqlora::world::rank() == 0) {
+  if (kqlora::world_rank() == 0) {
     std::ifstream f(deck);
     if (!f.good()) {
       status = deck + ": cannot open the deck";
@@ -52,13 +52,13 @@ int train_main(std::vector<std::string>& args) {
       text = ss.str();
     }
   }
-  status = kqlora::world::broadcast(status);
+  status = kqlora::world_broadcast(status);
   KQLORA_INPUT_CHECK(status == "ok", status);
-  text = kqlora::world::broadcast(text);
-  const kqlora::Config cfg = kqlora::parse_deck_text(text, deck, overrides, kqlora::world::size());
-  kqlora::signals::install_stop_handlers();
+  text = kqlora::world_broadcast(text);
+  const kqlora::Config cfg = kqlora::parse_deck_text(text, deck, overrides, kqlora::world_size());
+  kqlora::install_stop_handlers();
   const auto summary = kqlora::train(cfg, std::cout);
-  return summary.preempted ? kqlora::signals::exit_code_preempted : 0;
+  return summary.preempted ? kqlora::exit_code_preempted : 0;
 }
 
 }  // namespace

@@ -18,7 +18,7 @@
 namespace {
 
 using kqlora::CpuFeatures;
-using kqlora::blas::preferred_openblas_core;
+using kqlora::preferred_openblas_core;
 
 CpuFeatures cpu(const char* vendor, int family, int model, int width, bool bf16 = false) {
   CpuFeatures f;

@@ -118,13 +118,13 @@ struct Reference {
     for (int l = 0; l < cfg.num_layers; ++l) {
       const double* A = p.data() + info[per * l].offset;
       const double* B = p.data() + info[per * l + 1].offset;
-      const kqlora::nn::DropoutKey key{cfg.seed,
-                                       kqlora::layer_stream(kqlora::RandomStream::dropout, l),
-                                       step,
-                                       global_bs,
-                                       0,
-                                       d,
-                                       static_cast<float>(cfg.dropout)};
+      const kqlora::DropoutKey key{cfg.seed,
+                                   kqlora::layer_stream(kqlora::RandomStream::dropout, l),
+                                   step,
+                                   global_bs,
+                                   0,
+                                   d,
+                                   static_cast<float>(cfg.dropout)};
       for (int64_t t = 0; t < T; ++t) {
         std::vector<double> xd(d), h(r, 0.0);
         for (int64_t f = 0; f < d; ++f)
@@ -186,7 +186,7 @@ TEST_P(LoraStackGradients, MatchFloat64FiniteDifferences) {
   Matrix<Mem> x = to_matrix(xf, T, d), target = to_matrix(tf, T, d), g("g", T, d);
   Kokkos::deep_copy(model.grads, 0.0f);
   auto y = model.forward(x, /*step=*/3, /*first_sample=*/0, /*global_bs=*/T);
-  kqlora::nn::loss_forward_backward(Exec(), c.loss, y, target, double(T * d), g);
+  kqlora::loss_forward_backward(Exec(), c.loss, y, target, double(T * d), g);
   model.backward(g);
   std::vector<float> grads(n);
   Kokkos::deep_copy(

@@ -15,7 +15,7 @@
 #include <sched.h>
 #endif
 
-namespace kqlora::blas {
+namespace kqlora {
 
 namespace {
 
@@ -108,7 +108,7 @@ std::string preferred_openblas_core(const CpuFeatures& cpu, const std::string& c
   return amd ? "Zen" : "Haswell";
 }
 
-void select_kernel(char** argv) {
+void select_blas_kernel(char** argv) {
   // After our own re-execution the marker holds "seen>asked": report it, never loop.
   const std::string marker = env("KQLORA_BLAS_REEXEC");
   const auto sep = marker.find('>');
@@ -162,7 +162,7 @@ void select_kernel(char** argv) {
 #endif
 }
 
-void select_threads(int ranks_on_node) {
+void select_blas_threads(int ranks_on_node) {
   auto set = lookup<void (*)(int)>("openblas_set_num_threads");
   auto parallel = lookup<int (*)()>("openblas_get_parallel");
   if (!set) {
@@ -188,7 +188,7 @@ void select_threads(int ranks_on_node) {
                  std::to_string(ranks) + " rank" + (ranks > 1 ? "s" : "") + " on this node)";
 }
 
-std::string describe() {
+std::string describe_blas() {
   if (!dlsym(RTLD_DEFAULT, "sgemm_")) return "none linked (this program makes no dense products)";
   std::ostringstream os;
   os << library();
@@ -202,4 +202,4 @@ std::string describe() {
   return os.str();
 }
 
-}  // namespace kqlora::blas
+}  // namespace kqlora

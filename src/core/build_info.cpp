@@ -70,7 +70,7 @@ std::string build_configuration() {
   os << "  host SIMD (NF4): portable\n";
 #endif
   os << "  CPU: " << cpu_features().describe() << "\n";
-  os << "  BLAS: " << blas::describe() << "\n";
+  os << "  BLAS: " << describe_blas() << "\n";
   os << "  compiler: " << KQLORA_CXX_COMPILER << "\n";
   os << "  flags: " << KQLORA_CXX_FLAGS << "\n";
   return os.str();

@@ -16,7 +16,7 @@ long long parse_integer(const std::string& text, const std::string& where) {
 
 }  // namespace kqlora
 
-namespace kqlora::detail {
+namespace kqlora::impl {
 
 void throw_error(const std::string& what, const char* file, int line) {
   std::ostringstream os;
@@ -28,4 +28,4 @@ void throw_input_error(const std::string& what) {
   throw InputError(what);
 }
 
-}  // namespace kqlora::detail
+}  // namespace kqlora::impl

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <string>
 
-namespace kqlora::memory {
+namespace kqlora {
 
 namespace {
 
@@ -55,4 +55,4 @@ int64_t peak_rss_bytes() {
   return status_kb("VmHWM:");
 }
 
-}  // namespace kqlora::memory
+}  // namespace kqlora

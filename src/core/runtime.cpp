@@ -14,14 +14,14 @@
 namespace kqlora {
 
 #if KQLORA_HAVE_MPI
-namespace detail {
+namespace impl {
 void throw_mpi_error(int code, const char* call, const char* file, int line) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) len = 0;
   throw_error(std::string(call) + " failed: " + std::string(text, len), file, line);
 }
-}  // namespace detail
+}  // namespace impl
 #endif
 
 #if KQLORA_HAVE_MPI && defined(OPEN_MPI)
@@ -46,7 +46,7 @@ Runtime::Runtime(int& argc, char**& argv) {
 #if KQLORA_HAVE_MPI
   KQLORA_CHECK_MPI(MPI_Initialized(&mpi_running));
 #endif
-  if (!mpi_running) blas::select_kernel(argv);
+  if (!mpi_running) select_blas_kernel(argv);
 #ifdef __GLIBC__
   // Keep freed large blocks in the heap rather than unmapping them: MPI allocates a
   // temporary buffer per collective, and returning those pages to the kernel makes every
@@ -75,9 +75,9 @@ Runtime::Runtime(int& argc, char**& argv) {
   int ranks_on_node = 1;
   KQLORA_CHECK_MPI(MPI_Comm_size(node, &ranks_on_node));
   KQLORA_CHECK_MPI(MPI_Comm_free(&node));
-  blas::select_threads(ranks_on_node);
+  select_blas_threads(ranks_on_node);
 #else
-  blas::select_threads(1);
+  select_blas_threads(1);
 #endif
   if (!Kokkos::is_initialized()) Kokkos::initialize(argc, argv);
 }

@@ -2,7 +2,7 @@
 
 #include <csignal>
 
-namespace kqlora::signals {
+namespace kqlora {
 
 namespace {
 volatile std::sig_atomic_t flag = 0;
@@ -30,4 +30,4 @@ void clear() {
   flag = 0;
 }
 
-}  // namespace kqlora::signals
+}  // namespace kqlora

@@ -106,8 +106,8 @@ void throw_h5_error(const char* call, const char* file, int line) {
   std::string stack;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &stack);
   H5Eclear2(H5E_DEFAULT);
-  detail::throw_error(std::string(call) + " failed" + (stack.empty() ? "" : ": " + stack), file,
-                      line);
+  impl::throw_error(std::string(call) + " failed" + (stack.empty() ? "" : ": " + stack), file,
+                    line);
 }
 
 void quiet_errors() {

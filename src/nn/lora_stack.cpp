@@ -87,7 +87,7 @@ void LoraStack<ExecSpace>::params_changed() {
 }
 
 template <class ExecSpace>
-nn::DropoutKey LoraStack<ExecSpace>::dropout_key(int layer) const {
+DropoutKey LoraStack<ExecSpace>::dropout_key(int layer) const {
   return {
       this->cfg_.seed, layer_stream(RandomStream::dropout, layer), step_, global_bs_, first_sample_,
       this->cfg_.dim,  static_cast<float>(this->cfg_.dropout)};
@@ -161,23 +161,22 @@ auto LoraStack<ExecSpace>::forward(const Matrix<Mem>& x, int64_t step, int64_t f
     const Layer& P = layers_[l];
     if (l == 0) c.x = x;
     if (dropout_on_) {
-      nn::dropout_apply(exec, dropout_key(l), bf16, c.x, c.xd, 0.0f);
+      dropout_apply(exec, dropout_key(l), bf16, c.x, c.xd, 0.0f);
     } else {
       c.xd = c.x;
     }
     gemm(exec, "N", "T", 1.0f, c.xd, this->matrix(compute_, *P.a), 0.0f, c.h);  // h = x_d A^T
-    if (bf16) nn::round_bf16(exec, c.h);
+    if (bf16) round_bf16(exec, c.h);
     this->acquire(P.weight->group);
     linear_nf4_forward(exec, base(l), c.x, c.z, ws_);  // z = x W^T
     this->release(P.weight->group);
-    if (bf16) nn::round_bf16(exec, c.z);
+    if (bf16) round_bf16(exec, c.z);
     if (P.bias)
-      nn::add_bias(exec, Kokkos::View<const float*, Mem>(this->vector(compute_, *P.bias)), bf16,
-                   c.z);
+      add_bias(exec, Kokkos::View<const float*, Mem>(this->vector(compute_, *P.bias)), bf16, c.z);
     if (bf16) {  // PyTorch: out + lora_b(h) * scaling, each rounded
       gemm(exec, "N", "T", 1.0f, c.h, this->matrix(compute_, *P.b), 0.0f, tmp_);
-      nn::round_bf16(exec, tmp_);
-      nn::add_scaled_bf16(exec, s, tmp_, c.z);
+      round_bf16(exec, tmp_);
+      add_scaled_bf16(exec, s, tmp_, c.z);
     } else {
       gemm(exec, "N", "T", s, c.h, this->matrix(compute_, *P.b), 1.0f, c.z);  // z += s h B^T
     }
@@ -185,7 +184,7 @@ auto LoraStack<ExecSpace>::forward(const Matrix<Mem>& x, int64_t step, int64_t f
       if (cfg.activation == Activation::none) {
         cache_[l + 1].x = c.z;
       } else {
-        nn::activation_forward(exec, cfg.activation, bf16, c.z, cache_[l + 1].x);
+        activation_forward(exec, cfg.activation, bf16, c.z, cache_[l + 1].x);
       }
     }
   }
@@ -206,11 +205,11 @@ void LoraStack<ExecSpace>::backward(const Matrix<Mem>& gy, bool accumulate) {
     LayerCache& c = cache_[l];
     const Layer& P = layers_[l];
     if (l + 1 < L && cfg.activation != Activation::none)
-      nn::activation_backward(exec, cfg.activation, bf16, c.z, g);
+      activation_backward(exec, cfg.activation, bf16, c.z, g);
     gemm(exec, "T", "N", s, g, c.h, beta, this->matrix(grads, *P.b));  // dB += s g^T h
-    if (P.bias) nn::accumulate_bias_grad(exec, g, this->vector(grads, *P.bias), accumulate);
+    if (P.bias) accumulate_bias_grad(exec, g, this->vector(grads, *P.bias), accumulate);
     gemm(exec, "N", "N", s, g, this->matrix(compute_, *P.b), 0.0f, gh_);  // gh = s g B
-    if (bf16) nn::round_bf16(exec, gh_);
+    if (bf16) round_bf16(exec, gh_);
     gemm(exec, "T", "N", 1.0f, gh_, c.xd, beta, this->matrix(grads, *P.a));  // dA += gh^T x_d
     this->group_done(P.a->group);
     if (l == 0) break;  // the input needs no gradient
@@ -221,12 +220,12 @@ void LoraStack<ExecSpace>::backward(const Matrix<Mem>& gy, bool accumulate) {
     this->release(P.weight->group);
     if (dropout_on_) {
       gemm(exec, "N", "N", 1.0f, gh_, this->matrix(compute_, *P.a), 0.0f, tmp_);  // gh A
-      if (bf16) nn::round_bf16(exec, tmp_);
-      nn::dropout_apply(exec, dropout_key(l), false, tmp_, gx, 1.0f);
+      if (bf16) round_bf16(exec, tmp_);
+      dropout_apply(exec, dropout_key(l), false, tmp_, gx, 1.0f);
     } else {
       gemm(exec, "N", "N", 1.0f, gh_, this->matrix(compute_, *P.a), 1.0f, gx);  // gx += gh A
     }
-    if (bf16) nn::round_bf16(exec, gx);
+    if (bf16) round_bf16(exec, gx);
     g = gx;
   }
 }
@@ -236,7 +235,7 @@ double LoraStack<ExecSpace>::forward_backward(const Batch<Mem>& b, double normal
                                               bool accumulate) {
   auto y = forward(b.inputs, b.step, b.first_sample, b.global_bs, true);
   const double loss =
-      nn::loss_forward_backward(this->exec_, this->cfg_.loss, y, b.targets, normaliser, gy_);
+      loss_forward_backward(this->exec_, this->cfg_.loss, y, b.targets, normaliser, gy_);
   backward(gy_, accumulate);
   return loss;
 }
@@ -244,7 +243,7 @@ double LoraStack<ExecSpace>::forward_backward(const Batch<Mem>& b, double normal
 template <class ExecSpace>
 double LoraStack<ExecSpace>::loss(const Batch<Mem>& b, double normaliser) {
   auto y = forward(b.inputs, b.step, b.first_sample, b.global_bs, false);
-  return nn::loss_value(this->exec_, this->cfg_.loss, y, b.targets, normaliser);
+  return loss_value(this->exec_, this->cfg_.loss, y, b.targets, normaliser);
 }
 
 template class LoraStack<Kokkos::DefaultExecutionSpace>;

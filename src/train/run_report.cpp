@@ -26,8 +26,8 @@ double seconds(std::chrono::steady_clock::duration d) {
 RunReport::RunReport(const Config& cfg, Communicator& comm, const std::string& backend,
                      std::ostream& log)
     : cfg_(cfg), comm_(comm), log_(log), root_(comm.rank() == 0) {
-  memory::track_kokkos_allocations();
-  rss_start_ = memory::rss_bytes();
+  track_kokkos_allocations();
+  rss_start_ = rss_bytes();
   start_ = since_ = Clock::now();
   if (root_) {
     log_ << "kqlora-train: " << comm.size() << " rank(s), Kokkos " << backend << ", dtype "
@@ -137,8 +137,8 @@ void RunReport::finish(const std::string& parallel_stats) {
   row("total", mn[kPhases], avg_total, mx[kPhases]);
   log_ << "(setup: initialisation, quantization and file reading, on average)\n"
        << parallel_stats << "peak memory (rank 0): tracked allocations "
-       << human_bytes(static_cast<double>(memory::tracked_peak_bytes())) << ", RSS above start-up "
-       << human_bytes(static_cast<double>(memory::peak_rss_bytes() - rss_start_)) << "\n";
+       << human_bytes(static_cast<double>(tracked_peak_bytes())) << ", RSS above start-up "
+       << human_bytes(static_cast<double>(peak_rss_bytes() - rss_start_)) << "\n";
 }
 
 }  // namespace kqlora

@@ -49,7 +49,7 @@ std::string describe_model(const Model<Exec>& m) {
 /// Sums `v` over ranks; a stop signal on any rank travels with it, so every rank stops
 /// after the same step.
 bool sum_and_stop(Communicator& comm, double& v) {
-  double both[2] = {v, signals::stop_requested() ? 1.0 : 0.0};
+  double both[2] = {v, stop_requested() ? 1.0 : 0.0};
   if (comm.size() > 1) comm.wait(comm.allreduce_sum(both, 2));
   v = both[0];
   return both[1] > 0;

@@ -319,7 +319,7 @@ TEST(Restart, AcrossWorldSizesAndParallelModes) {
 
 TEST(Restart, RefusesAnotherModel) {
   auto self = kqlora::make_mpi_communicator(false);
-  const std::string dir = base_dir() + "/refuse_rank" + std::to_string(kqlora::world::rank());
+  const std::string dir = base_dir() + "/refuse_rank" + std::to_string(kqlora::world_rank());
   std::ostringstream log;
   kqlora::train(deck("num_steps=1 save_dir=" + dir, 1), *self, log);
   try {

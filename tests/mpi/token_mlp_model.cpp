@@ -120,14 +120,14 @@ class TokenMlp : public kqlora::Model<Exec> {
     const auto ids = b.tokens;
     const auto x = x_;
     Kokkos::parallel_for(
-        "tokenmlp::embed", kqlora::nn::over(exec_, T, H),
+        "tokenmlp::embed", kqlora::over(exec_, T, H),
         KOKKOS_LAMBDA(int64_t t, int64_t f) { x(t, f) = emb(ids(t / S, t % S) * H + f); });
     const float s = cfg_.scale();
     kqlora::gemm(exec_, "N", "T", 1.0f, x_, p("block.up.lora_a.weight"), 0.0f, h_);  // h = x A^T
     acquire(e("block.up.weight").group);
     kqlora::linear_nf4_forward(exec_, nf4[e("block.up.weight").offset], x_, u_, ws_);
     kqlora::gemm(exec_, "N", "T", s, h_, p("block.up.lora_b.weight"), 1.0f, u_);  // += s h B^T
-    kqlora::nn::activation_forward(exec_, kqlora::Activation::silu, false, u_, a_);
+    kqlora::activation_forward(exec_, kqlora::Activation::silu, false, u_, a_);
     kqlora::linear_nf4_forward(exec_, nf4[e("block.down.weight").offset], a_, y_, ws_);
     release(e("block.up.weight").group);
     kqlora::gemm(exec_, "N", "T", 1.0f, y_, p("head.weight"), 0.0f, logits_);
@@ -170,8 +170,8 @@ class TokenMlp : public kqlora::Model<Exec> {
     acquire(e("block.up.weight").group);
     kqlora::linear_nf4_backward(exec_, nf4[e("block.down.weight").offset], gy_, gu_, ws_);
     release(e("block.up.weight").group);
-    kqlora::nn::activation_backward(exec_, kqlora::Activation::silu, false, u_, gu_);  // dU
-    kqlora::gemm(exec_, "T", "N", s, gu_, h_, beta, g("block.up.lora_b.weight"));      // dB
+    kqlora::activation_backward(exec_, kqlora::Activation::silu, false, u_, gu_);  // dU
+    kqlora::gemm(exec_, "T", "N", s, gu_, h_, beta, g("block.up.lora_b.weight"));  // dB
     kqlora::gemm(exec_, "N", "N", s, gu_, p("block.up.lora_b.weight"), 0.0f, gh_);
     kqlora::gemm(exec_, "T", "N", 1.0f, gh_, x_, beta, g("block.up.lora_a.weight"));  // dA
     group_done(e("block.up.weight").group);

@@ -12,7 +12,7 @@
 
 #include "kqlora/core/cpu_features.hpp"
 
-namespace kqlora::blas {
+namespace kqlora {
 
 /// The OpenBLAS core to ask for on `cpu` when the BLAS chose `current` (a name as
 /// openblas_get_corename returns it), or "" to keep it. A core is replaced only when its
@@ -26,17 +26,17 @@ std::string preferred_openblas_core(const CpuFeatures& cpu, const std::string& c
 /// OPENBLAS_CORETYPE and re-executes the program with `argv` (it does not return then).
 /// KQLORA_BLAS_TEST_CORENAME=NAME makes this detection see NAME as the BLAS's core (a test
 /// hook for CPUs the BLAS knows).
-void select_kernel(char** argv);
+void select_blas_kernel(char** argv);
 
 /// Called by kqlora::Runtime once the ranks on this node are known: unless the user set
 /// OPENBLAS_NUM_THREADS or GOTO_NUM_THREADS (or OMP_NUM_THREADS for an OpenMP BLAS), each
 /// rank's BLAS gets its share of the cores: min(CPUs it may run on, online CPUs / ranks on
 /// the node), at least 1.
-void select_threads(int ranks_on_node);
+void select_blas_threads(int ranks_on_node);
 
 /// One line for logs and --version: the library, its kernel, its threads, and what kqlora
 /// changed, e.g. "OpenBLAS 0.3.21 (/usr/lib/.../libblas.so.3), kernel Zen, 1 thread;
 /// kernel kept (...); threads from OPENBLAS_NUM_THREADS".
-std::string describe();
+std::string describe_blas();
 
-}  // namespace kqlora::blas
+}  // namespace kqlora

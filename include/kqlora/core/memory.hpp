@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-namespace kqlora::memory {
+namespace kqlora {
 
 /// Starts counting Kokkos allocations (after Kokkos::initialize); idempotent.
 void track_kokkos_allocations();
@@ -15,4 +15,4 @@ int64_t tracked_peak_bytes();
 int64_t rss_bytes();
 int64_t peak_rss_bytes();
 
-}  // namespace kqlora::memory
+}  // namespace kqlora

@@ -8,14 +8,14 @@
 #if KQLORA_HAVE_MPI
 #include <mpi.h>
 
-namespace kqlora::detail {
+namespace kqlora::impl {
 [[noreturn]] void throw_mpi_error(int code, const char* call, const char* file, int line);
 }
 
-#define KQLORA_CHECK_MPI(call)                                                      \
-  do {                                                                              \
-    const int kqlora_mpi_rc_ = (call);                                              \
-    if (kqlora_mpi_rc_ != MPI_SUCCESS)                                              \
-      ::kqlora::detail::throw_mpi_error(kqlora_mpi_rc_, #call, __FILE__, __LINE__); \
+#define KQLORA_CHECK_MPI(call)                                                    \
+  do {                                                                            \
+    const int kqlora_mpi_rc_ = (call);                                            \
+    if (kqlora_mpi_rc_ != MPI_SUCCESS)                                            \
+      ::kqlora::impl::throw_mpi_error(kqlora_mpi_rc_, #call, __FILE__, __LINE__); \
   } while (0)
 #endif

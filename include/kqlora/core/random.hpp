@@ -42,7 +42,7 @@ KOKKOS_INLINE_FUNCTION double random_uniform(uint64_t seed, uint64_t stream, uin
   return static_cast<double>(random_bits(seed, stream, index) >> 11) * 0x1.0p-53;
 }
 
-namespace detail {
+namespace impl {
 
 /// An integer below 2^52 as a double, exactly: its bits under the exponent of 2^52, minus
 /// 2^52. The same value as a conversion instruction gives, but one that AVX2 vectorises
@@ -107,15 +107,15 @@ KOKKOS_INLINE_FUNCTION double random_cos_2pi(double u) {
   return (q == 1 || q == 2) ? -v : v;
 }
 
-}  // namespace detail
+}  // namespace impl
 
 /// Standard normal by Box-Muller (two 32-bit halves of the bits, cosine branch), in double
 /// with kqlora's own log and cosine: the same values on every machine and backend.
 KOKKOS_INLINE_FUNCTION double random_normal(uint64_t seed, uint64_t stream, uint64_t index) {
   const uint64_t b = random_bits(seed, stream, index);
-  const double u1 = (detail::random_small_to_double(b >> 32) + 1.0) * 0x1.0p-32;    // (0, 1]
-  const double u2 = detail::random_small_to_double(b & 0xffffffffull) * 0x1.0p-32;  // [0, 1)
-  return sqrt(-2.0 * detail::random_log(u1)) * detail::random_cos_2pi(u2);
+  const double u1 = (impl::random_small_to_double(b >> 32) + 1.0) * 0x1.0p-32;    // (0, 1]
+  const double u2 = impl::random_small_to_double(b & 0xffffffffull) * 0x1.0p-32;  // [0, 1)
+  return sqrt(-2.0 * impl::random_log(u1)) * impl::random_cos_2pi(u2);
 }
 
 inline uint64_t layer_stream(RandomStream s, int layer) {

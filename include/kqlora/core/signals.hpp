@@ -3,7 +3,7 @@
 // boundary, write a checkpoint and exit with exit_code_preempted. The handler only sets a
 // flag; the training loop reads it (and agrees on it over all ranks).
 
-namespace kqlora::signals {
+namespace kqlora {
 
 /// The exit code of a run stopped by a preemption signal after writing its checkpoint
 /// (EX_TEMPFAIL: "try again"; the requeue template restarts on it).
@@ -17,4 +17,4 @@ bool stop_requested();
 void request_stop();
 void clear();
 
-}  // namespace kqlora::signals
+}  // namespace kqlora

@@ -45,8 +45,6 @@ KOKKOS_INLINE_FUNCTION float activation_derivative(Activation a, float z) {
   }
 }
 
-namespace nn {
-
 template <class ExecSpace>
 using Policy2 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2, Kokkos::Iterate::Right>,
                                       Kokkos::IndexType<int64_t>>;
@@ -61,7 +59,7 @@ template <class ExecSpace, class M>
 void activation_forward(const ExecSpace& exec, Activation act, bool bf16, const Matrix<M>& z,
                         const Matrix<M>& a) {
   Kokkos::parallel_for(
-      "kqlora::nn::activation_forward", over(exec, z.extent(0), z.extent(1)),
+      "kqlora::activation_forward", over(exec, z.extent(0), z.extent(1)),
       KOKKOS_LAMBDA(int64_t t, int64_t f) {
         const float v = activation_value(act, z(t, f));
         a(t, f) = bf16 ? round_to_bf16(v) : v;
@@ -73,7 +71,7 @@ template <class ExecSpace, class M>
 void activation_backward(const ExecSpace& exec, Activation act, bool bf16, const Matrix<M>& z,
                          const Matrix<M>& g) {
   Kokkos::parallel_for(
-      "kqlora::nn::activation_backward", over(exec, z.extent(0), z.extent(1)),
+      "kqlora::activation_backward", over(exec, z.extent(0), z.extent(1)),
       KOKKOS_LAMBDA(int64_t t, int64_t f) {
         const float v = g(t, f) * activation_derivative(act, z(t, f));
         g(t, f) = bf16 ? round_to_bf16(v) : v;
@@ -99,8 +97,7 @@ void dropout_apply(const ExecSpace& exec, const DropoutKey& key, bool bf16, cons
                    const Matrix<M>& out, float beta) {
   const float scale = 1.0f / (1.0f - key.p);
   Kokkos::parallel_for(
-      "kqlora::nn::dropout", over(exec, x.extent(0), x.extent(1)),
-      KOKKOS_LAMBDA(int64_t t, int64_t f) {
+      "kqlora::dropout", over(exec, x.extent(0), x.extent(1)), KOKKOS_LAMBDA(int64_t t, int64_t f) {
         float v = key.keep(t, f) ? x(t, f) * scale : 0.0f;
         if (bf16) v = round_to_bf16(v);
         out(t, f) = beta == 0.0f ? v : out(t, f) + v;
@@ -112,7 +109,7 @@ template <class ExecSpace, class M>
 void add_bias(const ExecSpace& exec, const Kokkos::View<const float*, M>& bias, bool bf16,
               const Matrix<M>& y) {
   Kokkos::parallel_for(
-      "kqlora::nn::add_bias", over(exec, y.extent(0), y.extent(1)),
+      "kqlora::add_bias", over(exec, y.extent(0), y.extent(1)),
       KOKKOS_LAMBDA(int64_t t, int64_t f) {
         const float v = y(t, f) + bias(f);
         y(t, f) = bf16 ? round_to_bf16(v) : v;
@@ -126,7 +123,7 @@ void accumulate_bias_grad(const ExecSpace& exec, const Matrix<M>& g,
                           const Kokkos::View<float*, M>& gbias, bool accumulate = true) {
   const int64_t T = g.extent(0);
   Kokkos::parallel_for(
-      "kqlora::nn::bias_grad",
+      "kqlora::bias_grad",
       Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, g.extent(1)),
       KOKKOS_LAMBDA(int64_t f) {
         float s = 0.0f;
@@ -139,7 +136,7 @@ void accumulate_bias_grad(const ExecSpace& exec, const Matrix<M>& g,
 template <class ExecSpace, class M>
 void add_scaled_bf16(const ExecSpace& exec, float s, const Matrix<M>& u, const Matrix<M>& z) {
   Kokkos::parallel_for(
-      "kqlora::nn::add_scaled_bf16", over(exec, z.extent(0), z.extent(1)),
+      "kqlora::add_scaled_bf16", over(exec, z.extent(0), z.extent(1)),
       KOKKOS_LAMBDA(int64_t t, int64_t f) {
         z(t, f) = round_to_bf16(z(t, f) + round_to_bf16(s * u(t, f)));
       });
@@ -149,9 +146,8 @@ void add_scaled_bf16(const ExecSpace& exec, float s, const Matrix<M>& u, const M
 template <class ExecSpace, class M>
 void round_bf16(const ExecSpace& exec, const Matrix<M>& x) {
   Kokkos::parallel_for(
-      "kqlora::nn::round_bf16", over(exec, x.extent(0), x.extent(1)),
+      "kqlora::round_bf16", over(exec, x.extent(0), x.extent(1)),
       KOKKOS_LAMBDA(int64_t t, int64_t f) { x(t, f) = round_to_bf16(x(t, f)); });
 }
 
-}  // namespace nn
 }  // namespace kqlora

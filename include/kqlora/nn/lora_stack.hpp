@@ -68,7 +68,7 @@ class LoraStack : public Model<ExecSpace> {
 
   void ensure_tokens(int64_t T);
   Nf4Tensor<Mem>& base(int l) { return this->nf4[layers_[l].weight->offset]; }
-  nn::DropoutKey dropout_key(int layer) const;
+  DropoutKey dropout_key(int layer) const;
 };
 
 }  // namespace kqlora

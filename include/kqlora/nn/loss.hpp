@@ -14,8 +14,6 @@ namespace kqlora {
 enum class LossKind { sum, mse };
 LossKind parse_loss(const std::string& s);
 
-namespace nn {
-
 /// Returns this micro-batch's share of the loss and writes dL/dy into g.
 template <class ExecSpace, class M>
 double loss_forward_backward(const ExecSpace& exec, LossKind kind, const Matrix<M>& y,
@@ -24,7 +22,7 @@ double loss_forward_backward(const ExecSpace& exec, LossKind kind, const Matrix<
   const float inv = static_cast<float>(1.0 / count);
   if (kind == LossKind::sum) {
     Kokkos::parallel_reduce(
-        "kqlora::nn::loss_sum", over(exec, y.extent(0), y.extent(1)),
+        "kqlora::loss_sum", over(exec, y.extent(0), y.extent(1)),
         KOKKOS_LAMBDA(int64_t t, int64_t f, double& acc) {
           acc += y(t, f);
           g(t, f) = 1.0f;
@@ -32,7 +30,7 @@ double loss_forward_backward(const ExecSpace& exec, LossKind kind, const Matrix<
         loss);
   } else {
     Kokkos::parallel_reduce(
-        "kqlora::nn::loss_mse", over(exec, y.extent(0), y.extent(1)),
+        "kqlora::loss_mse", over(exec, y.extent(0), y.extent(1)),
         KOKKOS_LAMBDA(int64_t t, int64_t f, double& acc) {
           const float d = y(t, f) - target(t, f);
           acc += static_cast<double>(d) * d;
@@ -50,7 +48,7 @@ double loss_value(const ExecSpace& exec, LossKind kind, const Matrix<M>& y, cons
                   double count) {
   double loss = 0.0;
   Kokkos::parallel_reduce(
-      "kqlora::nn::loss_value", over(exec, y.extent(0), y.extent(1)),
+      "kqlora::loss_value", over(exec, y.extent(0), y.extent(1)),
       KOKKOS_LAMBDA(int64_t t, int64_t f, double& acc) {
         if (kind == LossKind::sum) {
           acc += y(t, f);
@@ -63,5 +61,4 @@ double loss_value(const ExecSpace& exec, LossKind kind, const Matrix<M>& y, cons
   return kind == LossKind::sum ? loss : loss / count;
 }
 
-}  // namespace nn
 }  // namespace kqlora

@@ -5,13 +5,13 @@
 
 #include <string>
 
-namespace kqlora::world {
+namespace kqlora {
 
-int rank();
-int size();
+int world_rank();
+int world_size();
 /// Rank 0's string on every rank.
-std::string broadcast(const std::string& s);
+std::string world_broadcast(const std::string& s);
 /// Ends every process of the job with `code` (MPI_Abort); returns only without MPI.
-void abort(int code);
+void world_abort(int code);
 
-}  // namespace kqlora::world
+}  // namespace kqlora
