@@ -60,7 +60,7 @@ std::string build_configuration() {
 #else
   os << "  NCCL: not built (no CUDA backend)\n";
 #endif
-  // What the library was compiled for (quant/impl/nf4_host_simd.hpp chooses its NF4
+  // What the library was compiled for (src/quant/nf4_host_simd_intrinsics.hpp chooses its NF4
   // bodies from the same macros).
 #if defined(__AVX512F__) && defined(__AVX512BW__)
   os << "  host SIMD (NF4): AVX-512\n";

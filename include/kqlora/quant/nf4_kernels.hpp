@@ -13,27 +13,38 @@
 #include "kqlora/core/bfloat16.hpp"
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/kokkos_compat.hpp"
-#include "kqlora/quant/impl/nf4_host_simd.hpp"
 #include "kqlora/quant/nf4_codebook.hpp"
 #include "kqlora/quant/nf4_tensor.hpp"
 
 namespace kqlora {
 
-/// Which algorithm a kernel uses on an execution space: the AVX-512 block encoder and the
-/// AVX-512 or AVX2 block decoder on host spaces of CPUs that have them, the portable
-/// element-wise bodies elsewhere (CUDA).
-template <class ExecSpace>
-struct Nf4HostSimd {
-  static constexpr bool value = is_host_space<ExecSpace>() && KQLORA_HAVE_AVX512;
-};
-template <class ExecSpace>
-struct Nf4HostSimdDecode {
-  static constexpr bool value = is_host_space<ExecSpace>() && KQLORA_HAVE_HOST_SIMD_DECODE;
-};
-
 /// How dequantize writes its output: streaming (non-temporal) stores suit outputs larger
 /// than the caches that are not read again soon; `automatic` streams above 8 MiB.
 enum class Nf4Store { automatic, cached, streaming };
+
+/// Which algorithm a kernel uses on an execution space: on the default host space, the
+/// library's host SIMD bodies (the AVX-512 block encoder, the AVX-512 or AVX2 block
+/// decoder, compiled inside the library for the CPU it was built for: a program that
+/// includes this header compiles none of them, whatever its flags); the portable bodies
+/// below elsewhere (CUDA) and wherever the library has no SIMD body for the case.
+template <class ExecSpace>
+struct Nf4HostSimd {
+  static constexpr bool value = std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value;
+};
+
+namespace impl {
+/// The host SIMD bodies (src/quant/nf4_host_simd.cpp): true when they did the work, false
+/// where this build or the layout has none (block_size not a multiple of 16, no AVX2).
+template <class T>
+bool nf4_encode_host_simd(const Kokkos::DefaultHostExecutionSpace& exec,
+                          Kokkos::View<const T*, Kokkos::HostSpace> input,
+                          Kokkos::View<const float*, Kokkos::HostSpace> absmax,
+                          Kokkos::View<uint8_t*, Kokkos::HostSpace> data, int64_t block_size);
+template <class T, class TOut>
+bool nf4_decode_host_simd(const Kokkos::DefaultHostExecutionSpace& exec,
+                          const Nf4Tensor<Kokkos::HostSpace>& t, int64_t first_block, int64_t nb,
+                          Kokkos::View<TOut*, Kokkos::HostSpace> out, Nf4Store store);
+}  // namespace impl
 
 namespace impl {
 
@@ -126,29 +137,6 @@ struct Nf4EncodeBlocks {
   }
 };
 
-#if KQLORA_HAVE_AVX512
-/// Host SIMD encoding, one block per work item (block_size a multiple of 16).
-template <class T>
-struct Nf4EncodeBlocksAvx512 {
-  Kokkos::View<const T*, Kokkos::HostSpace> input;
-  Kokkos::View<const float*, Kokkos::HostSpace> absmax;
-  Kokkos::View<uint8_t*, Kokkos::HostSpace> data;
-  int64_t block_size;
-
-  Nf4Codebook codebook = Nf4Codebook::make<T>();
-
-  void operator()(int64_t b) const {
-    const float a = absmax(b);
-    uint8_t* out = data.data() + b * (block_size / 2);
-    if (!(a > 0.0f)) {  // all-zero block: every code is 0.0
-      for (int64_t j = 0; j < block_size / 2; ++j) out[j] = nf4_zero_code * 17;
-      return;
-    }
-    nf4_encode_block_avx512<std::is_same<T, bfloat16>::value>(
-        input.data() + b * block_size, block_size, a, _mm512_loadu_ps(codebook.v), out);
-  }
-};
-#endif
 
 /// Output conversion: float32 or bfloat16 from a float holding a value of the NF4 dtype.
 KOKKOS_INLINE_FUNCTION void nf4_store(float* p, float v) {
@@ -184,71 +172,15 @@ struct Nf4DecodeBlocks {
   }
 };
 
-#if KQLORA_HAVE_HOST_SIMD_DECODE
-/// Host SIMD dequantization: a run of blocks per work item, a 16-entry table per block.
-template <class T, class TOut, bool Stream>
-struct Nf4DecodeBlocksHostSimd {
-  Kokkos::View<const uint8_t*, Kokkos::HostSpace> data;
-  Kokkos::View<const int8_t*, Kokkos::HostSpace> scalers;
-  Kokkos::View<const float*, Kokkos::HostSpace> factor;
-  Kokkos::View<TOut*, Kokkos::HostSpace> out;
-  float mean;
-  int64_t block_size, scaler_block_size, num_blocks, blocks_per_item, first_block;
-  Nf4Codebook codebook = Nf4Codebook::make<T>();
-
-  void operator()(int64_t item) const {
-    constexpr bool bf16_out = std::is_same<TOut, bfloat16>::value;
-    constexpr bool round_bf16 = std::is_same<T, bfloat16>::value || bf16_out;
-    const Nf4SimdCodebook cb = nf4_simd_codebook(codebook.v);
-    const int64_t half = block_size / 2;
-    const int64_t i_end =
-        (item + 1) * blocks_per_item < num_blocks ? (item + 1) * blocks_per_item : num_blocks;
-    for (int64_t i = item * blocks_per_item; i < i_end; ++i) {
-      const int64_t b = first_block + i;
-      const float s = nf4_block_scale<T>(scalers(b), factor(b / scaler_block_size), mean);
-      nf4_decode_block_simd<round_bf16, bf16_out, Stream>(cb, s, data.data() + b * half, half,
-                                                          out.data() + i * block_size);
-    }
-    if (Stream) stream_fence();
-  }
-};
-#endif
 
 template <class T, class TOut, class ExecSpace, class MemSpace>
 void nf4_dequantize_as(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t, int64_t first_block,
                        int64_t nb, Kokkos::View<TOut*, MemSpace> out, Nf4Store store) {
   const Nf4Layout& L = t.layout;
   using Policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>;
-#if KQLORA_HAVE_HOST_SIMD_DECODE
-  if constexpr (Nf4HostSimdDecode<ExecSpace>::value &&
-                std::is_same<MemSpace, Kokkos::HostSpace>::value) {
-    const int64_t out_block_bytes = L.block_size * static_cast<int64_t>(sizeof(TOut));
-    if (L.block_size % 16 == 0) {
-      const bool aligned =
-          reinterpret_cast<uintptr_t>(out.data()) % 64 == 0 && out_block_bytes % 64 == 0;
-      const bool big = nb * out_block_bytes > (int64_t(8) << 20);
-      const bool stream =
-          aligned && (store == Nf4Store::streaming || (store == Nf4Store::automatic && big));
-      // ~16 K elements per work item: enough items for threads, few fences.
-      const int64_t per_item = L.block_size >= 16384 ? 1 : 16384 / L.block_size;
-      const int64_t items = (nb + per_item - 1) / per_item;
-      if (stream) {
-        Kokkos::parallel_for(
-            "kqlora::Nf4::dequantize", Policy(exec, 0, items),
-            Nf4DecodeBlocksHostSimd<T, TOut, true>{
-                t.quantized_data, t.quantized_scalers, t.quantization_factor, out, t.scaler_mean,
-                L.block_size, L.scaler_block_size, nb, per_item, first_block});
-      } else {
-        Kokkos::parallel_for(
-            "kqlora::Nf4::dequantize", Policy(exec, 0, items),
-            Nf4DecodeBlocksHostSimd<T, TOut, false>{
-                t.quantized_data, t.quantized_scalers, t.quantization_factor, out, t.scaler_mean,
-                L.block_size, L.scaler_block_size, nb, per_item, first_block});
-      }
-      return;
-    }
+  if constexpr (Nf4HostSimd<ExecSpace>::value && std::is_same<MemSpace, Kokkos::HostSpace>::value) {
+    if (nf4_decode_host_simd<T, TOut>(exec, t, first_block, nb, out, store)) return;
   }
-#endif
   (void)store;
   Kokkos::parallel_for("kqlora::Nf4::dequantize", Policy(exec, 0, nb),
                        Nf4DecodeBlocks<T, TOut, MemSpace>{
@@ -301,16 +233,8 @@ Nf4Tensor<MemSpace> nf4_quantize(const ExecSpace& exec, Kokkos::View<const T*, M
       impl::Nf4DoubleQuantize<T, MemSpace>{absmax, t.quantized_scalers, t.quantization_factor,
                                            t.scaler_mean, layout.scaler_block_size, nb});
   bool encoded = false;
-#if KQLORA_HAVE_AVX512
-  if constexpr (Nf4HostSimd<ExecSpace>::value && std::is_same<MemSpace, Kokkos::HostSpace>::value) {
-    if (layout.block_size % 16 == 0) {
-      Kokkos::parallel_for(
-          "kqlora::Nf4::encode", Policy(exec, 0, nb),
-          impl::Nf4EncodeBlocksAvx512<T>{input, absmax, t.quantized_data, layout.block_size});
-      encoded = true;
-    }
-  }
-#endif
+  if constexpr (Nf4HostSimd<ExecSpace>::value && std::is_same<MemSpace, Kokkos::HostSpace>::value)
+    encoded = impl::nf4_encode_host_simd<T>(exec, input, absmax, t.quantized_data, layout.block_size);
   if (!encoded) {
     Kokkos::parallel_for(
         "kqlora::Nf4::encode", Policy(exec, 0, nb),

@@ -1,7 +1,7 @@
 #pragma once
 // Host SIMD paths of the NF4 kernels (x86-64 with AVX-512 F+BW; dequantization also with
-// AVX2). They run inside the same Kokkos kernels as the portable paths, picked by
-// Nf4HostSimd (nf4_kernels.hpp), and produce the same bits: the per-block table holds
+// AVX2), private to the library (nf4_host_simd.cpp; nf4_kernels.hpp's Nf4HostSimd routes
+// the default host space to them). They produce the portable paths' bits: the per-block table holds
 // nf4_decode's values, and a 16-entry table lookup is one vpermps (AVX-512) or two 8-entry
 // vpermps and a blend on the code's top bit (AVX2). Large outputs are written with streaming
 // stores, which skip the read-for-ownership of every output cache line (half the memory traffic of
