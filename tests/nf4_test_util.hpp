@@ -31,35 +31,38 @@ using Exec = Kokkos::DefaultExecutionSpace;
 using Mem = Exec::memory_space;
 using HostNf4 = kqlora::Nf4Tensor<Kokkos::HostSpace>;
 
-template <class T>
-Kokkos::View<T*, Mem> to_device(const std::vector<T>& v) {
-  Kokkos::View<T*, Mem> d("nf4test::input", v.size());
+template <class T, class M = Mem>
+Kokkos::View<T*, M> to_device(const std::vector<T>& v) {
+  Kokkos::View<T*, M> d("nf4test::input", v.size());
   Kokkos::deep_copy(
       d, Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(v.data(), v.size()));
   return d;
 }
 
-template <class T>
-std::vector<T> to_host(Kokkos::View<T*, Mem> d) {
+template <class T, class M>
+std::vector<T> to_host(Kokkos::View<T*, M> d) {
   std::vector<T> v(d.extent(0));
   Kokkos::deep_copy(
       Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(v.data(), v.size()), d);
   return v;
 }
 
-template <class T>
+/// On execution space E (by default the default one).
+template <class T, class E = Exec>
 HostNf4 quantize(const std::vector<T>& x, kqlora::Nf4Layout layout) {
-  auto d = to_device(x);
-  auto t = kqlora::nf4_quantize<T>(Exec(), Kokkos::View<const T*, Mem>(d), layout);
+  using M = typename E::memory_space;
+  auto d = to_device<T, M>(x);
+  auto t = kqlora::nf4_quantize<T>(E(), Kokkos::View<const T*, M>(d), layout);
   return kqlora::nf4_copy_to<Kokkos::HostSpace>(t);
 }
 
-template <class TOut>
+template <class TOut, class E = Exec>
 std::vector<TOut> dequantize(const HostNf4& t,
                              kqlora::Nf4Store store = kqlora::Nf4Store::automatic) {
-  auto dt = kqlora::nf4_copy_to<Mem>(t);
-  Kokkos::View<TOut*, Mem> out("nf4test::out", t.layout.numel());
-  kqlora::nf4_dequantize(Exec(), dt, out, store);
+  using M = typename E::memory_space;
+  auto dt = kqlora::nf4_copy_to<M>(t);
+  Kokkos::View<TOut*, M> out("nf4test::out", t.layout.numel());
+  kqlora::nf4_dequantize(E(), dt, out, store);
   return to_host(out);
 }
 

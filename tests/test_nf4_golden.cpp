@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 
+#include "exec_spaces.hpp"
 #include "nf4_test_util.hpp"
 
 using namespace nf4test;
@@ -80,7 +81,7 @@ HostNf4 golden_tensor(const Case& c) {
 }
 
 // Bits of a float holding a value of the case's dtype.
-template <class T>
+template <class T, class E>
 void check_case(const Case& c, int* means_equal) {
   SCOPED_TRACE(c.name);
   const auto L = c.layout();
@@ -93,7 +94,7 @@ void check_case(const Case& c, int* means_equal) {
   }
   const HostNf4 golden = golden_tensor(c);
   const auto golden_deq = read_dtype(c, "dequantized", L.numel());
-  const HostNf4 ours = quantize(input, L);
+  const HostNf4 ours = quantize<T, E>(input, L);
 
   // quantized_data: identical bytes.
   for (int64_t i = 0; i < L.num_bytes(); ++i)
@@ -122,7 +123,7 @@ void check_case(const Case& c, int* means_equal) {
 
   // Dequantizing torchao's own components reproduces torchao's values bit for bit, on the
   // default path and on the portable body.
-  const auto deq = dequantize<T>(golden);
+  const auto deq = dequantize<T, E>(golden);
   const auto deq_portable = dequantize_portable<T, T>(golden);
   for (int64_t i = 0; i < L.numel(); ++i) {
     ASSERT_EQ(bits(static_cast<float>(deq[i])), bits(golden_deq[i])) << "element " << i;
@@ -130,7 +131,7 @@ void check_case(const Case& c, int* means_equal) {
   }
   // Our own round trip matches torchao's when the means agree.
   if (same_mean) {
-    const auto ours_deq = dequantize<T>(ours);
+    const auto ours_deq = dequantize<T, E>(ours);
     for (int64_t i = 0; i < L.numel(); ++i)
       ASSERT_EQ(bits(static_cast<float>(ours_deq[i])), bits(golden_deq[i])) << "element " << i;
   }
@@ -138,15 +139,21 @@ void check_case(const Case& c, int* means_equal) {
 
 }  // namespace
 
-TEST(Nf4Golden, MatchesTorchao) {
+template <class E>
+class Nf4Golden : public ::testing::Test {};
+TYPED_TEST_SUITE(Nf4Golden, kqlora_test::EnabledSpaces, kqlora_test::SpaceName);
+
+// On every enabled execution space (the default host space takes the library's SIMD
+// bodies, another host space the portable ones).
+TYPED_TEST(Nf4Golden, MatchesTorchao) {
   const auto cases = read_manifest();
   ASSERT_GE(cases.size(), 12u) << "golden data missing: " << dir();
   int means_equal = 0;
   for (const auto& c : cases) {
     if (c.dtype == "float32")
-      check_case<float>(c, &means_equal);
+      check_case<float, TypeParam>(c, &means_equal);
     else
-      check_case<bfloat16>(c, &means_equal);
+      check_case<bfloat16, TypeParam>(c, &means_equal);
   }
   // Summation order rarely changes a rounded mean; most cases must agree exactly.
   EXPECT_GE(means_equal, static_cast<int>(cases.size()) - 2);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 
+#include "exec_spaces.hpp"
 #include "kqlora/nn/linear_nf4.hpp"
 #include "kqlora/nn/lora_stack.hpp"
 #include "kqlora/nn/loss.hpp"
@@ -23,8 +24,9 @@ std::vector<double> dequantized(const HostNf4& t) {
   return std::vector<double>(f.begin(), f.end());
 }
 
-Matrix<Mem> to_matrix(const std::vector<float>& rowmajor, int64_t rows, int64_t cols) {
-  Matrix<Mem> m("m", rows, cols);
+template <class M = Mem>
+Matrix<M> to_matrix(const std::vector<float>& rowmajor, int64_t rows, int64_t cols) {
+  Matrix<M> m("m", rows, cols);
   auto h = Kokkos::create_mirror_view(m);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) h(r, c) = rowmajor[r * cols + c];
@@ -32,7 +34,8 @@ Matrix<Mem> to_matrix(const std::vector<float>& rowmajor, int64_t rows, int64_t 
   return m;
 }
 
-std::vector<double> from_matrix(const Matrix<Mem>& m) {
+template <class M>
+std::vector<double> from_matrix(const Matrix<M>& m) {
   auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m);
   std::vector<double> v(m.extent(0) * m.extent(1));
   for (size_t r = 0; r < m.extent(0); ++r)
@@ -55,7 +58,14 @@ double act(Activation a, double z) {
 
 }  // namespace
 
-TEST(LinearNf4, ForwardAndInputGradientMatchFloat64) {
+template <class E>
+class LinearNf4 : public ::testing::Test {};
+TYPED_TEST_SUITE(LinearNf4, kqlora_test::EnabledSpaces, kqlora_test::SpaceName);
+
+// On every enabled execution space.
+TYPED_TEST(LinearNf4, ForwardAndInputGradientMatchFloat64) {
+  using E = TypeParam;
+  using M = typename E::memory_space;
   // Awkward sizes: 96 outputs, 80 inputs, blocks of 32 (panels need whole blocks), T = 7.
   kqlora::Nf4Layout L;
   L.shape = {96, 80};
@@ -65,13 +75,13 @@ TEST(LinearNf4, ForwardAndInputGradientMatchFloat64) {
   const auto W = dequantized(Wn);
   const int64_t T = 7, O = 96, I = 80;
   const auto xf = randn(T * I, 2), gf = randn(T * O, 3);
-  auto dW = kqlora::nf4_copy_to<Mem>(Wn);
-  kqlora::LinearNf4Workspace<Mem> ws;
+  auto dW = kqlora::nf4_copy_to<M>(Wn);
+  kqlora::LinearNf4Workspace<M> ws;
   ws.max_panel_bytes = 20 * I * 4;  // small panels: several of them, the last one short
   ASSERT_LT(ws.reserve(O, I, 32, T), O);
-  Matrix<Mem> x = to_matrix(xf, T, I), y("y", T, O), g = to_matrix(gf, T, O), gx("gx", T, I);
-  kqlora::linear_nf4_forward(Exec(), dW, x, y, ws);
-  kqlora::linear_nf4_backward(Exec(), dW, g, gx, ws);
+  Matrix<M> x = to_matrix<M>(xf, T, I), y("y", T, O), g = to_matrix<M>(gf, T, O), gx("gx", T, I);
+  kqlora::linear_nf4_forward(E(), dW, x, y, ws);
+  kqlora::linear_nf4_backward(E(), dW, g, gx, ws);
   const auto yv = from_matrix(y), gxv = from_matrix(gx);
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t o = 0; o < O; ++o) {
