@@ -254,7 +254,7 @@ TEST(LoraStack, MicroBatchesAddUpToTheWholeBatch) {
     for (auto [r0, rows] : parts) {
       std::vector<float> xs(xf.begin() + r0 * 32, xf.begin() + (r0 + rows) * 32);
       std::vector<float> ts(tf.begin() + r0 * 32, tf.begin() + (r0 + rows) * 32);
-      kqlora::Batch<Mem> b;  // through the model interface: the loss inside the model
+      kqlora::Batch<Mem> b{};  // through the model interface: the loss inside the model
       b.inputs = to_matrix(xs, rows, 32);
       b.targets = to_matrix(ts, rows, 32);
       b.first_sample = r0;

@@ -2,10 +2,10 @@
 // carries a model that is not the seed's stack. Token ids in; a frozen dense embedding
 // (group "embed", replicated); a block (group "block") of two rectangular NF4 weights,
 // up [2H, H] with a LoRA adapter and down [H, 2H], silu between them; a trainable float32
-// head [V, H] (group "head"); next-token cross-entropy (labels[t + 1] scored at t, -100
-// ignored) divided by the normaliser. Registered as model kind "test_token_mlp": the
-// trainer, DDP, FSDP, checkpoints and restarts reach it through the table and the
-// interface only.
+// head [V, H] with a bias [V] (group "head"); next-token cross-entropy (labels[t + 1]
+// scored at t, -100 ignored) divided by the normaliser. Registered as model kind "test_token_mlp":
+// the trainer, DDP, FSDP, checkpoints and restarts reach it through the table and the interface
+// only.
 
 #include "token_mlp_model.hpp"
 
@@ -59,6 +59,10 @@ kqlora::ParamTable make_table(const kqlora::ModelConfig& cfg) {
   e.name = "head.weight";
   e.shape = {kVocab, H};
   e.init = {Dist::uniform, H, kqlora::layer_stream(kqlora::RandomStream::bias, 0)};
+  t.add(e, "head");
+  e.name = "head.bias";
+  e.shape = {kVocab};
+  e.init = {Dist::uniform, H, kqlora::layer_stream(kqlora::RandomStream::bias, 1)};
   t.add(e, "head");
   t.adapters.push_back({"block.up", "block.up.weight", "block.up.lora_a.weight",
                         "block.up.lora_b.weight", cfg.alpha, r, cfg.dropout});
@@ -131,6 +135,8 @@ class TokenMlp : public kqlora::Model<Exec> {
     kqlora::linear_nf4_forward(exec_, nf4[e("block.down.weight").offset], a_, y_, ws_);
     release(e("block.up.weight").group);
     kqlora::gemm(exec_, "N", "T", 1.0f, y_, p("head.weight"), 0.0f, logits_);
+    kqlora::add_bias(exec_, Kokkos::View<const float*, Mem>(vector(params, e("head.bias"))), false,
+                     logits_);
     // Next-token cross-entropy; with_grads: logits_ becomes dL/dlogits.
     const auto lg = logits_;
     const auto labels = b.labels;
@@ -165,6 +171,7 @@ class TokenMlp : public kqlora::Model<Exec> {
   void backward(bool accumulate) {
     const float beta = accumulate ? 1.0f : 0.0f, s = cfg_.scale();
     kqlora::gemm(exec_, "T", "N", 1.0f, logits_, y_, beta, g("head.weight"));  // dWh
+    kqlora::accumulate_bias_grad(exec_, logits_, vector(grads, e("head.bias")), accumulate);
     group_done(e("head.weight").group);
     kqlora::gemm(exec_, "N", "N", 1.0f, logits_, p("head.weight"), 0.0f, gy_);  // dY
     acquire(e("block.up.weight").group);
