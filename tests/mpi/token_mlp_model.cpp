@@ -156,13 +156,12 @@ class TokenMlp : public kqlora::Model<Exec> {
           float m = lg(t, 0);
           for (int64_t v = 1; v < V; ++v) m = lg(t, v) > m ? lg(t, v) : m;
           double z = 0;
-          for (int64_t v = 0; v < V; ++v) z += std::exp(static_cast<double>(lg(t, v) - m));
-          acc += std::log(z) + m - lg(t, label);
+          for (int64_t v = 0; v < V; ++v) z += ::exp(static_cast<double>(lg(t, v) - m));
+          acc += ::log(z) + m - lg(t, label);
           if (with_grads)
             for (int64_t v = 0; v < V; ++v)
               lg(t, v) = static_cast<float>(
-                  (std::exp(static_cast<double>(lg(t, v) - m)) / z - (v == label ? 1.0 : 0.0)) *
-                  inv);
+                  (::exp(static_cast<double>(lg(t, v) - m)) / z - (v == label ? 1.0 : 0.0)) * inv);
         },
         loss);
     return loss * inv;
