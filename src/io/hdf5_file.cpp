@@ -1,4 +1,5 @@
 #include "kqlora/io/hdf5_file.hpp"
+#include "kqlora/core/seconds_since.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -17,10 +18,6 @@ herr_t collect_error(unsigned n, const H5E_error2_t* e, void* out) {
 }
 
 ReadStats stats;
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 /// Reads elements [lo, hi) of a dataset of n elements stored as kqlora writes checkpoints
 /// (chunks that are contiguous ranges of the flattened dataset, Fletcher32 the only

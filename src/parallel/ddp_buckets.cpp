@@ -5,14 +5,12 @@
 
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/human_units.hpp"
+#include "kqlora/core/seconds_since.hpp"
 
 namespace kqlora {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 }  // namespace
 
 template <class ExecSpace>
@@ -94,7 +92,7 @@ void DdpBuckets<ExecSpace>::start(Bucket& b) {
   }
   // Blocking, as soon as the bucket is ready: all of its time is exposed.
   comm_.allreduce_sum_blocking(g + b.lo, b.hi - b.lo);
-  const double t = since(b.started);
+  const double t = seconds_since(b.started);
   in_flight_s_ += t;
   waited_s_ += t;
   b.finished = true;
@@ -107,7 +105,7 @@ void DdpBuckets<ExecSpace>::progress() {
   for (auto& b : buckets_) {
     if (b.request && !b.finished && comm_.test(*b.request)) {
       b.finished = true;
-      in_flight_s_ += since(b.started);
+      in_flight_s_ += seconds_since(b.started);
     }
   }
 }
@@ -129,9 +127,9 @@ void DdpBuckets<ExecSpace>::reduce_gradients() {
     if (b.finished) continue;
     comm_.wait(*b.request);
     b.finished = true;
-    in_flight_s_ += since(b.started);
+    in_flight_s_ += seconds_since(b.started);
   }
-  waited_s_ += since(t0);
+  waited_s_ += seconds_since(t0);
   if (staged()) Kokkos::deep_copy(model_.grads, staging_);
 }
 

@@ -8,14 +8,12 @@
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/human_units.hpp"
 #include "kqlora/core/kokkos_compat.hpp"
+#include "kqlora/core/seconds_since.hpp"
 
 namespace kqlora {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 }  // namespace
 
 template <class ExecSpace>
@@ -157,7 +155,7 @@ void DdpSharedMemory<ExecSpace>::reduce_gradients() {
         ss);
     chunk_sum_squares_ = ss;
     waited_s_ += std::chrono::duration<double>(t1 - t0).count();
-    sum_s_ += since(t1);
+    sum_s_ += seconds_since(t1);
     bytes_ += 4.0 * model_.num_params();
   }
 }

@@ -50,8 +50,8 @@ bool encode(const Host& exec, Kokkos::View<const T*, Kokkos::HostSpace> input,
 #else
 template <class T>
 bool encode(const Host&, Kokkos::View<const T*, Kokkos::HostSpace>,
-            Kokkos::View<const float*, Kokkos::HostSpace>, Kokkos::View<uint8_t*, Kokkos::HostSpace>,
-            int64_t) {
+            Kokkos::View<const float*, Kokkos::HostSpace>,
+            Kokkos::View<uint8_t*, Kokkos::HostSpace>, int64_t) {
   return false;  // no AVX-512 in this build: the portable encoder
 }
 #endif
@@ -100,17 +100,17 @@ bool decode(const Host& exec, const Nf4Tensor<Kokkos::HostSpace>& t, int64_t fir
   const int64_t per_item = L.block_size >= 16384 ? 1 : 16384 / L.block_size;
   const int64_t items = (nb + per_item - 1) / per_item;
   if (stream) {
-    Kokkos::parallel_for("kqlora::Nf4::dequantize", Policy(exec, 0, items),
-                         Nf4DecodeBlocksHostSimd<T, TOut, true>{
-                             t.quantized_data, t.quantized_scalers, t.quantization_factor, out,
-                             t.scaler_mean, L.block_size, L.scaler_block_size, nb, per_item,
-                             first_block});
+    Kokkos::parallel_for(
+        "kqlora::Nf4::dequantize", Policy(exec, 0, items),
+        Nf4DecodeBlocksHostSimd<T, TOut, true>{
+            t.quantized_data, t.quantized_scalers, t.quantization_factor, out, t.scaler_mean,
+            L.block_size, L.scaler_block_size, nb, per_item, first_block});
   } else {
-    Kokkos::parallel_for("kqlora::Nf4::dequantize", Policy(exec, 0, items),
-                         Nf4DecodeBlocksHostSimd<T, TOut, false>{
-                             t.quantized_data, t.quantized_scalers, t.quantization_factor, out,
-                             t.scaler_mean, L.block_size, L.scaler_block_size, nb, per_item,
-                             first_block});
+    Kokkos::parallel_for(
+        "kqlora::Nf4::dequantize", Policy(exec, 0, items),
+        Nf4DecodeBlocksHostSimd<T, TOut, false>{
+            t.quantized_data, t.quantized_scalers, t.quantization_factor, out, t.scaler_mean,
+            L.block_size, L.scaler_block_size, nb, per_item, first_block});
   }
   return true;
 }
@@ -133,21 +133,22 @@ bool nf4_encode_host_simd(const Host& exec, Kokkos::View<const T*, Kokkos::HostS
 
 template <class T, class TOut>
 bool nf4_decode_host_simd(const Host& exec, const Nf4Tensor<Kokkos::HostSpace>& t,
-                          int64_t first_block, int64_t nb, Kokkos::View<TOut*, Kokkos::HostSpace> out,
-                          Nf4Store store) {
+                          int64_t first_block, int64_t nb,
+                          Kokkos::View<TOut*, Kokkos::HostSpace> out, Nf4Store store) {
   return decode<T, TOut>(exec, t, first_block, nb, out, store);
 }
 
-template bool nf4_encode_host_simd<float>(const Host&, Kokkos::View<const float*, Kokkos::HostSpace>,
+template bool nf4_encode_host_simd<float>(const Host&,
+                                          Kokkos::View<const float*, Kokkos::HostSpace>,
                                           Kokkos::View<const float*, Kokkos::HostSpace>,
                                           Kokkos::View<uint8_t*, Kokkos::HostSpace>, int64_t);
 template bool nf4_encode_host_simd<bfloat16>(const Host&,
                                              Kokkos::View<const bfloat16*, Kokkos::HostSpace>,
                                              Kokkos::View<const float*, Kokkos::HostSpace>,
                                              Kokkos::View<uint8_t*, Kokkos::HostSpace>, int64_t);
-#define KQLORA_DECODE(T, TOut)                                                          \
+#define KQLORA_DECODE(T, TOut)                                                                  \
   template bool nf4_decode_host_simd<T, TOut>(const Host&, const Nf4Tensor<Kokkos::HostSpace>&, \
-                                              int64_t, int64_t,                             \
+                                              int64_t, int64_t,                                 \
                                               Kokkos::View<TOut*, Kokkos::HostSpace>, Nf4Store);
 KQLORA_DECODE(float, float)
 KQLORA_DECODE(float, bfloat16)

@@ -9,6 +9,7 @@
 
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/populate_pages.hpp"
+#include "kqlora/core/seconds_since.hpp"
 #include "kqlora/io/shared_checkpoint.hpp"
 
 namespace kqlora {
@@ -197,7 +198,7 @@ struct HostDestination {
       : view(v), host(Kokkos::create_mirror_view(v)) {
     const auto t = std::chrono::steady_clock::now();
     populate_pages(host.data(), sizeof(float) * host.extent(0));
-    first_touch_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+    first_touch_s += seconds_since(t);
   }
   void done() { Kokkos::deep_copy(view, host); }
 };

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "kqlora/core/human_units.hpp"
+#include "kqlora/core/seconds_since.hpp"
 #include "kqlora/io/hdf5_file.hpp"
 #include "kqlora/train/checkpointing.hpp"
 #include "kqlora/train/run_checkpoints.hpp"
@@ -14,9 +15,6 @@ namespace kqlora {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 template <class ExecSpace>
 class Hdf5Checkpoints : public RunCheckpoints<ExecSpace> {

@@ -237,24 +237,36 @@ void expect_same_state(const std::string& a, const std::string& b, double rtol, 
                             << " max|diff| " << line.max_abs;
 }
 
-}  // namespace
-
-TEST(Restart, ExactAtTheSameWorldSizeDdpAndFsdp) {
-  // 6 steps straight, and 3 + restart + 3: bit-identical parameters and optimizer state.
+/// For DDP and FSDP, per_rank and shared layouts: 2 * half steps straight, and half +
+/// restart + half, bit-identical parameters and optimizer state; `check(dir)` looks at the
+/// split run's save_dir too.
+template <class F>
+void expect_exact_restarts(const std::string& name, const std::string& model_keys, int half,
+                           F&& check) {
   auto world = kqlora::make_mpi_communicator(true);
   const int n = world->size();
   std::ostringstream log;
+  const std::string all = " num_steps=" + std::to_string(2 * half);
   for (const std::string layout : {"per_rank", "shared"})
     for (const std::string mode : {"ddp", "fsdp"}) {
       const std::string dir =
-          base_dir() + "/resume_" + mode + "_" + layout + "_np" + std::to_string(n);
-      const std::string keys = "parallel=" + mode + " checkpoint_layout=" + layout;
-      kqlora::train(deck(keys + " num_steps=6 save_dir=" + dir + "/straight", n), *world, log);
-      kqlora::train(deck(keys + " num_steps=3 save_dir=" + dir + "/split", n), *world, log);
-      kqlora::train(deck(keys + " num_steps=6 restart=latest save_dir=" + dir + "/split", n),
-                    *world, log);
+          base_dir() + "/" + name + "_" + mode + "_" + layout + "_np" + std::to_string(n);
+      const std::string keys = model_keys + " parallel=" + mode + " checkpoint_layout=" + layout;
+      kqlora::train(deck(keys + all + " save_dir=" + dir + "/straight", n), *world, log);
+      kqlora::train(
+          deck(keys + " num_steps=" + std::to_string(half) + " save_dir=" + dir + "/split", n),
+          *world, log);
+      kqlora::train(deck(keys + all + " restart=latest save_dir=" + dir + "/split", n), *world,
+                    log);
       expect_same_state(dir + "/straight", dir + "/split", 0, 0);
+      check(dir + "/split");
     }
+}
+
+}  // namespace
+
+TEST(Restart, ExactAtTheSameWorldSizeDdpAndFsdp) {
+  expect_exact_restarts("resume", "", 3, [](const std::string&) {});
 }
 
 TEST(Checkpoint, SharedFileEqualsPerRankFiles) {
@@ -363,24 +375,12 @@ TEST(SecondModel, DataParallelEqualsOneProcess) {
 
 TEST(SecondModel, RestartIsExact) {
   tokenmlp::register_token_mlp();
-  auto world = kqlora::make_mpi_communicator(true);
-  const int n = world->size();
-  std::ostringstream log;
-  for (const std::string layout : {"per_rank", "shared"})
-    for (const std::string mode : {"ddp", "fsdp"}) {
-      const std::string dir =
-          base_dir() + "/token_mlp_resume_" + mode + "_" + layout + "_np" + std::to_string(n);
-      const std::string keys = kTokenMlp + "parallel=" + mode + " checkpoint_layout=" + layout;
-      kqlora::train(deck(keys + " num_steps=4 save_dir=" + dir + "/straight", n), *world, log);
-      kqlora::train(deck(keys + " num_steps=2 save_dir=" + dir + "/split", n), *world, log);
-      kqlora::train(deck(keys + " num_steps=4 restart=latest save_dir=" + dir + "/split", n),
-                    *world, log);
-      expect_same_state(dir + "/straight", dir + "/split", 0, 0);
-      // The checkpoint names its model: its table comes back from the file alone.
-      const auto c = load_state(dir + "/split");
-      EXPECT_EQ(c.table.model_kind, "test_token_mlp");
-      EXPECT_EQ(c.table.count(kqlora::ParamKind::nf4), 2);
-      ASSERT_NE(c.table.find("embed.weight"), nullptr);
-      EXPECT_EQ(c.table.find("embed.weight")->kind, kqlora::ParamKind::dense);
-    }
+  expect_exact_restarts("token_mlp_resume", kTokenMlp, 2, [](const std::string& dir) {
+    // The checkpoint names its model: its table comes back from the file alone.
+    const auto c = load_state(dir);
+    EXPECT_EQ(c.table.model_kind, "test_token_mlp");
+    EXPECT_EQ(c.table.count(kqlora::ParamKind::nf4), 2);
+    ASSERT_NE(c.table.find("embed.weight"), nullptr);
+    EXPECT_EQ(c.table.find("embed.weight")->kind, kqlora::ParamKind::dense);
+  });
 }

@@ -137,7 +137,6 @@ struct Nf4EncodeBlocks {
   }
 };
 
-
 /// Output conversion: float32 or bfloat16 from a float holding a value of the NF4 dtype.
 KOKKOS_INLINE_FUNCTION void nf4_store(float* p, float v) {
   *p = v;
@@ -171,7 +170,6 @@ struct Nf4DecodeBlocks {
     }
   }
 };
-
 
 template <class T, class TOut, class ExecSpace, class MemSpace>
 void nf4_dequantize_as(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t, int64_t first_block,
@@ -234,7 +232,8 @@ Nf4Tensor<MemSpace> nf4_quantize(const ExecSpace& exec, Kokkos::View<const T*, M
                                            t.scaler_mean, layout.scaler_block_size, nb});
   bool encoded = false;
   if constexpr (Nf4HostSimd<ExecSpace>::value && std::is_same<MemSpace, Kokkos::HostSpace>::value)
-    encoded = impl::nf4_encode_host_simd<T>(exec, input, absmax, t.quantized_data, layout.block_size);
+    encoded =
+        impl::nf4_encode_host_simd<T>(exec, input, absmax, t.quantized_data, layout.block_size);
   if (!encoded) {
     Kokkos::parallel_for(
         "kqlora::Nf4::encode", Policy(exec, 0, nb),
