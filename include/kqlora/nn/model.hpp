@@ -26,6 +26,8 @@ class Model {
   using Vec = Kokkos::View<float*, Mem>;
 
   virtual ~Model() = default;
+  Model(const Model&) = delete;  // (implementations point into their own table)
+  Model& operator=(const Model&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
   const ParamTable& table() const { return table_; }
