@@ -16,6 +16,7 @@
 
 #include "kqlora/core/error.hpp"
 #include "kqlora/nn/model_registry.hpp"
+#include "kqlora/train/component_configs.hpp"
 
 namespace kqlora {
 
@@ -428,10 +429,14 @@ Config parse_deck_text(const std::string& text, const std::string& source,
   // Consistency.
   KQLORA_INPUT_CHECK(c.lora_rank <= c.dim,
                      at("lora_rank") << ": lora_rank " << c.lora_rank << " > dim " << c.dim);
-  KQLORA_INPUT_CHECK((c.dim * c.dim) % c.block_size == 0,
-                     at("block_size")
-                         << ": block_size " << c.block_size
-                         << " does not divide the weight size dim*dim = " << c.dim * c.dim);
+  // Every NF4 tensor of the chosen model is made of whole blocks (the model's table says
+  // which tensors, and their shapes).
+  const ParamTable table = model_table(model_config(c));
+  for (const ParamEntry* e : table.of_kind(ParamKind::nf4))
+    KQLORA_INPUT_CHECK(e->numel() % c.block_size == 0,
+                       at("block_size") << ": block_size " << c.block_size
+                                        << " does not divide the size of " << e->name << " "
+                                        << e->nf4_layout().shape_string() << " = " << e->numel());
   KQLORA_INPUT_CHECK(world_size <= c.global_bs,
                      at("global_bs") << ": global_bs " << c.global_bs << " is smaller than the "
                                      << world_size << " ranks (each rank needs a sample)");
