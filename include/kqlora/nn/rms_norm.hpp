@@ -1,0 +1,69 @@
+#pragma once
+// RMSNorm as Llama-family models (Hugging Face's LlamaRMSNorm) compute it, over rows of
+// x [tokens, features] with a frozen weight w [features]:
+//   inv = 1 / sqrt(mean(x^2) + eps)            (statistics in float32)
+//   n   = x * inv, cast to the activation dtype (bfloat16 rounding when `bf16`)
+//   y   = w * n                                 (rounded again when `bf16`)
+// The backward gives the input gradient only (w is frozen):
+//   gx = inv * (w gy - n * mean(w gy n))
+// One team per row; the row's inv is kept for the backward.
+
+#include <Kokkos_Core.hpp>
+
+#include "kqlora/core/bfloat16.hpp"
+#include "kqlora/core/blas.hpp"
+
+namespace kqlora {
+
+/// y = rmsnorm(x) * w; `inv` [tokens] receives each row's 1/rms (for rms_norm_backward).
+template <class ExecSpace, class M>
+void rms_norm_forward(const ExecSpace& exec, const Matrix<M>& x,
+                      const Kokkos::View<const float*, M>& w, float eps, bool bf16,
+                      const Matrix<M>& y, const Kokkos::View<float*, M>& inv) {
+  using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  const int64_t F = x.extent(1);
+  Kokkos::parallel_for(
+      "kqlora::rms_norm_forward",
+      Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(x.extent(0)), Kokkos::AUTO),
+      KOKKOS_LAMBDA(const Team& team) {
+        const int64_t t = team.league_rank();
+        float ss = 0.0f;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, F),
+            [&](int64_t f, float& acc) { acc += x(t, f) * x(t, f); }, ss);
+        const float r = 1.0f / sqrtf(ss / static_cast<float>(F) + eps);
+        Kokkos::single(Kokkos::PerTeam(team), [&] { inv(t) = r; });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, F), [&](int64_t f) {
+          const float n = bf16 ? round_to_bf16(x(t, f) * r) : x(t, f) * r;
+          const float v = w(f) * n;
+          y(t, f) = bf16 ? round_to_bf16(v) : v;
+        });
+      });
+}
+
+/// gx = d rmsnorm(x) * w / dx . gy, from the forward's x and inv (gx may not alias x).
+template <class ExecSpace, class M>
+void rms_norm_backward(const ExecSpace& exec, const Matrix<M>& x,
+                       const Kokkos::View<const float*, M>& w,
+                       const Kokkos::View<const float*, M>& inv, const Matrix<M>& gy,
+                       const Matrix<M>& gx) {
+  using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  const int64_t F = x.extent(1);
+  Kokkos::parallel_for(
+      "kqlora::rms_norm_backward",
+      Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(x.extent(0)), Kokkos::AUTO),
+      KOKKOS_LAMBDA(const Team& team) {
+        const int64_t t = team.league_rank();
+        const float r = inv(t);
+        float dot = 0.0f;  // sum_f w gy n
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, F),
+            [&](int64_t f, float& acc) { acc += w(f) * gy(t, f) * x(t, f) * r; }, dot);
+        const float mean = dot / static_cast<float>(F);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, F), [&](int64_t f) {
+          gx(t, f) = r * (w(f) * gy(t, f) - x(t, f) * r * mean);
+        });
+      });
+}
+
+}  // namespace kqlora
