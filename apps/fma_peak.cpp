@@ -23,14 +23,17 @@ void run_fma_loop(const FmaLoop& loop, int64_t iterations) {
     // into 0-11 from the zero operands 12 and 13.
 #define KQ_ZERO(OP, R, i) OP " %%" R #i ", %%" R #i ", %%" R #i "\n"
 #define KQ_FMA(R, i) "vfmadd231ps %%" R "12, %%" R "13, %%" R #i "\n"
-#define KQ_FMA_LOOP(OP, R)                                                                        \
-  KQ_ZERO(OP, R, 0)                                                                               \
-  KQ_ZERO(OP, R, 1)                                                                               \
-  KQ_ZERO(OP, R, 2) KQ_ZERO(OP, R, 3) KQ_ZERO(OP, R, 4) KQ_ZERO(OP, R, 5) KQ_ZERO(OP, R, 6)       \
-      KQ_ZERO(OP, R, 7) KQ_ZERO(OP, R, 8) KQ_ZERO(OP, R, 9) KQ_ZERO(OP, R, 10) KQ_ZERO(OP, R, 11) \
-          KQ_ZERO(OP, R, 12) KQ_ZERO(OP, R, 13) "1:\n" KQ_FMA(R, 0) KQ_FMA(R, 1) KQ_FMA(R, 2)     \
-              KQ_FMA(R, 3) KQ_FMA(R, 4) KQ_FMA(R, 5) KQ_FMA(R, 6) KQ_FMA(R, 7) KQ_FMA(R, 8)       \
-                  KQ_FMA(R, 9) KQ_FMA(R, 10) KQ_FMA(R, 11) "dec %0\njnz 1b\nvzeroupper\n"
+// (clang-format has no fixed point for this macro's layout)
+// clang-format off
+#define KQ_FMA_LOOP(OP, R)                                                                  \
+  KQ_ZERO(OP, R, 0) KQ_ZERO(OP, R, 1) KQ_ZERO(OP, R, 2) KQ_ZERO(OP, R, 3) KQ_ZERO(OP, R, 4) \
+  KQ_ZERO(OP, R, 5) KQ_ZERO(OP, R, 6) KQ_ZERO(OP, R, 7) KQ_ZERO(OP, R, 8) KQ_ZERO(OP, R, 9) \
+  KQ_ZERO(OP, R, 10) KQ_ZERO(OP, R, 11) KQ_ZERO(OP, R, 12) KQ_ZERO(OP, R, 13)               \
+  "1:\n"                                                                                    \
+  KQ_FMA(R, 0) KQ_FMA(R, 1) KQ_FMA(R, 2) KQ_FMA(R, 3) KQ_FMA(R, 4) KQ_FMA(R, 5)             \
+  KQ_FMA(R, 6) KQ_FMA(R, 7) KQ_FMA(R, 8) KQ_FMA(R, 9) KQ_FMA(R, 10) KQ_FMA(R, 11)           \
+  "dec %0\njnz 1b\nvzeroupper\n"
+// clang-format on
 #define KQ_CLOBBERS                                                                        \
   "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", \
       "xmm11", "xmm12", "xmm13", "cc"
