@@ -31,7 +31,6 @@ struct Batch {
   TokenMatrix<MemSpace> tokens, labels;  // token ids [n, seq_len]
   int64_t step = 0, first_sample = 0;    // dropout keys: the step and the global index
   int64_t global_bs = 1;                 //   of the first sample, the global batch size
-  int64_t size() const { return tokens.data() ? tokens.extent(0) : inputs.extent(0); }
 };
 
 }  // namespace kqlora

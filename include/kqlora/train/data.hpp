@@ -33,7 +33,6 @@ class DataSource {
   double normaliser(int64_t step, bool mse) const;
 
   bool synthetic() const { return path_.empty(); }
-  const InputSpec& spec() const { return spec_; }
   /// Global sample index of sample `first` of `step` (the counter of synthetic rows).
   int64_t global_sample(int64_t step, int64_t first) const { return step * global_bs_ + first; }
   const std::string& path() const { return path_; }
