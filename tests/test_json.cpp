@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "kqlora/core/error.hpp"
-#include "kqlora/io/json.hpp"
+#include "kqlora/core/json.hpp"
 
 using kqlora::json::parse;
 

@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "kqlora/io/hdf5_file.hpp"
-#include "kqlora/io/json.hpp"
+#include "kqlora/core/json.hpp"
 
 namespace {
 

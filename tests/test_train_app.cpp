@@ -8,7 +8,7 @@
 
 #include "kqlora/io/checkpoint.hpp"
 #include "kqlora/io/hdf5_params.hpp"
-#include "kqlora/io/json.hpp"
+#include "kqlora/core/json.hpp"
 #include "kqlora/io/safetensors.hpp"
 #include "nf4_test_util.hpp"
 

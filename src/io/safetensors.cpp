@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "kqlora/core/error.hpp"
-#include "kqlora/io/json.hpp"
+#include "kqlora/core/json.hpp"
 
 namespace kqlora::safetensors {
 

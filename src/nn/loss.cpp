@@ -6,7 +6,8 @@ namespace kqlora {
 
 LossKind parse_loss(const std::string& s) {
   if (s == "mse") return LossKind::mse;
-  KQLORA_INPUT_CHECK(s == "sum", "loss: expected sum|mse, got '" << s << "'");
+  if (s == "cross_entropy") return LossKind::cross_entropy;
+  KQLORA_INPUT_CHECK(s == "sum", "loss: expected sum|mse|cross_entropy, got '" << s << "'");
   return LossKind::sum;
 }
 

@@ -30,7 +30,7 @@ const char* activation_name(Activation a) {
 }
 
 const char* loss_name(LossKind k) {
-  return k == LossKind::mse ? "mse" : "sum";
+  return k == LossKind::mse ? "mse" : k == LossKind::cross_entropy ? "cross_entropy" : "sum";
 }
 
 namespace {
@@ -50,7 +50,8 @@ std::string ModelConfig::to_text() const {
      << "\nbias = " << (bias ? "true" : "false") << "\nactivation = " << activation_name(activation)
      << "\nblock_size = " << block_size << "\nscaler_block_size = " << scaler_block_size
      << "\ndtype = " << dtype_name(dtype) << "\nseed = " << seed << "\nloss = " << loss_name(loss)
-     << "\n";
+     << "\nlora_targets = " << lora_targets
+     << "\nhf_model_dir = " << (hf_model_dir.empty() ? "none" : hf_model_dir) << "\n";
   return os.str();
 }
 
@@ -116,6 +117,10 @@ ModelConfig ModelConfig::from_text(const std::string& text, const std::string& s
       c.seed = static_cast<uint64_t>(integer());
     } else if (key == "loss") {
       c.loss = parse_loss(v);
+    } else if (key == "lora_targets") {
+      c.lora_targets = v;
+    } else if (key == "hf_model_dir") {
+      c.hf_model_dir = v == "none" ? "" : v;
     }
   }
   return c;

@@ -106,29 +106,51 @@ std::vector<float> seed_values(const ModelConfig& cfg, const ParamEntry& p) {
   return uniform(cfg.seed, r.stream, p.numel(), 1.0 / std::sqrt(static_cast<double>(r.fan_in)));
 }
 
+std::string hf_weights_file(const std::string& dir) {
+  for (const char* name : {"model.safetensors", "model.safetensors.index.json"}) {
+    const std::string path = dir + "/" + name;
+    if (std::ifstream(path).good()) return path;
+  }
+  KQLORA_INPUT_CHECK(false, "hf_model_dir " << dir
+                                            << ": has neither model.safetensors nor "
+                                               "model.safetensors.index.json");
+}
+
 template <class ExecSpace>
 void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std::string& init_file,
                       std::ostream& log) {
   using Mem = typename ExecSpace::memory_space;
   const ModelConfig& cfg = model.config();
+  // Highest precedence first: the init_file, the model's own files, the seed.
   InitFile init(init_file);
-  int from_file = 0, from_seed = 0;
-  // The float32 values of a frozen tensor: from the file, or N(0, 1) generated in place.
+  InitFile base(cfg.hf_model_dir.empty() ? std::string() : hf_weights_file(cfg.hf_model_dir));
+  int from_file = 0, from_base = 0, from_seed = 0;
+  auto file_of = [&](const ParamEntry& e) -> InitFile* {
+    if (init.has(e.name)) return &init;
+    if (base.has(e.name)) return &base;
+    KQLORA_INPUT_CHECK(
+        e.init.dist != InitRule::Dist::file,
+        "tensor '" << e.name << "' is in none of "
+                   << (base.path.empty() ? std::string("the model's files") : base.path)
+                   << (init_file.empty() ? "" : " and " + init_file));
+    return nullptr;
+  };
+  auto count = [&](const InitFile* f) { ++(f == &init ? from_file : f ? from_base : from_seed); };
+  // The float32 values of a frozen tensor: from a file, or N(0, 1) generated in place.
   auto frozen_values = [&](const ParamEntry& e) {
     Kokkos::View<float*, Mem> w32(
         Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kqlora::init::w")), e.numel());
-    if (init.has(e.name)) {
-      const auto w = init.floats(e.name, e.shape);
+    InitFile* f = file_of(e);
+    if (f) {
+      const auto w = f->floats(e.name, e.shape);
       Kokkos::deep_copy(w32, Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
                                  w.data(), w.size()));
-      ++from_file;
+    } else if (e.init.dist == InitRule::Dist::normal) {
+      fill_normal(exec, w32, cfg.seed, e.init.stream);
     } else {
-      if (e.init.dist == InitRule::Dist::normal)
-        fill_normal(exec, w32, cfg.seed, e.init.stream);
-      else
-        Kokkos::deep_copy(w32, 0.0f);
-      ++from_seed;
+      Kokkos::deep_copy(w32, 0.0f);
     }
+    count(f);
     return w32;
   };
 
@@ -180,31 +202,41 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
 
   auto host = Kokkos::create_mirror_view(model.params);
   for (const ParamEntry* p : model.table().of_kind(ParamKind::trainable)) {
-    std::vector<float> v;
-    if (init.has(p->name)) {
-      v = init.floats(p->name, p->shape);
-      ++from_file;
-    } else {
-      v = seed_values(cfg, *p);
-      ++from_seed;
-    }
+    InitFile* f = file_of(*p);
+    const std::vector<float> v = f ? f->floats(p->name, p->shape) : seed_values(cfg, *p);
+    count(f);
     std::copy(v.begin(), v.end(), host.data() + p->offset);
   }
   Kokkos::deep_copy(model.params, host);
   model.params_changed();
 
-  std::vector<std::string> unused;
-  for (const auto& n : init.names)
-    if (!init.used.count(n)) unused.push_back(n);
+  auto unused_of = [](const InitFile& f) {
+    std::vector<std::string> unused;
+    for (const auto& n : f.names)
+      if (!f.used.count(n)) unused.push_back(n);
+    return unused;
+  };
+  if (!base.path.empty()) {
+    log << "init: " << from_base << " tensors from " << base.path << "\n";
+    const auto unused = unused_of(base);
+    // A tied model whose file still holds lm_head.weight: transformers ignores it too.
+    if (!unused.empty())
+      log << "init: note: " << unused.size() << " tensors of " << base.path << " are not read ("
+          << unused.front()
+          << (unused.front() == "lm_head.weight" ? ": the head is tied to the embedding" : "")
+          << (unused.size() > 1 ? ", ..." : "") << ")\n";
+  }
   if (!init_file.empty()) {
     log << "init: " << from_file << " tensors from " << init_file << ", " << from_seed
         << " from seed " << cfg.seed << "\n";
+    const auto unused = unused_of(init);
     if (!unused.empty()) {
       log << "init: note: " << unused.size() << " tensors of " << init_file
           << " are not model parameters and were ignored (first: " << unused.front() << ")\n";
     }
   } else {
-    log << "init: all " << from_seed << " tensors from seed " << cfg.seed << "\n";
+    log << "init: " << (base.path.empty() ? "all " : "") << from_seed << " tensors from seed "
+        << cfg.seed << "\n";
   }
 }
 

@@ -11,7 +11,7 @@
 
 namespace kqlora {
 
-enum class LossKind { sum, mse };
+enum class LossKind { sum, mse, cross_entropy };  // cross_entropy: token models
 LossKind parse_loss(const std::string& s);
 
 /// Returns this micro-batch's share of the loss and writes dL/dy into g.

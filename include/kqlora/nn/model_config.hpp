@@ -24,13 +24,20 @@ struct ModelConfig {
   uint64_t seed = 42;
   bool lora_b_zeros = false;
   LossKind loss = LossKind::sum;
+  // Hugging Face models (llama): the projections with adapters, the model directory, and
+  // config.json's text (checkpoints store it, so readers need no directory).
+  std::string lora_targets = "all-linear";
+  std::string hf_model_dir;
+  std::string arch_text;
+  std::string arch_source = "config.json";  // where arch_text came from (for messages)
 
   /// The LoRA scale alpha / rank, in float as the forward applies it.
   float scale() const { return static_cast<float>(alpha) / static_cast<float>(rank); }
   bool bf16() const { return dtype == DType::bfloat16; }
 
   /// `key = value` lines (model, dim, num_linears, lora_rank, lora_alpha, lora_dropout,
-  /// bias, activation, dtype, block_size, scaler_block_size, seed, lora_b_init, loss).
+  /// bias, activation, dtype, block_size, scaler_block_size, seed, lora_b_init, loss,
+  /// lora_targets, hf_model_dir); arch_text is not part of it.
   std::string to_text() const;
   /// The keys above from `text` (other keys and `#` comments ignored; a missing key keeps
   /// its default: `model` absent is lora_stack, as in checkpoints that predate it).

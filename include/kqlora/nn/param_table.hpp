@@ -26,6 +26,8 @@ struct InitRule {
     zeros,
     uniform,  // U(-1/sqrt(fan_in), 1/sqrt(fan_in)): kaiming-uniform with a = sqrt(5)
     normal,   // N(0, 1), generated in float32
+    file,     // from the model's own files only (e.g. a Hugging Face model directory);
+              // absent there and in the init_file: an error
   };
   Dist dist = Dist::zeros;
   int64_t fan_in = 1;

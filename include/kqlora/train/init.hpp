@@ -14,6 +14,10 @@ namespace kqlora {
 /// Frozen tensors' normal values are generated in place (fill_normal) before quantization.
 std::vector<float> seed_values(const ModelConfig& cfg, const ParamEntry& p);
 
+/// The weights file of a Hugging Face model directory: model.safetensors, or the index of
+/// a sharded one (model.safetensors.index.json); InputError when it has neither.
+std::string hf_weights_file(const std::string& dir);
+
 /// Fills every tensor of the model's table; notes what came from where on `log`.
 template <class ExecSpace>
 void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std::string& init_file,

@@ -1,4 +1,4 @@
-#include "kqlora/io/json.hpp"
+#include "kqlora/core/json.hpp"
 
 #include <cmath>
 #include <cstdlib>

@@ -1,0 +1,110 @@
+#pragma once
+// A Llama-architecture decoder (kind llama; Hugging Face's LlamaForCausalLM, and Mistral's
+// GQA variant without a sliding window shorter than the sequences), QLoRA-fine-tuned as
+// torchtune and PEFT over torchao's NF4 do: every base projection (q, k, v, o, gate, up,
+// down) frozen in NF4, LoRA adapters on the projections `lora_targets` names, the
+// embedding, the norms and the LM head frozen dense in the run's dtype. docs/MODELS.md.
+//
+// Forward per micro-batch of sequences [n, S]: x = embed[ids]; per layer
+//   x += o_proj(attention(rope(q_proj(h)), rope(k_proj(h)), v_proj(h))),  h = rmsnorm(x)
+//   x += down_proj(silu(gate_proj(h)) * up_proj(h)),                    h = rmsnorm(x)
+// then the final rmsnorm and the LM head (the embedding when tied) fused with the
+// next-token cross-entropy. The backward computes the adapters' gradients only; layer
+// 0's input gradient is skipped.
+//
+// Table: group "embed" (model.embed_tokens.weight), a group per block
+// "model.layers.<i>" (its adapters, its seven NF4 projections, its two norms), group
+// "head" (model.norm.weight, and lm_head.weight unless tied). Names are Hugging Face's.
+
+#include <Kokkos_Core.hpp>
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "kqlora/nn/attention.hpp"
+#include "kqlora/nn/llama_config.hpp"
+#include "kqlora/nn/lm_head_cross_entropy.hpp"
+#include "kqlora/nn/lora_projection.hpp"
+#include "kqlora/nn/model.hpp"
+#include "kqlora/nn/rotary.hpp"
+
+namespace kqlora {
+
+/// The projections of a block, in table order, with their module path under the layer.
+constexpr int kLlamaProjections = 7;
+extern const std::array<const char*, kLlamaProjections> kLlamaProjectionNames;  // q_proj ...
+extern const std::array<const char*, kLlamaProjections>
+    kLlamaProjectionModules;  // self_attn.q_proj ...
+
+/// Which projections get adapters: "all-linear" or a comma list of projection names.
+/// InputError naming `where` for unknown or repeated names.
+std::array<bool, kLlamaProjections> parse_lora_targets(const std::string& text,
+                                                       const std::string& where);
+
+template <class ExecSpace>
+class Llama : public Model<ExecSpace> {
+ public:
+  using typename Model<ExecSpace>::Mem;
+  using typename Model<ExecSpace>::Vec;
+
+  /// The table of `cfg` (its arch_text is config.json's text).
+  static ParamTable make_table(const ModelConfig& cfg);
+
+  Llama(const ExecSpace& exec, const ModelConfig& cfg, bool zeroed = true);
+
+  InputSpec input() const override;
+  void use_buffers(const Vec& new_params, const Vec& new_grads) override;
+  void params_changed() override;
+  double forward_backward(const Batch<Mem>& batch, double normaliser, bool accumulate) override;
+  double loss(const Batch<Mem>& batch, double normaliser) override;
+
+  /// The logits [tokens, vocab] of a batch (evaluation and tests; the loss never needs
+  /// them whole).
+  Matrix<Mem> logits(const Batch<Mem>& batch);
+
+  const LlamaArch& arch() const { return arch_; }
+  /// Bytes of one chunk of the fused LM head's logits (tests: several chunks).
+  void set_logits_chunk_bytes(int64_t bytes) { ce_ws_.chunk_bytes = bytes; }
+
+ private:
+  struct Block {
+    std::array<const ParamEntry*, kLlamaProjections> w{}, a{}, b{};  // a, b null: no adapter
+    const ParamEntry *ln1 = nullptr, *ln2 = nullptr;
+  };
+  struct BlockCache {  // what the backward of a block reads
+    Matrix<Mem> x, n1, q, k, v, att, mid, n2, gate, up, act;
+    Kokkos::View<float*, Mem> inv1, inv2, lse;
+    std::array<Matrix<Mem>, kLlamaProjections> h, xd;  // x_d A^T; dropped-out inputs
+  };
+
+  LlamaArch arch_;
+  std::vector<float> inv_freq_;
+  std::array<bool, kLlamaProjections> targets_{};
+  std::vector<Block> blocks_;
+  std::vector<BlockCache> cache_;
+  const ParamEntry *embed_ = nullptr, *norm_ = nullptr, *head_ = nullptr;
+  Vec compute_;  // what forward/backward read: params, or their bfloat16 rounding
+  RopeTable<Mem> rope_;
+  Matrix<Mem> x_out_, nf_, g_, gtmp_, gn_, gatt_, gq_, gk_, gv_, gact_, ggate_, gup_, proj_out_;
+  Kokkos::View<float*, Mem> invf_;
+  LoraScratch<Mem> scratch_;
+  LinearNf4Workspace<Mem> ws_;
+  AttentionWorkspace<Mem> att_ws_;
+  CrossEntropyWorkspace<Mem> ce_ws_;
+  int64_t tokens_ = 0, seq_len_ = 0, step_ = 0, first_sample_ = 0, global_bs_ = 1;
+  bool dropout_on_ = false;
+
+  void ensure(int64_t sequences, int64_t S);
+  double forward(const Batch<Mem>& b, double normaliser, bool training, bool with_grads);
+  void backward(bool accumulate);
+  LoraAdapterViews<Mem> adapter(int layer, int p) const;
+  DropoutKey dropout_key(int layer, int p, int64_t features) const;
+  Kokkos::View<const float*, Mem> dense_vector(const ParamEntry* e) const;
+  Matrix<Mem> dense_matrix(const ParamEntry* e) const;
+  void project(int layer, int p, const Matrix<Mem>& x, const Matrix<Mem>& y);
+  void project_back(int layer, int p, const Matrix<Mem>& gy, bool accumulate, float gx_beta,
+                    const Matrix<Mem>& gx);
+};
+
+}  // namespace kqlora

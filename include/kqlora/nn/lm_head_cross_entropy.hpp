@@ -1,0 +1,117 @@
+#pragma once
+// The LM head fused with the next-token cross-entropy, chunked over tokens so that the
+// [tokens, vocab] logits never exist at once: for each chunk of tokens,
+//   logits = h W^T                    (W the frozen dense head [vocab, hidden]; float32,
+//                                      rounded to bfloat16 first when `bf16`, as the
+//                                      model's logits are before the loss upcasts them)
+//   loss  += sum_t [logsumexp(logits_t) - logits_t[label]]   over the chunk's scored tokens
+//   gh     = dlogits W,  dlogits = (softmax(logits) - onehot(label)) / normaliser
+// The label shift is Hugging Face's: labels[s, p] is the token at position p, so the
+// logits at p are scored against labels[s, p + 1]; the last position and label -100 are
+// not scored. The result is the summed loss divided by `normaliser` (the global count of
+// scored tokens: the same at any world size and micro-batching).
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kqlora/core/blas.hpp"
+#include "kqlora/nn/batch.hpp"
+#include "kqlora/nn/elementwise.hpp"
+
+namespace kqlora {
+
+template <class M>
+struct CrossEntropyWorkspace {
+  Matrix<M> logits;                   // [chunk, vocab]
+  Kokkos::View<double*, M> row_loss;  // [tokens]
+  /// Bytes of one chunk's logits: 16 MiB (85 tokens of a 49152-word vocabulary) keeps a
+  /// chunk's gemm efficient and its logits in the cache before the softmax reads them.
+  int64_t chunk_bytes = int64_t(16) << 20;
+
+  int64_t reserve(int64_t tokens, int64_t vocab) {
+    const int64_t chunk =
+        std::max<int64_t>(1, std::min<int64_t>(tokens, chunk_bytes / (4 * vocab)));
+    if (static_cast<int64_t>(logits.extent(0)) < chunk ||
+        static_cast<int64_t>(logits.extent(1)) != vocab)
+      logits = Matrix<M>(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::cross_entropy::logits"), chunk,
+          vocab);
+    if (static_cast<int64_t>(row_loss.extent(0)) < tokens)
+      row_loss = Kokkos::View<double*, M>("kqlora::cross_entropy::row_loss", tokens);
+    return chunk;
+  }
+};
+
+/// Returns the loss sum / normaliser; with `gh` non-empty ([tokens, hidden]) writes the
+/// gradient of that into it.
+template <class ExecSpace, class M>
+double lm_head_cross_entropy(const ExecSpace& exec, const Matrix<M>& h, const Matrix<M>& W,
+                             const TokenMatrix<M>& labels, double normaliser, bool bf16,
+                             const Matrix<M>& gh, CrossEntropyWorkspace<M>& ws) {
+  using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  const int64_t T = h.extent(0), V = W.extent(0), S = labels.extent(1);
+  const bool grad = gh.data() != nullptr;
+  const int64_t chunk = ws.reserve(T, V);
+  const float inv = static_cast<float>(1.0 / normaliser);
+  const auto row_loss = ws.row_loss;
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t n = std::min(chunk, T - t0);
+    const auto rows = Kokkos::make_pair(t0, t0 + n);
+    const auto lg = Kokkos::subview(ws.logits, Kokkos::make_pair(int64_t(0), n), Kokkos::ALL);
+    gemm(exec, "N", "T", 1.0f, Kokkos::subview(h, rows, Kokkos::ALL), W, 0.0f, lg);
+    Kokkos::parallel_for(
+        "kqlora::cross_entropy",
+        Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(n), Kokkos::AUTO),
+        KOKKOS_LAMBDA(const Team& team) {
+          const int64_t r = team.league_rank(), t = t0 + r, p = t % S;
+          const int32_t label = p + 1 < S ? labels(t / S, p + 1) : kIgnoreLabel;
+          if (label == kIgnoreLabel) {
+            Kokkos::single(Kokkos::PerTeam(team), [&] { row_loss(t) = 0.0; });
+            if (grad)
+              Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V),
+                                   [&](int64_t v) { lg(r, v) = 0.0f; });
+            return;
+          }
+          if (bf16)
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V),
+                                 [&](int64_t v) { lg(r, v) = round_to_bf16(lg(r, v)); });
+          team.team_barrier();
+          float m = -INFINITY, z = 0.0f;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(team, V),
+              [&](int64_t v, float& acc) { acc = lg(r, v) > acc ? lg(r, v) : acc; },
+              Kokkos::Max<float>(m));
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(team, V),
+              [&](int64_t v, float& acc) { acc += expf(lg(r, v) - m); }, z);
+          const float target = lg(r, label);
+          Kokkos::single(Kokkos::PerTeam(team), [&] {
+            row_loss(t) = static_cast<double>(logf(z)) + static_cast<double>(m) - target;
+          });
+          team.team_barrier();  // (everyone has read lg(r, label) before it changes)
+          if (grad)
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V), [&](int64_t v) {
+              const float d = (expf(lg(r, v) - m) / z - (v == label ? 1.0f : 0.0f)) * inv;
+              lg(r, v) = bf16 ? round_to_bf16(d) : d;
+            });
+        });
+    if (grad) {
+      const auto g = Kokkos::subview(gh, rows, Kokkos::ALL);
+      gemm(exec, "N", "N", 1.0f, lg, W, 0.0f, g);
+      if (bf16)
+        Kokkos::parallel_for(
+            "kqlora::cross_entropy::round_grad", over(exec, n, g.extent(1)),
+            KOKKOS_LAMBDA(int64_t i, int64_t f) { g(i, f) = round_to_bf16(g(i, f)); });
+    }
+  }
+  double sum = 0;
+  Kokkos::parallel_reduce(
+      "kqlora::cross_entropy::sum",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, T),
+      KOKKOS_LAMBDA(int64_t t, double& acc) { acc += row_loss(t); }, sum);
+  return sum / normaliser;
+}
+
+}  // namespace kqlora

@@ -1,0 +1,96 @@
+#pragma once
+// A frozen NF4 projection with an optional LoRA adapter (torchtune's and PEFT's LoRALinear):
+//   y = x W^T + scale * (dropout(x) A^T) B^T,   scale = alpha / rank,
+// and its backward: the adapter's gradients dA, dB and, when asked, the input gradient
+//   gx = gy W + dropout^T(scale * gy B A).
+// In bfloat16 the products are rounded as PyTorch rounds them (h = R(x_d A^T), y = R(x W^T),
+// y = R(y + R(scale * R(h B^T)))). Several projections reading one input (q, k, v; gate,
+// up) add their input gradients into one gx (gx_beta 1 after the first).
+
+#include <Kokkos_Core.hpp>
+
+#include "kqlora/nn/elementwise.hpp"
+#include "kqlora/nn/linear_nf4.hpp"
+#include "kqlora/nn/residual.hpp"
+
+namespace kqlora {
+
+/// The adapter of one projection: A [rank, in] and B [out, rank] as the products read them
+/// (the masters, or their bfloat16 roundings), their gradients, the scale.
+template <class M>
+struct LoraAdapterViews {
+  Matrix<M> a, b, ga, gb;
+  float scale = 1.0f;
+};
+
+/// Scratch of the projections: h [tokens, rank] per adapter is the caller's (the backward
+/// needs it); these are shared.
+template <class M>
+struct LoraScratch {
+  Matrix<M> gh;   // [tokens, rank]
+  Matrix<M> tmp;  // [tokens, max(in, out)]: bfloat16 and dropout products
+};
+
+/// y = x W^T (+ the adapter's output, h = x_d A^T kept for the backward). `lora` null: no
+/// adapter. xd is dropout(x), or x itself.
+template <class ExecSpace, class M>
+void lora_projection_forward(const ExecSpace& exec, const Nf4Tensor<M>& W,
+                             const LoraAdapterViews<M>* lora, const Matrix<M>& x,
+                             const Matrix<M>& xd, bool bf16, const Matrix<M>& h,
+                             LoraScratch<M>& scratch, LinearNf4Workspace<M>& ws,
+                             const Matrix<M>& y) {
+  linear_nf4_forward(exec, W, x, y, ws);
+  if (bf16) round_bf16(exec, y);
+  if (!lora) return;
+  gemm(exec, "N", "T", 1.0f, xd, lora->a, 0.0f, h);
+  if (bf16) {
+    round_bf16(exec, h);
+    const Matrix<M> tmp(scratch.tmp.data(), y.extent(0), y.extent(1));
+    gemm(exec, "N", "T", 1.0f, h, lora->b, 0.0f, tmp);
+    round_bf16(exec, tmp);
+    add_scaled_bf16(exec, lora->scale, tmp, y);
+  } else {
+    gemm(exec, "N", "T", lora->scale, h, lora->b, 1.0f, y);
+  }
+}
+
+/// The adapter's gradients (added into ga, gb when `accumulate`, else written) and, with
+/// `gx` non-empty, gx = gy W + gx_beta * gx plus the adapter's share. `dropout` null: none
+/// (xd is x).
+template <class ExecSpace, class M>
+void lora_projection_backward(const ExecSpace& exec, const Nf4Tensor<M>& W,
+                              const LoraAdapterViews<M>* lora, const Matrix<M>& gy,
+                              const Matrix<M>& xd, const Matrix<M>& h, bool accumulate,
+                              const DropoutKey* dropout, bool bf16, LoraScratch<M>& scratch,
+                              LinearNf4Workspace<M>& ws, float gx_beta, const Matrix<M>& gx) {
+  const float beta = accumulate ? 1.0f : 0.0f;
+  const int64_t T = gy.extent(0);
+  Matrix<M> gh;
+  if (lora) {
+    const float s = lora->scale;
+    gh = Matrix<M>(scratch.gh.data(), T, lora->a.extent(0));
+    gemm(exec, "T", "N", s, gy, h, beta, lora->gb);  // dB = s gy^T h
+    gemm(exec, "N", "N", s, gy, lora->b, 0.0f, gh);  // gh = s gy B
+    if (bf16) round_bf16(exec, gh);
+    gemm(exec, "T", "N", 1.0f, gh, xd, beta, lora->ga);  // dA = gh^T x_d
+  }
+  if (!gx.data()) return;
+  linear_nf4_backward(exec, W, gy, gx, ws, gx_beta);
+  if (lora) {
+    if (dropout || bf16) {
+      const Matrix<M> tmp(scratch.tmp.data(), T, gx.extent(1));
+      gemm(exec, "N", "N", 1.0f, gh, lora->a, 0.0f, tmp);  // gh A
+      if (bf16) round_bf16(exec, tmp);
+      if (dropout) {
+        dropout_apply(exec, *dropout, false, tmp, gx, 1.0f);
+      } else {
+        residual_add(exec, tmp, false, gx);
+      }
+    } else {
+      gemm(exec, "N", "N", 1.0f, gh, lora->a, 1.0f, gx);  // gx += gh A
+    }
+  }
+  if (bf16) round_bf16(exec, gx);
+}
+
+}  // namespace kqlora

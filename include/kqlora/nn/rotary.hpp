@@ -1,0 +1,70 @@
+#pragma once
+// Rotary position embeddings in Hugging Face's rotate-half convention, in place on the
+// [tokens, heads * head_dim] queries or keys (tokens row-major over [sequences, S], each
+// sequence at positions 0 .. S-1): for each head and i < head_dim / 2, the pair
+// (a, b) = (x[i], x[i + head_dim / 2]) becomes
+//   a' = a cos - b sin,   b' = b cos + a sin,
+// with cos and sin of position * inv_freq_i. The backward is the transposed rotation
+// (the same with sin negated). No permutation of the q / k weights is involved.
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <vector>
+
+#include "kqlora/core/bfloat16.hpp"
+#include "kqlora/nn/elementwise.hpp"
+
+namespace kqlora {
+
+/// cos and sin [S, head_dim / 2] of position * inv_freq, computed in float32 as
+/// transformers does (rounded to bfloat16 when `bf16`: it casts them to the activations'
+/// dtype).
+template <class M>
+struct RopeTable {
+  Matrix<M> cos, sin;
+
+  RopeTable() = default;
+  RopeTable(const std::vector<float>& inv_freq, int64_t S, bool bf16) {
+    const int64_t half = static_cast<int64_t>(inv_freq.size());
+    cos = Matrix<M>("kqlora::rope::cos", S, half);
+    sin = Matrix<M>("kqlora::rope::sin", S, half);
+    auto hc = Kokkos::create_mirror_view(cos);
+    auto hs = Kokkos::create_mirror_view(sin);
+    for (int64_t p = 0; p < S; ++p)
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = static_cast<float>(p) * inv_freq[i];
+        hc(p, i) = bf16 ? round_to_bf16(std::cos(angle)) : std::cos(angle);
+        hs(p, i) = bf16 ? round_to_bf16(std::sin(angle)) : std::sin(angle);
+      }
+    Kokkos::deep_copy(cos, hc);
+    Kokkos::deep_copy(sin, hs);
+  }
+  int64_t positions() const { return cos.extent(0); }
+};
+
+/// Rotates x in place; `backward`: applies the transpose (x holds a gradient). S is the
+/// sequence length (x's rows are sequences of S tokens).
+template <class ExecSpace, class M>
+void rope_apply(const ExecSpace& exec, const RopeTable<M>& rope, int64_t S, int64_t head_dim,
+                bool backward, bool bf16, const Matrix<M>& x) {
+  const int64_t half = head_dim / 2, heads = x.extent(1) / head_dim;
+  const auto c = rope.cos, s = rope.sin;
+  const float sign = backward ? -1.0f : 1.0f;
+  Kokkos::parallel_for(
+      "kqlora::rope_apply", over(exec, x.extent(0), heads * half),
+      KOKKOS_LAMBDA(int64_t t, int64_t hi) {
+        const int64_t p = t % S, h = hi / half, i = hi % half;
+        const int64_t ia = h * head_dim + i, ib = ia + half;
+        const float a = x(t, ia), b = x(t, ib), co = c(p, i), si = sign * s(p, i);
+        if (bf16) {  // PyTorch: x * cos + rotate_half(x) * sin, each product rounded
+          x(t, ia) = round_to_bf16(round_to_bf16(a * co) + round_to_bf16(-b * si));
+          x(t, ib) = round_to_bf16(round_to_bf16(b * co) + round_to_bf16(a * si));
+        } else {
+          x(t, ia) = a * co - b * si;
+          x(t, ib) = b * co + a * si;
+        }
+      });
+}
+
+}  // namespace kqlora

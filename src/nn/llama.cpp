@@ -1,0 +1,448 @@
+#include "kqlora/nn/llama.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+#include "kqlora/core/error.hpp"
+#include "kqlora/core/random.hpp"
+#include "kqlora/nn/embedding.hpp"
+#include "kqlora/nn/residual.hpp"
+#include "kqlora/nn/rms_norm.hpp"
+#include "kqlora/nn/swiglu.hpp"
+
+namespace kqlora {
+
+const std::array<const char*, kLlamaProjections> kLlamaProjectionNames = {
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+const std::array<const char*, kLlamaProjections> kLlamaProjectionModules = {
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+    "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+
+namespace {
+enum Proj { kQ, kK, kV, kO, kGate, kUp, kDown };
+
+// [out, in] of projection p.
+std::array<int64_t, 2> projection_shape(const LlamaArch& a, int p) {
+  switch (p) {
+    case kQ:
+      return {a.q_features(), a.hidden};
+    case kK:
+    case kV:
+      return {a.kv_features(), a.hidden};
+    case kO:
+      return {a.hidden, a.q_features()};
+    case kDown:
+      return {a.hidden, a.intermediate};
+    default:
+      return {a.intermediate, a.hidden};
+  }
+}
+
+std::string layer_prefix(int l) {
+  return "model.layers." + std::to_string(l);
+}
+
+LlamaArch arch_of(const ModelConfig& cfg) {
+  KQLORA_INPUT_CHECK(!cfg.arch_text.empty(),
+                     "model = llama needs hf_model_dir (a directory with config.json)");
+  return parse_llama_config(cfg.arch_text, cfg.arch_source);
+}
+}  // namespace
+
+std::array<bool, kLlamaProjections> parse_lora_targets(const std::string& text,
+                                                       const std::string& where) {
+  std::array<bool, kLlamaProjections> on{};
+  if (text == "all-linear") {
+    on.fill(true);
+    return on;
+  }
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto a = item.find_first_not_of(" \t"), b = item.find_last_not_of(" \t");
+    item = a == std::string::npos ? "" : item.substr(a, b - a + 1);
+    const auto it = std::find(kLlamaProjectionNames.begin(), kLlamaProjectionNames.end(), item);
+    KQLORA_INPUT_CHECK(it != kLlamaProjectionNames.end(),
+                       where << ": '" << item
+                             << "' is not a projection; expected all-linear or a comma list of "
+                                "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+    const size_t p = static_cast<size_t>(it - kLlamaProjectionNames.begin());
+    KQLORA_INPUT_CHECK(!on[p], where << ": '" << item << "' is listed twice");
+    on[p] = true;
+  }
+  return on;
+}
+
+template <class ExecSpace>
+ParamTable Llama<ExecSpace>::make_table(const ModelConfig& cfg) {
+  const LlamaArch a = arch_of(cfg);
+  const auto targets = parse_lora_targets(cfg.lora_targets, "lora_targets");
+  using Dist = InitRule::Dist;
+  ParamTable t;
+  t.model_kind = cfg.kind;
+  ParamEntry dense;
+  dense.kind = ParamKind::dense;
+  dense.dtype = cfg.dtype;
+  dense.init.dist = Dist::file;
+  auto add_dense = [&](const std::string& name, std::vector<int64_t> shape, const std::string& g) {
+    ParamEntry e = dense;
+    e.name = name;
+    e.shape = std::move(shape);
+    t.add(e, g);
+  };
+  add_dense("model.embed_tokens.weight", {a.vocab, a.hidden}, "embed");
+  for (int l = 0; l < a.layers; ++l) {
+    const std::string g = layer_prefix(l);
+    for (int p = 0; p < kLlamaProjections; ++p) {  // the adapters first: contiguous per group
+      if (!targets[p]) continue;
+      const auto s = projection_shape(a, p);
+      const std::string m = g + "." + kLlamaProjectionModules[p];
+      KQLORA_INPUT_CHECK(cfg.rank >= 1 && cfg.rank <= std::min(s[0], s[1]),
+                         "lora_rank " << cfg.rank << " must be between 1 and "
+                                      << std::min(s[0], s[1]) << " (the smaller side of " << m
+                                      << " [" << s[0] << ", " << s[1] << "])");
+      const uint64_t stream = static_cast<uint64_t>(l) * kLlamaProjections + p;
+      ParamEntry e;
+      e.name = m + ".lora_a.weight";
+      e.shape = {cfg.rank, s[1]};
+      e.init = {Dist::uniform, s[1], static_cast<uint64_t>(RandomStream::lora_a) + stream};
+      t.add(e, g);
+      e.name = m + ".lora_b.weight";
+      e.shape = {s[0], cfg.rank};
+      e.init = {cfg.lora_b_zeros ? Dist::zeros : Dist::uniform, cfg.rank,
+                static_cast<uint64_t>(RandomStream::lora_b) + stream};
+      t.add(e, g);
+      t.adapters.push_back({m, m + ".weight", m + ".lora_a.weight", m + ".lora_b.weight", cfg.alpha,
+                            cfg.rank, cfg.dropout});
+    }
+    for (int p = 0; p < kLlamaProjections; ++p) {
+      const auto s = projection_shape(a, p);
+      ParamEntry e;
+      e.name = g + "." + kLlamaProjectionModules[p] + ".weight";
+      e.shape = {s[0], s[1]};
+      e.kind = ParamKind::nf4;
+      e.dtype = cfg.dtype;
+      e.block_size = cfg.block_size;
+      e.scaler_block_size = cfg.scaler_block_size;
+      e.init.dist = Dist::file;
+      t.add(e, g);
+    }
+    add_dense(g + ".input_layernorm.weight", {a.hidden}, g);
+    add_dense(g + ".post_attention_layernorm.weight", {a.hidden}, g);
+  }
+  add_dense("model.norm.weight", {a.hidden}, "head");
+  if (!a.tied) add_dense("lm_head.weight", {a.vocab, a.hidden}, "head");
+  return t;
+}
+
+template <class ExecSpace>
+Llama<ExecSpace>::Llama(const ExecSpace& exec, const ModelConfig& cfg, bool zeroed)
+    : Model<ExecSpace>(exec, cfg, make_table(cfg), zeroed), arch_(arch_of(cfg)) {
+  const ParamTable& t = this->table_;
+  inv_freq_ = rope_inv_freq(arch_);
+  targets_ = parse_lora_targets(cfg.lora_targets, "lora_targets");
+  for (int l = 0; l < arch_.layers; ++l) {
+    const std::string g = layer_prefix(l) + ".";
+    Block b;
+    for (int p = 0; p < kLlamaProjections; ++p) {
+      const std::string m = g + kLlamaProjectionModules[p];
+      b.w[p] = &t.at(m + ".weight");
+      if (targets_[p]) {
+        b.a[p] = &t.at(m + ".lora_a.weight");
+        b.b[p] = &t.at(m + ".lora_b.weight");
+      }
+    }
+    b.ln1 = &t.at(g + "input_layernorm.weight");
+    b.ln2 = &t.at(g + "post_attention_layernorm.weight");
+    blocks_.push_back(b);
+  }
+  embed_ = &t.at("model.embed_tokens.weight");
+  norm_ = &t.at("model.norm.weight");
+  head_ = arch_.tied ? embed_ : &t.at("lm_head.weight");
+  compute_ = cfg.bf16() ? Vec("kqlora::Llama::params_bf16", this->num_params()) : this->params;
+  cache_.resize(static_cast<size_t>(arch_.layers));
+  ws_.between_panels = [this] {
+    if (this->progress_) this->progress_();
+  };
+}
+
+template <class ExecSpace>
+InputSpec Llama<ExecSpace>::input() const {
+  InputSpec s;
+  s.tokens = true;
+  s.seq_len = 0;  // any: the data file's
+  s.vocab = arch_.vocab;
+  return s;
+}
+
+template <class ExecSpace>
+void Llama<ExecSpace>::use_buffers(const Vec& new_params, const Vec& new_grads) {
+  const bool same = compute_.data() == this->params.data();
+  Model<ExecSpace>::use_buffers(new_params, new_grads);
+  if (same) compute_ = this->params;
+}
+
+template <class ExecSpace>
+void Llama<ExecSpace>::params_changed() {
+  if (!this->cfg_.bf16()) return;
+  auto src = this->params;
+  auto dst = compute_;
+  Kokkos::parallel_for(
+      "kqlora::Llama::round_params",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(this->exec_, 0, src.extent(0)),
+      KOKKOS_LAMBDA(int64_t i) { dst(i) = round_to_bf16(src(i)); });
+}
+
+template <class ExecSpace>
+void Llama<ExecSpace>::ensure(int64_t sequences, int64_t S) {
+  const int64_t T = sequences * S;
+  if (S != seq_len_) {
+    KQLORA_INPUT_CHECK(arch_.sliding_window == 0 || S <= arch_.sliding_window,
+                       this->cfg_.arch_source
+                           << ": sliding_window " << arch_.sliding_window
+                           << " is shorter than the data's sequences of " << S
+                           << " tokens (sliding-window attention is not supported)");
+    rope_ = RopeTable<Mem>(inv_freq_, S, this->cfg_.bf16());
+  }
+  if (T == tokens_ && S == seq_len_) return;
+  tokens_ = T;
+  seq_len_ = S;
+  const int64_t H = arch_.hidden, Q = arch_.q_features(), KV = arch_.kv_features(),
+                I = arch_.intermediate, r = this->cfg_.rank;
+  auto m = [](const char* label, int64_t rows, int64_t cols) {
+    return Matrix<Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), rows,
+                       cols);
+  };
+  auto v = [](const char* label, int64_t n) {
+    return Kokkos::View<float*, Mem>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n);
+  };
+  const bool dropout = this->cfg_.dropout > 0;
+  for (auto& c : cache_) {
+    c = BlockCache();  // (the old buffers go first)
+    c.x = m("kqlora::Llama::x", T, H);
+    c.n1 = m("kqlora::Llama::n1", T, H);
+    c.q = m("kqlora::Llama::q", T, Q);
+    c.k = m("kqlora::Llama::k", T, KV);
+    c.v = m("kqlora::Llama::v", T, KV);
+    c.att = m("kqlora::Llama::att", T, Q);
+    c.mid = m("kqlora::Llama::mid", T, H);
+    c.n2 = m("kqlora::Llama::n2", T, H);
+    c.gate = m("kqlora::Llama::gate", T, I);
+    c.up = m("kqlora::Llama::up", T, I);
+    c.act = m("kqlora::Llama::act", T, I);
+    c.inv1 = v("kqlora::Llama::inv1", T);
+    c.inv2 = v("kqlora::Llama::inv2", T);
+    c.lse = v("kqlora::Llama::lse", sequences * arch_.heads * S);
+    for (int p = 0; p < kLlamaProjections; ++p) {
+      if (!targets_[p]) continue;
+      c.h[p] = m("kqlora::Llama::h", T, r);
+      if (dropout) c.xd[p] = m("kqlora::Llama::xd", T, projection_shape(arch_, p)[1]);
+    }
+  }
+  x_out_ = m("kqlora::Llama::x_out", T, H);
+  nf_ = m("kqlora::Llama::nf", T, H);
+  invf_ = v("kqlora::Llama::invf", T);
+  g_ = m("kqlora::Llama::g", T, H);
+  gtmp_ = m("kqlora::Llama::gtmp", T, H);
+  gn_ = m("kqlora::Llama::gn", T, H);
+  gatt_ = m("kqlora::Llama::gatt", T, Q);
+  gq_ = m("kqlora::Llama::gq", T, Q);
+  gk_ = m("kqlora::Llama::gk", T, KV);
+  gv_ = m("kqlora::Llama::gv", T, KV);
+  gact_ = m("kqlora::Llama::gact", T, I);
+  ggate_ = m("kqlora::Llama::ggate", T, I);
+  gup_ = m("kqlora::Llama::gup", T, I);
+  proj_out_ = m("kqlora::Llama::proj_out", T, H);
+  scratch_.gh = m("kqlora::Llama::gh", T, r);
+  scratch_.tmp = m("kqlora::Llama::tmp", T, std::max({H, Q, I}));
+}
+
+template <class ExecSpace>
+auto Llama<ExecSpace>::adapter(int l, int p) const -> LoraAdapterViews<Mem> {
+  const Block& b = blocks_[l];
+  LoraAdapterViews<Mem> v;
+  v.a = this->matrix(compute_, *b.a[p]);
+  v.b = this->matrix(compute_, *b.b[p]);
+  v.ga = this->matrix(this->grads, *b.a[p]);
+  v.gb = this->matrix(this->grads, *b.b[p]);
+  v.scale = this->cfg_.scale();
+  return v;
+}
+
+template <class ExecSpace>
+DropoutKey Llama<ExecSpace>::dropout_key(int l, int p, int64_t features) const {
+  // Keyed by (step, global sequence, position, layer, projection, feature): rows are the
+  // tokens of global sequences, so the sample index counts tokens.
+  return {this->cfg_.seed,
+          layer_stream(RandomStream::dropout, l * kLlamaProjections + p),
+          step_,
+          global_bs_ * seq_len_,
+          first_sample_ * seq_len_,
+          features,
+          static_cast<float>(this->cfg_.dropout)};
+}
+
+template <class ExecSpace>
+auto Llama<ExecSpace>::dense_vector(const ParamEntry* e) const -> Kokkos::View<const float*, Mem> {
+  return this->dense[e->offset];
+}
+
+template <class ExecSpace>
+auto Llama<ExecSpace>::dense_matrix(const ParamEntry* e) const -> Matrix<Mem> {
+  return Matrix<Mem>(this->dense[e->offset].data(), e->shape[0], e->shape[1]);
+}
+
+template <class ExecSpace>
+void Llama<ExecSpace>::project(int l, int p, const Matrix<Mem>& x, const Matrix<Mem>& y) {
+  const bool bf16 = this->cfg_.bf16();
+  BlockCache& c = cache_[l];
+  if (!targets_[p]) {
+    lora_projection_forward<ExecSpace, Mem>(this->exec_, this->nf4[blocks_[l].w[p]->offset],
+                                            nullptr, x, x, bf16, Matrix<Mem>(), scratch_, ws_, y);
+    return;
+  }
+  Matrix<Mem> xd = x;
+  if (dropout_on_) {
+    dropout_apply(this->exec_, dropout_key(l, p, x.extent(1)), bf16, x, c.xd[p], 0.0f);
+    xd = c.xd[p];
+  }
+  const auto lora = adapter(l, p);
+  lora_projection_forward(this->exec_, this->nf4[blocks_[l].w[p]->offset], &lora, x, xd, bf16,
+                          c.h[p], scratch_, ws_, y);
+}
+
+template <class ExecSpace>
+void Llama<ExecSpace>::project_back(int l, int p, const Matrix<Mem>& gy, bool accumulate,
+                                    float gx_beta, const Matrix<Mem>& gx) {
+  const bool bf16 = this->cfg_.bf16();
+  BlockCache& c = cache_[l];
+  const auto& W = this->nf4[blocks_[l].w[p]->offset];
+  if (!targets_[p]) {
+    if (gx.data())
+      lora_projection_backward<ExecSpace, Mem>(this->exec_, W, nullptr, gy, Matrix<Mem>(),
+                                               Matrix<Mem>(), accumulate, nullptr, bf16, scratch_,
+                                               ws_, gx_beta, gx);
+    return;
+  }
+  const auto lora = adapter(l, p);
+  const DropoutKey key = dropout_key(l, p, projection_shape(arch_, p)[1]);
+  // The input this projection read: its dropped-out copy, or the shared input itself.
+  Matrix<Mem> x_read;
+  if (dropout_on_) {
+    x_read = c.xd[p];
+  } else {
+    x_read = p <= kV ? c.n1 : p == kO ? c.att : p == kDown ? c.act : c.n2;
+  }
+  lora_projection_backward(this->exec_, W, &lora, gy, x_read, c.h[p], accumulate,
+                           dropout_on_ ? &key : nullptr, bf16, scratch_, ws_, gx_beta, gx);
+}
+
+template <class ExecSpace>
+double Llama<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool training,
+                                 bool with_grads) {
+  const ExecSpace& exec = this->exec_;
+  const int64_t n = b.tokens.extent(0), S = b.tokens.extent(1);
+  ensure(n, S);
+  step_ = b.step;
+  first_sample_ = b.first_sample;
+  global_bs_ = b.global_bs;
+  dropout_on_ = training && this->cfg_.dropout > 0;
+  const bool bf16 = this->cfg_.bf16();
+  const float eps = static_cast<float>(arch_.rms_norm_eps);
+  const AttentionShape shape{n, S, arch_.heads, arch_.kv_heads, arch_.head_dim};
+  embedding_forward(exec, dense_vector(embed_), b.tokens, cache_[0].x);
+  for (int l = 0; l < arch_.layers; ++l) {
+    BlockCache& c = cache_[l];
+    const Block& B = blocks_[l];
+    const Matrix<Mem>& next = l + 1 < arch_.layers ? cache_[l + 1].x : x_out_;
+    this->acquire(B.w[0]->group);
+    rms_norm_forward(exec, c.x, dense_vector(B.ln1), eps, bf16, c.n1, c.inv1);
+    project(l, kQ, c.n1, c.q);
+    project(l, kK, c.n1, c.k);
+    project(l, kV, c.n1, c.v);
+    rope_apply(exec, rope_, S, arch_.head_dim, false, bf16, c.q);
+    rope_apply(exec, rope_, S, arch_.head_dim, false, bf16, c.k);
+    causal_attention_forward(exec, shape, c.q, c.k, c.v, bf16, att_ws_, c.att, c.lse);
+    project(l, kO, c.att, proj_out_);
+    Kokkos::deep_copy(exec, c.mid, c.x);
+    residual_add(exec, proj_out_, bf16, c.mid);
+    rms_norm_forward(exec, c.mid, dense_vector(B.ln2), eps, bf16, c.n2, c.inv2);
+    project(l, kGate, c.n2, c.gate);
+    project(l, kUp, c.n2, c.up);
+    swiglu_forward(exec, c.gate, c.up, bf16, c.act);
+    project(l, kDown, c.act, proj_out_);
+    Kokkos::deep_copy(exec, next, c.mid);
+    residual_add(exec, proj_out_, bf16, next);
+    this->release(B.w[0]->group);
+  }
+  rms_norm_forward(exec, x_out_, dense_vector(norm_), eps, bf16, nf_, invf_);
+  return lm_head_cross_entropy(exec, nf_, dense_matrix(head_), b.labels, normaliser, bf16,
+                               with_grads ? gn_ : Matrix<Mem>(), ce_ws_);
+}
+
+template <class ExecSpace>
+void Llama<ExecSpace>::backward(bool accumulate) {
+  const ExecSpace& exec = this->exec_;
+  const bool bf16 = this->cfg_.bf16();
+  const int64_t n = tokens_ / seq_len_, S = seq_len_;
+  const AttentionShape shape{n, S, arch_.heads, arch_.kv_heads, arch_.head_dim};
+  rms_norm_backward(exec, x_out_, dense_vector(norm_), Kokkos::View<const float*, Mem>(invf_), gn_,
+                    g_);
+  if (bf16) round_bf16(exec, g_);
+  for (int l = arch_.layers - 1; l >= 0; --l) {
+    BlockCache& c = cache_[l];
+    const Block& B = blocks_[l];
+    this->acquire(B.w[0]->group);
+    // MLP: g is the gradient of the block's output (and of mid, through the residual).
+    project_back(l, kDown, g_, accumulate, 0.0f, gact_);
+    swiglu_backward(exec, c.gate, c.up, gact_, bf16, ggate_, gup_);
+    project_back(l, kGate, ggate_, accumulate, 0.0f, gn_);
+    project_back(l, kUp, gup_, accumulate, 1.0f, gn_);
+    rms_norm_backward(exec, c.mid, dense_vector(B.ln2), Kokkos::View<const float*, Mem>(c.inv2),
+                      gn_, gtmp_);
+    residual_add(exec, gtmp_, bf16, g_);
+    // Attention: g is now the gradient of mid (and of the block's input).
+    project_back(l, kO, g_, accumulate, 0.0f, gatt_);
+    causal_attention_backward(exec, shape, c.q, c.k, c.v, c.att, c.lse, gatt_, bf16, att_ws_, gq_,
+                              gk_, gv_);
+    rope_apply(exec, rope_, S, arch_.head_dim, true, bf16, gq_);
+    rope_apply(exec, rope_, S, arch_.head_dim, true, bf16, gk_);
+    const Matrix<Mem> gx = l > 0 ? gn_ : Matrix<Mem>();  // layer 0: no input gradient
+    project_back(l, kQ, gq_, accumulate, 0.0f, gx);
+    project_back(l, kK, gk_, accumulate, 1.0f, gx);
+    project_back(l, kV, gv_, accumulate, 1.0f, gx);
+    if (l > 0) {
+      rms_norm_backward(exec, c.x, dense_vector(B.ln1), Kokkos::View<const float*, Mem>(c.inv1),
+                        gn_, gtmp_);
+      residual_add(exec, gtmp_, bf16, g_);
+    }
+    this->release(B.w[0]->group);
+    this->group_done(B.w[0]->group);
+  }
+}
+
+template <class ExecSpace>
+double Llama<ExecSpace>::forward_backward(const Batch<Mem>& b, double normaliser, bool accumulate) {
+  const double loss = forward(b, normaliser, true, true);
+  backward(accumulate);
+  return loss;
+}
+
+template <class ExecSpace>
+double Llama<ExecSpace>::loss(const Batch<Mem>& b, double normaliser) {
+  return forward(b, normaliser, false, false);
+}
+
+template <class ExecSpace>
+auto Llama<ExecSpace>::logits(const Batch<Mem>& b) -> Matrix<Mem> {
+  forward(b, 1.0, false, false);
+  Matrix<Mem> out("kqlora::Llama::logits", tokens_, arch_.vocab);
+  gemm(this->exec_, "N", "T", 1.0f, nf_, dense_matrix(head_), 0.0f, out);
+  if (this->cfg_.bf16()) round_bf16(this->exec_, out);
+  return out;
+}
+
+template class Llama<Kokkos::DefaultExecutionSpace>;
+
+}  // namespace kqlora
