@@ -108,6 +108,7 @@ void write_checkpoint_file(const std::string& path, const CheckpointContents& c)
     h5::write_attribute(f, "model", c.table.model_kind);
     h5::write_attribute(f, "model_config", c.model_config_text);
   }
+  if (!c.arch_text.empty()) h5::write_attribute(f, "hf_config", c.arch_text);
   h5::write_attribute(f, "kqlora_version", version());
   auto params = h5::create_group(f, "params");
   for (const auto& [name, t] : c.nf4) h5::write_nf4(params, name, t, &writeback);
@@ -281,7 +282,11 @@ CheckpointContents read_checkpoint_file(const std::string& path, bool with_optim
   c.model_config_text = h5::has_attribute(f, "model_config")
                             ? h5::read_string_attribute(f, "model_config", path)
                             : c.config_text;
-  const ModelConfig model = ModelConfig::from_text(c.model_config_text, path + " (model_config)");
+  ModelConfig model = ModelConfig::from_text(c.model_config_text, path + " (model_config)");
+  if (h5::has_attribute(f, "hf_config")) {
+    c.arch_text = model.arch_text = h5::read_string_attribute(f, "hf_config", path);
+    model.arch_source = path + " (hf_config)";
+  }
   const auto kinds = model_kinds();
   KQLORA_INPUT_CHECK(std::find(kinds.begin(), kinds.end(), model.kind) != kinds.end(),
                      path << ": model '" << model.kind << "' is not a model this kqlora knows");

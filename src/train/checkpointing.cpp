@@ -10,6 +10,7 @@
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/populate_pages.hpp"
 #include "kqlora/core/seconds_since.hpp"
+#include "kqlora/train/component_configs.hpp"
 #include "kqlora/io/shared_checkpoint.hpp"
 
 namespace kqlora {
@@ -155,6 +156,12 @@ CheckpointReader load_restart(const Config& cfg, std::ostream& log) {
   };
   for (const auto& key : restart_fixed_keys(cfg))
     check(key, deck_value(old, key), deck_value(cfg, key));
+  // A Hugging Face model: its architecture must be the one trained (the directory may move).
+  const ModelConfig now = model_config(cfg);
+  if (now.arch_text != c.arch_text)
+    diff << "\n  config.json: " << (now.arch_text.empty() ? std::string("none") : now.arch_source)
+         << " differs from the checkpoint's (attribute hf_config"
+         << (c.arch_text.empty() ? ": absent" : "") << ")";
   KQLORA_INPUT_CHECK(diff.str().empty(), "restart from " << path
                                                          << ": the deck changes what a "
                                                             "checkpoint cannot carry over:"
@@ -266,6 +273,7 @@ std::string save_checkpoint(
   c.layout = cfg.checkpoint_layout;
   c.config_text = cfg.to_deck_text();
   c.model_config_text = model.config().to_text();
+  c.arch_text = model.config().arch_text;
   c.table = model.table();
   c.optimizer_steps = opt.steps();
   c.seed = cfg.seed;

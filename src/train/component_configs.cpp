@@ -1,5 +1,12 @@
 #include "kqlora/train/component_configs.hpp"
 
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "kqlora/core/error.hpp"
+
 namespace kqlora {
 
 ModelConfig model_config(const Config& c) {
@@ -18,6 +25,17 @@ ModelConfig model_config(const Config& c) {
   m.scaler_block_size = c.scaler_block_size;
   m.seed = static_cast<uint64_t>(c.seed);
   m.lora_b_zeros = c.lora_b_init == "zeros";
+  m.lora_targets = c.lora_targets;
+  m.hf_model_dir = c.hf_model_dir;
+  if (!c.hf_model_dir.empty()) {
+    m.arch_source = c.hf_model_dir + "/config.json";
+    std::ifstream f(m.arch_source);
+    KQLORA_INPUT_CHECK(f.good(), "hf_model_dir " << c.hf_model_dir << ": cannot read config.json: "
+                                                 << std::strerror(errno));
+    std::stringstream ss;
+    ss << f.rdbuf();
+    m.arch_text = ss.str();
+  }
   return m;
 }
 

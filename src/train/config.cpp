@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "kqlora/core/error.hpp"
+#include "kqlora/nn/llama.hpp"
 #include "kqlora/nn/model_registry.hpp"
 #include "kqlora/train/component_configs.hpp"
 
@@ -161,6 +162,15 @@ std::vector<Key> make_keys() {
       KQ_FLOAT(lora_alpha, kModel | kFixed),
       KQ_FLOAT(lora_dropout, kModel | kFixed),
       KQ_CHOICE(lora_b_init, kModel, "zeros", "kaiming"),
+      KQ_PATH(hf_model_dir, kModel),
+      key(
+          "lora_targets", kModel | kFixed,
+          [](Config& c, const std::string& v, const std::string& w) {
+            parse_lora_targets(v, w);  // (checked here, for the deck's line)
+            c.lora_targets = v;
+          },
+          [](const Config& c) { return c.lora_targets; },
+          "all-linear|a comma list of q_proj,...,down_proj (all-linear)"),
       key(
           "bias", kModel | kFixed,
           [](Config& c, const std::string& v, const std::string& w) { c.bias = to_bool(v, w); },
@@ -180,7 +190,7 @@ std::vector<Key> make_keys() {
       KQ_INT(global_bs, kPlain),
       KQ_INT(micro_bs, kPlain, "global_bs"),
       KQ_INT(num_steps, kPlain),
-      KQ_CHOICE(loss, kModel, "sum", "mse"),
+      KQ_CHOICE(loss, kModel, "sum", "mse", "cross_entropy"),
       KQ_CHOICE(optimizer, kFixed, "sgd", "adam", "adamw"),
       KQ_FLOAT(lr, kPlain),
       KQ_FLOAT(momentum, kPlain),
@@ -381,12 +391,28 @@ Config parse_deck_text(const std::string& text, const std::string& source,
   // Defaults that follow other keys.
   const auto set = [&](const char* k) { return where.count(k) > 0; };
   const auto at = [&](const char* k) { return set(k) ? where[k] : source + " (default)"; };
-  if (!set("lora_rank")) c.lora_rank = std::max<int64_t>(1, c.dim / 2);
+  const bool llama = c.model == "llama";
+  if (!set("lora_rank")) c.lora_rank = llama ? 8 : std::max<int64_t>(1, c.dim / 2);
+  if (!set("lora_b_init") && llama) c.lora_b_init = "zeros";
+  if (!set("loss") && llama) c.loss = "cross_entropy";
+  // A model key the chosen model does not read is a mistake, not a no-op.
+  for (const auto& k : keys())
+    if (k.model && k.name != "model" && set(k.name.c_str()) && !model_reads(c, k.name))
+      KQLORA_INPUT_CHECK(false, where[k.name] << ": " << k.name << " does not apply to model "
+                                              << c.model);
+  KQLORA_INPUT_CHECK(llama == (c.loss == "cross_entropy"),
+                     at("loss") << ": loss " << c.loss << (llama ? " does not apply to model llama (its "
+                                                                     "loss is cross_entropy)"
+                                                                   : ": cross_entropy is the loss of "
+                                                                     "token models (model = llama)"));
+  KQLORA_INPUT_CHECK(!llama || !c.hf_model_dir.empty(),
+                     at("model") << ": model = llama needs hf_model_dir (a Hugging Face model "
+                                    "directory: config.json and model.safetensors)");
   if (!set("micro_bs")) c.micro_bs = c.global_bs;
   if (!set("weight_decay")) c.weight_decay = c.optimizer == "adamw" ? 0.01 : 0.0;
   if (!set("checkpoint_layout")) c.checkpoint_layout = c.parallel == "fsdp" ? "shared" : "per_rank";
 
-  for (std::string* p : {&c.init_file, &c.data_file, &c.eval_file, &c.metrics_file})
+  for (std::string* p : {&c.init_file, &c.data_file, &c.eval_file, &c.metrics_file, &c.hf_model_dir})
     if (*p == "none") p->clear();
 
   // Ranges.
@@ -427,11 +453,16 @@ Config parse_deck_text(const std::string& text, const std::string& source,
                          << ": block_size must be a positive even number, got " << c.block_size);
 
   // Consistency.
-  KQLORA_INPUT_CHECK(c.lora_rank <= c.dim,
+  KQLORA_INPUT_CHECK(llama || c.lora_rank <= c.dim,
                      at("lora_rank") << ": lora_rank " << c.lora_rank << " > dim " << c.dim);
   // Every NF4 tensor of the chosen model is made of whole blocks (the model's table says
   // which tensors, and their shapes).
-  const ParamTable table = model_table(model_config(c));
+  // (A llama's table needs its config.json: read unless the files are not checked.)
+  KQLORA_INPUT_CHECK(!llama || !c.data_file.empty(),
+                     at("data_file") << ": model = llama needs a data_file of token ids "
+                                        "(input_ids, labels; docs/MODELS.md)");
+  const ParamTable table =
+      check_files || !llama ? model_table(model_config(c)) : ParamTable();
   for (const ParamEntry* e : table.of_kind(ParamKind::nf4))
     KQLORA_INPUT_CHECK(e->numel() % c.block_size == 0,
                        at("block_size") << ": block_size " << c.block_size

@@ -23,12 +23,27 @@ DataSource::DataSource(const std::string& path, const InputSpec& spec, int64_t g
                          : std::to_string(d.size()) + " dimensions";
   };
   if (spec.tokens) {
-    const int64_t T = spec.seq_len;
+    if (spec_.seq_len == 0 && h5::exists(f, "input_ids")) {
+      const auto d = h5::dataset_dims(f, "input_ids", path);
+      KQLORA_INPUT_CHECK(d.size() == 2 && d[1] >= 2,
+                         where << ": dataset 'input_ids' must be [rows, positions] with at least "
+                                  "2 positions, got "
+                               << dims_text(d));
+      spec_.seq_len = d[1];
+    }
+    if (h5::has_attribute(f, "vocab_size")) {
+      const auto v = h5::read_int_attribute(f, "vocab_size", path);
+      KQLORA_INPUT_CHECK(v.size() == 1 && v[0] == spec.vocab,
+                         where << ": attribute vocab_size " << (v.empty() ? -1 : v[0])
+                               << " differs from the model's vocabulary of " << spec.vocab
+                               << " (tokenized for another model?)");
+    }
+    const int64_t T = spec_.seq_len;
     for (const char* name : {"input_ids", "labels"}) {
       KQLORA_INPUT_CHECK(h5::exists(f, name), where << ": dataset '" << name << "' is missing");
       const auto d = h5::dataset_dims(f, name, path);
       KQLORA_INPUT_CHECK(
-          d.size() == 2 && d[1] == T && d[0] > 0,
+          d.size() == 2 && d[1] == T && d[0] > 0 && T > 0,
           where << ": dataset '" << name << "' must be [rows, " << T << "], got " << dims_text(d));
       rows_ = d[0];
     }

@@ -104,11 +104,12 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   Optimizer<Exec> opt = dp->make_optimizer(exec, optimizer_config(cfg));
   if (resume) checkpoints->restore_state(*model, *dp, opt);
   const DataSource data(cfg.data_file, model->input(), cfg.global_bs, cfg.seed, "data_file");
+  const InputSpec spec = data.spec();  // (token models: the file's sequence length)
   const std::unique_ptr<DataSource> eval =
       cfg.eval_file.empty() ? nullptr
-                            : std::make_unique<DataSource>(cfg.eval_file, model->input(),
-                                                           cfg.global_bs, cfg.seed, "eval_file");
-  BatchLoader<Exec> batches(exec, cfg, model->input(), comm.rank(), comm.size(),
+                            : std::make_unique<DataSource>(cfg.eval_file, spec, cfg.global_bs,
+                                                           cfg.seed, "eval_file");
+  BatchLoader<Exec> batches(exec, cfg, spec, comm.rank(), comm.size(),
                             dp->nf4_shards() != nullptr);
   if (report.root()) log << describe_model(*model) << "\n";
 
@@ -122,29 +123,44 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   };
   for (int64_t step = start_step; step < cfg.num_steps; ++step) {
     const double lr = scheduled_lr(cfg.lr_schedule, cfg.lr, step, cfg.warmup_steps, cfg.num_steps);
-    double loss = batches.run(*model, dp.get(), data, step, &report);  // forward, backward
-    report.enter(Phase::communication);
-    dp->reduce_gradients();  // the gradient of the whole global batch
-    const bool stop = sum_and_stop(comm, loss);
-    report.enter(Phase::optimizer);
-    const double norm = dp->grad_norm(exec);
-    const bool finite = std::isfinite(loss) && std::isfinite(norm);
-    KQLORA_CHECK(finite || cfg.nonfinite != "stop",
-                 "step " << step + 1 << ": the " << (std::isfinite(loss) ? "gradient" : "loss")
-                         << " is not finite (loss " << loss << ", gradient norm " << norm
-                         << "); stopping without updating the weights (nonfinite = skip "
-                            "skips such steps instead)");
-    if (finite) {
-      if (cfg.grad_clip > 0 && norm > 0 && cfg.grad_clip / (norm + 1e-6) < 1.0)
-        scale_grads(exec, dp->chunk_grads(), static_cast<float>(cfg.grad_clip / (norm + 1e-6)));
-      opt.step(dp->chunk_params(), dp->chunk_grads(), lr);
+    // A global batch without a scored label (token data, all -100) has no loss to
+    // follow: the step is skipped on every rank alike (each computes the count alone).
+    const bool empty = data.normaliser(step, cfg.loss == "mse") == 0;
+    bool stop = false;
+    if (empty) {
+      double zero = 0;
+      stop = sum_and_stop(comm, zero);
+      summary.losses.push_back(NAN);
+      summary.steps_empty += 1;
+      summary.steps_done = step + 1;
+      if (report.root())
+        log << "warning: step " << step + 1 << ": the global batch has no scored label (every "
+            << "label is -100); skipped, no update (" << summary.steps_empty << " so far)\n";
+    } else {
+      double loss = batches.run(*model, dp.get(), data, step, &report);  // forward, backward
+      report.enter(Phase::communication);
+      dp->reduce_gradients();  // the gradient of the whole global batch
+      stop = sum_and_stop(comm, loss);
+      report.enter(Phase::optimizer);
+      const double norm = dp->grad_norm(exec);
+      const bool finite = std::isfinite(loss) && std::isfinite(norm);
+      KQLORA_CHECK(finite || cfg.nonfinite != "stop",
+                   "step " << step + 1 << ": the " << (std::isfinite(loss) ? "gradient" : "loss")
+                           << " is not finite (loss " << loss << ", gradient norm " << norm
+                           << "); stopping without updating the weights (nonfinite = skip "
+                              "skips such steps instead)");
+      if (finite) {
+        if (cfg.grad_clip > 0 && norm > 0 && cfg.grad_clip / (norm + 1e-6) < 1.0)
+          scale_grads(exec, dp->chunk_grads(), static_cast<float>(cfg.grad_clip / (norm + 1e-6)));
+        opt.step(dp->chunk_params(), dp->chunk_grads(), lr);
+      }
+      if (dp->communicates()) report.enter(Phase::communication);
+      dp->after_update(finite);  // every rank's model holds the step's weights
+      summary.losses.push_back(finite ? loss : NAN);
+      summary.steps_skipped += finite ? 0 : 1;
+      summary.steps_done = step + 1;
+      report.step(step, loss, lr, norm, finite);
     }
-    if (dp->communicates()) report.enter(Phase::communication);
-    dp->after_update(finite);  // every rank's model holds the step's weights
-    summary.losses.push_back(finite ? loss : NAN);
-    summary.steps_skipped += finite ? 0 : 1;
-    summary.steps_done = step + 1;
-    report.step(step, loss, lr, norm, finite);
     if (eval && (step + 1) % cfg.eval_every == 0) {
       report.enter(Phase::evaluation);
       double eval_loss = batches.run(*model, nullptr, *eval, step, nullptr);

@@ -215,10 +215,11 @@ kqlora::CheckpointContents load_state(const std::string& path) {
 
 kqlora::Config deck(const std::string& extra, int n) {
   std::vector<std::string> keys;
+  // (the stack's own keys only for the stack: other models refuse keys they do not read)
+  const bool stack = extra.find("model=") == std::string::npos;
   std::istringstream ss(
-      "dim=64 num_linears=3 lora_rank=8 global_bs=7 loss=mse optimizer=adam "
-      "lr=1e-2 activation=gelu log_every=1000 checkpoint_layout=per_rank " +
-      extra);
+      std::string(stack ? "dim=64 num_linears=3 loss=mse activation=gelu lora_rank=8 " : "") +
+      "global_bs=7 optimizer=adam lr=1e-2 log_every=1000 checkpoint_layout=per_rank " + extra);
   for (std::string k; ss >> k;) keys.push_back(k);
   return kqlora::parse_deck_text("", "test", keys, n);
 }

@@ -32,6 +32,9 @@ struct CheckpointContents {
   /// the parameter table rebuilt from it when the file is read: all a reader needs to
   /// know the model. Files without the attribute (older kqlora) take it from `config`.
   std::string model_config_text;
+  /// A Hugging Face model's config.json text (root attribute hf_config; ModelConfig's
+  /// arch_text), empty for models without one.
+  std::string arch_text;
   ParamTable table;
   std::vector<std::pair<std::string, Nf4Tensor<Kokkos::HostSpace>>> nf4;  // frozen base weights
   std::vector<std::pair<std::string, Nf4Shard<Kokkos::HostSpace>>> nf4_shards;  // FSDP

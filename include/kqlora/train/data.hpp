@@ -17,7 +17,8 @@ namespace kqlora {
 class DataSource {
  public:
   /// `path` empty: synthetic data from `seed` (token labels equal the ids, as for a
-  /// language model whose labels are its inputs).
+  /// language model whose labels are its inputs). Token files: a spec with seq_len 0 takes
+  /// the file's; a vocab_size attribute must equal the model's vocabulary.
   DataSource(const std::string& path, const InputSpec& spec, int64_t global_bs, uint64_t seed,
              const std::string& what);
 
@@ -33,6 +34,9 @@ class DataSource {
   double normaliser(int64_t step, bool mse) const;
 
   bool synthetic() const { return path_.empty(); }
+  /// The model's InputSpec with the file's sequence length (token models whose spec
+  /// leaves it open, seq_len 0).
+  const InputSpec& spec() const { return spec_; }
   /// Global sample index of sample `first` of `step` (the counter of synthetic rows).
   int64_t global_sample(int64_t step, int64_t first) const { return step * global_bs_ + first; }
   const std::string& path() const { return path_; }

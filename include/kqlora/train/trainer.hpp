@@ -16,6 +16,7 @@ namespace kqlora {
 struct TrainSummary {
   std::vector<double> losses;  // per step (NaN for a skipped step)
   int64_t steps_done = 0, steps_skipped = 0;
+  int64_t steps_empty = 0;  // skipped: no scored label in the global batch (token data)
   std::string last_checkpoint;
   /// A stop signal (SIGTERM, SIGUSR1 on any rank) ended the run early, after a checkpoint.
   bool preempted = false;
