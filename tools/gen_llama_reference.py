@@ -12,6 +12,7 @@ Llama configuration) it writes into <out>/<case>/:
                                    bytes: kqlora's scaler_mean may differ from torchao's in
                                    the last bit, docs/NF4.md) and the LoRA adapters A and B
                                    (both non-zero) as float32 datasets, kqlora names
+  init_adapters.h5                 ("bf16" cases) the adapters alone
   data.h5                          input_ids, labels int32 [N, S] (prompt tokens and right
                                    padding labelled -100), attribute vocab_size
   reference.h5                     logits [N, S, V], valid [N, S] (1: not padding), loss,
@@ -176,6 +177,8 @@ def main(out):
                 if ".lora_b." in n:
                     p.mul_(0.5)
         write_init(os.path.join(folder, "init.h5"), nf4, params)
+        if case.get("bf16"):  # the adapters alone: kqlora quantizes the bfloat16 weights
+            write_init(os.path.join(folder, "init_adapters.h5"), {}, params)
         ids, labels, valid = make_data(gen, case["arch"]["vocab_size"])
         with h5py.File(os.path.join(folder, "data.h5"), "w") as f:
             f.create_dataset("input_ids", data=ids.numpy().astype(np.int32))

@@ -10,8 +10,8 @@
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/populate_pages.hpp"
 #include "kqlora/core/seconds_since.hpp"
-#include "kqlora/train/component_configs.hpp"
 #include "kqlora/io/shared_checkpoint.hpp"
+#include "kqlora/train/component_configs.hpp"
 
 namespace kqlora {
 

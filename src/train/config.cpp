@@ -398,13 +398,14 @@ Config parse_deck_text(const std::string& text, const std::string& source,
   // A model key the chosen model does not read is a mistake, not a no-op.
   for (const auto& k : keys())
     if (k.model && k.name != "model" && set(k.name.c_str()) && !model_reads(c, k.name))
-      KQLORA_INPUT_CHECK(false, where[k.name] << ": " << k.name << " does not apply to model "
-                                              << c.model);
+      KQLORA_INPUT_CHECK(false,
+                         where[k.name] << ": " << k.name << " does not apply to model " << c.model);
   KQLORA_INPUT_CHECK(llama == (c.loss == "cross_entropy"),
-                     at("loss") << ": loss " << c.loss << (llama ? " does not apply to model llama (its "
-                                                                     "loss is cross_entropy)"
-                                                                   : ": cross_entropy is the loss of "
-                                                                     "token models (model = llama)"));
+                     at("loss") << ": loss " << c.loss
+                                << (llama ? " does not apply to model llama (its "
+                                            "loss is cross_entropy)"
+                                          : ": cross_entropy is the loss of "
+                                            "token models (model = llama)"));
   KQLORA_INPUT_CHECK(!llama || !c.hf_model_dir.empty(),
                      at("model") << ": model = llama needs hf_model_dir (a Hugging Face model "
                                     "directory: config.json and model.safetensors)");
@@ -412,7 +413,8 @@ Config parse_deck_text(const std::string& text, const std::string& source,
   if (!set("weight_decay")) c.weight_decay = c.optimizer == "adamw" ? 0.01 : 0.0;
   if (!set("checkpoint_layout")) c.checkpoint_layout = c.parallel == "fsdp" ? "shared" : "per_rank";
 
-  for (std::string* p : {&c.init_file, &c.data_file, &c.eval_file, &c.metrics_file, &c.hf_model_dir})
+  for (std::string* p :
+       {&c.init_file, &c.data_file, &c.eval_file, &c.metrics_file, &c.hf_model_dir})
     if (*p == "none") p->clear();
 
   // Ranges.
@@ -461,8 +463,7 @@ Config parse_deck_text(const std::string& text, const std::string& source,
   KQLORA_INPUT_CHECK(!llama || !c.data_file.empty(),
                      at("data_file") << ": model = llama needs a data_file of token ids "
                                         "(input_ids, labels; docs/MODELS.md)");
-  const ParamTable table =
-      check_files || !llama ? model_table(model_config(c)) : ParamTable();
+  const ParamTable table = check_files || !llama ? model_table(model_config(c)) : ParamTable();
   for (const ParamEntry* e : table.of_kind(ParamKind::nf4))
     KQLORA_INPUT_CHECK(e->numel() % c.block_size == 0,
                        at("block_size") << ": block_size " << c.block_size

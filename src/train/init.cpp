@@ -126,7 +126,10 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
   InitFile base(cfg.hf_model_dir.empty() ? std::string() : hf_weights_file(cfg.hf_model_dir));
   int from_file = 0, from_base = 0, from_seed = 0;
   auto file_of = [&](const ParamEntry& e) -> InitFile* {
-    if (init.has(e.name)) return &init;
+    if (init.has(e.name)) {
+      if (base.has(e.name)) base.used.insert(e.name);  // (overridden: read, in a sense)
+      return &init;
+    }
     if (base.has(e.name)) return &base;
     KQLORA_INPUT_CHECK(
         e.init.dist != InitRule::Dist::file,

@@ -106,11 +106,10 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   const DataSource data(cfg.data_file, model->input(), cfg.global_bs, cfg.seed, "data_file");
   const InputSpec spec = data.spec();  // (token models: the file's sequence length)
   const std::unique_ptr<DataSource> eval =
-      cfg.eval_file.empty() ? nullptr
-                            : std::make_unique<DataSource>(cfg.eval_file, spec, cfg.global_bs,
-                                                           cfg.seed, "eval_file");
-  BatchLoader<Exec> batches(exec, cfg, spec, comm.rank(), comm.size(),
-                            dp->nf4_shards() != nullptr);
+      cfg.eval_file.empty()
+          ? nullptr
+          : std::make_unique<DataSource>(cfg.eval_file, spec, cfg.global_bs, cfg.seed, "eval_file");
+  BatchLoader<Exec> batches(exec, cfg, spec, comm.rank(), comm.size(), dp->nf4_shards() != nullptr);
   if (report.root()) log << describe_model(*model) << "\n";
 
   TrainSummary summary;

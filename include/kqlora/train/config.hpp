@@ -17,8 +17,8 @@ struct Config {
   std::string model = "lora_stack";  // a registered model kind (nn/model_registry.hpp)
   int64_t dim = 128, num_linears = 1, lora_rank = 64;
   double lora_alpha = 16, lora_dropout = 0;
-  std::string lora_b_init = "kaiming";  // zeros | kaiming (llama: zeros)
-  std::string hf_model_dir;                  // llama: config.json + model.safetensors
+  std::string lora_b_init = "kaiming";      // zeros | kaiming (llama: zeros)
+  std::string hf_model_dir;                 // llama: config.json + model.safetensors
   std::string lora_targets = "all-linear";  // llama: projections with adapters
   bool bias = false;
   std::string activation = "none";  // none | relu | gelu | silu
