@@ -1,0 +1,320 @@
+// The Llama model's kernels against float64: each forward against the formula computed in
+// double, each backward against central finite differences of L = sum(gy * f(x)) in
+// double, on every enabled execution space. Shapes are small and not multiples of any
+// vector width; GQA with 2 query heads per kv head; several cross-entropy chunks; dropout
+// with its fixed mask.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "exec_spaces.hpp"
+#include "kqlora/nn/attention.hpp"
+#include "kqlora/nn/embedding.hpp"
+#include "kqlora/nn/lm_head_cross_entropy.hpp"
+#include "kqlora/nn/lora_projection.hpp"
+#include "kqlora/nn/rotary.hpp"
+#include "kqlora/nn/swiglu.hpp"
+#include "kqlora/quant/nf4_kernels.hpp"
+#include "nf4_test_util.hpp"
+
+namespace {
+
+using D = std::vector<double>;
+
+template <class M>
+kqlora::Matrix<M> matrix(const std::vector<float>& v, int64_t rows, int64_t cols) {
+  kqlora::Matrix<M> m("m", rows, cols);
+  auto h = Kokkos::create_mirror_view(m);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) h(r, c) = v[r * cols + c];
+  Kokkos::deep_copy(m, h);
+  return m;
+}
+
+template <class M>
+std::vector<float> host(const kqlora::Matrix<M>& m) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m);
+  std::vector<float> v(h.extent(0) * h.extent(1));
+  for (size_t r = 0; r < h.extent(0); ++r)
+    for (size_t c = 0; c < h.extent(1); ++c) v[r * h.extent(1) + c] = h(r, c);
+  return v;
+}
+
+D widen(const std::vector<float>& v) { return D(v.begin(), v.end()); }
+
+double dot(const D& a, const D& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// dL/dx_i of L = dot(gy, f(x)) by central differences, for every i.
+D finite_difference(const std::function<D(const D&)>& f, D x, const D& gy, double h = 1e-6) {
+  D g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double keep = x[i];
+    x[i] = keep + h;
+    const double lp = dot(gy, f(x));
+    x[i] = keep - h;
+    const double lm = dot(gy, f(x));
+    x[i] = keep;
+    g[i] = (lp - lm) / (2 * h);
+  }
+  return g;
+}
+
+// max |a - b| <= tol * max |b|
+void expect_close(const std::vector<float>& a, const D& b, double tol, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  double d = 0, m = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::fabs(a[i] - b[i]) > d) {
+      d = std::fabs(a[i] - b[i]);
+      at = i;
+    }
+    m = std::max(m, std::fabs(b[i]));
+  }
+  EXPECT_LE(d, tol * m) << what << ": [" << at << "] " << a[at] << " vs " << b[at];
+}
+
+constexpr int64_t kSeqs = 2, kS = 5, kHeads = 4, kKv = 2, kDim = 6;  // head_dim 6
+
+std::vector<float> inv_freq(int64_t head_dim, double theta) {
+  std::vector<float> f(static_cast<size_t>(head_dim / 2));
+  for (size_t i = 0; i < f.size(); ++i)
+    f[i] = static_cast<float>(std::pow(theta, -2.0 * static_cast<double>(i) / head_dim));
+  return f;
+}
+
+// Rotate-half rope of [tokens, heads * Dh] in double (cos/sin of float32 angles, as the
+// kernel's table).
+D rope_ref(const D& x, int64_t heads, int64_t Dh, const std::vector<float>& freq) {
+  D y = x;
+  const int64_t half = Dh / 2, width = heads * Dh;
+  for (int64_t t = 0; t < static_cast<int64_t>(x.size()) / width; ++t)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = static_cast<float>(t % kS) * freq[i];
+        const double c = std::cos(angle), s = std::sin(angle);
+        const int64_t a = t * width + h * Dh + i, b = a + half;
+        y[a] = x[a] * c - x[b] * s;
+        y[b] = x[b] * c + x[a] * s;
+      }
+  return y;
+}
+
+// Causal GQA attention in double; q [T, H*Dh], k, v [T, KV*Dh].
+D attention_ref(const D& q, const D& k, const D& v) {
+  const int64_t Q = kHeads * kDim, KV = kKv * kDim, group = kHeads / kKv;
+  D o(q.size(), 0.0);
+  for (int64_t s = 0; s < kSeqs; ++s)
+    for (int64_t h = 0; h < kHeads; ++h) {
+      const int64_t g = h / group;
+      for (int64_t i = 0; i < kS; ++i) {
+        D p(static_cast<size_t>(i + 1));
+        double m = -1e300, z = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          double sc = 0;
+          for (int64_t d = 0; d < kDim; ++d)
+            sc += q[(s * kS + i) * Q + h * kDim + d] * k[(s * kS + j) * KV + g * kDim + d];
+          p[j] = sc / std::sqrt(static_cast<double>(kDim));
+          m = std::max(m, p[j]);
+        }
+        for (auto& x : p) z += (x = std::exp(x - m));
+        for (int64_t j = 0; j <= i; ++j)
+          for (int64_t d = 0; d < kDim; ++d)
+            o[(s * kS + i) * Q + h * kDim + d] += p[j] / z * v[(s * kS + j) * KV + g * kDim + d];
+      }
+    }
+  return o;
+}
+
+}  // namespace
+
+template <class E>
+class LlamaOps : public ::testing::Test {};
+TYPED_TEST_SUITE(LlamaOps, kqlora_test::EnabledSpaces, kqlora_test::SpaceName);
+
+TYPED_TEST(LlamaOps, RotaryForwardAndBackward) {
+  using M = typename TypeParam::memory_space;
+  const int64_t T = kSeqs * kS, H = 3, Dh = 8;
+  const auto freq = inv_freq(Dh, 500.0);
+  const kqlora::RopeTable<M> rope(freq, kS, false);
+  const auto xf = nf4test::randn(T * H * Dh, 11), gf = nf4test::randn(T * H * Dh, 12);
+  auto x = matrix<M>(xf, T, H * Dh), g = matrix<M>(gf, T, H * Dh);
+  kqlora::rope_apply(TypeParam(), rope, kS, Dh, false, false, x);
+  kqlora::rope_apply(TypeParam(), rope, kS, Dh, true, false, g);
+  auto f = [&](const D& in) { return rope_ref(in, H, Dh, freq); };
+  expect_close(host(x), f(widen(xf)), 1e-6, "rope forward");
+  expect_close(host(g), finite_difference(f, widen(xf), widen(gf)), 1e-6, "rope backward");
+}
+
+TYPED_TEST(LlamaOps, CausalGroupedQueryAttentionForwardAndBackward) {
+  using M = typename TypeParam::memory_space;
+  const int64_t T = kSeqs * kS, Q = kHeads * kDim, KV = kKv * kDim;
+  const auto qf = nf4test::randn(T * Q, 21), kf = nf4test::randn(T * KV, 22),
+             vf = nf4test::randn(T * KV, 23), gf = nf4test::randn(T * Q, 24);
+  auto q = matrix<M>(qf, T, Q), k = matrix<M>(kf, T, KV), v = matrix<M>(vf, T, KV);
+  auto go = matrix<M>(gf, T, Q);
+  kqlora::Matrix<M> o("o", T, Q), gq("gq", T, Q), gk("gk", T, KV), gv("gv", T, KV);
+  Kokkos::View<float*, M> lse("lse", kSeqs * kHeads * kS);
+  kqlora::AttentionWorkspace<M> ws;
+  const kqlora::AttentionShape shape{kSeqs, kS, kHeads, kKv, kDim};
+  kqlora::causal_attention_forward(TypeParam(), shape, q, k, v, false, ws, o, lse);
+  kqlora::causal_attention_backward(TypeParam(), shape, q, k, v, o, lse, go, false, ws, gq, gk, gv);
+  const D q64 = widen(qf), k64 = widen(kf), v64 = widen(vf), g64 = widen(gf);
+  expect_close(host(o), attention_ref(q64, k64, v64), 1e-6, "attention forward");
+  expect_close(host(gq),
+               finite_difference([&](const D& x) { return attention_ref(x, k64, v64); }, q64, g64),
+               1e-5, "dq");
+  expect_close(host(gk),
+               finite_difference([&](const D& x) { return attention_ref(q64, x, v64); }, k64, g64),
+               1e-5, "dk");
+  expect_close(host(gv),
+               finite_difference([&](const D& x) { return attention_ref(q64, k64, x); }, v64, g64),
+               1e-5, "dv");
+}
+
+TYPED_TEST(LlamaOps, SwigluForwardAndBackward) {
+  using M = typename TypeParam::memory_space;
+  const int64_t T = 7, I = 13;
+  const auto gf = nf4test::randn(T * I, 31, 2.0f), uf = nf4test::randn(T * I, 32),
+             af = nf4test::randn(T * I, 33);
+  auto g = matrix<M>(gf, T, I), u = matrix<M>(uf, T, I), ga = matrix<M>(af, T, I);
+  kqlora::Matrix<M> a("a", T, I), gg("gg", T, I), gu("gu", T, I);
+  kqlora::swiglu_forward(TypeParam(), g, u, false, a);
+  kqlora::swiglu_backward(TypeParam(), g, u, ga, false, gg, gu);
+  auto ref = [](const D& gate, const D& up) {
+    D y(gate.size());
+    for (size_t i = 0; i < y.size(); ++i) y[i] = gate[i] / (1 + std::exp(-gate[i])) * up[i];
+    return y;
+  };
+  const D g64 = widen(gf), u64 = widen(uf), a64 = widen(af);
+  expect_close(host(a), ref(g64, u64), 1e-6, "swiglu forward");
+  expect_close(host(gg), finite_difference([&](const D& x) { return ref(x, u64); }, g64, a64), 1e-5,
+               "d gate");
+  expect_close(host(gu), finite_difference([&](const D& x) { return ref(g64, x); }, u64, a64), 1e-5,
+               "d up");
+}
+
+TYPED_TEST(LlamaOps, FusedLmHeadCrossEntropyInChunks) {
+  using M = typename TypeParam::memory_space;
+  const int64_t n = 3, S = 5, T = n * S, H = 6, V = 11;
+  const auto hf = nf4test::randn(T * H, 41), wf = nf4test::randn(V * H, 42);
+  std::vector<int32_t> labels(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) labels[t] = static_cast<int32_t>((t * 7 + 3) % V);
+  labels[1] = labels[7] = labels[14] = kqlora::kIgnoreLabel;  // a prompt and padding
+  kqlora::TokenMatrix<M> lab("labels", n, S);
+  auto hl = Kokkos::create_mirror_view(lab);
+  double count = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    hl(t / S, t % S) = labels[t];
+    if (t % S > 0 && labels[t] != kqlora::kIgnoreLabel) count += 1;
+  }
+  Kokkos::deep_copy(lab, hl);
+  auto h = matrix<M>(hf, T, H), W = matrix<M>(wf, V, H);
+  kqlora::Matrix<M> gh("gh", T, H);
+  kqlora::CrossEntropyWorkspace<M> ws;
+  ws.chunk_bytes = 4 * 4 * V;  // chunks of 4 tokens: 4 chunks, the last partial
+  const double loss = kqlora::lm_head_cross_entropy(TypeParam(), h, W, lab, count, false, gh, ws);
+  // Float64: logits at t scored against labels[t + 1] within each sequence.
+  const D W64 = widen(wf);
+  auto ref_loss = [&](const D& x) {
+    double sum = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (t % S + 1 >= S || labels[t + 1] == kqlora::kIgnoreLabel) continue;
+      D z(static_cast<size_t>(V), 0.0);
+      double m = -1e300, e = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        for (int64_t f = 0; f < H; ++f) z[v] += x[t * H + f] * W64[v * H + f];
+        m = std::max(m, z[v]);
+      }
+      for (double zv : z) e += std::exp(zv - m);
+      sum += std::log(e) + m - z[labels[t + 1]];
+    }
+    return D{sum / count};
+  };
+  EXPECT_NEAR(loss, ref_loss(widen(hf))[0], 1e-6 * std::fabs(loss));
+  expect_close(host(gh), finite_difference(ref_loss, widen(hf), D{1.0}), 1e-5, "d hidden");
+  // Without gradients: the same loss.
+  const double again =
+      kqlora::lm_head_cross_entropy(TypeParam(), h, W, lab, count, false, kqlora::Matrix<M>(), ws);
+  EXPECT_EQ(again, loss);
+}
+
+TYPED_TEST(LlamaOps, LoraProjectionWithDropoutForwardAndBackward) {
+  using M = typename TypeParam::memory_space;
+  const int64_t T = 6, in = 32, out = 24, r = 3;
+  const float scale = 2.0f / r, p = 0.3f;
+  const auto wf = nf4test::randn(out * in, 51), xf = nf4test::randn(T * in, 52),
+             af = nf4test::randn(r * in, 53, 0.3f), bf = nf4test::randn(out * r, 54, 0.3f),
+             gf = nf4test::randn(T * out, 55);
+  kqlora::Nf4Layout layout;
+  layout.shape = {out, in};
+  layout.block_size = 32;
+  layout.scaler_block_size = 4;  // 24 blocks: 6 scaler blocks
+  const auto W = kqlora::nf4_quantize<float>(
+      TypeParam(), Kokkos::View<const float*, M>(nf4test::to_device<float, M>(wf)), layout, "w");
+  // The weights the product sees: the NF4 dequantization.
+  Kokkos::View<float*, M> wd("wd", out * in);
+  kqlora::nf4_dequantize<float>(TypeParam(), W, wd);
+  auto wh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), wd);
+  const D W64(wh.data(), wh.data() + out * in);
+  const kqlora::DropoutKey key{7, 99, 2, 4, 1, in, p};
+  kqlora::LoraAdapterViews<M> lora;
+  lora.a = matrix<M>(af, r, in);
+  lora.b = matrix<M>(bf, out, r);
+  lora.ga = kqlora::Matrix<M>("ga", r, in);
+  lora.gb = kqlora::Matrix<M>("gb", out, r);
+  lora.scale = scale;
+  auto x = matrix<M>(xf, T, in), gy = matrix<M>(gf, T, out);
+  kqlora::Matrix<M> xd("xd", T, in), h("h", T, r), y("y", T, out), gx("gx", T, in);
+  kqlora::LoraScratch<M> scratch{kqlora::Matrix<M>("gh", T, r), kqlora::Matrix<M>("tmp", T, in)};
+  kqlora::LinearNf4Workspace<M> ws;
+  kqlora::dropout_apply(TypeParam(), key, false, x, xd, 0.0f);
+  kqlora::lora_projection_forward(TypeParam(), W, &lora, x, xd, false, h, scratch, ws, y);
+  kqlora::lora_projection_backward(TypeParam(), W, &lora, gy, xd, h, false, &key, false, scratch,
+                                   ws, 0.0f, gx);
+  // Float64, the same mask.
+  auto f = [&](const D& xv, const D& av, const D& bv) {
+    D yv(static_cast<size_t>(T * out), 0.0);
+    for (int64_t t = 0; t < T; ++t) {
+      D hv(static_cast<size_t>(r), 0.0);
+      for (int64_t j = 0; j < r; ++j)
+        for (int64_t i = 0; i < in; ++i)
+          hv[j] += (key.keep(t, i) ? xv[t * in + i] / (1 - p) : 0.0) * av[j * in + i];
+      for (int64_t o = 0; o < out; ++o) {
+        for (int64_t i = 0; i < in; ++i) yv[t * out + o] += xv[t * in + i] * W64[o * in + i];
+        for (int64_t j = 0; j < r; ++j) yv[t * out + o] += scale * hv[j] * bv[o * r + j];
+      }
+    }
+    return yv;
+  };
+  const D x64 = widen(xf), a64 = widen(af), b64 = widen(bf), g64 = widen(gf);
+  expect_close(host(y), f(x64, a64, b64), 1e-5, "forward");
+  expect_close(host(gx), finite_difference([&](const D& v) { return f(v, a64, b64); }, x64, g64),
+               1e-5, "dx");
+  expect_close(host(lora.ga),
+               finite_difference([&](const D& v) { return f(x64, v, b64); }, a64, g64), 1e-5, "dA");
+  expect_close(host(lora.gb),
+               finite_difference([&](const D& v) { return f(x64, a64, v); }, b64, g64), 1e-5, "dB");
+}
+
+TYPED_TEST(LlamaOps, EmbeddingGathersRows) {
+  using M = typename TypeParam::memory_space;
+  const int64_t V = 9, F = 5, n = 2, S = 4;
+  const auto table = nf4test::randn(V * F, 61);
+  kqlora::TokenMatrix<M> ids("ids", n, S);
+  auto hi = Kokkos::create_mirror_view(ids);
+  for (int64_t t = 0; t < n * S; ++t) hi(t / S, t % S) = static_cast<int32_t>((t * 5) % V);
+  Kokkos::deep_copy(ids, hi);
+  kqlora::Matrix<M> x("x", n * S, F);
+  kqlora::embedding_forward(TypeParam(),
+                            Kokkos::View<const float*, M>(nf4test::to_device<float, M>(table)), ids, x);
+  const auto got = host(x);
+  for (int64_t t = 0; t < n * S; ++t)
+    for (int64_t f = 0; f < F; ++f)
+      ASSERT_EQ(got[t * F + f], table[((t * 5) % V) * F + f]) << t << "," << f;
+}
