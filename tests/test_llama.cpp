@@ -233,3 +233,364 @@ TEST(LlamaBfloat16, LossesWithinOnePercentOfPyTorchBfloat16) {
     std::printf("bfloat16 step %zu: kqlora %.6g, PyTorch %.6g\n", s + 1, got[s], want[s]);
   }
 }
+
+// Import: config.json fields refused with the file, the field and the value; safetensors
+// sources (F32, BF16, F16, sharded) and their errors; data files; empty batches.
+#include <cstring>
+
+#include "kqlora/core/float16.hpp"
+#include "kqlora/io/chunk_writer.hpp"
+#include "kqlora/io/safetensors.hpp"
+#include "kqlora/train/config.hpp"
+#include "kqlora/train/trainer.hpp"
+
+namespace {
+
+std::string with_field(std::string json, const std::string& field, const std::string& value) {
+  const std::string key = "\"" + field + "\": ";
+  const auto at = json.find(key);
+  if (at == std::string::npos) return "{" + key + value + ", " + json.substr(json.find('{') + 1);
+  size_t end = at + key.size();
+  if (json[end] == '{') {  // an object: up to its closing brace
+    for (int depth = 0; end < json.size(); ++end) {
+      depth += json[end] == '{' ? 1 : json[end] == '}' ? -1 : 0;
+      if (depth == 0) break;
+    }
+    ++end;
+  } else {
+    end = json.find_first_of(",\n}", end);
+  }
+  return json.substr(0, at + key.size()) + value + json.substr(end);
+}
+
+void expect_config_error(const std::string& text, const std::vector<std::string>& parts) {
+  try {
+    kqlora::parse_llama_config(text, "dir/config.json");
+    ADD_FAILURE() << "accepted: " << text;
+  } catch (const kqlora::InputError& e) {
+    for (const auto& p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what() << " lacks " << p;
+  }
+}
+
+// float32 -> IEEE binary16, round to nearest even (finite inputs within its range).
+uint16_t to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000, mant = x & 0x7fffff;
+  const int32_t exp = static_cast<int32_t>((x >> 23) & 0xff) - 127 + 15;
+  auto round = [](uint32_t kept, uint32_t rem, uint32_t mid) {
+    return rem > mid || (rem == mid && (kept & 1)) ? kept + 1 : kept;
+  };
+  if (exp <= 0) {  // subnormal
+    if (exp < -10) return static_cast<uint16_t>(sign);
+    const uint32_t m = mant | 0x800000, shift = static_cast<uint32_t>(14 - exp);
+    return static_cast<uint16_t>(sign | round(m >> shift, m & ((1u << shift) - 1), 1u << (shift - 1)));
+  }
+  return static_cast<uint16_t>(
+      sign | round((static_cast<uint32_t>(exp) << 10) | (mant >> 13), mant & 0x1fff, 0x1000));
+}
+
+// Every tensor of a safetensors file, re-encoded (dtype F32, BF16 or F16) into `out`,
+// optionally without one tensor or with one reshaped.
+void rewrite(const std::string& in, const std::string& out, const std::string& dtype,
+             const std::string& drop = "", const std::string& reshape = "") {
+  const auto h = kqlora::safetensors::read_header(in);
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<kqlora::safetensors::TensorToWrite> ts;
+  for (const auto& t : h.tensors) {
+    if (t.name == drop) continue;
+    const auto raw = kqlora::safetensors::read_bytes(h, t);
+    const float* f = reinterpret_cast<const float*>(raw.data());
+    std::vector<uint8_t> b;
+    if (dtype == "F32") {
+      b = raw;
+    } else {
+      b.resize(static_cast<size_t>(t.numel()) * 2);
+      uint16_t* o = reinterpret_cast<uint16_t*>(b.data());
+      for (int64_t i = 0; i < t.numel(); ++i)
+        o[i] = dtype == "BF16" ? kqlora::bfloat16(f[i]).bits : to_half(f[i]);
+    }
+    bytes.push_back(std::move(b));
+    auto shape = t.shape;
+    if (t.name == reshape) shape = {shape[0] / 2, shape[1] * 2};
+    ts.push_back({t.name, dtype, shape, bytes.back().data(), bytes.back().size()});
+  }
+  kqlora::safetensors::write(out, ts);
+}
+
+std::string model_copy(const std::string& name) {
+  const std::string dir = tmp_dir("import_" + name);
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir + " && cp " + kCases[0].dir +
+               "/config.json " + dir + "/")
+                  .c_str());
+  return dir;
+}
+
+std::unique_ptr<kqlora::Llama<Exec>> load_dir(const std::string& dir, std::string* log = nullptr) {
+  Case c{"x", dir, "all-linear"};
+  auto model = std::make_unique<kqlora::Llama<Exec>>(Exec(), config_of(c));
+  std::ostringstream os;
+  kqlora::initialize_model(Exec(), *model, "", os);
+  if (log) *log = os.str();
+  return model;
+}
+
+// The NF4 bytes and dense values of two models are identical.
+void expect_same_weights(kqlora::Llama<Exec>& a, kqlora::Llama<Exec>& b) {
+  for (size_t i = 0; i < a.nf4.size(); ++i) {
+    const auto x = kqlora::nf4_host(a.nf4[i]), y = kqlora::nf4_host(b.nf4[i]);
+    ASSERT_EQ(x.quantized_data.extent(0), y.quantized_data.extent(0));
+    for (size_t j = 0; j < x.quantized_data.extent(0); ++j)
+      ASSERT_EQ(x.quantized_data(j), y.quantized_data(j)) << i << "," << j;
+    EXPECT_EQ(x.scaler_mean, y.scaler_mean);
+  }
+  for (size_t i = 0; i < a.dense.size(); ++i) {
+    auto x = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a.dense[i]);
+    auto y = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b.dense[i]);
+    for (size_t j = 0; j < x.extent(0); ++j) ASSERT_EQ(x(j), y(j)) << i << "," << j;
+  }
+}
+
+}  // namespace
+
+TEST(LlamaImport, UnsupportedConfigFieldsNameFileFieldAndValue) {
+  const std::string ok = read_text(kCases[0].dir + "/config.json");
+  EXPECT_NO_THROW(kqlora::parse_llama_config(ok, "c"));
+  const std::vector<std::pair<std::pair<std::string, std::string>, std::string>> bad = {
+      {{"model_type", "\"gpt2\""}, "\"gpt2\""},
+      {{"hidden_act", "\"gelu\""}, "\"gelu\""},
+      {{"attention_bias", "true"}, "true"},
+      {{"mlp_bias", "true"}, "true"},
+      {{"num_key_value_heads", "3"}, "3"},
+      {{"head_dim", "7"}, "7"},
+      {{"vocab_size", "\"many\""}, "\"many\""},
+      {{"hidden_size", "0"}, "0"},
+      {{"attention_dropout", "0.1"}, "0.1"},
+      {{"rms_norm_eps", "-1"}, "> 0"},
+  };
+  for (const auto& [fv, value] : bad)
+    expect_config_error(with_field(ok, fv.first, fv.second),
+                        {"dir/config.json", "'" + fv.first + "'", value});
+  expect_config_error(with_field(ok, "rope_parameters", "{\"rope_type\": \"yarn\", \"factor\": 2}"),
+                      {"dir/config.json", "'rope_parameters.rope_type'", "\"yarn\""});
+  expect_config_error(with_field(ok, "rope_parameters",
+                                 "{\"rope_type\": \"llama3\", \"rope_theta\": 10000.0}"),
+                      {"'rope_parameters.factor'", "missing"});
+  expect_config_error(with_field(ok, "rope_parameters", "{\"rope_type\": \"default\", "
+                                                        "\"partial_rotary_factor\": 0.5}"),
+                      {"'rope_parameters.partial_rotary_factor'", "0.5"});
+  // The pre-5.0 spelling: rope_theta at the top, rope_scaling with "type".
+  std::string old = with_field(ok, "rope_parameters", "null");
+  old = with_field(old, "rope_theta", "500000.0");
+  expect_config_error(with_field(old, "rope_scaling", "{\"type\": \"linear\", \"factor\": 2.0}"),
+                      {"'rope_scaling.type'", "\"linear\""});
+  const auto a = kqlora::parse_llama_config(
+      with_field(old, "rope_scaling",
+                 "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                 "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 16}"),
+      "c");
+  EXPECT_EQ(a.rope_type, "llama3");
+  EXPECT_EQ(a.rope_theta, 500000.0);
+  EXPECT_EQ(a.original_max_positions, 16);
+  // Defaults: kv heads = heads, head_dim = hidden / heads.
+  std::string minimal = "{\"model_type\": \"llama\", \"vocab_size\": 10, \"hidden_size\": 8, "
+                        "\"intermediate_size\": 16, \"num_hidden_layers\": 1, "
+                        "\"num_attention_heads\": 2}";
+  const auto m = kqlora::parse_llama_config(minimal, "c");
+  EXPECT_EQ(m.kv_heads, 2);
+  EXPECT_EQ(m.head_dim, 4);
+  EXPECT_EQ(m.rope_theta, 10000.0);
+  EXPECT_FALSE(m.tied);
+  expect_config_error(minimal.replace(minimal.find("\"vocab_size\": 10, "), 18, ""),
+                      {"'vocab_size'", "missing"});
+}
+
+TEST(LlamaImport, ShortSlidingWindowIsRefused) {
+  Case c = kCases[3];  // mistral, sliding_window 32
+  auto cfg = config_of(c);
+  cfg.arch_text = with_field(cfg.arch_text, "sliding_window", "8");
+  kqlora::Llama<Exec> model(Exec(), cfg);
+  std::ostringstream log;
+  kqlora::initialize_model(Exec(), model, "", log);
+  Data data = read_data(c.dir);  // sequences of 12
+  try {
+    model.loss(data.batch, data.count);
+    ADD_FAILURE() << "a sliding window of 8 accepted for sequences of 12";
+  } catch (const kqlora::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("sliding_window 8"), std::string::npos) << e.what();
+  }
+}
+
+TEST(LlamaImport, RankAboveTheSmallerSideIsRefused) {
+  auto cfg = config_of(kCases[0]);
+  cfg.rank = 33;  // k_proj is [32, 64]
+  try {
+    kqlora::Llama<Exec>::make_table(cfg);
+    ADD_FAILURE();
+  } catch (const kqlora::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("k_proj [32, 64]"), std::string::npos) << e.what();
+  }
+}
+
+TEST(LlamaImport, Bfloat16Float16AndShardedSourcesGiveTheSameWeights) {
+  const std::string src = kCases[0].dir + "/model.safetensors";
+  // F32 holding bfloat16 values, and the BF16 file: the same model.
+  const std::string f32 = model_copy("f32"), bf16 = model_copy("bf16");
+  rewrite(src, bf16 + "/model.safetensors", "BF16");
+  {
+    const auto h = kqlora::safetensors::read_header(bf16 + "/model.safetensors");
+    std::vector<std::vector<float>> vals;
+    std::vector<kqlora::safetensors::TensorToWrite> ts;
+    for (const auto& t : h.tensors) {
+      const auto raw = kqlora::safetensors::read_bytes(h, t);
+      std::vector<float> v(static_cast<size_t>(t.numel()));
+      for (size_t i = 0; i < v.size(); ++i)
+        v[i] = static_cast<float>(kqlora::bfloat16::from_bits(
+            reinterpret_cast<const uint16_t*>(raw.data())[i]));
+      vals.push_back(std::move(v));
+      ts.push_back({t.name, "F32", t.shape, vals.back().data(), vals.back().size() * 4});
+    }
+    kqlora::safetensors::write(f32 + "/model.safetensors", ts);
+  }
+  auto a = load_dir(f32), b = load_dir(bf16);
+  expect_same_weights(*a, *b);
+  // F16 widens to float32 exactly (every float16 is a float32).
+  const std::string f16 = model_copy("f16"), f16_as_f32 = model_copy("f16_as_f32");
+  rewrite(src, f16 + "/model.safetensors", "F16");
+  {
+    const auto h16 = kqlora::safetensors::read_header(f16 + "/model.safetensors");
+    std::vector<std::vector<float>> vals;
+    std::vector<kqlora::safetensors::TensorToWrite> ts;
+    for (const auto& t : h16.tensors) {
+      const auto raw = kqlora::safetensors::read_bytes(h16, t);
+      std::vector<float> v(static_cast<size_t>(t.numel()));
+      for (size_t i = 0; i < v.size(); ++i)
+        v[i] = kqlora::half_to_float(reinterpret_cast<const uint16_t*>(raw.data())[i]);
+      vals.push_back(std::move(v));
+      ts.push_back({t.name, "F32", t.shape, vals.back().data(), vals.back().size() * 4});
+    }
+    kqlora::safetensors::write(f16_as_f32 + "/model.safetensors", ts);
+  }
+  auto c16 = load_dir(f16), c32 = load_dir(f16_as_f32);
+  expect_same_weights(*c16, *c32);
+  // Sharded: two files and an index give the single file's model.
+  const std::string sharded = model_copy("sharded");
+  const auto h = kqlora::safetensors::read_header(src);
+  std::ostringstream index;
+  index << "{\"metadata\": {}, \"weight_map\": {";
+  std::vector<std::vector<uint8_t>> keep;
+  std::vector<kqlora::safetensors::TensorToWrite> s1, s2;
+  for (size_t i = 0; i < h.tensors.size(); ++i) {
+    const auto& t = h.tensors[i];
+    keep.push_back(kqlora::safetensors::read_bytes(h, t));
+    (i % 2 ? s2 : s1).push_back({t.name, "F32", t.shape, keep.back().data(), keep.back().size()});
+    index << (i ? ", " : "") << "\"" << t.name << "\": \"model-0000" << (i % 2 ? 2 : 1)
+          << "-of-00002.safetensors\"";
+  }
+  index << "}}";
+  kqlora::safetensors::write(sharded + "/model-00001-of-00002.safetensors", s1);
+  kqlora::safetensors::write(sharded + "/model-00002-of-00002.safetensors", s2);
+  std::ofstream(sharded + "/model.safetensors.index.json") << index.str();
+  auto single = load_dir(kCases[0].dir), split = load_dir(sharded);
+  expect_same_weights(*single, *split);
+}
+
+TEST(LlamaImport, MissingOrMisshapenTensorsNameTheFileAndTheTensor) {
+  const std::string src = kCases[0].dir + "/model.safetensors";
+  const std::string missing = model_copy("missing"), misshapen = model_copy("misshapen");
+  rewrite(src, missing + "/model.safetensors", "F32", "model.layers.1.mlp.up_proj.weight");
+  rewrite(src, misshapen + "/model.safetensors", "F32", "", "model.layers.0.self_attn.q_proj.weight");
+  auto expect = [](const std::string& dir, const std::vector<std::string>& parts) {
+    try {
+      load_dir(dir);
+      ADD_FAILURE() << dir << " accepted";
+    } catch (const kqlora::InputError& e) {
+      for (const auto& p : parts)
+        EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what() << " lacks " << p;
+    }
+  };
+  expect(missing, {missing + "/model.safetensors", "model.layers.1.mlp.up_proj.weight"});
+  expect(misshapen, {misshapen + "/model.safetensors", "model.layers.0.self_attn.q_proj.weight",
+                     "[32, 128]", "[64, 64]"});
+  expect(model_copy("empty"), {"model.safetensors.index.json"});
+}
+
+TEST(LlamaImport, TiedModelIgnoresAStoredHeadWithANote) {
+  const Case& c = kCases[1];  // tied_head_dim
+  const std::string dir = tmp_dir("import_tied_head");
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir + " && cp " + c.dir + "/config.json " + dir)
+                  .c_str());
+  const auto h = kqlora::safetensors::read_header(c.dir + "/model.safetensors");
+  std::vector<std::vector<uint8_t>> keep;
+  std::vector<kqlora::safetensors::TensorToWrite> ts;
+  for (const auto& t : h.tensors) {
+    keep.push_back(kqlora::safetensors::read_bytes(h, t));
+    ts.push_back({t.name, t.dtype, t.shape, keep.back().data(), keep.back().size()});
+    if (t.name == "model.embed_tokens.weight")
+      ts.push_back({"lm_head.weight", t.dtype, t.shape, keep.back().data(), keep.back().size()});
+  }
+  kqlora::safetensors::write(dir + "/model.safetensors", ts);
+  Case copy{"tied", dir, "all-linear"};
+  kqlora::Llama<Exec> model(Exec(), config_of(copy));
+  std::ostringstream log;
+  kqlora::initialize_model(Exec(), model, "", log);
+  EXPECT_EQ(model.table().find("lm_head.weight"), nullptr);
+  EXPECT_NE(log.str().find("lm_head.weight: the head is tied to the embedding"), std::string::npos)
+      << log.str();
+}
+
+namespace {
+void write_tokens(const std::string& path, const std::vector<int32_t>& ids,
+                  const std::vector<int32_t>& labels, int64_t rows, int64_t S, int64_t vocab) {
+  auto f = kqlora::h5::create_file(path);
+  kqlora::h5::write_dataset(f, "input_ids", H5T_STD_I32LE, H5T_NATIVE_INT32, {rows, S}, ids.data());
+  kqlora::h5::write_dataset(f, "labels", H5T_STD_I32LE, H5T_NATIVE_INT32, {rows, S}, labels.data());
+  if (vocab > 0) kqlora::h5::write_attribute(f, "vocab_size", vocab);
+}
+}  // namespace
+
+TEST(LlamaData, WrongVocabularyIsRefusedAndEmptyBatchesAreSkipped) {
+  const Case& c = kCases[0];
+  const std::string dir = tmp_dir("data");
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  const int64_t rows = 4, S = 6;
+  std::vector<int32_t> ids(rows * S), labels(rows * S);
+  for (int64_t i = 0; i < rows * S; ++i) ids[i] = labels[i] = static_cast<int32_t>(1 + i % 90);
+  // Rows 2 and 3 (step 2 of global_bs 2) score nothing: a prompt, then padding.
+  for (int64_t i = 2 * S; i < rows * S; ++i) labels[i] = kqlora::kIgnoreLabel;
+  write_tokens(dir + "/ok.h5", ids, labels, rows, S, 96);
+  write_tokens(dir + "/vocab.h5", ids, labels, rows, S, 50257);
+  ids[5] = 96;
+  write_tokens(dir + "/id.h5", ids, labels, rows, S, 0);
+  const std::vector<std::string> base = {"model=llama", "hf_model_dir=" + c.dir,
+                                         "lora_rank=4", "block_size=32", "scaler_block_size=32",
+                                         "global_bs=2", "num_steps=3", "lr=1e-2",
+                                         "checkpoint_every=0", "save_dir=" + dir + "/ckpt"};
+  auto deck = [&](const std::string& data) {
+    auto keys = base;
+    keys.push_back("data_file=" + data);
+    return kqlora::parse_deck_text("", "t", keys);
+  };
+  for (const auto& [file, what] :
+       std::vector<std::pair<std::string, std::string>>{{"vocab.h5", "vocab_size 50257"},
+                                                        {"id.h5", "= 96 is outside"}}) {
+    std::ostringstream log;
+    try {
+      kqlora::train(deck(dir + "/" + file), log);
+      ADD_FAILURE() << file << " accepted";
+    } catch (const kqlora::InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(dir + "/" + file), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  }
+  std::ostringstream log;
+  const auto s = kqlora::train(deck(dir + "/ok.h5"), log);
+  EXPECT_EQ(s.steps_empty, 1) << log.str();
+  ASSERT_EQ(s.losses.size(), 3u);
+  EXPECT_TRUE(std::isfinite(s.losses[0]));
+  EXPECT_TRUE(std::isnan(s.losses[1]));
+  EXPECT_TRUE(std::isfinite(s.losses[2]));
+  EXPECT_NE(log.str().find("step 2: the global batch has no scored label"), std::string::npos)
+      << log.str();
+}
