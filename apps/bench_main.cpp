@@ -14,6 +14,8 @@
 #include <sstream>
 
 #include "app_main.hpp"
+#include "bench_llama.hpp"
+#include "bench_record.hpp"
 #include "fma_peak.hpp"
 #include "kqlora/core/build_info.hpp"
 #include "kqlora/nn/linear_nf4.hpp"
@@ -40,54 +42,40 @@ const char* usage =
     "  dense_lora_linear_fwd_bwd_tT  the same over a dense frozen float32 base\n"
     "                           (the two run as interleaved pairs; the median of the\n"
     "                           per-pair time ratios is printed and stored as ratio_to_dense)\n"
+    "Llama (--llama SHAPE), B sequences of T tokens (--llama-batches, --llama-seq):\n"
+    "  llama_fwd_bwd_SHAPE_bB_tT  a QLoRA Llama's forward and backward (all seven\n"
+    "                           projections adapted, rank 8; model FLOPs, docs/BENCHMARKS.md)\n"
+    "  llama_attention_fwd_bwd_..., llama_cross_entropy_..., llama_lm_head_products_...\n"
+    "                           its parts: every layer's attention, the fused LM head and\n"
+    "                           cross-entropy, and that one's two products alone\n"
     "Bytes count what a kernel reads plus what it writes.\n"
     "\n"
     "  --json FILE     also write the records as a JSON list\n"
-    "  --filter TEXT   only records whose name contains TEXT\n"
+    "  --filter LIST   only records whose name contains one of the comma-separated texts\n"
+    "                  (e.g. fma_peak,llama)\n"
     "  --sizes LIST    NF4 matrix sizes (default 4096,8192)\n"
     "  --tokens LIST   token counts of the linear records (default 256,2048)\n"
     "  --linear-dim N  the linear records' dim (default 4096)\n"
     "  --gemm-size N   the gemm record's size (default 2048)\n"
     "  --repeats N     timed repetitions per record, after one warm-up (default 7)\n"
     "  --pairs N       interleaved QLoRA/dense pairs per token count (default 15)\n"
+    "  --llama SHAPE   the Llama records' shape: 135m (SmolLM2-135M, default) or tiny;\n"
+    "                  none: no Llama records\n"
+    "  --llama-batches LIST  sequences per step (default 1,4)\n"
+    "  --llama-seq T   tokens per sequence (default 256)\n"
     "  --version       version and build configuration\n";
 
 using Exec = Kokkos::DefaultExecutionSpace;
 using Mem = Exec::memory_space;
 
-struct Record {
-  std::string name;
-  double median_s = 0;
-  double bytes = 0;
-  double flops = 0;
-  double elements = 0;
-  double ratio_to_dense = 0;  ///< QLoRA records: the median of the per-pair time ratios
-};
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-template <class F>
-double seconds(F&& f) {
-  const auto a = std::chrono::steady_clock::now();
-  f();
-  kqlora::fence(Exec(), "kqlora::bench::timed");
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
-}
-
-template <class F>
-double median_seconds(int repeats, F&& f) {
-  f();  // warm-up: page faults, caches, lazy initialisation
-  std::vector<double> t;
-  for (int i = 0; i < repeats; ++i) t.push_back(seconds(f));
-  return median(t);
-}
+using kqlora::bench::median;
+using kqlora::bench::median_seconds;
+using kqlora::bench::Record;
+using kqlora::bench::seconds;
 
 void fma_peak_record(int repeats, const std::string& filter, std::vector<Record>& out) {
   const std::string name = "fma_peak_f32";
-  if (name.find(filter) == std::string::npos) return;
+  if (!kqlora::bench::wanted(name, filter)) return;
   const auto loop = kqlora::bench::fma_loop();
   // About 0.1 s per repetition.
   int64_t iterations = 1 << 20;
@@ -113,7 +101,7 @@ void fill_random(const M& m, float scale, std::mt19937& gen) {
 /// C = A B^T, n x n x n, through kqlora's gemm.
 void gemm_record(int64_t n, int repeats, const std::string& filter, std::vector<Record>& out) {
   const std::string name = "gemm_f32_" + std::to_string(n);
-  if (name.find(filter) == std::string::npos) return;
+  if (!kqlora::bench::wanted(name, filter)) return;
   std::mt19937 gen(11);
   M A("A", n, n), B("B", n, n), C("C", n, n);
   fill_random(A, 1.0f, gen);
@@ -134,8 +122,8 @@ void nf4_records(int64_t n, int repeats, const std::string& filter, std::vector<
   const std::string size = std::to_string(n) + "x" + std::to_string(n);
   const std::string qname = "nf4_quant_" + size + "_" + tag;
   const std::string dname = "nf4_dequant_" + size + "_" + tag;
-  const bool want_q = qname.find(filter) != std::string::npos;
-  const bool want_d = dname.find(filter) != std::string::npos;
+  const bool want_q = kqlora::bench::wanted(qname, filter);
+  const bool want_d = kqlora::bench::wanted(dname, filter);
   if (!want_q && !want_d) return;
   Exec exec;
   const int64_t numel = n * n;
@@ -179,8 +167,8 @@ void lora_linear_records(int64_t dim, int64_t rank, int64_t tokens, int pairs,
                          const std::string& filter, std::vector<Record>& out) {
   const std::string qname = "qlora_linear_fwd_bwd_t" + std::to_string(tokens);
   const std::string dname = "dense_lora_linear_fwd_bwd_t" + std::to_string(tokens);
-  const bool want_q = qname.find(filter) != std::string::npos;
-  const bool want_d = dname.find(filter) != std::string::npos;
+  const bool want_q = kqlora::bench::wanted(qname, filter);
+  const bool want_d = kqlora::bench::wanted(dname, filter);
   if (!want_q && !want_d) return;
   Exec exec;
   std::mt19937 gen(7);
@@ -241,7 +229,7 @@ void lora_linear_records(int64_t dim, int64_t rank, int64_t tokens, int pairs,
 
 void memcpy_record(int64_t n, int repeats, const std::string& filter, std::vector<Record>& out) {
   const std::string name = "memcpy_" + std::to_string(n) + "x" + std::to_string(n) + "_f32";
-  if (name.find(filter) == std::string::npos) return;
+  if (!kqlora::bench::wanted(name, filter)) return;
   const size_t bytes = static_cast<size_t>(n * n) * sizeof(float);
   std::vector<float> a(n * n, 1.0f), b(n * n, 0.0f);  // touched: no page faults timed
   Record r{name};
@@ -268,6 +256,20 @@ int bench_main(std::vector<std::string>& args) {
     repeats = static_cast<int>(kqlora::parse_integer(v, "--repeats"));
   if (kqlora::app::take_option(args, "--pairs", &v))
     pairs = static_cast<int>(kqlora::parse_integer(v, "--pairs"));
+  std::string llama = "135m", llama_batches_text = "1,4";
+  int64_t llama_seq = 256;
+  kqlora::app::take_option(args, "--llama", &llama);
+  kqlora::app::take_option(args, "--llama-batches", &llama_batches_text);
+  if (kqlora::app::take_option(args, "--llama-seq", &v))
+    llama_seq = kqlora::parse_integer(v, "--llama-seq");
+  KQLORA_INPUT_CHECK(llama_seq >= 2, "--llama-seq must be at least 2");
+  std::vector<int64_t> llama_batches;
+  std::stringstream ls(llama_batches_text);
+  for (std::string s; std::getline(ls, s, ',');) {
+    const long long b = kqlora::parse_integer(s, "--llama-batches");
+    KQLORA_INPUT_CHECK(b > 0, "--llama-batches: " << b << " must be positive");
+    llama_batches.push_back(b);
+  }
   KQLORA_INPUT_CHECK(args.empty(), "unexpected argument '" << args[0] << "' (see --help)");
   KQLORA_INPUT_CHECK(repeats >= 1, "--repeats must be at least 1");
   KQLORA_INPUT_CHECK(pairs >= 1, "--pairs must be at least 1");
@@ -300,6 +302,10 @@ int bench_main(std::vector<std::string>& args) {
     nf4_records<kqlora::bfloat16>(n, repeats, filter, records);
   }
   for (int64_t t : tokens) lora_linear_records(linear_dim, 16, t, pairs, filter, records);
+  std::ostringstream llama_report;
+  if (llama != "none")
+    kqlora::bench::llama_records(kqlora::bench::llama_shape(llama), llama_batches, llama_seq,
+                                 repeats, filter, records, llama_report);
 
   // Columns that do not apply to a record stay empty.
   std::cout << std::left << std::setw(32) << "record" << std::right << std::setw(12) << "median ms"
@@ -334,7 +340,7 @@ int bench_main(std::vector<std::string>& args) {
       std::cout << r.name << " / dense: " << std::fixed << std::setprecision(3) << r.ratio_to_dense
                 << "x (median of " << pairs << " interleaved pair ratios)\n";
   }
-  std::cout << std::defaultfloat;
+  std::cout << std::defaultfloat << llama_report.str();
   if (!json_path.empty()) {
     std::ofstream f(json_path);
     KQLORA_INPUT_CHECK(f.good(), json_path << ": cannot write");

@@ -1,0 +1,188 @@
+#include "bench_llama.hpp"
+
+#include <iomanip>
+#include <ostream>
+#include <random>
+#include <sstream>
+
+#include "kqlora/core/error.hpp"
+#include "kqlora/nn/llama.hpp"
+#include "kqlora/quant/nf4_kernels.hpp"
+
+namespace kqlora::bench {
+
+namespace {
+
+using Exec = Kokkos::DefaultExecutionSpace;
+using Mem = Exec::memory_space;
+constexpr int64_t kRank = 8;
+
+std::string config_json(const LlamaShape& s) {
+  std::ostringstream os;
+  os << "{\"model_type\": \"llama\", \"vocab_size\": " << s.vocab
+     << ", \"hidden_size\": " << s.hidden << ", \"intermediate_size\": " << s.intermediate
+     << ", \"num_hidden_layers\": " << s.layers << ", \"num_attention_heads\": " << s.heads
+     << ", \"num_key_value_heads\": " << s.kv_heads << ", \"rms_norm_eps\": 1e-05"
+     << ", \"rope_theta\": 100000.0, \"tie_word_embeddings\": " << (s.tied ? "true" : "false")
+     << "}";
+  return os.str();
+}
+
+void fill(const Kokkos::View<float*, Mem>& v, float scale, float offset, std::mt19937& gen) {
+  std::normal_distribution<float> dist;
+  auto h = Kokkos::create_mirror_view(v);
+  for (size_t i = 0; i < h.extent(0); ++i) h(i) = offset + scale * dist(gen);
+  Kokkos::deep_copy(v, h);
+}
+
+// Every tensor of the model from the generator: NF4 of N(0, 0.02^2) weights, norms near 1,
+// the embedding N(0, 0.02^2), the adapters small (both non-zero, so every product runs on
+// non-zero data).
+void randomize(Llama<Exec>& model, std::mt19937& gen) {
+  const Exec exec;
+  for (const ParamEntry* e : model.table().of_kind(ParamKind::nf4)) {
+    Kokkos::View<float*, Mem> w("kqlora::bench::w", e->numel());
+    fill(w, 0.02f, 0.0f, gen);
+    model.nf4[e->offset] =
+        nf4_quantize<float>(exec, Kokkos::View<const float*, Mem>(w), e->nf4_layout(), e->name);
+  }
+  for (const ParamEntry* e : model.table().of_kind(ParamKind::dense)) {
+    Kokkos::View<float*, Mem> w("kqlora::bench::dense", e->numel());
+    fill(w, e->shape.size() == 1 ? 0.1f : 0.02f, e->shape.size() == 1 ? 1.0f : 0.0f, gen);
+    model.dense[e->offset] = w;
+  }
+  fill(model.params, 0.02f, 0.0f, gen);
+  model.params_changed();
+}
+
+// Model FLOPs of one step (docs/BENCHMARKS.md): projections and the LM head forward and
+// input gradient (layer 0's q, k, v input gradient skipped: none is computed), the causal
+// attention's useful products forward and backward, the adapters; no frozen weight's
+// gradient, no recomputation, no elementwise work.
+double model_flops(const LlamaArch& a, int64_t n, int64_t S) {
+  const double T = static_cast<double>(n * S), H = a.hidden, Q = a.q_features(),
+               KV = a.kv_features(), I = a.intermediate, L = a.layers, r = kRank;
+  const double qkv = H * (Q + 2 * KV), rest = Q * H + 3 * H * I;  // weights per layer
+  const double projections = 2 * T * (2 * L * (qkv + rest) - qkv);
+  const double head = 2 * T * 2 * a.vocab * H;
+  const double pairs = static_cast<double>(n) * S * (S + 1) / 2.0;  // causal (query, key)
+  const double attention = L * a.heads * 6 * 2 * pairs * a.head_dim;
+  const double lora_io = 2 * (H + Q) + 2 * (H + KV) + (Q + H) + 2 * (H + I) + (I + H);
+  const double lora = L * 2 * T * r * 3 * lora_io;  // 6 rank-r products per adapter
+  return projections + head + attention + lora;
+}
+
+}  // namespace
+
+LlamaShape llama_shape(const std::string& name) {
+  if (name == "135m") return {"135m", 49152, 576, 1536, 30, 9, 3, true};
+  if (name == "tiny") return {"tiny", 512, 64, 128, 2, 4, 2, true};
+  KQLORA_INPUT_CHECK(false, "--llama: unknown shape '" << name << "' (135m or tiny)");
+}
+
+void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches, int64_t seq,
+                   int repeats, const std::string& filter, std::vector<Record>& out,
+                   std::ostream& report) {
+  const std::string prefix = "llama_";
+  if (!wanted(prefix + "fwd_bwd_" + shape.name, filter) && !wanted("llama_", filter)) return;
+  const Exec exec;
+  ModelConfig cfg;
+  cfg.kind = "llama";
+  cfg.arch_text = config_json(shape);
+  cfg.arch_source = "kqlora-bench " + shape.name;
+  cfg.rank = kRank;
+  cfg.lora_b_zeros = true;
+  cfg.loss = LossKind::cross_entropy;
+  Llama<Exec> model(exec, cfg);
+  std::mt19937 gen(5);
+  randomize(model, gen);
+  const LlamaArch& a = model.arch();
+  double peak = 0;
+  for (const auto& r : out)
+    if (r.name == "fma_peak_f32") peak = r.flops / r.median_s;
+
+  for (int64_t n : batches) {
+    const int64_t T = n * seq;
+    const std::string tag = shape.name + "_b" + std::to_string(n) + "_t" + std::to_string(seq);
+    Batch<Mem> b;
+    b.tokens = TokenMatrix<Mem>("kqlora::bench::ids", n, seq);
+    b.labels = TokenMatrix<Mem>("kqlora::bench::labels", n, seq);
+    auto ids = Kokkos::create_mirror_view(b.tokens);
+    std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(a.vocab - 1));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t t = 0; t < seq; ++t) ids(i, t) = tok(gen);
+    Kokkos::deep_copy(b.tokens, ids);
+    Kokkos::deep_copy(b.labels, ids);
+    b.global_bs = n;
+    const double normaliser = static_cast<double>(n * (seq - 1));
+
+    Record step{prefix + "fwd_bwd_" + tag};
+    step.median_s = median_seconds(repeats, [&] { model.forward_backward(b, normaliser, false); });
+    step.flops = model_flops(a, n, seq);
+    step.elements = static_cast<double>(T);
+    step.bytes = 2.0 * static_cast<double>(model.nf4_bytes());  // the base, read twice
+    out.push_back(step);
+
+    // The attention of every layer, forward and backward, on random q, k, v of the shape.
+    Matrix<Mem> q("q", T, a.q_features()), k("k", T, a.kv_features()), v("v", T, a.kv_features());
+    Matrix<Mem> o("o", T, a.q_features()), go("go", T, a.q_features());
+    Matrix<Mem> gq("gq", T, a.q_features()), gk("gk", T, a.kv_features()),
+        gv("gv", T, a.kv_features());
+    Kokkos::View<float*, Mem> lse("lse", n * a.heads * seq);
+    for (const auto& m : {q, k, v, go})
+      fill(Kokkos::View<float*, Mem>(m.data(), m.size()), 1.0f, 0.0f, gen);
+    AttentionWorkspace<Mem> aws;
+    const AttentionShape as{n, seq, a.heads, a.kv_heads, a.head_dim};
+    const RopeTable<Mem> rope(rope_inv_freq(a), seq, false);
+    Record att{prefix + "attention_fwd_bwd_" + tag};
+    att.median_s = median_seconds(repeats, [&] {
+      for (int64_t l = 0; l < a.layers; ++l) {
+        rope_apply(exec, rope, seq, a.head_dim, false, false, q);
+        rope_apply(exec, rope, seq, a.head_dim, false, false, k);
+        causal_attention_forward(exec, as, q, k, v, false, aws, o, lse);
+        causal_attention_backward(exec, as, q, k, v, o, lse, go, false, aws, gq, gk, gv);
+        rope_apply(exec, rope, seq, a.head_dim, true, false, gq);
+        rope_apply(exec, rope, seq, a.head_dim, true, false, gk);
+      }
+    });
+    att.flops = a.layers * a.heads * 6 * 2 * (n * seq * (seq + 1) / 2.0) * a.head_dim;
+    out.push_back(att);
+
+    // The fused LM head and cross-entropy, and its two products alone, on random hidden
+    // states and the tied head.
+    Matrix<Mem> h("h", T, a.hidden), gh("gh", T, a.hidden);
+    fill(Kokkos::View<float*, Mem>(h.data(), h.size()), 1.0f, 0.0f, gen);
+    const ParamEntry& head = model.table().at(a.tied ? "model.embed_tokens.weight" : "lm_head.weight");
+    const Matrix<Mem> W(model.dense[head.offset].data(), a.vocab, a.hidden);
+    CrossEntropyWorkspace<Mem> cws;
+    Record ce{prefix + "cross_entropy_" + tag};
+    ce.median_s = median_seconds(
+        repeats, [&] { lm_head_cross_entropy(exec, h, W, b.labels, normaliser, false, gh, cws); });
+    ce.flops = 2.0 * 2 * T * a.vocab * a.hidden;
+    out.push_back(ce);
+    const int64_t chunk = cws.reserve(T, a.vocab);
+    Record products{prefix + "lm_head_products_" + tag};
+    products.median_s = median_seconds(repeats, [&] {
+      for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+        const auto rows = Kokkos::make_pair(t0, std::min(T, t0 + chunk));
+        const auto lg = Kokkos::subview(cws.logits, Kokkos::make_pair(int64_t(0), rows.second - t0),
+                                        Kokkos::ALL);
+        gemm(exec, "N", "T", 1.0f, Kokkos::subview(h, rows, Kokkos::ALL), W, 0.0f, lg);
+        gemm(exec, "N", "N", 1.0f, lg, W, 0.0f, Kokkos::subview(gh, rows, Kokkos::ALL));
+      }
+    });
+    products.flops = ce.flops;
+    out.push_back(products);
+
+    report << std::fixed << std::setprecision(1) << step.name << ": "
+           << step.flops / step.median_s / 1e9 << " GFLOP/s (model FLOPs)";
+    if (peak > 0) report << ", " << 100 * step.flops / step.median_s / peak << "% of fma_peak_f32";
+    report << "; attention forward + backward " << 100 * att.median_s / step.median_s
+           << "% of the step; cross-entropy without its products "
+           << 100 * (ce.median_s - products.median_s) / step.median_s
+           << "%; LM head products " << 100 * products.median_s / step.median_s << "%\n"
+           << std::defaultfloat;
+  }
+}
+
+}  // namespace kqlora::bench

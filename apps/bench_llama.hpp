@@ -1,0 +1,33 @@
+#pragma once
+// kqlora-bench's Llama records: a whole forward and backward of a QLoRA Llama of a named
+// shape (random weights, all seven projections adapted, rank 8), one thread, and the parts
+// the targets are about (docs/BENCHMARKS.md, "Llama").
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "bench_record.hpp"
+
+namespace kqlora::bench {
+
+struct LlamaShape {
+  std::string name;
+  int64_t vocab = 0, hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0;
+  bool tied = true;
+};
+
+/// "135m" (SmolLM2-135M: hidden 576, intermediate 1536, 30 layers, 9 heads, 3 kv heads,
+/// vocab 49152, tied) or "tiny" (a smoke-test shape); InputError otherwise.
+LlamaShape llama_shape(const std::string& name);
+
+/// For each batch count B, sequences of `seq` tokens: llama_fwd_bwd_<shape>_b<B>_t<seq>
+/// (model FLOPs), and llama_attention_..., llama_cross_entropy_..., llama_lm_head_...
+/// (the attention's forward and backward over every layer; the fused LM head and
+/// cross-entropy; its two products alone). Prints each part's share of the step.
+void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches, int64_t seq,
+                   int repeats, const std::string& filter, std::vector<Record>& out,
+                   std::ostream& report);
+
+}  // namespace kqlora::bench
