@@ -84,7 +84,10 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
                    int repeats, const std::string& filter, std::vector<Record>& out,
                    std::ostream& report) {
   const std::string prefix = "llama_";
-  if (!wanted(prefix + "fwd_bwd_" + shape.name, filter) && !wanted("llama_", filter)) return;
+  const char* kinds[] = {"fwd_bwd_", "attention_fwd_bwd_", "cross_entropy_", "lm_head_products_"};
+  bool any = false;
+  for (const char* k : kinds) any |= wanted(prefix + k + shape.name, filter);
+  if (!any) return;
   const Exec exec;
   ModelConfig cfg;
   cfg.kind = "llama";
@@ -117,11 +120,14 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
     const double normaliser = static_cast<double>(n * (seq - 1));
 
     Record step{prefix + "fwd_bwd_" + tag};
-    step.median_s = median_seconds(repeats, [&] { model.forward_backward(b, normaliser, false); });
-    step.flops = model_flops(a, n, seq);
-    step.elements = static_cast<double>(T);
-    step.bytes = 2.0 * static_cast<double>(model.nf4_bytes());  // the base, read twice
-    out.push_back(step);
+    if (wanted(step.name, filter)) {
+      step.median_s =
+          median_seconds(repeats, [&] { model.forward_backward(b, normaliser, false); });
+      step.flops = model_flops(a, n, seq);
+      step.elements = static_cast<double>(T);
+      step.bytes = 2.0 * static_cast<double>(model.nf4_bytes());  // the base, read twice
+      out.push_back(step);
+    }
 
     // The attention of every layer, forward and backward, on random q, k, v of the shape.
     Matrix<Mem> q("q", T, a.q_features()), k("k", T, a.kv_features()), v("v", T, a.kv_features());
@@ -135,52 +141,59 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
     const AttentionShape as{n, seq, a.heads, a.kv_heads, a.head_dim};
     const RopeTable<Mem> rope(rope_inv_freq(a), seq, false);
     Record att{prefix + "attention_fwd_bwd_" + tag};
-    att.median_s = median_seconds(repeats, [&] {
-      for (int64_t l = 0; l < a.layers; ++l) {
-        rope_apply(exec, rope, seq, a.head_dim, false, false, q);
-        rope_apply(exec, rope, seq, a.head_dim, false, false, k);
-        causal_attention_forward(exec, as, q, k, v, false, aws, o, lse);
-        causal_attention_backward(exec, as, q, k, v, o, lse, go, false, aws, gq, gk, gv);
-        rope_apply(exec, rope, seq, a.head_dim, true, false, gq);
-        rope_apply(exec, rope, seq, a.head_dim, true, false, gk);
-      }
-    });
+    if (wanted(att.name, filter))
+      att.median_s = median_seconds(repeats, [&] {
+        for (int64_t l = 0; l < a.layers; ++l) {
+          rope_apply(exec, rope, seq, a.head_dim, false, false, q);
+          rope_apply(exec, rope, seq, a.head_dim, false, false, k);
+          causal_attention_forward(exec, as, q, k, v, false, aws, o, lse);
+          causal_attention_backward(exec, as, q, k, v, o, lse, go, false, aws, gq, gk, gv);
+          rope_apply(exec, rope, seq, a.head_dim, true, false, gq);
+          rope_apply(exec, rope, seq, a.head_dim, true, false, gk);
+        }
+      });
     att.flops = a.layers * a.heads * 6 * 2 * (n * seq * (seq + 1) / 2.0) * a.head_dim;
-    out.push_back(att);
+    if (att.median_s > 0) out.push_back(att);
 
     // The fused LM head and cross-entropy, and its two products alone, on random hidden
     // states and the tied head.
     Matrix<Mem> h("h", T, a.hidden), gh("gh", T, a.hidden);
     fill(Kokkos::View<float*, Mem>(h.data(), h.size()), 1.0f, 0.0f, gen);
-    const ParamEntry& head = model.table().at(a.tied ? "model.embed_tokens.weight" : "lm_head.weight");
+    const ParamEntry& head =
+        model.table().at(a.tied ? "model.embed_tokens.weight" : "lm_head.weight");
     const Matrix<Mem> W(model.dense[head.offset].data(), a.vocab, a.hidden);
     CrossEntropyWorkspace<Mem> cws;
     Record ce{prefix + "cross_entropy_" + tag};
-    ce.median_s = median_seconds(
-        repeats, [&] { lm_head_cross_entropy(exec, h, W, b.labels, normaliser, false, gh, cws); });
+    if (wanted(ce.name, filter))
+      ce.median_s = median_seconds(repeats, [&] {
+        lm_head_cross_entropy(exec, h, W, b.labels, normaliser, false, gh, cws);
+      });
     ce.flops = 2.0 * 2 * T * a.vocab * a.hidden;
-    out.push_back(ce);
+    if (ce.median_s > 0) out.push_back(ce);
     const int64_t chunk = cws.reserve(T, a.vocab);
     Record products{prefix + "lm_head_products_" + tag};
-    products.median_s = median_seconds(repeats, [&] {
-      for (int64_t t0 = 0; t0 < T; t0 += chunk) {
-        const auto rows = Kokkos::make_pair(t0, std::min(T, t0 + chunk));
-        const auto lg = Kokkos::subview(cws.logits, Kokkos::make_pair(int64_t(0), rows.second - t0),
-                                        Kokkos::ALL);
-        gemm(exec, "N", "T", 1.0f, Kokkos::subview(h, rows, Kokkos::ALL), W, 0.0f, lg);
-        gemm(exec, "N", "N", 1.0f, lg, W, 0.0f, Kokkos::subview(gh, rows, Kokkos::ALL));
-      }
-    });
+    if (wanted(products.name, filter))
+      products.median_s = median_seconds(repeats, [&] {
+        for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+          const auto rows = Kokkos::make_pair(t0, std::min(T, t0 + chunk));
+          const auto lg = Kokkos::subview(
+              cws.logits, Kokkos::make_pair(int64_t(0), rows.second - t0), Kokkos::ALL);
+          gemm(exec, "N", "T", 1.0f, Kokkos::subview(h, rows, Kokkos::ALL), W, 0.0f, lg);
+          gemm(exec, "N", "N", 1.0f, lg, W, 0.0f, Kokkos::subview(gh, rows, Kokkos::ALL));
+        }
+      });
     products.flops = ce.flops;
-    out.push_back(products);
+    if (products.median_s > 0) out.push_back(products);
+    if (step.median_s == 0 || att.median_s == 0 || ce.median_s == 0 || products.median_s == 0)
+      continue;  // (the shares need every part)
 
     report << std::fixed << std::setprecision(1) << step.name << ": "
            << step.flops / step.median_s / 1e9 << " GFLOP/s (model FLOPs)";
     if (peak > 0) report << ", " << 100 * step.flops / step.median_s / peak << "% of fma_peak_f32";
     report << "; attention forward + backward " << 100 * att.median_s / step.median_s
            << "% of the step; cross-entropy without its products "
-           << 100 * (ce.median_s - products.median_s) / step.median_s
-           << "%; LM head products " << 100 * products.median_s / step.median_s << "%\n"
+           << 100 * (ce.median_s - products.median_s) / step.median_s << "%; LM head products "
+           << 100 * products.median_s / step.median_s << "%\n"
            << std::defaultfloat;
   }
 }

@@ -83,19 +83,27 @@ double lm_head_cross_entropy(const ExecSpace& exec, const Matrix<M>& h, const Ma
               Kokkos::TeamThreadRange(team, V),
               [&](int64_t v, float& acc) { acc = lg(r, v) > acc ? lg(r, v) : acc; },
               Kokkos::Max<float>(m));
+          const float target = lg(r, label);
+          team.team_barrier();  // (everyone has read lg(r, label) before it changes)
+          // One exp per logit, kept in place for the gradient.
           Kokkos::parallel_reduce(
               Kokkos::TeamThreadRange(team, V),
-              [&](int64_t v, float& acc) { acc += expf(lg(r, v) - m); }, z);
-          const float target = lg(r, label);
+              [&](int64_t v, float& acc) {
+                const float e = expf(lg(r, v) - m);
+                if (grad) lg(r, v) = e;
+                acc += e;
+              },
+              z);
           Kokkos::single(Kokkos::PerTeam(team), [&] {
             row_loss(t) = static_cast<double>(logf(z)) + static_cast<double>(m) - target;
           });
-          team.team_barrier();  // (everyone has read lg(r, label) before it changes)
-          if (grad)
+          if (grad) {
+            const float scale = inv / z;
             Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V), [&](int64_t v) {
-              const float d = (expf(lg(r, v) - m) / z - (v == label ? 1.0f : 0.0f)) * inv;
+              const float d = lg(r, v) * scale - (v == label ? inv : 0.0f);
               lg(r, v) = bf16 ? round_to_bf16(d) : d;
             });
+          }
         });
     if (grad) {
       const auto g = Kokkos::subview(gh, rows, Kokkos::ALL);
