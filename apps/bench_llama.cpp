@@ -163,27 +163,44 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
         model.table().at(a.tied ? "model.embed_tokens.weight" : "lm_head.weight");
     const Matrix<Mem> W(model.dense[head.offset].data(), a.vocab, a.hidden);
     CrossEntropyWorkspace<Mem> cws;
-    Record ce{prefix + "cross_entropy_" + tag};
-    if (wanted(ce.name, filter))
-      ce.median_s = median_seconds(repeats, [&] {
+    const int64_t chunk = cws.reserve(T, a.vocab);
+    const float inv = static_cast<float>(1.0 / normaliser);
+    auto chunks = [&](auto&& f) {
+      for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+        const int64_t m = std::min(chunk, T - t0);
+        f(t0, Kokkos::make_pair(t0, t0 + m),
+          Kokkos::subview(cws.logits, Kokkos::make_pair(int64_t(0), m), Kokkos::ALL));
+      }
+    };
+    Record fused{prefix + "lm_head_cross_entropy_" + tag};
+    if (wanted(fused.name, filter))
+      fused.median_s = median_seconds(repeats, [&] {
         lm_head_cross_entropy(exec, h, W, b.labels, normaliser, false, gh, cws);
       });
-    ce.flops = 2.0 * 2 * T * a.vocab * a.hidden;
-    if (ce.median_s > 0) out.push_back(ce);
-    const int64_t chunk = cws.reserve(T, a.vocab);
+    fused.flops = 2.0 * 2 * T * a.vocab * a.hidden;
+    if (fused.median_s > 0) out.push_back(fused);
     Record products{prefix + "lm_head_products_" + tag};
     if (wanted(products.name, filter))
       products.median_s = median_seconds(repeats, [&] {
-        for (int64_t t0 = 0; t0 < T; t0 += chunk) {
-          const auto rows = Kokkos::make_pair(t0, std::min(T, t0 + chunk));
-          const auto lg = Kokkos::subview(
-              cws.logits, Kokkos::make_pair(int64_t(0), rows.second - t0), Kokkos::ALL);
+        chunks([&](int64_t, auto rows, auto lg) {
           gemm(exec, "N", "T", 1.0f, Kokkos::subview(h, rows, Kokkos::ALL), W, 0.0f, lg);
           gemm(exec, "N", "N", 1.0f, lg, W, 0.0f, Kokkos::subview(gh, rows, Kokkos::ALL));
-        }
+        });
       });
-    products.flops = ce.flops;
+    products.flops = fused.flops;
     if (products.median_s > 0) out.push_back(products);
+    // The softmax, loss and gradient alone, over logits the products left (each run turns
+    // them into gradients: finite values, the same work).
+    Record ce{prefix + "cross_entropy_" + tag};
+    if (wanted(ce.name, filter))
+      ce.median_s = median_seconds(repeats, [&] {
+        chunks([&](int64_t t0, auto, auto lg) {
+          impl::cross_entropy_rows(exec, lg, b.labels, t0, inv, false, true, cws.row_loss);
+        });
+      });
+    ce.elements = static_cast<double>(T) * a.vocab;
+    ce.bytes = 2.0 * 4 * ce.elements;
+    if (ce.median_s > 0) out.push_back(ce);
     if (step.median_s == 0 || att.median_s == 0 || ce.median_s == 0 || products.median_s == 0)
       continue;  // (the shares need every part)
 
@@ -191,8 +208,8 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
            << step.flops / step.median_s / 1e9 << " GFLOP/s (model FLOPs)";
     if (peak > 0) report << ", " << 100 * step.flops / step.median_s / peak << "% of fma_peak_f32";
     report << "; attention forward + backward " << 100 * att.median_s / step.median_s
-           << "% of the step; cross-entropy without its products "
-           << 100 * (ce.median_s - products.median_s) / step.median_s << "%; LM head products "
+           << "% of the step; cross-entropy (softmax, loss, gradient) "
+           << 100 * ce.median_s / step.median_s << "%; LM head products "
            << 100 * products.median_s / step.median_s << "%\n"
            << std::defaultfloat;
   }

@@ -23,9 +23,10 @@ struct LlamaShape {
 LlamaShape llama_shape(const std::string& name);
 
 /// For each batch count B, sequences of `seq` tokens: llama_fwd_bwd_<shape>_b<B>_t<seq>
-/// (model FLOPs), and llama_attention_..., llama_cross_entropy_..., llama_lm_head_...
-/// (the attention's forward and backward over every layer; the fused LM head and
-/// cross-entropy; its two products alone). Prints each part's share of the step.
+/// (model FLOPs), and llama_attention_fwd_bwd_..., llama_lm_head_cross_entropy_...,
+/// llama_lm_head_products_..., llama_cross_entropy_... (every layer's attention forward
+/// and backward; the fused LM head and cross-entropy; its two products alone; its softmax,
+/// loss and gradient alone). Prints each part's share of the step.
 void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches, int64_t seq,
                    int repeats, const std::string& filter, std::vector<Record>& out,
                    std::ostream& report);

@@ -14,7 +14,8 @@ set(expected fma_peak_f32 gemm_f32_64 memcpy_128x128_f32 nf4_dequant_128x128_f32
              nf4_dequant_128x128_bf16 nf4_quant_128x128_bf16
              qlora_linear_fwd_bwd_t16 dense_lora_linear_fwd_bwd_t16
              llama_fwd_bwd_tiny_b2_t16 llama_attention_fwd_bwd_tiny_b2_t16
-             llama_cross_entropy_tiny_b2_t16 llama_lm_head_products_tiny_b2_t16)
+             llama_cross_entropy_tiny_b2_t16 llama_lm_head_products_tiny_b2_t16
+             llama_lm_head_cross_entropy_tiny_b2_t16)
 set(found)
 math(EXPR last "${n} - 1")
 foreach(i RANGE ${last})

@@ -41,7 +41,9 @@ std::vector<float> host(const kqlora::Matrix<M>& m) {
   return v;
 }
 
-D widen(const std::vector<float>& v) { return D(v.begin(), v.end()); }
+D widen(const std::vector<float>& v) {
+  return D(v.begin(), v.end());
+}
 
 double dot(const D& a, const D& b) {
   double s = 0;
@@ -79,7 +81,7 @@ void expect_close(const std::vector<float>& a, const D& b, double tol, const std
   EXPECT_LE(d, tol * m) << what << ": [" << at << "] " << a[at] << " vs " << b[at];
 }
 
-constexpr int64_t kSeqs = 2, kS = 5, kHeads = 4, kKv = 2, kDim = 6;  // head_dim 6
+constexpr int64_t kSeqs = 2, kS = 66, kHeads = 4, kKv = 2, kDim = 2;  // S: two row blocks
 
 std::vector<float> inv_freq(int64_t head_dim, double theta) {
   std::vector<float> f(static_cast<size_t>(head_dim / 2));
@@ -311,8 +313,8 @@ TYPED_TEST(LlamaOps, EmbeddingGathersRows) {
   for (int64_t t = 0; t < n * S; ++t) hi(t / S, t % S) = static_cast<int32_t>((t * 5) % V);
   Kokkos::deep_copy(ids, hi);
   kqlora::Matrix<M> x("x", n * S, F);
-  kqlora::embedding_forward(TypeParam(),
-                            Kokkos::View<const float*, M>(nf4test::to_device<float, M>(table)), ids, x);
+  kqlora::embedding_forward(
+      TypeParam(), Kokkos::View<const float*, M>(nf4test::to_device<float, M>(table)), ids, x);
   const auto got = host(x);
   for (int64_t t = 0; t < n * S; ++t)
     for (int64_t f = 0; f < F; ++f)

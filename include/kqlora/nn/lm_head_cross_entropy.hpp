@@ -44,14 +44,71 @@ struct CrossEntropyWorkspace {
   }
 };
 
+namespace impl {
+
+/// The cross-entropy of one chunk's logits lg [n, vocab] (tokens t0 .. t0 + n - 1): each
+/// row's loss into row_loss(t), and with `grad` its gradient in place of its logits.
+template <class ExecSpace, class M, class L>
+void cross_entropy_rows(const ExecSpace& exec, const L& lg, const TokenMatrix<M>& labels,
+                        int64_t t0, float inv, bool bf16, bool grad,
+                        const Kokkos::View<double*, M>& row_loss) {
+  using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  const int64_t V = lg.extent(1), S = labels.extent(1);
+  Kokkos::parallel_for(
+      "kqlora::cross_entropy",
+      Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(lg.extent(0)), Kokkos::AUTO),
+      KOKKOS_LAMBDA(const Team& team) {
+        const int64_t r = team.league_rank(), t = t0 + r, p = t % S;
+        const int32_t label = p + 1 < S ? labels(t / S, p + 1) : kIgnoreLabel;
+        if (label == kIgnoreLabel) {
+          Kokkos::single(Kokkos::PerTeam(team), [&] { row_loss(t) = 0.0; });
+          if (grad)
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V),
+                                 [&](int64_t v) { lg(r, v) = 0.0f; });
+          return;
+        }
+        if (bf16)
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V),
+                               [&](int64_t v) { lg(r, v) = round_to_bf16(lg(r, v)); });
+        team.team_barrier();
+        float m = -INFINITY, z = 0.0f;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, V),
+            [&](int64_t v, float& acc) { acc = lg(r, v) > acc ? lg(r, v) : acc; },
+            Kokkos::Max<float>(m));
+        const float target = lg(r, label);
+        team.team_barrier();  // (everyone has read lg(r, label) before it changes)
+        // One exp per logit, kept in place for the gradient.
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, V),
+            [&](int64_t v, float& acc) {
+              const float e = expf(lg(r, v) - m);
+              if (grad) lg(r, v) = e;
+              acc += e;
+            },
+            z);
+        Kokkos::single(Kokkos::PerTeam(team), [&] {
+          row_loss(t) = static_cast<double>(logf(z)) + static_cast<double>(m) - target;
+        });
+        if (grad) {
+          const float scale = inv / z;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V), [&](int64_t v) {
+            const float d = lg(r, v) * scale - (v == label ? inv : 0.0f);
+            lg(r, v) = bf16 ? round_to_bf16(d) : d;
+          });
+        }
+      });
+}
+
+}  // namespace impl
+
 /// Returns the loss sum / normaliser; with `gh` non-empty ([tokens, hidden]) writes the
 /// gradient of that into it.
 template <class ExecSpace, class M>
 double lm_head_cross_entropy(const ExecSpace& exec, const Matrix<M>& h, const Matrix<M>& W,
                              const TokenMatrix<M>& labels, double normaliser, bool bf16,
                              const Matrix<M>& gh, CrossEntropyWorkspace<M>& ws) {
-  using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
-  const int64_t T = h.extent(0), V = W.extent(0), S = labels.extent(1);
+  const int64_t T = h.extent(0), V = W.extent(0);
   const bool grad = gh.data() != nullptr;
   const int64_t chunk = ws.reserve(T, V);
   const float inv = static_cast<float>(1.0 / normaliser);
@@ -61,50 +118,7 @@ double lm_head_cross_entropy(const ExecSpace& exec, const Matrix<M>& h, const Ma
     const auto rows = Kokkos::make_pair(t0, t0 + n);
     const auto lg = Kokkos::subview(ws.logits, Kokkos::make_pair(int64_t(0), n), Kokkos::ALL);
     gemm(exec, "N", "T", 1.0f, Kokkos::subview(h, rows, Kokkos::ALL), W, 0.0f, lg);
-    Kokkos::parallel_for(
-        "kqlora::cross_entropy",
-        Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(n), Kokkos::AUTO),
-        KOKKOS_LAMBDA(const Team& team) {
-          const int64_t r = team.league_rank(), t = t0 + r, p = t % S;
-          const int32_t label = p + 1 < S ? labels(t / S, p + 1) : kIgnoreLabel;
-          if (label == kIgnoreLabel) {
-            Kokkos::single(Kokkos::PerTeam(team), [&] { row_loss(t) = 0.0; });
-            if (grad)
-              Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V),
-                                   [&](int64_t v) { lg(r, v) = 0.0f; });
-            return;
-          }
-          if (bf16)
-            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V),
-                                 [&](int64_t v) { lg(r, v) = round_to_bf16(lg(r, v)); });
-          team.team_barrier();
-          float m = -INFINITY, z = 0.0f;
-          Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(team, V),
-              [&](int64_t v, float& acc) { acc = lg(r, v) > acc ? lg(r, v) : acc; },
-              Kokkos::Max<float>(m));
-          const float target = lg(r, label);
-          team.team_barrier();  // (everyone has read lg(r, label) before it changes)
-          // One exp per logit, kept in place for the gradient.
-          Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(team, V),
-              [&](int64_t v, float& acc) {
-                const float e = expf(lg(r, v) - m);
-                if (grad) lg(r, v) = e;
-                acc += e;
-              },
-              z);
-          Kokkos::single(Kokkos::PerTeam(team), [&] {
-            row_loss(t) = static_cast<double>(logf(z)) + static_cast<double>(m) - target;
-          });
-          if (grad) {
-            const float scale = inv / z;
-            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V), [&](int64_t v) {
-              const float d = lg(r, v) * scale - (v == label ? inv : 0.0f);
-              lg(r, v) = bf16 ? round_to_bf16(d) : d;
-            });
-          }
-        });
+    impl::cross_entropy_rows(exec, lg, labels, t0, inv, bf16, grad, row_loss);
     if (grad) {
       const auto g = Kokkos::subview(gh, rows, Kokkos::ALL);
       gemm(exec, "N", "N", 1.0f, lg, W, 0.0f, g);
