@@ -343,6 +343,45 @@ std::string save_checkpoint(
 
 using Exec = Kokkos::DefaultExecutionSpace;
 template void restore_frozen(Model<Exec>&, const CheckpointReader&);
+
+template <class ExecSpace>
+std::vector<Nf4Tensor<Kokkos::HostSpace>> nf4_snapshot(const Model<ExecSpace>& model) {
+  std::vector<Nf4Tensor<Kokkos::HostSpace>> v;
+  for (const auto& t : model.nf4) v.push_back(nf4_host(t));
+  return v;
+}
+
+template <class ExecSpace>
+void check_same_base(const Model<ExecSpace>& model,
+                     const std::vector<Nf4Tensor<Kokkos::HostSpace>>& before,
+                     const std::string& source, const std::string& checkpoint) {
+  std::vector<std::string> differ;
+  auto same = [](const auto& a, const auto& b) {
+    return a.extent(0) == b.extent(0) &&
+           std::equal(a.data(), a.data() + a.extent(0), b.data());
+  };
+  for (const ParamEntry* e : model.table().of_kind(ParamKind::nf4)) {
+    const auto now = nf4_host(model.nf4[e->offset]);
+    const auto& was = before.at(static_cast<size_t>(e->offset));
+    if (!same(now.quantized_data, was.quantized_data) ||
+        !same(now.quantized_scalers, was.quantized_scalers) ||
+        !same(now.quantization_factor, was.quantization_factor) ||
+        now.scaler_mean != was.scaler_mean)
+      differ.push_back(e->name);
+  }
+  if (differ.empty()) return;
+  std::ostringstream os;
+  for (size_t i = 0; i < differ.size() && i < 3; ++i) os << (i ? ", " : "") << differ[i];
+  if (differ.size() > 3) os << ", ... (" << differ.size() << " in all)";
+  KQLORA_INPUT_CHECK(false, "restart from " << checkpoint << ": the NF4 base quantized from "
+                                            << source << " differs from the checkpoint's: "
+                                            << os.str()
+                                            << " (the model's weights changed since?)");
+}
+
+template std::vector<Nf4Tensor<Kokkos::HostSpace>> nf4_snapshot(const Model<Exec>&);
+template void check_same_base(const Model<Exec>&, const std::vector<Nf4Tensor<Kokkos::HostSpace>>&,
+                              const std::string&, const std::string&);
 template double restore_params(const Model<Exec>&, const CheckpointReader&, int64_t,
                                const Model<Exec>::Vec&);
 template double restore_optimizer(Optimizer<Exec>&, const Model<Exec>&, const CheckpointReader&,

@@ -8,6 +8,7 @@
 #include "kqlora/core/seconds_since.hpp"
 #include "kqlora/io/hdf5_file.hpp"
 #include "kqlora/train/checkpointing.hpp"
+#include "kqlora/train/init.hpp"
 #include "kqlora/train/run_checkpoints.hpp"
 
 namespace kqlora {
@@ -27,7 +28,18 @@ class Hdf5Checkpoints : public RunCheckpoints<ExecSpace> {
     std::ostringstream notes;  // (every rank opens the files; rank 0 speaks)
     reader_ = std::make_unique<CheckpointReader>(load_restart(cfg_, notes));
     if (root_) log_ << notes.str();
+    // A Hugging Face model resumes on the base it was trained on: quantized again from its
+    // files (and the init_file) and compared with the checkpoint's bytes.
+    std::vector<Nf4Tensor<Kokkos::HostSpace>> base;
+    if (!cfg_.hf_model_dir.empty()) {
+      std::ostringstream quiet;
+      initialize_model(ExecSpace(), model, cfg_.init_file, quiet);
+      base = nf4_snapshot(model);
+    }
     restore_frozen(model, *reader_);
+    if (!base.empty())
+      check_same_base(model, base, cfg_.hf_model_dir,
+                      cfg_.restart == "latest" ? cfg_.save_dir : cfg_.restart);
     open_s_ = seconds_since(t);
     set_up_ = Clock::now();
     return reader_->contents().step;

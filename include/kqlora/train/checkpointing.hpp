@@ -26,6 +26,16 @@ CheckpointReader load_restart(const Config& cfg, std::ostream& log);
 template <class ExecSpace>
 void restore_frozen(Model<ExecSpace>& model, const CheckpointReader& c);
 
+/// The model's NF4 tensors, copied to the host (e.g. as quantized from the model's files).
+template <class ExecSpace>
+std::vector<Nf4Tensor<Kokkos::HostSpace>> nf4_snapshot(const Model<ExecSpace>& model);
+/// InputError naming every NF4 tensor whose bytes differ from `before` (a restart whose
+/// model directory or init_file no longer gives the base the checkpoint was trained on).
+template <class ExecSpace>
+void check_same_base(const Model<ExecSpace>& model,
+                     const std::vector<Nf4Tensor<Kokkos::HostSpace>>& before,
+                     const std::string& source, const std::string& checkpoint);
+
 /// Parameters [first, first + dst.extent(0)) of the flat vector (clipped to it) from the
 /// checkpoint into dst, read straight into it where dst is host memory. Returns the
 /// seconds spent placing dst's pages (first touch) before the reading.
