@@ -285,7 +285,8 @@ uint16_t to_half(float f) {
   if (exp <= 0) {  // subnormal
     if (exp < -10) return static_cast<uint16_t>(sign);
     const uint32_t m = mant | 0x800000, shift = static_cast<uint32_t>(14 - exp);
-    return static_cast<uint16_t>(sign | round(m >> shift, m & ((1u << shift) - 1), 1u << (shift - 1)));
+    return static_cast<uint16_t>(sign |
+                                 round(m >> shift, m & ((1u << shift) - 1), 1u << (shift - 1)));
   }
   return static_cast<uint16_t>(
       sign | round((static_cast<uint32_t>(exp) << 10) | (mant >> 13), mant & 0x1fff, 0x1000));
@@ -358,27 +359,23 @@ TEST(LlamaImport, UnsupportedConfigFieldsNameFileFieldAndValue) {
   const std::string ok = read_text(kCases[0].dir + "/config.json");
   EXPECT_NO_THROW(kqlora::parse_llama_config(ok, "c"));
   const std::vector<std::pair<std::pair<std::string, std::string>, std::string>> bad = {
-      {{"model_type", "\"gpt2\""}, "\"gpt2\""},
-      {{"hidden_act", "\"gelu\""}, "\"gelu\""},
-      {{"attention_bias", "true"}, "true"},
-      {{"mlp_bias", "true"}, "true"},
-      {{"num_key_value_heads", "3"}, "3"},
-      {{"head_dim", "7"}, "7"},
-      {{"vocab_size", "\"many\""}, "\"many\""},
-      {{"hidden_size", "0"}, "0"},
-      {{"attention_dropout", "0.1"}, "0.1"},
-      {{"rms_norm_eps", "-1"}, "> 0"},
+      {{"model_type", "\"gpt2\""}, "\"gpt2\""}, {{"hidden_act", "\"gelu\""}, "\"gelu\""},
+      {{"attention_bias", "true"}, "true"},     {{"mlp_bias", "true"}, "true"},
+      {{"num_key_value_heads", "3"}, "3"},      {{"head_dim", "7"}, "7"},
+      {{"vocab_size", "\"many\""}, "\"many\""}, {{"hidden_size", "0"}, "0"},
+      {{"attention_dropout", "0.1"}, "0.1"},    {{"rms_norm_eps", "-1"}, "> 0"},
   };
   for (const auto& [fv, value] : bad)
     expect_config_error(with_field(ok, fv.first, fv.second),
                         {"dir/config.json", "'" + fv.first + "'", value});
   expect_config_error(with_field(ok, "rope_parameters", "{\"rope_type\": \"yarn\", \"factor\": 2}"),
                       {"dir/config.json", "'rope_parameters.rope_type'", "\"yarn\""});
+  expect_config_error(
+      with_field(ok, "rope_parameters", "{\"rope_type\": \"llama3\", \"rope_theta\": 10000.0}"),
+      {"'rope_parameters.factor'", "missing"});
   expect_config_error(with_field(ok, "rope_parameters",
-                                 "{\"rope_type\": \"llama3\", \"rope_theta\": 10000.0}"),
-                      {"'rope_parameters.factor'", "missing"});
-  expect_config_error(with_field(ok, "rope_parameters", "{\"rope_type\": \"default\", "
-                                                        "\"partial_rotary_factor\": 0.5}"),
+                                 "{\"rope_type\": \"default\", "
+                                 "\"partial_rotary_factor\": 0.5}"),
                       {"'rope_parameters.partial_rotary_factor'", "0.5"});
   // The pre-5.0 spelling: rope_theta at the top, rope_scaling with "type".
   std::string old = with_field(ok, "rope_parameters", "null");
@@ -394,9 +391,10 @@ TEST(LlamaImport, UnsupportedConfigFieldsNameFileFieldAndValue) {
   EXPECT_EQ(a.rope_theta, 500000.0);
   EXPECT_EQ(a.original_max_positions, 16);
   // Defaults: kv heads = heads, head_dim = hidden / heads.
-  std::string minimal = "{\"model_type\": \"llama\", \"vocab_size\": 10, \"hidden_size\": 8, "
-                        "\"intermediate_size\": 16, \"num_hidden_layers\": 1, "
-                        "\"num_attention_heads\": 2}";
+  std::string minimal =
+      "{\"model_type\": \"llama\", \"vocab_size\": 10, \"hidden_size\": 8, "
+      "\"intermediate_size\": 16, \"num_hidden_layers\": 1, "
+      "\"num_attention_heads\": 2}";
   const auto m = kqlora::parse_llama_config(minimal, "c");
   EXPECT_EQ(m.kv_heads, 2);
   EXPECT_EQ(m.head_dim, 4);
@@ -446,8 +444,8 @@ TEST(LlamaImport, Bfloat16Float16AndShardedSourcesGiveTheSameWeights) {
       const auto raw = kqlora::safetensors::read_bytes(h, t);
       std::vector<float> v(static_cast<size_t>(t.numel()));
       for (size_t i = 0; i < v.size(); ++i)
-        v[i] = static_cast<float>(kqlora::bfloat16::from_bits(
-            reinterpret_cast<const uint16_t*>(raw.data())[i]));
+        v[i] = static_cast<float>(
+            kqlora::bfloat16::from_bits(reinterpret_cast<const uint16_t*>(raw.data())[i]));
       vals.push_back(std::move(v));
       ts.push_back({t.name, "F32", t.shape, vals.back().data(), vals.back().size() * 4});
     }
@@ -500,7 +498,8 @@ TEST(LlamaImport, MissingOrMisshapenTensorsNameTheFileAndTheTensor) {
   const std::string src = kCases[0].dir + "/model.safetensors";
   const std::string missing = model_copy("missing"), misshapen = model_copy("misshapen");
   rewrite(src, missing + "/model.safetensors", "F32", "model.layers.1.mlp.up_proj.weight");
-  rewrite(src, misshapen + "/model.safetensors", "F32", "", "model.layers.0.self_attn.q_proj.weight");
+  rewrite(src, misshapen + "/model.safetensors", "F32", "",
+          "model.layers.0.self_attn.q_proj.weight");
   auto expect = [](const std::string& dir, const std::vector<std::string>& parts) {
     try {
       load_dir(dir);
@@ -563,18 +562,18 @@ TEST(LlamaData, WrongVocabularyIsRefusedAndEmptyBatchesAreSkipped) {
   write_tokens(dir + "/vocab.h5", ids, labels, rows, S, 50257);
   ids[5] = 96;
   write_tokens(dir + "/id.h5", ids, labels, rows, S, 0);
-  const std::vector<std::string> base = {"model=llama", "hf_model_dir=" + c.dir,
-                                         "lora_rank=4", "block_size=32", "scaler_block_size=32",
-                                         "global_bs=2", "num_steps=3", "lr=1e-2",
-                                         "checkpoint_every=0", "save_dir=" + dir + "/ckpt"};
+  const std::vector<std::string> base = {"model=llama",          "hf_model_dir=" + c.dir,
+                                         "lora_rank=4",          "block_size=32",
+                                         "scaler_block_size=32", "global_bs=2",
+                                         "num_steps=3",          "lr=1e-2",
+                                         "checkpoint_every=0",   "save_dir=" + dir + "/ckpt"};
   auto deck = [&](const std::string& data) {
     auto keys = base;
     keys.push_back("data_file=" + data);
     return kqlora::parse_deck_text("", "t", keys);
   };
-  for (const auto& [file, what] :
-       std::vector<std::pair<std::string, std::string>>{{"vocab.h5", "vocab_size 50257"},
-                                                        {"id.h5", "= 96 is outside"}}) {
+  for (const auto& [file, what] : std::vector<std::pair<std::string, std::string>>{
+           {"vocab.h5", "vocab_size 50257"}, {"id.h5", "= 96 is outside"}}) {
     std::ostringstream log;
     try {
       kqlora::train(deck(dir + "/" + file), log);
@@ -593,4 +592,46 @@ TEST(LlamaData, WrongVocabularyIsRefusedAndEmptyBatchesAreSkipped) {
   EXPECT_TRUE(std::isfinite(s.losses[2]));
   EXPECT_NE(log.str().find("step 2: the global batch has no scored label"), std::string::npos)
       << log.str();
+}
+
+// Block sizes torchao refuses (a partial last scaler block in every projection): the NF4
+// kqlora imports from model.safetensors equals the scalar reference built from docs/NF4.md,
+// byte for byte and in its dequantized values, in float32 and bfloat16.
+#include "nf4_reference.hpp"
+
+TEST(LlamaImport, PartialScalerBlocksMatchTheDocumentedReference) {
+  const auto h = kqlora::safetensors::read_header(kCases[0].dir + "/model.safetensors");
+  for (const auto dtype : {kqlora::DType::float32, kqlora::DType::bfloat16}) {
+    auto cfg = config_of(kCases[0], dtype);
+    cfg.block_size = 16;
+    cfg.scaler_block_size = 40;  // e.g. k_proj: 128 blocks, scaler blocks 40 x 3 + 8
+    kqlora::Llama<Exec> model(Exec(), cfg);
+    std::ostringstream log;
+    kqlora::initialize_model(Exec(), model, "", log);
+    int checked = 0;
+    for (const kqlora::ParamEntry* e : model.table().of_kind(kqlora::ParamKind::nf4)) {
+      const auto raw = kqlora::safetensors::read_bytes(h, *h.find(e->name));
+      std::vector<float> w(reinterpret_cast<const float*>(raw.data()),
+                           reinterpret_cast<const float*>(raw.data()) + e->numel());
+      const bool bf16 = dtype == kqlora::DType::bfloat16;
+      if (bf16)
+        for (auto& x : w) x = kqlora::round_to_bf16(x);
+      ASSERT_NE(e->nf4_layout().num_blocks() % 40, 0) << e->name << ": no partial block";
+      const auto ref = nf4ref::quantize(w, 16, 40, bf16);
+      const auto t = kqlora::nf4_host(model.nf4[e->offset]);
+      ASSERT_EQ(t.quantized_data.extent(0), ref.data.size());
+      for (size_t i = 0; i < ref.data.size(); ++i)
+        ASSERT_EQ(t.quantized_data(i), ref.data[i]) << e->name << " byte " << i;
+      for (size_t i = 0; i < ref.scalers.size(); ++i)
+        ASSERT_EQ(t.quantized_scalers(i), ref.scalers[i]) << e->name << " scaler " << i;
+      EXPECT_EQ(t.scaler_mean, ref.mean) << e->name;
+      Kokkos::View<float*, Mem> deq("deq", e->numel());
+      kqlora::nf4_dequantize<float>(Exec(), model.nf4[e->offset], deq);
+      auto dh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), deq);
+      for (int64_t i = 0; i < e->numel(); ++i)
+        ASSERT_EQ(dh(i), ref.dequantized[i]) << e->name << " value " << i;
+      ++checked;
+    }
+    EXPECT_EQ(checked, 14);
+  }
 }
