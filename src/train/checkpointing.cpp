@@ -239,7 +239,10 @@ template <class ExecSpace>
 double restore_optimizer(Optimizer<ExecSpace>& opt, const Model<ExecSpace>& model,
                          const CheckpointReader& c, int64_t first) {
   double first_touch_s = 0;
-  for (const auto& [state, view] : opt.state()) {
+  for (const auto& entry : opt.state()) {
+    // (named, not a structured binding: the lambda below captures it, C++20 only)
+    const std::string& state = entry.first;
+    const auto& view = entry.second;
     HostDestination<typename Optimizer<ExecSpace>::Vec> out(view, first_touch_s);
     const int64_t n = view.extent(0);
     // (past the last parameter: an FSDP chunk's padding, at zero as a fresh state's)
