@@ -592,6 +592,26 @@ TEST(LlamaData, WrongVocabularyIsRefusedAndEmptyBatchesAreSkipped) {
   EXPECT_TRUE(std::isfinite(s.losses[2]));
   EXPECT_NE(log.str().find("step 2: the global batch has no scored label"), std::string::npos)
       << log.str();
+  // No update: after the skipped step the adapters and Adam's moments are step 1's.
+  auto keys = base;
+  keys.push_back("data_file=" + dir + "/ok.h5");
+  keys.push_back("checkpoint_every=1");
+  keys.push_back("num_steps=2");
+  keys.push_back("save_dir=" + dir + "/every");
+  std::ostringstream log2;
+  kqlora::train(kqlora::parse_deck_text("", "t", keys), log2);
+  auto one = kqlora::h5::open_file(dir + "/every/step-00000001/rank-00000.h5");
+  auto two = kqlora::h5::open_file(dir + "/every/step-00000002/rank-00000.h5");
+  int compared = 0;
+  for (const std::string group : {"params", "optimizer"}) {
+    auto g1 = kqlora::h5::open_group(one, group), g2 = kqlora::h5::open_group(two, group);
+    for (const auto& name : kqlora::h5::list_datasets(g1)) {
+      if (name.find("lora_") == std::string::npos) continue;
+      EXPECT_EQ(read_doubles(g1, name), read_doubles(g2, name)) << group << "/" << name;
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 3 * 28);  // 28 adapter tensors, each with two moments
 }
 
 // Block sizes torchao refuses (a partial last scaler block in every projection): the NF4
