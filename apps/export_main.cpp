@@ -14,8 +14,8 @@
 
 #include "app_main.hpp"
 #include "kqlora/core/blas.hpp"
-#include "kqlora/io/checkpoint.hpp"
 #include "kqlora/core/json.hpp"
+#include "kqlora/io/checkpoint.hpp"
 #include "kqlora/io/safetensors.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
 

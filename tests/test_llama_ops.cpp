@@ -16,30 +16,15 @@
 #include "kqlora/nn/rotary.hpp"
 #include "kqlora/nn/swiglu.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
+#include "matrix_util.hpp"
 #include "nf4_test_util.hpp"
 
 namespace {
 
 using D = std::vector<double>;
 
-template <class M>
-kqlora::Matrix<M> matrix(const std::vector<float>& v, int64_t rows, int64_t cols) {
-  kqlora::Matrix<M> m("m", rows, cols);
-  auto h = Kokkos::create_mirror_view(m);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) h(r, c) = v[r * cols + c];
-  Kokkos::deep_copy(m, h);
-  return m;
-}
-
-template <class M>
-std::vector<float> host(const kqlora::Matrix<M>& m) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m);
-  std::vector<float> v(h.extent(0) * h.extent(1));
-  for (size_t r = 0; r < h.extent(0); ++r)
-    for (size_t c = 0; c < h.extent(1); ++c) v[r * h.extent(1) + c] = h(r, c);
-  return v;
-}
+using kqlora_test::host;
+using kqlora_test::matrix;
 
 D widen(const std::vector<float>& v) {
   return D(v.begin(), v.end());

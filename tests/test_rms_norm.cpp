@@ -7,19 +7,12 @@
 
 #include "exec_spaces.hpp"
 #include "kqlora/nn/rms_norm.hpp"
+#include "matrix_util.hpp"
 #include "nf4_test_util.hpp"
 
 namespace {
 
-template <class M>
-kqlora::Matrix<M> matrix(const std::vector<float>& v, int64_t rows, int64_t cols) {
-  kqlora::Matrix<M> m("m", rows, cols);
-  auto h = Kokkos::create_mirror_view(m);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) h(r, c) = v[r * cols + c];
-  Kokkos::deep_copy(m, h);
-  return m;
-}
+using kqlora_test::matrix;
 
 // y of one row in float64.
 std::vector<double> reference(const std::vector<double>& x, const std::vector<float>& w,

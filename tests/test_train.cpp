@@ -11,8 +11,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "kqlora/io/hdf5_file.hpp"
 #include "kqlora/core/json.hpp"
+#include "kqlora/io/hdf5_file.hpp"
 
 namespace {
 

@@ -6,9 +6,9 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "kqlora/core/json.hpp"
 #include "kqlora/io/checkpoint.hpp"
 #include "kqlora/io/hdf5_params.hpp"
-#include "kqlora/core/json.hpp"
 #include "kqlora/io/safetensors.hpp"
 #include "nf4_test_util.hpp"
 

@@ -159,7 +159,6 @@ Llama<ExecSpace>::Llama(const ExecSpace& exec, const ModelConfig& cfg, bool zero
   embed_ = &t.at("model.embed_tokens.weight");
   norm_ = &t.at("model.norm.weight");
   head_ = arch_.tied ? embed_ : &t.at("lm_head.weight");
-  compute_ = cfg.bf16() ? Vec("kqlora::Llama::params_bf16", this->num_params()) : this->params;
   cache_.resize(static_cast<size_t>(arch_.layers));
   ws_.between_panels = [this] {
     if (this->progress_) this->progress_();
@@ -173,24 +172,6 @@ InputSpec Llama<ExecSpace>::input() const {
   s.seq_len = 0;  // any: the data file's
   s.vocab = arch_.vocab;
   return s;
-}
-
-template <class ExecSpace>
-void Llama<ExecSpace>::use_buffers(const Vec& new_params, const Vec& new_grads) {
-  const bool same = compute_.data() == this->params.data();
-  Model<ExecSpace>::use_buffers(new_params, new_grads);
-  if (same) compute_ = this->params;
-}
-
-template <class ExecSpace>
-void Llama<ExecSpace>::params_changed() {
-  if (!this->cfg_.bf16()) return;
-  auto src = this->params;
-  auto dst = compute_;
-  Kokkos::parallel_for(
-      "kqlora::Llama::round_params",
-      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(this->exec_, 0, src.extent(0)),
-      KOKKOS_LAMBDA(int64_t i) { dst(i) = round_to_bf16(src(i)); });
 }
 
 template <class ExecSpace>
@@ -262,8 +243,8 @@ template <class ExecSpace>
 auto Llama<ExecSpace>::adapter(int l, int p) const -> LoraAdapterViews<Mem> {
   const Block& b = blocks_[l];
   LoraAdapterViews<Mem> v;
-  v.a = this->matrix(compute_, *b.a[p]);
-  v.b = this->matrix(compute_, *b.b[p]);
+  v.a = this->matrix(this->compute_, *b.a[p]);
+  v.b = this->matrix(this->compute_, *b.b[p]);
   v.ga = this->matrix(this->grads, *b.a[p]);
   v.gb = this->matrix(this->grads, *b.b[p]);
   v.scale = this->cfg_.scale();

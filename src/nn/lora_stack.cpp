@@ -53,7 +53,6 @@ LoraStack<ExecSpace>::LoraStack(const ExecSpace& exec, const ModelConfig& cfg, b
     layers_.push_back({&t.at(p + "lora_a.weight"), &t.at(p + "lora_b.weight"),
                        cfg.bias ? &t.at(p + "bias") : nullptr, &t.at(p + "weight")});
   }
-  compute_ = cfg.bf16() ? Vec("kqlora::LoraStack::params_bf16", this->num_params()) : this->params;
   cache_.resize(cfg.num_layers);
   ws_.between_panels = [this] {
     if (this->progress_) this->progress_();
@@ -66,24 +65,6 @@ InputSpec LoraStack<ExecSpace>::input() const {
   s.features = this->cfg_.dim;
   s.target_features = this->cfg_.loss == LossKind::mse ? this->cfg_.dim : 0;
   return s;
-}
-
-template <class ExecSpace>
-void LoraStack<ExecSpace>::use_buffers(const Vec& new_params, const Vec& new_grads) {
-  const bool same = compute_.data() == this->params.data();
-  Model<ExecSpace>::use_buffers(new_params, new_grads);
-  if (same) compute_ = this->params;  // float32: forward and backward read the masters
-}
-
-template <class ExecSpace>
-void LoraStack<ExecSpace>::params_changed() {
-  if (!this->cfg_.bf16()) return;
-  auto src = this->params;
-  auto dst = compute_;
-  Kokkos::parallel_for(
-      "kqlora::LoraStack::round_params",
-      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(this->exec_, 0, src.extent(0)),
-      KOKKOS_LAMBDA(int64_t i) { dst(i) = round_to_bf16(src(i)); });
 }
 
 template <class ExecSpace>
@@ -165,20 +146,21 @@ auto LoraStack<ExecSpace>::forward(const Matrix<Mem>& x, int64_t step, int64_t f
     } else {
       c.xd = c.x;
     }
-    gemm(exec, "N", "T", 1.0f, c.xd, this->matrix(compute_, *P.a), 0.0f, c.h);  // h = x_d A^T
+    gemm(exec, "N", "T", 1.0f, c.xd, this->matrix(this->compute_, *P.a), 0.0f, c.h);  // h = x_d A^T
     if (bf16) round_bf16(exec, c.h);
     this->acquire(P.weight->group);
     linear_nf4_forward(exec, base(l), c.x, c.z, ws_);  // z = x W^T
     this->release(P.weight->group);
     if (bf16) round_bf16(exec, c.z);
     if (P.bias)
-      add_bias(exec, Kokkos::View<const float*, Mem>(this->vector(compute_, *P.bias)), bf16, c.z);
+      add_bias(exec, Kokkos::View<const float*, Mem>(this->vector(this->compute_, *P.bias)), bf16,
+               c.z);
     if (bf16) {  // PyTorch: out + lora_b(h) * scaling, each rounded
-      gemm(exec, "N", "T", 1.0f, c.h, this->matrix(compute_, *P.b), 0.0f, tmp_);
+      gemm(exec, "N", "T", 1.0f, c.h, this->matrix(this->compute_, *P.b), 0.0f, tmp_);
       round_bf16(exec, tmp_);
       add_scaled_bf16(exec, s, tmp_, c.z);
     } else {
-      gemm(exec, "N", "T", s, c.h, this->matrix(compute_, *P.b), 1.0f, c.z);  // z += s h B^T
+      gemm(exec, "N", "T", s, c.h, this->matrix(this->compute_, *P.b), 1.0f, c.z);  // z += s h B^T
     }
     if (l + 1 < L) {
       if (cfg.activation == Activation::none) {
@@ -208,7 +190,7 @@ void LoraStack<ExecSpace>::backward(const Matrix<Mem>& gy, bool accumulate) {
       activation_backward(exec, cfg.activation, bf16, c.z, g);
     gemm(exec, "T", "N", s, g, c.h, beta, this->matrix(grads, *P.b));  // dB += s g^T h
     if (P.bias) accumulate_bias_grad(exec, g, this->vector(grads, *P.bias), accumulate);
-    gemm(exec, "N", "N", s, g, this->matrix(compute_, *P.b), 0.0f, gh_);  // gh = s g B
+    gemm(exec, "N", "N", s, g, this->matrix(this->compute_, *P.b), 0.0f, gh_);  // gh = s g B
     if (bf16) round_bf16(exec, gh_);
     gemm(exec, "T", "N", 1.0f, gh_, c.xd, beta, this->matrix(grads, *P.a));  // dA += gh^T x_d
     this->group_done(P.a->group);
@@ -219,11 +201,11 @@ void LoraStack<ExecSpace>::backward(const Matrix<Mem>& gy, bool accumulate) {
     linear_nf4_backward(exec, base(l), g, gx, ws_);  // gx = g W
     this->release(P.weight->group);
     if (dropout_on_) {
-      gemm(exec, "N", "N", 1.0f, gh_, this->matrix(compute_, *P.a), 0.0f, tmp_);  // gh A
+      gemm(exec, "N", "N", 1.0f, gh_, this->matrix(this->compute_, *P.a), 0.0f, tmp_);  // gh A
       if (bf16) round_bf16(exec, tmp_);
       dropout_apply(exec, dropout_key(l), false, tmp_, gx, 1.0f);
     } else {
-      gemm(exec, "N", "N", 1.0f, gh_, this->matrix(compute_, *P.a), 1.0f, gx);  // gx += gh A
+      gemm(exec, "N", "N", 1.0f, gh_, this->matrix(this->compute_, *P.a), 1.0f, gx);  // gx += gh A
     }
     if (bf16) round_bf16(exec, gx);
     g = gx;

@@ -1,5 +1,6 @@
 #include "kqlora/nn/model.hpp"
 
+#include "kqlora/core/bfloat16.hpp"
 #include "kqlora/core/kokkos_compat.hpp"
 
 namespace kqlora {
@@ -15,6 +16,7 @@ Model<ExecSpace>::Model(const ExecSpace& exec, const ModelConfig& cfg, ParamTabl
   };
   params = alloc("kqlora::Model::params");
   grads = alloc("kqlora::Model::grads");
+  compute_ = cfg.bf16() ? alloc("kqlora::Model::params_bf16") : params;
   nf4.resize(static_cast<size_t>(table_.count(ParamKind::nf4)));
   dense.resize(static_cast<size_t>(table_.count(ParamKind::dense)));
 }
@@ -23,8 +25,21 @@ template <class ExecSpace>
 void Model<ExecSpace>::use_buffers(const Vec& new_params, const Vec& new_grads) {
   KQLORA_CHECK(new_params.extent(0) == params.extent(0) && new_grads.extent(0) == grads.extent(0),
                "Model::use_buffers: buffers of the wrong size");
+  const bool same = compute_.data() == params.data();
   params = new_params;
   grads = new_grads;
+  if (same) compute_ = params;  // float32: the products read the masters
+}
+
+template <class ExecSpace>
+void Model<ExecSpace>::params_changed() {
+  if (!cfg_.bf16()) return;
+  auto src = params;
+  auto dst = compute_;
+  Kokkos::parallel_for(
+      "kqlora::Model::round_params",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec_, 0, src.extent(0)),
+      KOKKOS_LAMBDA(int64_t i) { dst(i) = round_to_bf16(src(i)); });
 }
 
 template <class ExecSpace>

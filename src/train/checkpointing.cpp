@@ -360,8 +360,7 @@ void check_same_base(const Model<ExecSpace>& model,
                      const std::string& source, const std::string& checkpoint) {
   std::vector<std::string> differ;
   auto same = [](const auto& a, const auto& b) {
-    return a.extent(0) == b.extent(0) &&
-           std::equal(a.data(), a.data() + a.extent(0), b.data());
+    return a.extent(0) == b.extent(0) && std::equal(a.data(), a.data() + a.extent(0), b.data());
   };
   for (const ParamEntry* e : model.table().of_kind(ParamKind::nf4)) {
     const auto now = nf4_host(model.nf4[e->offset]);
@@ -378,8 +377,7 @@ void check_same_base(const Model<ExecSpace>& model,
   if (differ.size() > 3) os << ", ... (" << differ.size() << " in all)";
   KQLORA_INPUT_CHECK(false, "restart from " << checkpoint << ": the NF4 base quantized from "
                                             << source << " differs from the checkpoint's: "
-                                            << os.str()
-                                            << " (the model's weights changed since?)");
+                                            << os.str() << " (the model's weights changed since?)");
 }
 
 template std::vector<Nf4Tensor<Kokkos::HostSpace>> nf4_snapshot(const Model<Exec>&);

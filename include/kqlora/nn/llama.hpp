@@ -54,8 +54,6 @@ class Llama : public Model<ExecSpace> {
   Llama(const ExecSpace& exec, const ModelConfig& cfg, bool zeroed = true);
 
   InputSpec input() const override;
-  void use_buffers(const Vec& new_params, const Vec& new_grads) override;
-  void params_changed() override;
   double forward_backward(const Batch<Mem>& batch, double normaliser, bool accumulate) override;
   double loss(const Batch<Mem>& batch, double normaliser) override;
 
@@ -84,7 +82,6 @@ class Llama : public Model<ExecSpace> {
   std::vector<Block> blocks_;
   std::vector<BlockCache> cache_;
   const ParamEntry *embed_ = nullptr, *norm_ = nullptr, *head_ = nullptr;
-  Vec compute_;  // what forward/backward read: params, or their bfloat16 rounding
   RopeTable<Mem> rope_;
   Matrix<Mem> x_out_, nf_, g_, gtmp_, gn_, gatt_, gq_, gk_, gv_, gact_, ggate_, gup_, proj_out_;
   Kokkos::View<float*, Mem> invf_;

@@ -36,8 +36,6 @@ class LoraStack : public Model<ExecSpace> {
   LoraStack(const ExecSpace& exec, const ModelConfig& cfg, bool zeroed = true);
 
   InputSpec input() const override;
-  void use_buffers(const Vec& new_params, const Vec& new_grads) override;
-  void params_changed() override;
   double forward_backward(const Batch<Mem>& batch, double normaliser, bool accumulate) override;
   double loss(const Batch<Mem>& batch, double normaliser) override;
 
@@ -58,7 +56,6 @@ class LoraStack : public Model<ExecSpace> {
   };
 
   std::vector<Layer> layers_;
-  Vec compute_;  // what forward/backward read: params, or their bfloat16 rounding
   std::vector<LayerCache> cache_;
   std::vector<Vec> buffers_;         // owned activation and scratch buffers (ensure_tokens)
   Matrix<Mem> tmp_, g_a_, gh_, gy_;  // scratch [T, dim] x3 and [T, rank]

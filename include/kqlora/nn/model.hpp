@@ -45,8 +45,9 @@ class Model {
   /// Moves the master weights and gradients into caller-owned buffers of num_params()
   /// floats (e.g. memory the ranks of a node share) that the caller has filled.
   virtual void use_buffers(const Vec& new_params, const Vec& new_grads);
-  /// Call after the master weights change (optimizer step, loading).
-  virtual void params_changed() {}
+  /// Call after the master weights change (optimizer step, loading): with dtype bfloat16,
+  /// refreshes their rounded copy (compute_).
+  virtual void params_changed();
 
   /// This batch's share of the loss (summed, divided by `normaliser`), with the gradients
   /// added into `grads` -- or written, `accumulate` false: a step's first micro-batch.
@@ -70,6 +71,9 @@ class Model {
   ExecSpace exec_;
   ModelConfig cfg_;
   ParamTable table_;
+  /// The trainable weights the forward and backward read: the masters themselves, or with
+  /// dtype bfloat16 their bfloat16 rounding (as PyTorch's bfloat16 modules hold them).
+  Vec compute_;
   std::function<void(int)> group_done_, acquire_, release_;
   std::function<void()> progress_;
 
