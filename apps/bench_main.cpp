@@ -240,6 +240,18 @@ void memcpy_record(int64_t n, int repeats, const std::string& filter, std::vecto
   out.push_back(r);
 }
 
+/// A comma-separated list of positive integers (an option's value).
+std::vector<int64_t> positive_list(const std::string& text, const char* option) {
+  std::vector<int64_t> v;
+  std::stringstream ss(text);
+  for (std::string s; std::getline(ss, s, ',');) {
+    const long long x = kqlora::parse_integer(s, option);
+    KQLORA_INPUT_CHECK(x > 0, option << ": " << x << " must be positive");
+    v.push_back(x);
+  }
+  return v;
+}
+
 int bench_main(std::vector<std::string>& args) {
   std::string json_path, filter, sizes_text = "4096,8192", tokens_text = "256,2048", v;
   int repeats = 7;
@@ -264,32 +276,16 @@ int bench_main(std::vector<std::string>& args) {
   if (kqlora::app::take_option(args, "--llama-seq", &v))
     llama_seq = kqlora::parse_integer(v, "--llama-seq");
   KQLORA_INPUT_CHECK(llama_seq >= 2, "--llama-seq must be at least 2");
-  std::vector<int64_t> llama_batches;
-  std::stringstream ls(llama_batches_text);
-  for (std::string s; std::getline(ls, s, ',');) {
-    const long long b = kqlora::parse_integer(s, "--llama-batches");
-    KQLORA_INPUT_CHECK(b > 0, "--llama-batches: " << b << " must be positive");
-    llama_batches.push_back(b);
-  }
+  const auto llama_batches = positive_list(llama_batches_text, "--llama-batches");
   KQLORA_INPUT_CHECK(args.empty(), "unexpected argument '" << args[0] << "' (see --help)");
   KQLORA_INPUT_CHECK(repeats >= 1, "--repeats must be at least 1");
   KQLORA_INPUT_CHECK(pairs >= 1, "--pairs must be at least 1");
   KQLORA_INPUT_CHECK(gemm_size >= 1, "--gemm-size must be at least 1");
-  std::vector<int64_t> sizes;
-  std::stringstream ss(sizes_text);
-  for (std::string s; std::getline(ss, s, ',');) {
-    const long long n = kqlora::parse_integer(s, "--sizes");
-    KQLORA_INPUT_CHECK(n > 0 && (n * n) % 16384 == 0,
+  const auto sizes = positive_list(sizes_text, "--sizes");
+  for (int64_t n : sizes)
+    KQLORA_INPUT_CHECK((n * n) % 16384 == 0,
                        "--sizes: " << n << " x " << n << " is not a multiple of 16384 elements");
-    sizes.push_back(n);
-  }
-  std::vector<int64_t> tokens;
-  std::stringstream ts(tokens_text);
-  for (std::string s; std::getline(ts, s, ',');) {
-    const long long t = kqlora::parse_integer(s, "--tokens");
-    KQLORA_INPUT_CHECK(t > 0, "--tokens: " << t << " must be positive");
-    tokens.push_back(t);
-  }
+  const auto tokens = positive_list(tokens_text, "--tokens");
   KQLORA_INPUT_CHECK(linear_dim > 0 && (linear_dim * linear_dim) % 64 == 0,
                      "--linear-dim " << linear_dim << ": dim*dim must be a multiple of 64");
 

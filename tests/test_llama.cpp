@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "h5_test_util.hpp"
 #include "kqlora/io/hdf5_file.hpp"
 #include "kqlora/nn/llama.hpp"
 #include "kqlora/train/init.hpp"
@@ -54,14 +55,7 @@ kqlora::ModelConfig config_of(const Case& c, kqlora::DType dtype = kqlora::DType
   return m;
 }
 
-std::vector<double> read_doubles(hid_t f, const std::string& name) {
-  const auto d = kqlora::h5::dataset_dims(f, name, name);
-  int64_t n = 1;
-  for (auto x : d) n *= x;
-  std::vector<double> v(static_cast<size_t>(n));
-  kqlora::h5::read_dataset(f, name, H5T_NATIVE_DOUBLE, n, v.data(), name);
-  return v;
-}
+using kqlora_test::read_doubles;
 
 struct Data {
   kqlora::Batch<Mem> batch;

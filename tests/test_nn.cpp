@@ -9,6 +9,7 @@
 #include "kqlora/nn/linear_nf4.hpp"
 #include "kqlora/nn/lora_stack.hpp"
 #include "kqlora/nn/loss.hpp"
+#include "matrix_util.hpp"
 #include "nf4_test_util.hpp"
 
 using namespace nf4test;
@@ -26,12 +27,7 @@ std::vector<double> dequantized(const HostNf4& t) {
 
 template <class M = Mem>
 Matrix<M> to_matrix(const std::vector<float>& rowmajor, int64_t rows, int64_t cols) {
-  Matrix<M> m("m", rows, cols);
-  auto h = Kokkos::create_mirror_view(m);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) h(r, c) = rowmajor[r * cols + c];
-  Kokkos::deep_copy(m, h);
-  return m;
+  return kqlora_test::matrix<M>(rowmajor, rows, cols);
 }
 
 template <class M>

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "h5_test_util.hpp"
 #include "kqlora/core/json.hpp"
 #include "kqlora/io/hdf5_file.hpp"
 
@@ -50,14 +51,7 @@ std::vector<Case> read_cases(std::vector<std::string>* common) {
   return cases;
 }
 
-std::vector<double> read_doubles(hid_t loc, const std::string& name, const std::string& file) {
-  const auto dims = kqlora::h5::dataset_dims(loc, name, file);
-  int64_t n = 1;
-  for (auto d : dims) n *= d;
-  std::vector<double> v(static_cast<size_t>(n));
-  kqlora::h5::read_dataset(loc, name, H5T_NATIVE_DOUBLE, n, v.data(), file);
-  return v;
-}
+using kqlora_test::read_doubles;
 
 std::vector<double> metrics_losses(const std::string& path) {
   std::ifstream f(path);
