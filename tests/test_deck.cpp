@@ -90,6 +90,7 @@ TEST(Deck, EveryErrorNamesFileAndLine) {
                "deck.in:2: momentum applies to optimizer = sgd");
   expect_error("optimizer = sgd\nbetas = 0.9, 0.99\n", "deck.in:2: betas apply to adam and adamw");
   expect_error("eval_every = 5\n", "deck.in:1: eval_every 5 needs an eval_file");
+  expect_error("shuffle = true\n", "deck.in:1: shuffle = true needs a data_file");
   expect_error("init_file = /no/such/file.h5\n",
                "deck.in:1: init_file: cannot read '/no/such/file.h5'");
   expect_error("data_file = /no/such/data.h5\n", "deck.in:1: data_file: cannot read");
@@ -101,7 +102,7 @@ TEST(Deck, EveryErrorNamesFileAndLine) {
 TEST(Deck, EveryKeyIsDocumentedInTheEcho) {
   const std::string text = parse_deck_text("", "d", {}).to_deck_text();
   for (const auto& k : kqlora::deck_keys()) EXPECT_NE(text.find(k + " = "), std::string::npos) << k;
-  EXPECT_EQ(kqlora::deck_keys().size(), 47u);  // the keys kqlora-train --help lists
+  EXPECT_EQ(kqlora::deck_keys().size(), 48u);  // the keys kqlora-train --help lists
 }
 
 TEST(TrainApp, BadDeckExitsTwoAndWritesNothing) {

@@ -37,3 +37,29 @@ TEST(Json, QuoteRoundTrips) {
   const std::string s = "a\"b\\c\n\x01";
   EXPECT_EQ(parse(kqlora::json::quote(s), "t").string, s);
 }
+
+// write: the text parses back to the same values in the same order (numbers bit for bit,
+// integers as integers), and a float literal stays a float literal.
+TEST(Json, WriteRoundTrips) {
+  const std::string text =
+      R"({"b": [1, -2.5, 9.999999747378752e-06, 1e300, 0.1], "a": {"x": null, "y": true,)"
+      R"( "z": "q\"\\\n\u00e9"}, "c": [], "d": {}, "e": 100000.0, "f": -9007199254740993})";
+  const auto v = kqlora::json::parse(text, "t");
+  const std::string out = kqlora::json::write(v);
+  const auto w = kqlora::json::parse(out, "out");
+  ASSERT_EQ(w.object.size(), 6u);
+  EXPECT_EQ(w.object[0].first, "b");
+  EXPECT_EQ(w.object[1].first, "a");
+  for (size_t i = 0; i < 5; ++i)
+    EXPECT_EQ(w.object[0].second.array[i].number, v.object[0].second.array[i].number) << i;
+  EXPECT_TRUE(w.object[0].second.array[0].is_integer);
+  EXPECT_EQ(w.object[1].second.find("z")->string, "q\"\\\n\xc3\xa9");
+  EXPECT_EQ(w.object[1].second.find("x")->kind, kqlora::json::Value::Kind::null);
+  EXPECT_TRUE(w.object[1].second.find("y")->boolean);
+  EXPECT_TRUE(w.find("c")->array.empty());
+  EXPECT_TRUE(w.find("d")->object.empty());
+  EXPECT_FALSE(w.find("e")->is_integer);
+  EXPECT_EQ(w.find("e")->number, 100000.0);
+  EXPECT_EQ(w.find("f")->integer, -9007199254740993LL);
+  EXPECT_EQ(kqlora::json::write(w), out);
+}

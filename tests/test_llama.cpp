@@ -6,6 +6,7 @@
 // tensor: max |diff| <= tol * max |ref|.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -13,6 +14,7 @@
 #include "h5_test_util.hpp"
 #include "kqlora/io/hdf5_file.hpp"
 #include "kqlora/nn/llama.hpp"
+#include "kqlora/train/data.hpp"
 #include "kqlora/train/init.hpp"
 
 namespace {
@@ -648,4 +650,144 @@ TEST(LlamaImport, PartialScalerBlocksMatchTheDocumentedReference) {
     }
     EXPECT_EQ(checked, 14);
   }
+}
+
+namespace {
+std::vector<double> eval_losses_of(const std::string& metrics) {
+  std::ifstream f(metrics);
+  std::vector<double> out;
+  for (std::string line; std::getline(f, line);) {
+    const auto at = line.find("\"eval_loss\": ");
+    if (at != std::string::npos) out.push_back(std::stod(line.substr(at + 13)));
+  }
+  return out;
+}
+
+/// Rows `order` of a case's data.h5, each followed by `pad` more positions (id 0, label
+/// -100), as the token file `path`.
+void write_rows(const Case& c, const std::vector<int>& order, int64_t pad,
+                const std::string& path) {
+  auto f = kqlora::h5::open_file(c.dir + "/data.h5");
+  const auto d = kqlora::h5::dataset_dims(f, "input_ids", c.dir);
+  std::vector<int32_t> ids(d[0] * d[1]), labels(ids.size());
+  kqlora::h5::read_dataset(f, "input_ids", H5T_NATIVE_INT32, ids.size(), ids.data(), c.dir);
+  kqlora::h5::read_dataset(f, "labels", H5T_NATIVE_INT32, ids.size(), labels.data(), c.dir);
+  const int64_t S = d[1] + pad, rows = static_cast<int64_t>(order.size());
+  std::vector<int32_t> out_ids(rows * S, 0), out_labels(rows * S, kqlora::kIgnoreLabel);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t t = 0; t < d[1]; ++t) {
+      out_ids[r * S + t] = ids[order[r] * d[1] + t];
+      out_labels[r * S + t] = labels[order[r] * d[1] + t];
+    }
+  write_tokens(path, out_ids, out_labels, rows, S, 0);
+}
+
+/// The loss of reference.h5's logits over rows `order` (float64): the cross-entropy sum
+/// over every scored label divided by their count.
+double reference_loss(const Case& c, const std::vector<int>& order) {
+  const Data d = read_data(c.dir);
+  auto ref = kqlora::h5::open_file(c.dir + "/reference.h5");
+  const auto logits = read_doubles(ref, "logits");
+  const int64_t V = static_cast<int64_t>(logits.size()) / (d.n * d.S);
+  double sum = 0, count = 0;
+  for (int r : order)
+    for (int64_t t = 0; t + 1 < d.S; ++t) {
+      const int32_t y = d.labels[r * d.S + t + 1];
+      if (y == kqlora::kIgnoreLabel) continue;
+      const double* z = logits.data() + (r * d.S + t) * V;
+      double m = z[0], e = 0;
+      for (int64_t v = 1; v < V; ++v) m = std::max(m, z[v]);
+      for (int64_t v = 0; v < V; ++v) e += std::exp(z[v] - m);
+      sum += m + std::log(e) - z[y];
+      count += 1;
+    }
+  return sum / count;
+}
+}  // namespace
+
+// Each micro-batch is trimmed to its longest scored row: one row per micro-batch (three
+// widths) and seven more padding positions per row give PEFT's losses and adapters.
+TEST(LlamaData, TrimmedMicroBatchesMatchPeft) {
+  const Case& c = kCases[0];
+  const std::string dir = tmp_dir("trim");
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  write_rows(c, {0, 1, 2}, 7, dir + "/padded.h5");
+  const std::string run =
+      run_train(c, "_trim",
+                "init_file=" + c.dir + "/init.h5 micro_bs=1 " + "data_file=" + dir + "/padded.h5");
+  auto ref = kqlora::h5::open_file(c.dir + "/reference.h5");
+  const auto want = read_doubles(ref, "losses"), got = losses_of(run + "/metrics.jsonl");
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t s = 0; s < want.size(); ++s)
+    EXPECT_NEAR(got[s], want[s], 1e-4 * std::fabs(want[s])) << "step " << s + 1;
+  auto out = kqlora::h5::open_file(run + "/ckpt/step-00000005/rank-00000.h5");
+  auto final_ref = kqlora::h5::open_group(ref, "final");
+  auto params = kqlora::h5::open_group(out, "params");
+  for (const auto& name : kqlora::h5::list_datasets(final_ref)) {
+    const auto a = read_doubles(params, name), b = read_doubles(final_ref, name);
+    ASSERT_EQ(a.size(), b.size()) << name;
+    double d = 0;
+    for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
+    EXPECT_LE(d, 1e-4 * max_abs(b)) << name;
+  }
+}
+
+// Evaluation covers every row of eval_file: five rows in global batches of 2 (the last
+// one short, micro-batches of one row trimmed each) give the loss of PEFT's logits over
+// the five.
+TEST(LlamaData, EvaluationCoversTheWholeEvalFile) {
+  const Case& c = kCases[0];
+  const std::string dir = tmp_dir("eval");
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  const std::vector<int> order = {0, 1, 2, 1, 2};
+  write_rows(c, order, 3, dir + "/eval.h5");
+  // lr 0: the model stays the reference's initial one.
+  const std::string run =
+      run_train(c, "_eval",
+                "init_file=" + c.dir + "/init.h5 lr=0 num_steps=2 global_bs=2 " +
+                    "micro_bs=1 eval_every=1 eval_file=" + dir + "/eval.h5");
+  const auto got = eval_losses_of(run + "/metrics.jsonl");
+  ASSERT_EQ(got.size(), 2u) << read_text(run + "/log");
+  const double want = reference_loss(c, order);
+  for (double g : got) EXPECT_NEAR(g, want, 1e-5 * want);
+  // Not the first global batch's loss alone.
+  EXPECT_GT(std::fabs(reference_loss(c, {0, 1}) - want), 1e-3 * want);
+}
+
+// shuffle: each epoch a permutation of the rows, another each epoch, the same for a seed;
+// a step straddling two epochs takes the end of one and the start of the next.
+TEST(LlamaData, ShuffleIsASeededPermutationPerEpoch) {
+  const std::string dir = tmp_dir("shuffle");
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  const int64_t rows = 10, S = 3, gbs = 4;
+  std::vector<int32_t> ids(rows * S), labels(rows * S);
+  for (int64_t i = 0; i < rows * S; ++i) ids[i] = labels[i] = static_cast<int32_t>(i / S);
+  write_tokens(dir + "/rows.h5", ids, labels, rows, S, 96);
+  kqlora::InputSpec spec;
+  spec.tokens = true;
+  spec.vocab = 96;
+  auto order = [&](uint64_t seed, bool shuffle) {  // the rows of the first 3 epochs
+    const kqlora::DataSource src(dir + "/rows.h5", spec, gbs, seed, "t", shuffle);
+    std::vector<int32_t> got;
+    std::vector<int32_t> i(gbs * S), l(gbs * S);
+    for (int64_t step = 0; step * gbs < 3 * rows; ++step) {
+      src.tokens(step, 0, gbs, i.data(), l.data());
+      for (int64_t k = 0; k < gbs; ++k) got.push_back(i[k * S]);
+    }
+    got.resize(3 * rows);
+    return got;
+  };
+  const auto a = order(42, true), plain = order(42, false);
+  EXPECT_EQ(a, order(42, true));
+  EXPECT_NE(a, order(43, true));
+  std::vector<std::vector<int32_t>> epochs;
+  for (int e = 0; e < 3; ++e) {
+    std::vector<int32_t> ep(a.begin() + e * rows, a.begin() + (e + 1) * rows);
+    EXPECT_NE(ep, std::vector<int32_t>(plain.begin(), plain.begin() + rows)) << "epoch " << e;
+    epochs.push_back(ep);
+    std::sort(ep.begin(), ep.end());
+    EXPECT_EQ(ep, std::vector<int32_t>(plain.begin(), plain.begin() + rows)) << "epoch " << e;
+  }
+  EXPECT_NE(epochs[0], epochs[1]);
+  EXPECT_NE(epochs[1], epochs[2]);
 }

@@ -1,6 +1,7 @@
 #include "kqlora/core/json.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <set>
 
@@ -301,6 +302,77 @@ std::string quote(const std::string& s) {
     }
   }
   return out + "\"";
+}
+
+namespace {
+
+std::string number_text(const Value& v) {
+  if (v.is_integer) return std::to_string(v.integer);
+  KQLORA_INPUT_CHECK(std::isfinite(v.number), "JSON cannot hold the number " << v.number);
+  for (int p = 1; p <= 17; ++p) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.*g", p, v.number);
+    if (std::strtod(buf, nullptr) == v.number) {
+      std::string t = buf;
+      // (a fraction or exponent keeps it a float for readers that tell them apart)
+      if (t.find_first_of(".eE") == std::string::npos) t += ".0";
+      return t;
+    }
+  }
+  return std::to_string(v.number);
+}
+
+void write_to(const Value& v, int depth, std::string& out) {
+  const std::string pad(static_cast<size_t>(2 * (depth + 1)), ' ');
+  const std::string end_pad(static_cast<size_t>(2 * depth), ' ');
+  switch (v.kind) {
+    case Value::Kind::null:
+      out += "null";
+      break;
+    case Value::Kind::boolean:
+      out += v.boolean ? "true" : "false";
+      break;
+    case Value::Kind::number:
+      out += number_text(v);
+      break;
+    case Value::Kind::string:
+      out += quote(v.string);
+      break;
+    case Value::Kind::array:
+      if (v.array.empty()) {
+        out += "[]";
+        break;
+      }
+      out += "[\n";
+      for (size_t i = 0; i < v.array.size(); ++i) {
+        out += pad;
+        write_to(v.array[i], depth + 1, out);
+        out += i + 1 < v.array.size() ? ",\n" : "\n";
+      }
+      out += end_pad + "]";
+      break;
+    case Value::Kind::object:
+      if (v.object.empty()) {
+        out += "{}";
+        break;
+      }
+      out += "{\n";
+      for (size_t i = 0; i < v.object.size(); ++i) {
+        out += pad + quote(v.object[i].first) + ": ";
+        write_to(v.object[i].second, depth + 1, out);
+        out += i + 1 < v.object.size() ? ",\n" : "\n";
+      }
+      out += end_pad + "}";
+      break;
+  }
+}
+
+}  // namespace
+
+std::string write(const Value& v) {
+  std::string out;
+  write_to(v, 0, out);
+  return out + "\n";
 }
 
 }  // namespace kqlora::json

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <type_traits>
 
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/random.hpp"
@@ -160,6 +161,7 @@ Llama<ExecSpace>::Llama(const ExecSpace& exec, const ModelConfig& cfg, bool zero
   norm_ = &t.at("model.norm.weight");
   head_ = arch_.tied ? embed_ : &t.at("lm_head.weight");
   cache_.resize(static_cast<size_t>(arch_.layers));
+  store_.resize(cache_.size());
   ws_.between_panels = [this] {
     if (this->progress_) this->progress_();
   };
@@ -175,68 +177,76 @@ InputSpec Llama<ExecSpace>::input() const {
 }
 
 template <class ExecSpace>
+template <class F>
+void Llama<ExecSpace>::each_buffer(BlockCache& a, BlockCache& b, F&& f) const {
+  const int64_t H = arch_.hidden, Q = arch_.q_features(), KV = arch_.kv_features(),
+                I = arch_.intermediate, r = this->cfg_.rank;
+  f(a.x, b.x, "x", H), f(a.n1, b.n1, "n1", H), f(a.q, b.q, "q", Q), f(a.k, b.k, "k", KV);
+  f(a.v, b.v, "v", KV), f(a.att, b.att, "att", Q), f(a.mid, b.mid, "mid", H);
+  f(a.n2, b.n2, "n2", H), f(a.gate, b.gate, "gate", I), f(a.up, b.up, "up", I);
+  f(a.act, b.act, "act", I), f(a.inv1, b.inv1, "inv1", 1), f(a.inv2, b.inv2, "inv2", 1);
+  f(a.lse, b.lse, "lse", arch_.heads);
+  for (int p = 0; p < kLlamaProjections; ++p) {
+    if (!targets_[p]) continue;
+    f(a.h[p], b.h[p], "h", r);
+    if (this->cfg_.dropout > 0) f(a.xd[p], b.xd[p], "xd", projection_shape(arch_, p)[1]);
+  }
+}
+
+template <class ExecSpace>
+template <class F>
+void Llama<ExecSpace>::each_buffer(Buffers& a, Buffers& b, F&& f) const {
+  const int64_t H = arch_.hidden, Q = arch_.q_features(), KV = arch_.kv_features(),
+                I = arch_.intermediate, r = this->cfg_.rank;
+  f(a.x_out, b.x_out, "x_out", H), f(a.nf, b.nf, "nf", H), f(a.invf, b.invf, "invf", 1);
+  f(a.g, b.g, "g", H), f(a.gtmp, b.gtmp, "gtmp", H), f(a.gn, b.gn, "gn", H);
+  f(a.gatt, b.gatt, "gatt", Q), f(a.gq, b.gq, "gq", Q), f(a.gk, b.gk, "gk", KV);
+  f(a.gv, b.gv, "gv", KV), f(a.gact, b.gact, "gact", I), f(a.ggate, b.ggate, "ggate", I);
+  f(a.gup, b.gup, "gup", I), f(a.proj_out, b.proj_out, "proj_out", H);
+  f(a.lora.gh, b.lora.gh, "gh", r), f(a.lora.tmp, b.lora.tmp, "tmp", std::max({H, Q, I}));
+}
+
+template <class ExecSpace>
 void Llama<ExecSpace>::ensure(int64_t sequences, int64_t S) {
   const int64_t T = sequences * S;
-  if (S != seq_len_) {
+  if (S > rope_.cos.extent_int(0)) {
     KQLORA_INPUT_CHECK(arch_.sliding_window == 0 || S <= arch_.sliding_window,
                        this->cfg_.arch_source
                            << ": sliding_window " << arch_.sliding_window
                            << " is shorter than the data's sequences of " << S
                            << " tokens (sliding-window attention is not supported)");
-    rope_ = RopeTable<Mem>(inv_freq_, S, this->cfg_.bf16());
+    rope_ = RopeTable<Mem>(inv_freq_, S, this->cfg_.bf16());  // (positions 0..S-1 of any row)
   }
   if (T == tokens_ && S == seq_len_) return;
+  // The buffers grow to the most tokens a batch has had and are never shrunk: a batch
+  // uses the first T rows of each (a shorter micro-batch, trimmed or the last of an
+  // evaluation, allocates nothing).
+  const bool grow = T > capacity_;
+  if (grow) {
+    capacity_ = T;
+    for (auto& c : store_) c = BlockCache();  // (the old buffers go first)
+    buffers_store_ = Buffers();
+  }
+  auto rows = [&](auto& store, auto& view, const char* label, int64_t width) {
+    using V = std::decay_t<decltype(store)>;
+    if constexpr (V::rank == 2) {
+      if (grow)
+        store = V(
+            Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kqlora::Llama::") + label),
+            capacity_, width);
+      view = V(store.data(), T, width);
+    } else {
+      if (grow)
+        store = V(
+            Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kqlora::Llama::") + label),
+            capacity_ * width);
+      view = V(store.data(), T * width);
+    }
+  };
+  for (size_t l = 0; l < cache_.size(); ++l) each_buffer(store_[l], cache_[l], rows);
+  each_buffer(buffers_store_, buf_, rows);
   tokens_ = T;
   seq_len_ = S;
-  const int64_t H = arch_.hidden, Q = arch_.q_features(), KV = arch_.kv_features(),
-                I = arch_.intermediate, r = this->cfg_.rank;
-  auto m = [](const char* label, int64_t rows, int64_t cols) {
-    return Matrix<Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), rows,
-                       cols);
-  };
-  auto v = [](const char* label, int64_t n) {
-    return Kokkos::View<float*, Mem>(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n);
-  };
-  const bool dropout = this->cfg_.dropout > 0;
-  for (auto& c : cache_) {
-    c = BlockCache();  // (the old buffers go first)
-    c.x = m("kqlora::Llama::x", T, H);
-    c.n1 = m("kqlora::Llama::n1", T, H);
-    c.q = m("kqlora::Llama::q", T, Q);
-    c.k = m("kqlora::Llama::k", T, KV);
-    c.v = m("kqlora::Llama::v", T, KV);
-    c.att = m("kqlora::Llama::att", T, Q);
-    c.mid = m("kqlora::Llama::mid", T, H);
-    c.n2 = m("kqlora::Llama::n2", T, H);
-    c.gate = m("kqlora::Llama::gate", T, I);
-    c.up = m("kqlora::Llama::up", T, I);
-    c.act = m("kqlora::Llama::act", T, I);
-    c.inv1 = v("kqlora::Llama::inv1", T);
-    c.inv2 = v("kqlora::Llama::inv2", T);
-    c.lse = v("kqlora::Llama::lse", sequences * arch_.heads * S);
-    for (int p = 0; p < kLlamaProjections; ++p) {
-      if (!targets_[p]) continue;
-      c.h[p] = m("kqlora::Llama::h", T, r);
-      if (dropout) c.xd[p] = m("kqlora::Llama::xd", T, projection_shape(arch_, p)[1]);
-    }
-  }
-  x_out_ = m("kqlora::Llama::x_out", T, H);
-  nf_ = m("kqlora::Llama::nf", T, H);
-  invf_ = v("kqlora::Llama::invf", T);
-  g_ = m("kqlora::Llama::g", T, H);
-  gtmp_ = m("kqlora::Llama::gtmp", T, H);
-  gn_ = m("kqlora::Llama::gn", T, H);
-  gatt_ = m("kqlora::Llama::gatt", T, Q);
-  gq_ = m("kqlora::Llama::gq", T, Q);
-  gk_ = m("kqlora::Llama::gk", T, KV);
-  gv_ = m("kqlora::Llama::gv", T, KV);
-  gact_ = m("kqlora::Llama::gact", T, I);
-  ggate_ = m("kqlora::Llama::ggate", T, I);
-  gup_ = m("kqlora::Llama::gup", T, I);
-  proj_out_ = m("kqlora::Llama::proj_out", T, H);
-  scratch_.gh = m("kqlora::Llama::gh", T, r);
-  scratch_.tmp = m("kqlora::Llama::tmp", T, std::max({H, Q, I}));
 }
 
 template <class ExecSpace>
@@ -254,12 +264,13 @@ auto Llama<ExecSpace>::adapter(int l, int p) const -> LoraAdapterViews<Mem> {
 template <class ExecSpace>
 DropoutKey Llama<ExecSpace>::dropout_key(int l, int p, int64_t features) const {
   // Keyed by (step, global sequence, position, layer, projection, feature): rows are the
-  // tokens of global sequences, so the sample index counts tokens.
+  // tokens of global sequences, so the sample index counts tokens -- of the data file's
+  // rows, a trimmed batch's being shorter.
   return {this->cfg_.seed,
           layer_stream(RandomStream::dropout, l * kLlamaProjections + p),
           step_,
-          global_bs_ * seq_len_,
-          first_sample_ * seq_len_,
+          global_bs_ * row_len_,
+          first_sample_ * row_len_,
           features,
           static_cast<float>(this->cfg_.dropout)};
 }
@@ -280,7 +291,7 @@ void Llama<ExecSpace>::project(int l, int p, const Matrix<Mem>& x, const Matrix<
   BlockCache& c = cache_[l];
   if (!targets_[p]) {
     lora_projection_forward<ExecSpace, Mem>(this->exec_, this->nf4[blocks_[l].w[p]->offset],
-                                            nullptr, x, x, bf16, Matrix<Mem>(), scratch_, ws_, y);
+                                            nullptr, x, x, bf16, Matrix<Mem>(), buf_.lora, ws_, y);
     return;
   }
   Matrix<Mem> xd = x;
@@ -290,7 +301,7 @@ void Llama<ExecSpace>::project(int l, int p, const Matrix<Mem>& x, const Matrix<
   }
   const auto lora = adapter(l, p);
   lora_projection_forward(this->exec_, this->nf4[blocks_[l].w[p]->offset], &lora, x, xd, bf16,
-                          c.h[p], scratch_, ws_, y);
+                          c.h[p], buf_.lora, ws_, y);
 }
 
 template <class ExecSpace>
@@ -302,7 +313,7 @@ void Llama<ExecSpace>::project_back(int l, int p, const Matrix<Mem>& gy, bool ac
   if (!targets_[p]) {
     if (gx.data())
       lora_projection_backward<ExecSpace, Mem>(this->exec_, W, nullptr, gy, Matrix<Mem>(),
-                                               Matrix<Mem>(), accumulate, nullptr, bf16, scratch_,
+                                               Matrix<Mem>(), accumulate, nullptr, bf16, buf_.lora,
                                                ws_, gx_beta, gx);
     return;
   }
@@ -316,7 +327,7 @@ void Llama<ExecSpace>::project_back(int l, int p, const Matrix<Mem>& gy, bool ac
     x_read = p <= kV ? c.n1 : p == kO ? c.att : p == kDown ? c.act : c.n2;
   }
   lora_projection_backward(this->exec_, W, &lora, gy, x_read, c.h[p], accumulate,
-                           dropout_on_ ? &key : nullptr, bf16, scratch_, ws_, gx_beta, gx);
+                           dropout_on_ ? &key : nullptr, bf16, buf_.lora, ws_, gx_beta, gx);
 }
 
 template <class ExecSpace>
@@ -328,6 +339,7 @@ double Llama<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool tr
   step_ = b.step;
   first_sample_ = b.first_sample;
   global_bs_ = b.global_bs;
+  row_len_ = b.row_len > 0 ? b.row_len : S;
   dropout_on_ = training && this->cfg_.dropout > 0;
   const bool bf16 = this->cfg_.bf16();
   const float eps = static_cast<float>(arch_.rms_norm_eps);
@@ -336,7 +348,7 @@ double Llama<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool tr
   for (int l = 0; l < arch_.layers; ++l) {
     BlockCache& c = cache_[l];
     const Block& B = blocks_[l];
-    const Matrix<Mem>& next = l + 1 < arch_.layers ? cache_[l + 1].x : x_out_;
+    const Matrix<Mem>& next = l + 1 < arch_.layers ? cache_[l + 1].x : buf_.x_out;
     this->acquire(B.w[0]->group);
     rms_norm_forward(exec, c.x, dense_vector(B.ln1), eps, bf16, c.n1, c.inv1);
     project(l, kQ, c.n1, c.q);
@@ -345,21 +357,21 @@ double Llama<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool tr
     rope_apply(exec, rope_, S, arch_.head_dim, false, bf16, c.q);
     rope_apply(exec, rope_, S, arch_.head_dim, false, bf16, c.k);
     causal_attention_forward(exec, shape, c.q, c.k, c.v, bf16, att_ws_, c.att, c.lse);
-    project(l, kO, c.att, proj_out_);
+    project(l, kO, c.att, buf_.proj_out);
     Kokkos::deep_copy(exec, c.mid, c.x);
-    residual_add(exec, proj_out_, bf16, c.mid);
+    residual_add(exec, buf_.proj_out, bf16, c.mid);
     rms_norm_forward(exec, c.mid, dense_vector(B.ln2), eps, bf16, c.n2, c.inv2);
     project(l, kGate, c.n2, c.gate);
     project(l, kUp, c.n2, c.up);
     swiglu_forward(exec, c.gate, c.up, bf16, c.act);
-    project(l, kDown, c.act, proj_out_);
+    project(l, kDown, c.act, buf_.proj_out);
     Kokkos::deep_copy(exec, next, c.mid);
-    residual_add(exec, proj_out_, bf16, next);
+    residual_add(exec, buf_.proj_out, bf16, next);
     this->release(B.w[0]->group);
   }
-  rms_norm_forward(exec, x_out_, dense_vector(norm_), eps, bf16, nf_, invf_);
-  return lm_head_cross_entropy(exec, nf_, dense_matrix(head_), b.labels, normaliser, bf16,
-                               with_grads ? gn_ : Matrix<Mem>(), ce_ws_);
+  rms_norm_forward(exec, buf_.x_out, dense_vector(norm_), eps, bf16, buf_.nf, buf_.invf);
+  return lm_head_cross_entropy(exec, buf_.nf, dense_matrix(head_), b.labels, normaliser, bf16,
+                               with_grads ? buf_.gn : Matrix<Mem>(), ce_ws_);
 }
 
 template <class ExecSpace>
@@ -368,35 +380,35 @@ void Llama<ExecSpace>::backward(bool accumulate) {
   const bool bf16 = this->cfg_.bf16();
   const int64_t n = tokens_ / seq_len_, S = seq_len_;
   const AttentionShape shape{n, S, arch_.heads, arch_.kv_heads, arch_.head_dim};
-  rms_norm_backward(exec, x_out_, dense_vector(norm_), Kokkos::View<const float*, Mem>(invf_), gn_,
-                    g_);
-  if (bf16) round_bf16(exec, g_);
+  rms_norm_backward(exec, buf_.x_out, dense_vector(norm_),
+                    Kokkos::View<const float*, Mem>(buf_.invf), buf_.gn, buf_.g);
+  if (bf16) round_bf16(exec, buf_.g);
   for (int l = arch_.layers - 1; l >= 0; --l) {
     BlockCache& c = cache_[l];
     const Block& B = blocks_[l];
     this->acquire(B.w[0]->group);
     // MLP: g is the gradient of the block's output (and of mid, through the residual).
-    project_back(l, kDown, g_, accumulate, 0.0f, gact_);
-    swiglu_backward(exec, c.gate, c.up, gact_, bf16, ggate_, gup_);
-    project_back(l, kGate, ggate_, accumulate, 0.0f, gn_);
-    project_back(l, kUp, gup_, accumulate, 1.0f, gn_);
+    project_back(l, kDown, buf_.g, accumulate, 0.0f, buf_.gact);
+    swiglu_backward(exec, c.gate, c.up, buf_.gact, bf16, buf_.ggate, buf_.gup);
+    project_back(l, kGate, buf_.ggate, accumulate, 0.0f, buf_.gn);
+    project_back(l, kUp, buf_.gup, accumulate, 1.0f, buf_.gn);
     rms_norm_backward(exec, c.mid, dense_vector(B.ln2), Kokkos::View<const float*, Mem>(c.inv2),
-                      gn_, gtmp_);
-    residual_add(exec, gtmp_, bf16, g_);
+                      buf_.gn, buf_.gtmp);
+    residual_add(exec, buf_.gtmp, bf16, buf_.g);
     // Attention: g is now the gradient of mid (and of the block's input).
-    project_back(l, kO, g_, accumulate, 0.0f, gatt_);
-    causal_attention_backward(exec, shape, c.q, c.k, c.v, c.att, c.lse, gatt_, bf16, att_ws_, gq_,
-                              gk_, gv_);
-    rope_apply(exec, rope_, S, arch_.head_dim, true, bf16, gq_);
-    rope_apply(exec, rope_, S, arch_.head_dim, true, bf16, gk_);
-    const Matrix<Mem> gx = l > 0 ? gn_ : Matrix<Mem>();  // layer 0: no input gradient
-    project_back(l, kQ, gq_, accumulate, 0.0f, gx);
-    project_back(l, kK, gk_, accumulate, 1.0f, gx);
-    project_back(l, kV, gv_, accumulate, 1.0f, gx);
+    project_back(l, kO, buf_.g, accumulate, 0.0f, buf_.gatt);
+    causal_attention_backward(exec, shape, c.q, c.k, c.v, c.att, c.lse, buf_.gatt, bf16, att_ws_,
+                              buf_.gq, buf_.gk, buf_.gv);
+    rope_apply(exec, rope_, S, arch_.head_dim, true, bf16, buf_.gq);
+    rope_apply(exec, rope_, S, arch_.head_dim, true, bf16, buf_.gk);
+    const Matrix<Mem> gx = l > 0 ? buf_.gn : Matrix<Mem>();  // layer 0: no input gradient
+    project_back(l, kQ, buf_.gq, accumulate, 0.0f, gx);
+    project_back(l, kK, buf_.gk, accumulate, 1.0f, gx);
+    project_back(l, kV, buf_.gv, accumulate, 1.0f, gx);
     if (l > 0) {
       rms_norm_backward(exec, c.x, dense_vector(B.ln1), Kokkos::View<const float*, Mem>(c.inv1),
-                        gn_, gtmp_);
-      residual_add(exec, gtmp_, bf16, g_);
+                        buf_.gn, buf_.gtmp);
+      residual_add(exec, buf_.gtmp, bf16, buf_.g);
     }
     this->release(B.w[0]->group);
     this->group_done(B.w[0]->group);
@@ -419,7 +431,7 @@ template <class ExecSpace>
 auto Llama<ExecSpace>::logits(const Batch<Mem>& b) -> Matrix<Mem> {
   forward(b, 1.0, false, false);
   Matrix<Mem> out("kqlora::Llama::logits", tokens_, arch_.vocab);
-  gemm(this->exec_, "N", "T", 1.0f, nf_, dense_matrix(head_), 0.0f, out);
+  gemm(this->exec_, "N", "T", 1.0f, buf_.nf, dense_matrix(head_), 0.0f, out);
   if (this->cfg_.bf16()) round_bf16(this->exec_, out);
   return out;
 }

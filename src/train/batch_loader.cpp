@@ -57,10 +57,26 @@ Batch<typename ExecSpace::memory_space> BatchLoader<ExecSpace>::load(const DataS
   b.first_sample = first_ + m0;
   b.global_bs = global_bs_;
   if (spec_.tokens) {
-    const auto rows = Kokkos::make_pair(int64_t(0), n);
-    b.tokens = Kokkos::subview(buf_.tokens, rows, Kokkos::ALL);
-    b.labels = Kokkos::subview(buf_.labels, rows, Kokkos::ALL);
+    const int64_t T = spec_.seq_len;
     src.tokens(step, b.first_sample, n, ids_.data(), labels_.data());
+    // Trimmed to the longest row's last scored label: the positions after it score
+    // nothing and, attention being causal, change nothing before them.
+    int64_t width = 1;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t t = T - 1; t >= width; --t)
+        if (labels_[i * T + t] != kIgnoreLabel) {
+          width = t + 1;
+          break;
+        }
+    if (width < T) {
+      for (int64_t i = 1; i < n; ++i) {  // (rows in place, to stride `width`)
+        std::copy_n(ids_.begin() + i * T, width, ids_.begin() + i * width);
+        std::copy_n(labels_.begin() + i * T, width, labels_.begin() + i * width);
+      }
+      b.row_len = T;
+    }
+    b.tokens = TokenMatrix<Mem>(buf_.tokens.data(), n, width);
+    b.labels = TokenMatrix<Mem>(buf_.labels.data(), n, width);
     upload(ids_, b.tokens);
     upload(labels_, b.labels);
     return b;
@@ -86,10 +102,29 @@ Batch<typename ExecSpace::memory_space> BatchLoader<ExecSpace>::load(const DataS
 template <class ExecSpace>
 double BatchLoader<ExecSpace>::run(Model<ExecSpace>& model, DataParallel<ExecSpace>* dp,
                                    const DataSource& src, int64_t step, RunReport* report) {
-  double loss = 0.0;
   const double normaliser = src.normaliser(step, model.config().loss == LossKind::mse);
+  return pass(model, dp, src, step, normaliser, global_bs_, report);
+}
+
+template <class ExecSpace>
+double BatchLoader<ExecSpace>::evaluate(Model<ExecSpace>& model, const DataSource& src) {
+  const double normaliser = src.file_normaliser(model.config().loss == LossKind::mse);
+  if (normaliser == 0) return 0.0;  // (no scored label in the file; the check is the deck's)
+  double loss = 0.0;
+  for (int64_t b = 0; b * global_bs_ < src.rows(); ++b)
+    loss += pass(model, nullptr, src, b, normaliser, src.rows() - b * global_bs_, nullptr);
+  return loss;
+}
+
+template <class ExecSpace>
+double BatchLoader<ExecSpace>::pass(Model<ExecSpace>& model, DataParallel<ExecSpace>* dp,
+                                    const DataSource& src, int64_t step, double normaliser,
+                                    int64_t valid, RunReport* report) {
+  double loss = 0.0;
+  // (Lockstep: a rank runs every micro-batch, empty ones too, whatever `valid` leaves it.)
+  const int64_t mine = std::clamp<int64_t>(valid - first_, 0, count_);
   for (int64_t k = 0; k < micro_batches_; ++k) {
-    const int64_t m0 = k * mb_, n = std::clamp<int64_t>(count_ - m0, 0, mb_);
+    const int64_t m0 = k * mb_, n = std::clamp<int64_t>(mine - m0, 0, mb_);
     if (report) report->enter(Phase::data);
     const Batch<Mem> b = load(src, step, m0, n);
     if (report) report->enter(Phase::forward_backward);

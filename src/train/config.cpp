@@ -217,6 +217,10 @@ std::vector<Key> make_keys() {
       KQ_PATH(data_file, kPlain),
       KQ_PATH(eval_file, kPlain),
       KQ_INT(eval_every, kPlain),
+      key(
+          "shuffle", kPlain,
+          [](Config& c, const std::string& v, const std::string& w) { c.shuffle = to_bool(v, w); },
+          [](const Config& c) { return std::string(c.shuffle ? "true" : "false"); }, "false"),
       KQ_CHOICE(parallel, kPlain, "ddp", "fsdp"),
       KQ_CHOICE(comm, kPlain, "auto", "mpi", "nccl"),
       KQ_CHOICE(ddp_shared_memory, kPlain, "auto", "on", "off"),
@@ -481,6 +485,9 @@ Config parse_deck_text(const std::string& text, const std::string& source,
                      where["eps"] << ": eps applies to adam and adamw, not sgd");
   KQLORA_INPUT_CHECK(c.eval_every == 0 || !c.eval_file.empty(),
                      at("eval_every") << ": eval_every " << c.eval_every << " needs an eval_file");
+  KQLORA_INPUT_CHECK(!c.shuffle || !c.data_file.empty(),
+                     at("shuffle") << ": shuffle = true needs a data_file (synthetic rows are "
+                                      "drawn fresh for every step)");
   KQLORA_INPUT_CHECK(c.eval_file.empty() || c.eval_every > 0,
                      at("eval_file") << ": eval_file is set but eval_every is 0");
 #if !defined(KOKKOS_ENABLE_CUDA)

@@ -12,8 +12,8 @@
 namespace kqlora {
 
 DataSource::DataSource(const std::string& path, const InputSpec& spec, int64_t global_bs,
-                       uint64_t seed, const std::string& what)
-    : path_(path), spec_(spec), global_bs_(global_bs), seed_(seed) {
+                       uint64_t seed, const std::string& what, bool shuffle)
+    : path_(path), spec_(spec), global_bs_(global_bs), seed_(seed), shuffle_(shuffle) {
   if (path.empty()) return;
 #if KQLORA_HAVE_HDF5
   auto f = h5::open_file(path);
@@ -85,6 +85,23 @@ DataSource::DataSource(const std::string& path, const InputSpec& spec, int64_t g
 #endif
 }
 
+int64_t DataSource::row_of(int64_t g) const {
+  const int64_t epoch = g / rows_, i = g % rows_;
+  if (!shuffle_) return i;
+  for (const auto& [e, perm] : perms_)
+    if (e == epoch) return perm[i];
+  if (perms_.size() == 2) perms_.erase(perms_.begin());
+  std::vector<int64_t> perm(static_cast<size_t>(rows_));
+  for (int64_t k = 0; k < rows_; ++k) perm[k] = k;
+  const uint64_t stream = static_cast<uint64_t>(RandomStream::shuffle) + epoch;
+  for (int64_t k = rows_ - 1; k > 0; --k) {  // Fisher-Yates
+    const uint64_t j = random_bits(seed_, stream, static_cast<uint64_t>(k)) % (k + 1);
+    std::swap(perm[k], perm[j]);
+  }
+  perms_.emplace_back(epoch, std::move(perm));
+  return perms_.back().second[i];
+}
+
 template <class T>
 void DataSource::fill(const std::vector<T>& src, int64_t width, int64_t step, int64_t first,
                       int64_t n, T* out) const {
@@ -93,7 +110,7 @@ void DataSource::fill(const std::vector<T>& src, int64_t width, int64_t step, in
                "(fill_normal_rows), not read");
   for (int64_t i = 0; i < n; ++i) {
     const int64_t g = step * global_bs_ + first + i;  // global sample index over the run
-    std::memcpy(out + i * width, src.data() + (g % rows_) * width, sizeof(T) * width);
+    std::memcpy(out + i * width, src.data() + row_of(g) * width, sizeof(T) * width);
   }
 }
 
@@ -128,9 +145,18 @@ double DataSource::normaliser(int64_t step, bool mse) const {
   if (synthetic()) return static_cast<double>(global_bs_ * (T - 1));
   int64_t n = 0;
   for (int64_t i = 0; i < global_bs_; ++i) {
-    const int32_t* row = labels_.data() + ((step * global_bs_ + i) % rows_) * T;
+    const int32_t* row = labels_.data() + row_of(step * global_bs_ + i) * T;
     for (int64_t t = 1; t < T; ++t) n += row[t] != kIgnoreLabel;
   }
+  return static_cast<double>(n);
+}
+
+double DataSource::file_normaliser(bool mse) const {
+  if (!spec_.tokens) return mse ? static_cast<double>(rows_ * spec_.target_features) : 1.0;
+  const int64_t T = spec_.seq_len;
+  int64_t n = 0;
+  for (int64_t i = 0; i < rows_; ++i)
+    for (int64_t t = 1; t < T; ++t) n += labels_[i * T + t] != kIgnoreLabel;
   return static_cast<double>(n);
 }
 

@@ -103,13 +103,20 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   if (report.root()) dp->describe(log);
   Optimizer<Exec> opt = dp->make_optimizer(exec, optimizer_config(cfg));
   if (resume) checkpoints->restore_state(*model, *dp, opt);
-  const DataSource data(cfg.data_file, model->input(), cfg.global_bs, cfg.seed, "data_file");
+  const DataSource data(cfg.data_file, model->input(), cfg.global_bs, cfg.seed, "data_file",
+                        cfg.shuffle);
   const InputSpec spec = data.spec();  // (token models: the file's sequence length)
-  const std::unique_ptr<DataSource> eval =
-      cfg.eval_file.empty()
-          ? nullptr
-          : std::make_unique<DataSource>(cfg.eval_file, spec, cfg.global_bs, cfg.seed, "eval_file");
-  BatchLoader<Exec> batches(exec, cfg, spec, comm.rank(), comm.size(), dp->nf4_shards() != nullptr);
+  const bool lockstep = dp->nf4_shards() != nullptr;
+  BatchLoader<Exec> batches(exec, cfg, spec, comm.rank(), comm.size(), lockstep);
+  // (Token files: the eval rows may be as long as they need, independently of data_file's.)
+  std::unique_ptr<DataSource> eval;
+  std::unique_ptr<BatchLoader<Exec>> eval_batches;
+  if (!cfg.eval_file.empty()) {
+    eval = std::make_unique<DataSource>(cfg.eval_file, model->input(), cfg.global_bs, cfg.seed,
+                                        "eval_file");
+    eval_batches = std::make_unique<BatchLoader<Exec>>(exec, cfg, eval->spec(), comm.rank(),
+                                                       comm.size(), lockstep);
+  }
   if (report.root()) log << describe_model(*model) << "\n";
 
   TrainSummary summary;
@@ -162,7 +169,7 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
     }
     if (eval && (step + 1) % cfg.eval_every == 0) {
       report.enter(Phase::evaluation);
-      double eval_loss = batches.run(*model, nullptr, *eval, step, nullptr);
+      double eval_loss = eval_batches->evaluate(*model, *eval);
       sum_and_stop(comm, eval_loss);
       report.eval(step, eval_loss);
     }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The Llama model under data parallelism: DDP (node shared memory, and buckets) and FSDP
-# at 2 ranks give the one-process run's adapters (kqlora-diff, rtol 1e-5), and an FSDP run
-# of 3 steps resumed to 5 equals the straight 5 steps bit for bit (parameters and
-# optimizer state). The model is tests/data/llama_reference/gqa (GQA, untied head).
+# at 2 ranks give the one-process run's adapters (kqlora-diff, rtol 1e-5) and eval losses
+# (shuffled rows, global batches of 2 over 3 rows: steps straddle epochs; the evaluation's
+# last global batch leaves rank 1 an empty micro-batch), and an FSDP run of 3 steps resumed
+# to 5 equals the straight 5 steps bit for bit (parameters and optimizer state). The model is tests/data/llama_reference/gqa (GQA, untied head).
 # usage: llama_parallel.sh MPIEXEC "MPIEXEC_FLAGS" KQLORA_TRAIN KQLORA_DIFF DATA_DIR WORKDIR
 set -u
 mpiexec=$1 flags=$2 train=$3 diff=$4 model=$5 dir=$6
@@ -10,13 +11,14 @@ rm -rf "$dir" && mkdir -p "$dir"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 echo "model = llama" > "$dir/deck.in"
 keys="hf_model_dir=$model init_file=$model/init.h5 data_file=$model/data.h5 lora_rank=4
-  lora_alpha=8 block_size=32 scaler_block_size=32 global_bs=3 micro_bs=1 optimizer=adamw
-  lr=1e-2 log_every=100"
+  lora_alpha=8 block_size=32 scaler_block_size=32 global_bs=2 micro_bs=1 optimizer=adamw
+  lr=1e-2 log_every=100 shuffle=true eval_file=$model/data.h5 eval_every=2"
 run() {  # NP NAME KEYS...
   local np=$1 name=$2
   shift 2
   # shellcheck disable=SC2086
-  "$mpiexec" -np "$np" $flags "$train" "$dir/deck.in" $keys save_dir="$dir/$name" "$@" \
+  "$mpiexec" -np "$np" $flags "$train" "$dir/deck.in" $keys save_dir="$dir/$name" \
+    metrics_file="$dir/$name.jsonl" "$@" \
     > "$dir/$name.log" 2>&1 || { echo "FAILED: $name"; tail "$dir/$name.log"; exit 1; }
 }
 same() {  # REF TEST DIFF-ARGS...
@@ -51,6 +53,15 @@ mkdir -p "$dir/other" && sed 's/"rms_norm_eps": [^,]*/"rms_norm_eps": 1e-06/' \
   "$model/config.json" > "$dir/other/config.json" && cp "$model/model.safetensors" "$dir/other/"
 refused "config.json: $dir/other/config.json differs" hf_model_dir="$dir/other"
 refused "lora_targets: checkpoint all-linear, deck q_proj" lora_targets=q_proj
+same_eval() {  # REF TEST: the eval losses within rtol 1e-5
+  paste <(grep -o '"eval_loss": [^,}]*' "$dir/$1.jsonl") \
+    <(grep -o '"eval_loss": [^,}]*' "$dir/$2.jsonl") | awk -v ref="$1" -v test="$2" '
+    { d = $2 - $4; if (d < 0) d = -d; if (d > 1e-5 * $2 || $2 == "") bad = 1; n++ }
+    END { if (bad || n != 2) { print "FAILED: eval losses of " test " differ from " ref; exit 1 }
+          print test " = " ref ": " n " eval losses within rtol 1e-5" }' || exit 1
+}
+same_eval one ddp
+same_eval one fsdp
 same one ddp --rtol 1e-5 --atol 1e-6
 same one buckets --rtol 1e-5 --atol 1e-6
 same one fsdp --rtol 1e-5 --atol 1e-6

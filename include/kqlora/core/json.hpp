@@ -1,5 +1,6 @@
 #pragma once
-// A small JSON reader (RFC 8259) for safetensors headers and index files. Objects keep
+// A small JSON reader (RFC 8259) for safetensors headers, index files and config.json,
+// and the writer that gives an edited config.json back. Objects keep
 // their key order; duplicate keys are an error (a header must not name a tensor twice).
 
 #include <cstdint>
@@ -31,5 +32,9 @@ Value parse(const std::string& text, const std::string& where);
 
 /// Serialises a string with JSON escapes (quotes included).
 std::string quote(const std::string& s);
+
+/// Serialises `v` (objects in their key order, two-space indents; numbers as the integer
+/// literal they were or the shortest decimal that reads back as the same double).
+std::string write(const Value& v);
 
 }  // namespace kqlora::json

@@ -23,6 +23,7 @@ enum class RandomStream : uint64_t {
   inputs = 5ull << 32,
   targets = 6ull << 32,
   dropout = 7ull << 32,
+  shuffle = 8ull << 32,  // + the epoch
 };
 
 KOKKOS_INLINE_FUNCTION uint64_t random_mix(uint64_t z) {

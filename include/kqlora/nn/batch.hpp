@@ -31,6 +31,8 @@ struct Batch {
   TokenMatrix<MemSpace> tokens, labels;  // token ids [n, seq_len]
   int64_t step = 0, first_sample = 0;    // dropout keys: the step and the global index
   int64_t global_bs = 1;                 //   of the first sample, the global batch size
+  int64_t row_len = 0;  // tokens: the data file's row length, when the batch's rows are
+                        //   trimmed shorter (0: not trimmed); dropout keys count with it
 };
 
 }  // namespace kqlora

@@ -82,17 +82,30 @@ class Llama : public Model<ExecSpace> {
   std::vector<Block> blocks_;
   std::vector<BlockCache> cache_;
   const ParamEntry *embed_ = nullptr, *norm_ = nullptr, *head_ = nullptr;
+  struct Buffers {  // the rest of a pass's activations and gradients
+    Matrix<Mem> x_out, nf, g, gtmp, gn, gatt, gq, gk, gv, gact, ggate, gup, proj_out;
+    Kokkos::View<float*, Mem> invf;
+    LoraScratch<Mem> lora;
+  };
   RopeTable<Mem> rope_;
-  Matrix<Mem> x_out_, nf_, g_, gtmp_, gn_, gatt_, gq_, gk_, gv_, gact_, ggate_, gup_, proj_out_;
-  Kokkos::View<float*, Mem> invf_;
-  LoraScratch<Mem> scratch_;
+  Buffers buf_;
+  // What the views of cache_ and buf_ point into: capacity_ tokens' rows each.
+  std::vector<BlockCache> store_;
+  Buffers buffers_store_;
+  int64_t capacity_ = 0;
   LinearNf4Workspace<Mem> ws_;
   AttentionWorkspace<Mem> att_ws_;
   CrossEntropyWorkspace<Mem> ce_ws_;
-  int64_t tokens_ = 0, seq_len_ = 0, step_ = 0, first_sample_ = 0, global_bs_ = 1;
+  int64_t tokens_ = 0, seq_len_ = 0, row_len_ = 0, step_ = 0, first_sample_ = 0, global_bs_ = 1;
   bool dropout_on_ = false;
 
+  /// Views of the first sequences * S rows of buffers that grow as needed.
   void ensure(int64_t sequences, int64_t S);
+  /// f(storage, view, label, width) for every buffer of a block or of buf_.
+  template <class F>
+  void each_buffer(BlockCache& store, BlockCache& view, F&& f) const;
+  template <class F>
+  void each_buffer(Buffers& store, Buffers& view, F&& f) const;
   double forward(const Batch<Mem>& b, double normaliser, bool training, bool with_grads);
   void backward(bool accumulate);
   LoraAdapterViews<Mem> adapter(int layer, int p) const;

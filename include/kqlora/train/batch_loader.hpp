@@ -37,6 +37,10 @@ class BatchLoader {
   /// before the last micro-batch. Phases are charged to `report` where given.
   double run(Model<ExecSpace>& model, DataParallel<ExecSpace>* dp, const DataSource& src,
              int64_t step, RunReport* report);
+  /// The loss over every row of the file `src` (no dropout, no gradients): the rows in
+  /// global batches, each split across ranks as a step's, the last one short; this rank's
+  /// share of it (the ranks' shares add up to the loss).
+  double evaluate(Model<ExecSpace>& model, const DataSource& src);
 
  private:
   ExecSpace exec_;
@@ -47,6 +51,10 @@ class BatchLoader {
   std::vector<float> rows_, trows_;
   std::vector<int32_t> ids_, labels_;
 
+  /// Micro-batches of this rank's slice of global batch `step`, only its samples below
+  /// `valid` (the global batch's first `valid` exist), the loss divided by `normaliser`.
+  double pass(Model<ExecSpace>& model, DataParallel<ExecSpace>* dp, const DataSource& src,
+              int64_t step, double normaliser, int64_t valid, RunReport* report);
   /// Samples [first + m0, first + m0 + n) of `step` into the buffers' first n rows.
   Batch<Mem> load(const DataSource& src, int64_t step, int64_t m0, int64_t n);
 };

@@ -40,6 +40,7 @@ struct Config {
   // files
   std::string init_file, data_file, eval_file;
   int64_t eval_every = 0;
+  bool shuffle = false;  // data_file's rows in a seeded permutation per epoch
   // parallelism
   std::string parallel = "ddp", comm = "auto";
   std::string ddp_shared_memory = "auto", ddp_overlap = "auto";  // auto | on | off

@@ -19,8 +19,11 @@ class DataSource {
   /// `path` empty: synthetic data from `seed` (token labels equal the ids, as for a
   /// language model whose labels are its inputs). Token files: a spec with seq_len 0 takes
   /// the file's; a vocab_size attribute must equal the model's vocabulary.
+  /// `shuffle`: the file's rows in a permutation per epoch, seeded by (seed, epoch) --
+  /// global sample g of the run is row perm_e(g mod rows) of epoch e = g / rows, whatever
+  /// the world size.
   DataSource(const std::string& path, const InputSpec& spec, int64_t global_bs, uint64_t seed,
-             const std::string& what);
+             const std::string& what, bool shuffle = false);
 
   /// Row-major float rows (and targets) of samples first .. first+n-1 of `step`, from the
   /// file (synthetic rows come from fill_normal_rows, keyed by global_sample).
@@ -32,6 +35,12 @@ class DataSource {
   /// tokens, its labels that are scored (not -100, past position 0). Every rank computes
   /// it alone.
   double normaliser(int64_t step, bool mse) const;
+
+  /// The count the loss over every row of the file is divided by (evaluation, as
+  /// normaliser() for one step).
+  double file_normaliser(bool mse) const;
+  /// Rows of the file (0 for synthetic data).
+  int64_t rows() const { return rows_; }
 
   bool synthetic() const { return path_.empty(); }
   /// The model's InputSpec with the file's sequence length (token models whose spec
@@ -46,8 +55,13 @@ class DataSource {
   InputSpec spec_;
   int64_t global_bs_, rows_ = 0;
   uint64_t seed_;
+  bool shuffle_ = false;
+  // The permutations of the epochs in use (a step may straddle two).
+  mutable std::vector<std::pair<int64_t, std::vector<int64_t>>> perms_;
   std::vector<float> inputs_, targets_;
   std::vector<int32_t> ids_, labels_;
+  /// The file row of global sample g.
+  int64_t row_of(int64_t g) const;
   template <class T>
   void fill(const std::vector<T>& src, int64_t width, int64_t step, int64_t first, int64_t n,
             T* out) const;

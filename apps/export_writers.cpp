@@ -1,0 +1,251 @@
+#include "export_writers.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <sys/stat.h>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <set>
+#include <sstream>
+
+#include "kqlora/core/bfloat16.hpp"
+#include "kqlora/core/blas.hpp"
+#include "kqlora/core/json.hpp"
+#include "kqlora/io/safetensors.hpp"
+#include "kqlora/nn/model_config.hpp"
+#include "kqlora/quant/nf4_kernels.hpp"
+
+namespace kqlora::exporter {
+
+namespace {
+
+using Host = Kokkos::DefaultHostExecutionSpace;
+
+const CheckpointTensor& find_param(const CheckpointContents& c, const std::string& name,
+                                   const std::string& file) {
+  for (const auto& p : c.params)
+    if (p.name == name) return p;
+  KQLORA_INPUT_CHECK(false, file << ": parameter '" << name << "' is missing");
+}
+
+const h5::HostNf4& find_nf4(const CheckpointContents& c, const std::string& name,
+                            const std::string& file) {
+  for (const auto& [n, t] : c.nf4)
+    if (n == name) return t;
+  KQLORA_INPUT_CHECK(false, file << ": NF4 parameter '" << name << "' is missing");
+}
+
+/// The adapter over an entry, or one that an entry is the A or B of.
+const LoraAdapter* adapter_of(const ParamTable& t, const std::string& name) {
+  for (const auto& a : t.adapters)
+    if (a.base == name || a.a == name || a.b == name) return &a;
+  return nullptr;
+}
+
+void make_directory(const std::string& dir) {
+  KQLORA_INPUT_CHECK(::mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST,
+                     dir << ": cannot create: " << std::strerror(errno));
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << text;
+  f.close();
+  KQLORA_INPUT_CHECK(!f.fail(), path << ": write failed: " << std::strerror(errno));
+}
+
+/// Copies `from` to `to` when `from` exists; whether it did.
+bool copy_if_there(const std::string& from, const std::string& to) {
+  std::ifstream in(from, std::ios::binary);
+  if (!in.good()) return false;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  write_text(to, ss.str());
+  return true;
+}
+
+/// The run's hf_model_dir as the checkpoint's model configuration gives it.
+std::string hf_model_dir(const CheckpointContents& c, const std::string& file) {
+  return ModelConfig::from_text(c.model_config_text, file).hf_model_dir;
+}
+
+/// config.json's text with "dtype" (and "torch_dtype", where present) the exported dtype
+/// and no quantization_config: the weights written beside it are plain tensors.
+std::string exported_config(const std::string& text, const std::string& file, bool bf16) {
+  json::Value doc = json::parse(text, file + ": attribute hf_config");
+  KQLORA_INPUT_CHECK(doc.kind == json::Value::Kind::object,
+                     file << ": attribute hf_config is not a JSON object");
+  json::Value dtype;
+  dtype.kind = json::Value::Kind::string;
+  dtype.string = bf16 ? "bfloat16" : "float32";
+  bool has_dtype = false;
+  std::vector<std::pair<std::string, json::Value>> kept;
+  for (auto& [k, v] : doc.object) {
+    if (k == "quantization_config") continue;
+    if (k == "dtype" || k == "torch_dtype") {
+      v = dtype;
+      has_dtype |= k == "dtype";
+    }
+    kept.emplace_back(k, v);
+  }
+  if (!has_dtype) kept.emplace_back("dtype", dtype);
+  doc.object = std::move(kept);
+  return json::write(doc);
+}
+
+}  // namespace
+
+void write_weights(const CheckpointContents& c, const std::string& file, const std::string& out,
+                   bool bf16, bool merge) {
+  const ParamTable& table = c.table;
+  std::vector<std::vector<float>> f32;
+  std::vector<std::vector<uint16_t>> b16;
+  std::vector<safetensors::TensorToWrite> tensors;
+  f32.reserve(table.entries.size());
+  b16.reserve(table.entries.size());
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, std::vector<float> v) {
+    if (bf16) {
+      b16.emplace_back(v.size());
+      for (size_t i = 0; i < v.size(); ++i) b16.back()[i] = bfloat16(v[i]).bits;
+      tensors.push_back({name, "BF16", shape, b16.back().data(), 2 * v.size()});
+    } else {
+      f32.push_back(std::move(v));
+      tensors.push_back({name, "F32", shape, f32.back().data(), 4 * f32.back().size()});
+    }
+  };
+  int merged = 0;
+  auto weight = [&](const ParamEntry& e) {
+    const auto& base = find_nf4(c, e.name, file);
+    KQLORA_INPUT_CHECK(base.layout.shape == e.shape,
+                       file << ": '" << e.name << "' has shape " << base.layout.shape_string());
+    const int64_t out_f = e.shape.at(0), in_f = e.shape.at(1);
+    Kokkos::View<float*, Kokkos::HostSpace> w("kqlora::export::w", out_f * in_f);
+    nf4_dequantize(Host(), base, w);
+    const LoraAdapter* ad = merge ? adapter_of(table, e.name) : nullptr;
+    if (ad) {
+      const int64_t r = ad->rank;
+      const auto& A = find_param(c, ad->a, file);
+      const auto& B = find_param(c, ad->b, file);
+      KQLORA_INPUT_CHECK(A.data.size() == size_t(r * in_f) && B.data.size() == size_t(out_f * r),
+                         file << ": " << ad->module << ": adapters do not match rank " << r);
+      // W [out, in] += scale * B [out, r] A [r, in] (all row-major).
+      const float scale = static_cast<float>(ad->alpha / static_cast<double>(r));
+      Matrix<Kokkos::HostSpace> Wm(w.data(), out_f, in_f);
+      Matrix<Kokkos::HostSpace> Am(const_cast<float*>(A.data.data()), r, in_f);
+      Matrix<Kokkos::HostSpace> Bm(const_cast<float*>(B.data.data()), out_f, r);
+      gemm(Host(), "N", "N", scale, Bm, Am, 1.0f, Wm);
+      ++merged;
+    }
+    add(e.name, e.shape, std::vector<float>(w.data(), w.data() + w.extent(0)));
+  };
+  for (int g = 0; g < table.num_groups(); ++g) {
+    for (const auto& e : table.entries)
+      if (e.group == g && e.kind == ParamKind::nf4) weight(e);
+    for (const auto& e : table.entries) {
+      if (e.group != g || e.kind == ParamKind::nf4 || !e.tied_to.empty()) continue;
+      const LoraAdapter* ad = adapter_of(table, e.name);
+      if (ad && (ad->a == e.name || ad->b == e.name)) continue;
+      add(e.name, e.shape, find_param(c, e.name, file).data);
+    }
+  }
+  safetensors::write(
+      out, tensors,
+      {{"format", "pt"}, {"producer", "kqlora-export"}, {"step", std::to_string(c.step)}});
+  std::cout << out << ": " << tensors.size() << " tensors ("
+            << (merge ? std::to_string(merged) + " with their adapters merged"
+                      : std::string("the NF4 base dequantized, no adapters"))
+            << ", " << (bf16 ? "bfloat16" : "float32") << ", step " << c.step << ")\n";
+}
+
+void write_hf_directory(const CheckpointContents& c, const std::string& file,
+                        const std::string& dir, bool bf16, bool merge) {
+  KQLORA_INPUT_CHECK(!c.arch_text.empty(),
+                     file << ": not a model imported from a Hugging Face directory (no "
+                             "hf_config attribute): --merged and --base write a safetensors "
+                             "file for it");
+  make_directory(dir);
+  write_weights(c, file, dir + "/model.safetensors", bf16, merge);
+  write_text(dir + "/config.json", exported_config(c.arch_text, file, bf16));
+  const std::string src = hf_model_dir(c, file);
+  std::vector<std::string> copied;
+  for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                           "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
+                           "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json"})
+    if (!src.empty() && copy_if_there(src + "/" + name, dir + "/" + name)) copied.push_back(name);
+  std::cout << dir << "/config.json: the checkpoint's config.json (dtype "
+            << (bf16 ? "bfloat16" : "float32") << ")\n";
+  if (copied.empty()) {
+    std::cout << dir << ": note: no tokenizer or generation files copied (hf_model_dir '" << src
+              << "' has none here); copy them from the model's directory\n";
+  } else {
+    std::cout << dir << ": from " << src << ":";
+    for (const auto& n : copied) std::cout << " " << n;
+    std::cout << "\n";
+  }
+}
+
+void write_peft(const CheckpointContents& c, const std::string& file, const std::string& dir) {
+  const ParamTable& table = c.table;
+  KQLORA_INPUT_CHECK(!table.adapters.empty(), file << ": the model has no LoRA adapters");
+  make_directory(dir);
+  const bool hf = !c.arch_text.empty();
+  std::vector<safetensors::TensorToWrite> tensors;
+  std::vector<std::string> targets;
+  std::set<std::string> seen;
+  bool other_trainable = false;
+  auto add = [&](const std::string& name, const CheckpointTensor& t) {
+    tensors.push_back(
+        {"base_model.model." + name, "F32", t.shape, t.data.data(), 4 * t.data.size()});
+  };
+  for (int g = 0; g < table.num_groups(); ++g) {
+    for (const auto& a : table.adapters) {
+      if (table.at(a.base).group != g) continue;
+      add(a.module + ".lora_A.weight", find_param(c, a.a, file));
+      add(a.module + ".lora_B.weight", find_param(c, a.b, file));
+      // Hugging Face models: the projection names (PEFT matches a module whose name ends
+      // in one); every block has the same adapters.
+      const std::string t = hf ? a.module.substr(a.module.rfind('.') + 1) : a.module;
+      if (seen.insert(t).second) targets.push_back(t);
+    }
+    for (const auto& e : table.entries) {
+      if (e.group != g || e.kind != ParamKind::trainable || adapter_of(table, e.name)) continue;
+      add(e.name, find_param(c, e.name, file));
+      other_trainable = true;
+    }
+  }
+  const LoraAdapter& first = table.adapters.front();
+  safetensors::write(dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
+  std::string base = "null";
+  if (hf) {
+    const std::string src = hf_model_dir(c, file);
+    char resolved[PATH_MAX];
+    base = json::quote(::realpath(src.c_str(), resolved) ? std::string(resolved) : src);
+  }
+  std::ostringstream js;
+  js << "{\n"
+     << "  \"peft_type\": \"LORA\",\n"
+     << "  \"task_type\": " << (hf ? "\"CAUSAL_LM\"" : "null") << ",\n"
+     << "  \"base_model_name_or_path\": " << base << ",\n"
+     << "  \"r\": " << first.rank << ",\n"
+     << "  \"lora_alpha\": " << first.alpha << ",\n"
+     << "  \"lora_dropout\": " << first.dropout << ",\n"
+     << "  \"target_modules\": [";
+  for (size_t i = 0; i < targets.size(); ++i) js << (i ? ", " : "") << json::quote(targets[i]);
+  js << "],\n"
+     << "  \"bias\": \"" << (other_trainable ? "all" : "none") << "\",\n"
+     << "  \"fan_in_fan_out\": false,\n"
+     << "  \"use_rslora\": false,\n"
+     << "  \"init_lora_weights\": true,\n"
+     << "  \"inference_mode\": true\n"
+     << "}\n";
+  write_text(dir + "/adapter_config.json", js.str());
+  std::cout << dir << ": adapter_model.safetensors (" << tensors.size()
+            << " tensors) and adapter_config.json (r " << first.rank << ", alpha " << first.alpha
+            << (hf ? ", task_type CAUSAL_LM" : "") << ", step " << c.step << ")\n";
+}
+
+}  // namespace kqlora::exporter

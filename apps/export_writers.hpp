@@ -1,0 +1,34 @@
+#pragma once
+// What kqlora-export writes from a checkpoint (docs/CHECKPOINTS.md, "Exports"): the model's
+// weights as safetensors (merged with the adapters, or the dequantized base alone), a
+// Hugging Face model directory of them for models imported from one, and the adapters in
+// PEFT's layout.
+
+#include <string>
+
+#include "kqlora/io/checkpoint.hpp"
+
+namespace kqlora::exporter {
+
+/// Every tensor of the checkpoint's table as safetensors `out`: each NF4 weight dequantized
+/// -- plus (alpha / rank) * B A where an adapter targets it when `merge` -- and the other
+/// tensors (biases, frozen dense) as they are; the adapters' A and B are not written.
+/// `file` names the checkpoint in messages.
+void write_weights(const CheckpointContents& c, const std::string& file, const std::string& out,
+                   bool bf16, bool merge);
+
+/// A Hugging Face model directory `dir` of a model imported from one (c.arch_text set):
+/// model.safetensors as write_weights writes it (tied heads omitted: HF names), config.json
+/// from the checkpoint with its dtype set to the exported one (and no quantization_config),
+/// and the tokenizer and generation files of the run's hf_model_dir where it is there.
+void write_hf_directory(const CheckpointContents& c, const std::string& file,
+                        const std::string& dir, bool bf16, bool merge);
+
+/// The adapters in PEFT's layout: dir/adapter_model.safetensors
+/// (base_model.model.<module>.lora_A.weight, lora_B.weight; other trainable tensors under
+/// base_model.model.<name>) and dir/adapter_config.json (peft_type LORA; for Hugging Face
+/// models task_type CAUSAL_LM, target_modules the projection names and
+/// base_model_name_or_path the run's hf_model_dir).
+void write_peft(const CheckpointContents& c, const std::string& file, const std::string& dir);
+
+}  // namespace kqlora::exporter

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""kqlora's Llama adapters back in the ecosystem (ctest llama_export_transformers):
+
+    python3 tests/check_llama_export.py KQLORA_TRAIN KQLORA_EXPORT CASE_DIR WORKDIR
+
+CASE_DIR is a tests/data/llama_reference case (config.json, model.safetensors, data.h5).
+Trains 5 AdamW steps with kqlora-train (LoRA dropout on, eval over data.h5 after the last
+step), exports --peft, --base and --merged, then, with transformers and PEFT in float32:
+  PeftModel.from_pretrained(AutoModelForCausalLM(--base dir), --peft dir)  and
+  AutoModelForCausalLM(--merged dir)
+each give kqlora's eval loss on data.h5 (rtol 1e-4); adapter_config.json says what PEFT
+needs. Exit 77 (ctest: skipped) with a message when torch, transformers, peft or h5py
+cannot be imported.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+try:
+    import h5py
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+except ImportError as e:  # the suite must not need them
+    print("SKIPPED: %s (pip install torch transformers peft h5py to run this test)" % e)
+    sys.exit(77)
+
+
+def main():
+    train, export, case, work = sys.argv[1:5]
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    deck = os.path.join(work, "deck.in")
+    with open(deck, "w") as f:
+        f.write("model = llama\n")
+    data = os.path.join(case, "data.h5")
+    run = lambda *cmd: subprocess.run(cmd, check=True, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True).stdout
+    run(train, deck, "hf_model_dir=" + case, "data_file=" + data, "eval_file=" + data,
+        "eval_every=5", "num_steps=5", "global_bs=3", "lora_rank=4", "lora_alpha=8",
+        "lora_dropout=0.1", "block_size=32", "scaler_block_size=32", "optimizer=adamw",
+        "lr=1e-2", "save_dir=" + os.path.join(work, "ckpt"),
+        "metrics_file=" + os.path.join(work, "metrics.jsonl"))
+    want = [json.loads(l)["eval_loss"] for l in open(os.path.join(work, "metrics.jsonl"))
+            if "eval_loss" in l][-1]
+    ckpt = os.path.join(work, "ckpt")
+    for kind in ("peft", "base", "merged"):
+        print(run(export, ckpt, "--" + kind, os.path.join(work, kind)).strip())
+
+    cfg = json.load(open(os.path.join(work, "peft", "adapter_config.json")))
+    checks = [("task_type", cfg["task_type"] == "CAUSAL_LM"),
+              ("r and lora_alpha", (cfg["r"], cfg["lora_alpha"]) == (4, 8)),
+              ("lora_dropout", abs(cfg["lora_dropout"] - 0.1) < 1e-12),
+              ("target_modules", sorted(cfg["target_modules"]) == sorted(
+                  ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])),
+              ("base_model_name_or_path",
+               cfg["base_model_name_or_path"] == os.path.realpath(case))]
+    hf_cfg = json.load(open(os.path.join(case, "config.json")))
+    with open(os.path.join(work, "merged", "model.safetensors"), "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        names = set(json.loads(f.read(n))) - {"__metadata__"}
+    checks.append(("lm_head.weight only when untied",
+                   ("lm_head.weight" in names) != hf_cfg["tie_word_embeddings"]))
+
+    with h5py.File(data) as f:
+        ids = torch.tensor(f["input_ids"][...], dtype=torch.long)
+        labels = torch.tensor(f["labels"][...], dtype=torch.long)
+
+    def loss_of(model):
+        model.eval()
+        with torch.no_grad():
+            return model(input_ids=ids, labels=labels).loss.item()
+
+    base = AutoModelForCausalLM.from_pretrained(os.path.join(work, "base"), dtype=torch.float32)
+    peft_model = PeftModel.from_pretrained(base, os.path.join(work, "peft"))
+    got_peft = loss_of(peft_model)
+    merged = AutoModelForCausalLM.from_pretrained(os.path.join(work, "merged"),
+                                                  dtype=torch.float32)
+    got_merged = loss_of(merged)
+    untrained = loss_of(AutoModelForCausalLM.from_pretrained(os.path.join(work, "base"),
+                                                             dtype=torch.float32))
+    checks += [("PEFT on --base: loss %.7f vs kqlora's %.7f" % (got_peft, want),
+                abs(got_peft - want) <= 1e-4 * abs(want)),
+               ("--merged: loss %.7f vs kqlora's %.7f" % (got_merged, want),
+                abs(got_merged - want) <= 1e-4 * abs(want)),
+               ("the adapters matter: --base alone %.7f" % untrained,
+                abs(untrained - want) > 1e-3 * abs(want))]
+    ok = True
+    for name, passed in checks:
+        print("%s: %s" % ("ok" if passed else "FAILED", name))
+        ok &= passed
+    print("Passed!" if ok else "Failed!")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
