@@ -55,23 +55,6 @@ void randomize(Llama<Exec>& model, std::mt19937& gen) {
   model.params_changed();
 }
 
-// Model FLOPs of one step (docs/BENCHMARKS.md): projections and the LM head forward and
-// input gradient (layer 0's q, k, v input gradient skipped: none is computed), the causal
-// attention's useful products forward and backward, the adapters; no frozen weight's
-// gradient, no recomputation, no elementwise work.
-double model_flops(const LlamaArch& a, int64_t n, int64_t S) {
-  const double T = static_cast<double>(n * S), H = a.hidden, Q = a.q_features(),
-               KV = a.kv_features(), I = a.intermediate, L = a.layers, r = kRank;
-  const double qkv = H * (Q + 2 * KV), rest = Q * H + 3 * H * I;  // weights per layer
-  const double projections = 2 * T * (2 * L * (qkv + rest) - qkv);
-  const double head = 2 * T * 2 * a.vocab * H;
-  const double pairs = static_cast<double>(n) * S * (S + 1) / 2.0;  // causal (query, key)
-  const double attention = L * a.heads * 6 * 2 * pairs * a.head_dim;
-  const double lora_io = 2 * (H + Q) + 2 * (H + KV) + (Q + H) + 2 * (H + I) + (I + H);
-  const double lora = L * 2 * T * r * 3 * lora_io;  // 6 rank-r products per adapter
-  return projections + head + attention + lora;
-}
-
 }  // namespace
 
 LlamaShape llama_shape(const std::string& name) {
@@ -123,7 +106,7 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
     if (wanted(step.name, filter)) {
       step.median_s =
           median_seconds(repeats, [&] { model.forward_backward(b, normaliser, false); });
-      step.flops = model_flops(a, n, seq);
+      step.flops = model.train_flops(n, seq);
       step.elements = static_cast<double>(T);
       step.bytes = 2.0 * static_cast<double>(model.nf4_bytes());  // the base, read twice
       out.push_back(step);

@@ -16,8 +16,8 @@
 #include "app_main.hpp"
 #include "bench_llama.hpp"
 #include "bench_record.hpp"
-#include "fma_peak.hpp"
 #include "kqlora/core/build_info.hpp"
+#include "kqlora/core/fma_peak.hpp"
 #include "kqlora/nn/linear_nf4.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
 
@@ -77,13 +77,13 @@ using kqlora::bench::seconds;
 void fma_peak_record(int repeats, const std::string& filter, std::vector<Record>& out) {
   const std::string name = "fma_peak_f32";
   if (!kqlora::bench::wanted(name, filter)) return;
-  const auto loop = kqlora::bench::fma_loop();
+  const auto loop = kqlora::fma_loop();
   // About 0.1 s per repetition.
   int64_t iterations = 1 << 20;
-  const double t = seconds([&] { kqlora::bench::run_fma_loop(loop, iterations); });
+  const double t = seconds([&] { kqlora::run_fma_loop(loop, iterations); });
   iterations = std::max<int64_t>(iterations, static_cast<int64_t>(iterations * 0.1 / t));
   Record r{name};
-  r.median_s = median_seconds(repeats, [&] { kqlora::bench::run_fma_loop(loop, iterations); });
+  r.median_s = median_seconds(repeats, [&] { kqlora::run_fma_loop(loop, iterations); });
   r.flops = loop.flops_per_iteration * static_cast<double>(iterations);
   out.push_back(r);
   std::cout << "FMA peak loop: " << loop.name << " (" << loop.width_bits << "-bit)\n";

@@ -9,7 +9,8 @@ step), exports --peft, --base and --merged, then, with transformers and PEFT in 
   PeftModel.from_pretrained(AutoModelForCausalLM(--base dir), --peft dir)  and
   AutoModelForCausalLM(--merged dir)
 each give kqlora's eval loss on data.h5 (rtol 1e-4); adapter_config.json says what PEFT
-needs. Exit 77 (ctest: skipped) with a message when torch, transformers, peft or h5py
+needs; PEFT's save_pretrained of the loaded adapters, as kqlora-train's init_file, gives
+the same eval loss again. Exit 77 (ctest: skipped) with a message when torch, transformers, peft or h5py
 cannot be imported.
 """
 import json
@@ -81,10 +82,22 @@ def main():
     got_merged = loss_of(merged)
     untrained = loss_of(AutoModelForCausalLM.from_pretrained(os.path.join(work, "base"),
                                                              dtype=torch.float32))
+    # PEFT's own writer, read back by kqlora (init_file = a PEFT adapter directory; lr 0
+    # leaves the adapters as loaded): the same eval loss.
+    peft_model.save_pretrained(os.path.join(work, "peft_saved"))
+    run(train, deck, "hf_model_dir=" + case, "data_file=" + data, "eval_file=" + data,
+        "eval_every=1", "num_steps=1", "global_bs=3", "lora_rank=4", "lora_alpha=8",
+        "block_size=32", "scaler_block_size=32", "optimizer=adamw", "lr=0",
+        "init_file=" + os.path.join(work, "peft_saved"), "save_dir=" + os.path.join(work, "again"),
+        "metrics_file=" + os.path.join(work, "again.jsonl"))
+    again = [json.loads(l)["eval_loss"] for l in open(os.path.join(work, "again.jsonl"))
+             if "eval_loss" in l][-1]
     checks += [("PEFT on --base: loss %.7f vs kqlora's %.7f" % (got_peft, want),
                 abs(got_peft - want) <= 1e-4 * abs(want)),
                ("--merged: loss %.7f vs kqlora's %.7f" % (got_merged, want),
                 abs(got_merged - want) <= 1e-4 * abs(want)),
+               ("init_file = PEFT's save_pretrained directory: eval loss %.7f" % again,
+                abs(again - want) <= 1e-5 * abs(want)),
                ("the adapters matter: --base alone %.7f" % untrained,
                 abs(untrained - want) > 1e-3 * abs(want))]
     ok = True

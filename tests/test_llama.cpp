@@ -152,6 +152,55 @@ TEST_P(LlamaReference, LogitsLossAndLoraGradientsMatchTransformersPeft) {
   EXPECT_EQ(checked, static_cast<int>(model->table().adapters.size()) * 2);
 }
 
+// activation_checkpointing recomputes each block's forward in its backward: the same
+// operations on the same values, so the loss and every gradient are bit for bit those of
+// the run that keeps every block's activations -- with dropout too (the masks are keyed,
+// not drawn) and over two micro-batches of different widths.
+TEST_P(LlamaReference, ActivationCheckpointingGivesTheSameNumbers) {
+  const Case& c = GetParam();
+  Data data = read_data(c.dir);
+  for (double dropout : {0.0, 0.1}) {
+    std::vector<std::vector<float>> grads;
+    std::vector<double> losses;
+    for (bool recompute : {false, true}) {
+      auto cfg = config_of(c);
+      cfg.dropout = dropout;
+      cfg.activation_checkpointing = recompute;
+      kqlora::Llama<Exec> model(Exec(), cfg);
+      std::ostringstream log;
+      kqlora::initialize_model(Exec(), model, c.dir + "/init.h5", log);
+      // Rows 0-1 and row 2 alone (another width: the buffers are reused, not regrown).
+      kqlora::Batch<Mem> first = data.batch, second = data.batch;
+      first.tokens = Kokkos::subview(data.batch.tokens, Kokkos::make_pair(0, 2), Kokkos::ALL);
+      first.labels = Kokkos::subview(data.batch.labels, Kokkos::make_pair(0, 2), Kokkos::ALL);
+      second.tokens = kqlora::TokenMatrix<Mem>("ids", 1, 9);
+      second.labels = kqlora::TokenMatrix<Mem>("labels", 1, 9);
+      auto ht = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), data.batch.tokens);
+      auto hl = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), data.batch.labels);
+      auto st = Kokkos::create_mirror_view(second.tokens);
+      auto sl = Kokkos::create_mirror_view(second.labels);
+      for (int t = 0; t < 9; ++t) st(0, t) = ht(2, t), sl(0, t) = hl(2, t);
+      Kokkos::deep_copy(second.tokens, st);
+      Kokkos::deep_copy(second.labels, sl);
+      second.first_sample = 2;
+      second.row_len = data.S;
+      double loss = model.forward_backward(first, data.count, false);
+      loss += model.forward_backward(second, data.count, true);
+      losses.push_back(loss);
+      const auto g = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.grads);
+      grads.emplace_back(g.data(), g.data() + g.extent(0));
+    }
+    EXPECT_EQ(losses[0], losses[1]) << c.name << " dropout " << dropout;
+    ASSERT_EQ(grads[0].size(), grads[1].size());
+    size_t differ = 0;
+    for (size_t i = 0; i < grads[0].size(); ++i) differ += grads[0][i] != grads[1][i];
+    EXPECT_EQ(differ, 0u) << c.name << " dropout " << dropout;
+    double norm = 0;
+    for (float v : grads[0]) norm += double(v) * v;
+    EXPECT_GT(norm, 0) << c.name;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, LlamaReference, ::testing::ValuesIn(kCases),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
@@ -790,4 +839,51 @@ TEST(LlamaData, ShuffleIsASeededPermutationPerEpoch) {
   }
   EXPECT_NE(epochs[0], epochs[1]);
   EXPECT_NE(epochs[1], epochs[2]);
+}
+
+// init_file = a PEFT adapter directory: the adapters under PEFT's names are the
+// checkpoint's; a directory whose LoRA configuration is not the deck's is refused, naming
+// adapter_config.json and what differs.
+TEST(LlamaImport, PeftAdapterDirectoryAsInitFile) {
+  const Case& c = kCases[0];
+  const std::string dir = tmp_dir("peft_init");
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  auto reference = load(c);  // adapters from init.h5 (non-zero A and B)
+  const auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), reference->params);
+  std::vector<kqlora::safetensors::TensorToWrite> tensors;
+  for (const auto& a : reference->table().adapters)
+    for (const auto& [name, peft] :
+         {std::pair<std::string, std::string>{a.a, "lora_A"}, {a.b, "lora_B"}}) {
+      const kqlora::ParamEntry& e = reference->table().at(name);
+      tensors.push_back({"base_model.model." + a.module + "." + peft + ".weight", "F32", e.shape,
+                         hp.data() + e.offset, static_cast<size_t>(4 * e.numel())});
+    }
+  kqlora::safetensors::write(dir + "/adapter_model.safetensors", tensors, {});
+  auto config = [&](const std::string& fields) {
+    std::ofstream(dir + "/adapter_config.json") << "{\"peft_type\": \"LORA\", " << fields << "}\n";
+  };
+  config("\"r\": 4, \"lora_alpha\": 8");
+  kqlora::Llama<Exec> model(Exec(), config_of(c));
+  std::ostringstream log;
+  kqlora::initialize_model(Exec(), model, dir, log);
+  const auto got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params);
+  ASSERT_EQ(got.extent(0), hp.extent(0));
+  for (size_t i = 0; i < got.extent(0); ++i) ASSERT_EQ(got(i), hp(i)) << i;
+  EXPECT_NE(log.str().find("28 tensors from " + dir + ","), std::string::npos) << log.str();
+  for (const auto& [extra, what] : std::vector<std::pair<std::string, std::string>>{
+           {"\"r\": 8, \"lora_alpha\": 8", "r 8 differs from lora_rank 4"},
+           {"\"r\": 4, \"lora_alpha\": 16", "lora_alpha 16 differs from lora_alpha 8"},
+           {"\"r\": 4, \"lora_alpha\": 8, \"use_rslora\": true",
+            "use_rslora = true is not supported"}}) {
+    config(extra);
+    try {
+      kqlora::Llama<Exec> m(Exec(), config_of(c));
+      kqlora::initialize_model(Exec(), m, dir, log);
+      ADD_FAILURE() << extra << " accepted";
+    } catch (const kqlora::InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(dir + "/adapter_config.json"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  }
 }

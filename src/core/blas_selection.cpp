@@ -188,6 +188,11 @@ void select_blas_threads(int ranks_on_node) {
                  std::to_string(ranks) + " rank" + (ranks > 1 ? "s" : "") + " on this node)";
 }
 
+int blas_threads() {
+  auto get = lookup<int (*)()>("openblas_get_num_threads");
+  return get ? std::max(1, get()) : 1;
+}
+
 std::string describe_blas() {
   if (!dlsym(RTLD_DEFAULT, "sgemm_")) return "none linked (this program makes no dense products)";
   std::ostringstream os;

@@ -21,8 +21,8 @@ const std::array<const char*, kLlamaProjections> kLlamaProjectionModules = {
 
 namespace {
 enum Proj { kQ, kK, kV, kO, kGate, kUp, kDown };
+}  // namespace
 
-// [out, in] of projection p.
 std::array<int64_t, 2> projection_shape(const LlamaArch& a, int p) {
   switch (p) {
     case kQ:
@@ -38,6 +38,32 @@ std::array<int64_t, 2> projection_shape(const LlamaArch& a, int p) {
       return {a.intermediate, a.hidden};
   }
 }
+
+double llama_train_flops(const LlamaArch& a, int64_t rank,
+                         const std::array<bool, kLlamaProjections>& targets, int64_t sequences,
+                         int64_t positions) {
+  const double T = static_cast<double>(sequences * positions), L = static_cast<double>(a.layers);
+  double weights = 0, qkv = 0, lora_io = 0;  // per layer
+  for (int p = 0; p < kLlamaProjections; ++p) {
+    const auto s = projection_shape(a, p);
+    weights += static_cast<double>(s[0] * s[1]);
+    if (p <= kV) qkv += static_cast<double>(s[0] * s[1]);
+    if (targets[p]) lora_io += static_cast<double>(s[0] + s[1]);
+  }
+  // Forward and input gradient of every projection (none into layer 0's input) and of the
+  // LM head; 6 rank-r products per adapter; the causal attention's useful products (3
+  // forward-and-backward pairs of QK^T and PV sized matmuls over the (query, key) pairs).
+  const double projections = 2 * T * (2 * L * weights - qkv);
+  const double head = 2 * T * 2 * static_cast<double>(a.vocab * a.hidden);
+  const double pairs = static_cast<double>(sequences) * static_cast<double>(positions) *
+                       static_cast<double>(positions + 1) / 2.0;
+  const double attention =
+      L * static_cast<double>(a.heads) * 6 * 2 * pairs * static_cast<double>(a.head_dim);
+  const double lora = L * 2 * T * static_cast<double>(rank) * 3 * lora_io;
+  return projections + head + attention + lora;
+}
+
+namespace {
 
 std::string layer_prefix(int l) {
   return "model.layers." + std::to_string(l);
@@ -225,6 +251,7 @@ void Llama<ExecSpace>::ensure(int64_t sequences, int64_t S) {
   if (grow) {
     capacity_ = T;
     for (auto& c : store_) c = BlockCache();  // (the old buffers go first)
+    work_store_ = BlockCache();
     buffers_store_ = Buffers();
   }
   auto rows = [&](auto& store, auto& view, const char* label, int64_t width) {
@@ -243,10 +270,22 @@ void Llama<ExecSpace>::ensure(int64_t sequences, int64_t S) {
       view = V(store.data(), T * width);
     }
   };
-  for (size_t l = 0; l < cache_.size(); ++l) each_buffer(store_[l], cache_[l], rows);
+  if (this->cfg_.activation_checkpointing) {
+    // Each block keeps its input; one block's worth of activations serves the forward and
+    // each block's recomputation in the backward.
+    for (size_t l = 0; l < cache_.size(); ++l) rows(store_[l].x, cache_[l].x, "x", arch_.hidden);
+    each_buffer(work_store_, work_, rows);
+  } else {
+    for (size_t l = 0; l < cache_.size(); ++l) each_buffer(store_[l], cache_[l], rows);
+  }
   each_buffer(buffers_store_, buf_, rows);
   tokens_ = T;
   seq_len_ = S;
+}
+
+template <class ExecSpace>
+double Llama<ExecSpace>::train_flops(int64_t sequences, int64_t positions) const {
+  return llama_train_flops(arch_, this->cfg_.rank, targets_, sequences, positions);
 }
 
 template <class ExecSpace>
@@ -286,9 +325,9 @@ auto Llama<ExecSpace>::dense_matrix(const ParamEntry* e) const -> Matrix<Mem> {
 }
 
 template <class ExecSpace>
-void Llama<ExecSpace>::project(int l, int p, const Matrix<Mem>& x, const Matrix<Mem>& y) {
+void Llama<ExecSpace>::project(int l, int p, BlockCache& c, const Matrix<Mem>& x,
+                               const Matrix<Mem>& y) {
   const bool bf16 = this->cfg_.bf16();
-  BlockCache& c = cache_[l];
   if (!targets_[p]) {
     lora_projection_forward<ExecSpace, Mem>(this->exec_, this->nf4[blocks_[l].w[p]->offset],
                                             nullptr, x, x, bf16, Matrix<Mem>(), buf_.lora, ws_, y);
@@ -305,10 +344,9 @@ void Llama<ExecSpace>::project(int l, int p, const Matrix<Mem>& x, const Matrix<
 }
 
 template <class ExecSpace>
-void Llama<ExecSpace>::project_back(int l, int p, const Matrix<Mem>& gy, bool accumulate,
-                                    float gx_beta, const Matrix<Mem>& gx) {
+void Llama<ExecSpace>::project_back(int l, int p, const BlockCache& c, const Matrix<Mem>& gy,
+                                    bool accumulate, float gx_beta, const Matrix<Mem>& gx) {
   const bool bf16 = this->cfg_.bf16();
-  BlockCache& c = cache_[l];
   const auto& W = this->nf4[blocks_[l].w[p]->offset];
   if (!targets_[p]) {
     if (gx.data())
@@ -331,6 +369,41 @@ void Llama<ExecSpace>::project_back(int l, int p, const Matrix<Mem>& gy, bool ac
 }
 
 template <class ExecSpace>
+auto Llama<ExecSpace>::block_cache(int l) -> BlockCache& {
+  if (!this->cfg_.activation_checkpointing) return cache_[l];
+  work_.x = cache_[l].x;  // (the block's own input; the rest is shared)
+  return work_;
+}
+
+template <class ExecSpace>
+void Llama<ExecSpace>::block_forward(int l, BlockCache& c, const Matrix<Mem>& next) {
+  const ExecSpace& exec = this->exec_;
+  const bool bf16 = this->cfg_.bf16();
+  const float eps = static_cast<float>(arch_.rms_norm_eps);
+  const int64_t S = seq_len_;
+  const AttentionShape shape{tokens_ / S, S, arch_.heads, arch_.kv_heads, arch_.head_dim};
+  const Block& B = blocks_[l];
+  rms_norm_forward(exec, c.x, dense_vector(B.ln1), eps, bf16, c.n1, c.inv1);
+  project(l, kQ, c, c.n1, c.q);
+  project(l, kK, c, c.n1, c.k);
+  project(l, kV, c, c.n1, c.v);
+  rope_apply(exec, rope_, S, arch_.head_dim, false, bf16, c.q);
+  rope_apply(exec, rope_, S, arch_.head_dim, false, bf16, c.k);
+  causal_attention_forward(exec, shape, c.q, c.k, c.v, bf16, att_ws_, c.att, c.lse);
+  project(l, kO, c, c.att, buf_.proj_out);
+  Kokkos::deep_copy(exec, c.mid, c.x);
+  residual_add(exec, buf_.proj_out, bf16, c.mid);
+  rms_norm_forward(exec, c.mid, dense_vector(B.ln2), eps, bf16, c.n2, c.inv2);
+  project(l, kGate, c, c.n2, c.gate);
+  project(l, kUp, c, c.n2, c.up);
+  swiglu_forward(exec, c.gate, c.up, bf16, c.act);
+  project(l, kDown, c, c.act, buf_.proj_out);  // (its adapter's h and dropout mask too)
+  if (!next.data()) return;  // a recomputation: the backward needs no block output
+  Kokkos::deep_copy(exec, next, c.mid);
+  residual_add(exec, buf_.proj_out, bf16, next);
+}
+
+template <class ExecSpace>
 double Llama<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool training,
                                  bool with_grads) {
   const ExecSpace& exec = this->exec_;
@@ -343,31 +416,12 @@ double Llama<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool tr
   dropout_on_ = training && this->cfg_.dropout > 0;
   const bool bf16 = this->cfg_.bf16();
   const float eps = static_cast<float>(arch_.rms_norm_eps);
-  const AttentionShape shape{n, S, arch_.heads, arch_.kv_heads, arch_.head_dim};
   embedding_forward(exec, dense_vector(embed_), b.tokens, cache_[0].x);
   for (int l = 0; l < arch_.layers; ++l) {
-    BlockCache& c = cache_[l];
-    const Block& B = blocks_[l];
     const Matrix<Mem>& next = l + 1 < arch_.layers ? cache_[l + 1].x : buf_.x_out;
-    this->acquire(B.w[0]->group);
-    rms_norm_forward(exec, c.x, dense_vector(B.ln1), eps, bf16, c.n1, c.inv1);
-    project(l, kQ, c.n1, c.q);
-    project(l, kK, c.n1, c.k);
-    project(l, kV, c.n1, c.v);
-    rope_apply(exec, rope_, S, arch_.head_dim, false, bf16, c.q);
-    rope_apply(exec, rope_, S, arch_.head_dim, false, bf16, c.k);
-    causal_attention_forward(exec, shape, c.q, c.k, c.v, bf16, att_ws_, c.att, c.lse);
-    project(l, kO, c.att, buf_.proj_out);
-    Kokkos::deep_copy(exec, c.mid, c.x);
-    residual_add(exec, buf_.proj_out, bf16, c.mid);
-    rms_norm_forward(exec, c.mid, dense_vector(B.ln2), eps, bf16, c.n2, c.inv2);
-    project(l, kGate, c.n2, c.gate);
-    project(l, kUp, c.n2, c.up);
-    swiglu_forward(exec, c.gate, c.up, bf16, c.act);
-    project(l, kDown, c.act, buf_.proj_out);
-    Kokkos::deep_copy(exec, next, c.mid);
-    residual_add(exec, buf_.proj_out, bf16, next);
-    this->release(B.w[0]->group);
+    this->acquire(blocks_[l].w[0]->group);
+    block_forward(l, block_cache(l), next);
+    this->release(blocks_[l].w[0]->group);
   }
   rms_norm_forward(exec, buf_.x_out, dense_vector(norm_), eps, bf16, buf_.nf, buf_.invf);
   return lm_head_cross_entropy(exec, buf_.nf, dense_matrix(head_), b.labels, normaliser, bf16,
@@ -384,27 +438,28 @@ void Llama<ExecSpace>::backward(bool accumulate) {
                     Kokkos::View<const float*, Mem>(buf_.invf), buf_.gn, buf_.g);
   if (bf16) round_bf16(exec, buf_.g);
   for (int l = arch_.layers - 1; l >= 0; --l) {
-    BlockCache& c = cache_[l];
     const Block& B = blocks_[l];
     this->acquire(B.w[0]->group);
+    BlockCache& c = block_cache(l);
+    if (this->cfg_.activation_checkpointing) block_forward(l, c, Matrix<Mem>());
     // MLP: g is the gradient of the block's output (and of mid, through the residual).
-    project_back(l, kDown, buf_.g, accumulate, 0.0f, buf_.gact);
+    project_back(l, kDown, c, buf_.g, accumulate, 0.0f, buf_.gact);
     swiglu_backward(exec, c.gate, c.up, buf_.gact, bf16, buf_.ggate, buf_.gup);
-    project_back(l, kGate, buf_.ggate, accumulate, 0.0f, buf_.gn);
-    project_back(l, kUp, buf_.gup, accumulate, 1.0f, buf_.gn);
+    project_back(l, kGate, c, buf_.ggate, accumulate, 0.0f, buf_.gn);
+    project_back(l, kUp, c, buf_.gup, accumulate, 1.0f, buf_.gn);
     rms_norm_backward(exec, c.mid, dense_vector(B.ln2), Kokkos::View<const float*, Mem>(c.inv2),
                       buf_.gn, buf_.gtmp);
     residual_add(exec, buf_.gtmp, bf16, buf_.g);
     // Attention: g is now the gradient of mid (and of the block's input).
-    project_back(l, kO, buf_.g, accumulate, 0.0f, buf_.gatt);
+    project_back(l, kO, c, buf_.g, accumulate, 0.0f, buf_.gatt);
     causal_attention_backward(exec, shape, c.q, c.k, c.v, c.att, c.lse, buf_.gatt, bf16, att_ws_,
                               buf_.gq, buf_.gk, buf_.gv);
     rope_apply(exec, rope_, S, arch_.head_dim, true, bf16, buf_.gq);
     rope_apply(exec, rope_, S, arch_.head_dim, true, bf16, buf_.gk);
     const Matrix<Mem> gx = l > 0 ? buf_.gn : Matrix<Mem>();  // layer 0: no input gradient
-    project_back(l, kQ, buf_.gq, accumulate, 0.0f, gx);
-    project_back(l, kK, buf_.gk, accumulate, 1.0f, gx);
-    project_back(l, kV, buf_.gv, accumulate, 1.0f, gx);
+    project_back(l, kQ, c, buf_.gq, accumulate, 0.0f, gx);
+    project_back(l, kK, c, buf_.gk, accumulate, 1.0f, gx);
+    project_back(l, kV, c, buf_.gv, accumulate, 1.0f, gx);
     if (l > 0) {
       rms_norm_backward(exec, c.x, dense_vector(B.ln1), Kokkos::View<const float*, Mem>(c.inv1),
                         buf_.gn, buf_.gtmp);

@@ -21,14 +21,15 @@ std::map<std::string, ModelKind>& registry() {
           return std::unique_ptr<DefaultModel>(std::make_unique<LoraStack<Exec>>(exec, c, zeroed));
         },
         {"dim", "num_linears", "lora_rank", "lora_alpha", "lora_dropout", "lora_b_init", "bias",
-         "activation", "block_size", "scaler_block_size", "dtype", "seed", "loss"}};
+         "activation", "block_size", "scaler_block_size", "dtype", "seed", "loss",
+         "activation_checkpointing"}};
     m["llama"] = {
         [](const ModelConfig& c) { return Llama<Exec>::make_table(c); },
         [](const Exec& exec, const ModelConfig& c, bool zeroed) {
           return std::unique_ptr<DefaultModel>(std::make_unique<Llama<Exec>>(exec, c, zeroed));
         },
         {"hf_model_dir", "lora_targets", "lora_rank", "lora_alpha", "lora_dropout", "lora_b_init",
-         "block_size", "scaler_block_size", "dtype", "seed", "loss"}};
+         "block_size", "scaler_block_size", "dtype", "seed", "loss", "activation_checkpointing"}};
     return m;
   }();
   return r;

@@ -103,6 +103,7 @@ template <class ExecSpace>
 double BatchLoader<ExecSpace>::run(Model<ExecSpace>& model, DataParallel<ExecSpace>* dp,
                                    const DataSource& src, int64_t step, RunReport* report) {
   const double normaliser = src.normaliser(step, model.config().loss == LossKind::mse);
+  tokens_ = flops_ = 0;
   return pass(model, dp, src, step, normaliser, global_bs_, report);
 }
 
@@ -129,6 +130,11 @@ double BatchLoader<ExecSpace>::pass(Model<ExecSpace>& model, DataParallel<ExecSp
     const Batch<Mem> b = load(src, step, m0, n);
     if (report) report->enter(Phase::forward_backward);
     if (dp) {
+      if (spec_.tokens) {
+        const int64_t width = b.tokens.extent(1);
+        tokens_ += static_cast<double>(n * width);
+        flops_ += model.train_flops(n, width);
+      }
       if (k + 1 == micro_batches_) dp->before_last_backward();  // the last one reduces
       loss += model.forward_backward(b, normaliser, k > 0);     // the first writes the grads
     } else {

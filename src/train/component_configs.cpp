@@ -27,6 +27,7 @@ ModelConfig model_config(const Config& c) {
   m.lora_b_zeros = c.lora_b_init == "zeros";
   m.lora_targets = c.lora_targets;
   m.hf_model_dir = c.hf_model_dir;
+  m.activation_checkpointing = c.activation_checkpointing;
   if (!c.hf_model_dir.empty()) {
     m.arch_source = c.hf_model_dir + "/config.json";
     std::ifstream f(m.arch_source);

@@ -172,6 +172,15 @@ std::vector<Key> make_keys() {
           [](const Config& c) { return c.lora_targets; },
           "all-linear|a comma list of q_proj,...,down_proj (all-linear)"),
       key(
+          "activation_checkpointing", kModel,
+          [](Config& c, const std::string& v, const std::string& w) {
+            c.activation_checkpointing = to_bool(v, w);
+          },
+          [](const Config& c) {
+            return std::string(c.activation_checkpointing ? "true" : "false");
+          },
+          "false"),
+      key(
           "bias", kModel | kFixed,
           [](Config& c, const std::string& v, const std::string& w) { c.bias = to_bool(v, w); },
           [](const Config& c) { return std::string(c.bias ? "true" : "false"); }, "false"),

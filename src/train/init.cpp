@@ -5,8 +5,12 @@
 #include <map>
 #include <ostream>
 #include <set>
+#include <sstream>
+
+#include <sys/stat.h>
 
 #include "kqlora/build_config.hpp"
+#include "kqlora/core/json.hpp"
 #include "kqlora/core/random.hpp"
 #include "kqlora/io/tensor_source.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
@@ -36,9 +40,15 @@ struct InitFile {
   h5::Handle file, params;  // HDF5
 #endif
   std::set<std::string> names, used;
+  std::map<std::string, std::string> stored;  // kqlora name -> the file's (PEFT directories)
 
-  explicit InitFile(const std::string& p) : path(p) {
+  explicit InitFile(const std::string& p, const ModelConfig* cfg = nullptr) : path(p) {
     if (p.empty()) return;
+    struct stat st {};
+    if (::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      open_peft_directory(cfg);
+      return;
+    }
     char sig[8] = {0};
     std::ifstream(p, std::ios::binary).read(sig, 8);
     if (std::string(sig, 4) == "\x89HDF") {
@@ -56,6 +66,67 @@ struct InitFile {
       source = open_tensor_source(p);
       for (const auto& e : source->entries()) names.insert(e.name);
     }
+  }
+
+  /// A PEFT adapter directory (adapter_config.json, adapter_model.safetensors): its
+  /// LoRA configuration must be the deck's; base_model.model.<module>.lora_A.weight is
+  /// <module>.lora_a.weight (lora_B: lora_b), base_model.model.<name> is <name>.
+  void open_peft_directory(const ModelConfig* cfg) {
+    const std::string config = path + "/adapter_config.json";
+    std::ifstream f(config);
+    KQLORA_INPUT_CHECK(f.good(), path << ": a directory, but not a PEFT adapter directory ("
+                                      << config << " cannot be read)");
+    std::stringstream text;
+    text << f.rdbuf();
+    const json::Value doc = json::parse(text.str(), config);
+    auto field = [&](const char* key) {
+      const json::Value* v = doc.kind == json::Value::Kind::object ? doc.find(key) : nullptr;
+      return v;
+    };
+    const json::Value* type = field("peft_type");
+    KQLORA_INPUT_CHECK(type && type->kind == json::Value::Kind::string && type->string == "LORA",
+                       config << ": peft_type is not \"LORA\"");
+    for (const char* key : {"use_rslora", "use_dora", "fan_in_fan_out"}) {
+      const json::Value* v = field(key);
+      KQLORA_INPUT_CHECK(!v || v->kind != json::Value::Kind::boolean || !v->boolean,
+                         config << ": " << key << " = true is not supported (kqlora's adapters "
+                                << "are plain LoRA, scale lora_alpha / r, weights [out, in])");
+    }
+    if (cfg) {
+      const json::Value* r = field("r");
+      const json::Value* alpha = field("lora_alpha");
+      KQLORA_INPUT_CHECK(
+          r && r->kind == json::Value::Kind::number && r->number == cfg->rank,
+          config << ": r " << (r ? r->number : -1) << " differs from lora_rank " << cfg->rank);
+      KQLORA_INPUT_CHECK(
+          alpha && alpha->kind == json::Value::Kind::number && alpha->number == cfg->alpha,
+          config << ": lora_alpha " << (alpha ? alpha->number : -1) << " differs from lora_alpha "
+                 << cfg->alpha << " (the adapters would be scaled differently)");
+    }
+    const std::string weights = path + "/adapter_model.safetensors";
+    source = open_tensor_source(weights);
+    const std::string prefix = "base_model.model.";
+    for (const auto& e : source->entries()) {
+      KQLORA_INPUT_CHECK(e.name.compare(0, prefix.size(), prefix) == 0,
+                         weights << ": tensor '" << e.name << "' is not under " << prefix
+                                 << " (not PEFT's layout)");
+      std::string name = e.name.substr(prefix.size());
+      for (const auto& [from, to] :
+           {std::pair<std::string, std::string>{".lora_A.weight", ".lora_a.weight"},
+            {".lora_B.weight", ".lora_b.weight"}}) {
+        const size_t at = name.size() >= from.size() ? name.size() - from.size() : 0;
+        if (name.size() > from.size() && name.compare(at, from.size(), from) == 0)
+          name = name.substr(0, at) + to;
+      }
+      stored[name] = e.name;
+      names.insert(name);
+    }
+    path = weights;
+  }
+
+  std::string stored_name(const std::string& name) const {
+    const auto it = stored.find(name);
+    return it == stored.end() ? name : it->second;
   }
 
   bool has(const std::string& name) const {
@@ -80,7 +151,7 @@ struct InitFile {
       return out;
     }
 #endif
-    HostTensor t = source->load(name);
+    HostTensor t = source->load(stored_name(name));
     KQLORA_INPUT_CHECK(t.shape == shape, where << " has shape " << shape_text(t.shape)
                                                << ", expected " << shape_text(shape));
     if (!t.is_bf16) return t.f32;
@@ -122,7 +193,7 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
   using Mem = typename ExecSpace::memory_space;
   const ModelConfig& cfg = model.config();
   // Highest precedence first: the init_file, the model's own files, the seed.
-  InitFile init(init_file);
+  InitFile init(init_file, &cfg);
   InitFile base(cfg.hf_model_dir.empty() ? std::string() : hf_weights_file(cfg.hf_model_dir));
   int from_file = 0, from_base = 0, from_seed = 0;
   auto file_of = [&](const ParamEntry& e) -> InitFile* {

@@ -54,8 +54,11 @@ void RunReport::enter(Phase p) {
   since_ = now;
 }
 
-void RunReport::step(int64_t step, double loss, double lr, double norm, bool finite) {
+void RunReport::step(int64_t step, double loss, double lr, double norm, bool finite, double tokens,
+                     double flops) {
   if (first_step_ < 0) first_step_ = step;
+  tokens_ += tokens;
+  flops_ += flops;
   const bool due = (step + 1) % cfg_.log_every == 0 || step + 1 == cfg_.num_steps;
   if (!due) return;
   const double elapsed = seconds(Clock::now() - loop_);
@@ -66,8 +69,12 @@ void RunReport::step(int64_t step, double loss, double lr, double norm, bool fin
     log_ << "step " << std::setw(6) << step + 1 << "/" << cfg_.num_steps << "  loss "
          << std::setprecision(6) << std::scientific << loss << std::defaultfloat << "  lr "
          << std::setprecision(3) << lr << "  |g| " << std::setprecision(4) << norm << "  samples/s "
-         << std::fixed << std::setprecision(1) << sps << std::defaultfloat << "  elapsed "
-         << human_time(elapsed) << "  ETA " << human_time(eta)
+         << std::fixed << std::setprecision(1) << sps << std::defaultfloat;
+    if (tokens_ > 0)
+      log_ << "  tokens/s " << std::fixed << std::setprecision(0) << tokens_ / elapsed;
+    if (flops_ > 0 && peak_ > 0)
+      log_ << "  MFU " << std::setprecision(1) << 100 * flops_ / elapsed / peak_ << "%";
+    log_ << std::defaultfloat << "  elapsed " << human_time(elapsed) << "  ETA " << human_time(eta)
          << (finite ? "" : "  (non-finite: step skipped)") << "\n";
     log_.flush();
   }
@@ -82,8 +89,11 @@ void RunReport::step(int64_t step, double loss, double lr, double norm, bool fin
       metrics_ << norm;
     else
       metrics_ << "null";
-    metrics_ << ", \"skipped\": " << (finite ? "false" : "true") << ", \"elapsed_s\": " << elapsed
-             << "}\n";
+    metrics_ << ", \"skipped\": " << (finite ? "false" : "true") << ", \"elapsed_s\": " << elapsed;
+    if (tokens_ > 0) metrics_ << ", \"tokens\": " << tokens_;
+    if (flops_ > 0) metrics_ << ", \"model_flops\": " << flops_;
+    if (flops_ > 0 && peak_ > 0) metrics_ << ", \"mfu\": " << flops_ / elapsed / peak_;
+    metrics_ << "}\n";
     metrics_.flush();
   }
 }

@@ -5,8 +5,11 @@
 #include <cmath>
 #include <ostream>
 #include <sstream>
+#include <type_traits>
 
 #include "kqlora/build_config.hpp"
+#include "kqlora/core/blas_selection.hpp"
+#include "kqlora/core/fma_peak.hpp"
 #include "kqlora/core/human_units.hpp"
 #include "kqlora/core/signals.hpp"
 #include "kqlora/nn/model_registry.hpp"
@@ -46,13 +49,24 @@ std::string describe_model(const Model<Exec>& m) {
   return os.str();
 }
 
-/// Sums `v` over ranks; a stop signal on any rank travels with it, so every rank stops
-/// after the same step.
-bool sum_and_stop(Communicator& comm, double& v) {
-  double both[2] = {v, stop_requested() ? 1.0 : 0.0};
-  if (comm.size() > 1) comm.wait(comm.allreduce_sum(both, 2));
-  v = both[0];
-  return both[1] > 0;
+/// Sums `v` (and `tokens`, `flops`) over ranks; a stop signal on any rank travels with
+/// it, so every rank stops after the same step.
+bool sum_and_stop(Communicator& comm, double& v, double* tokens = nullptr,
+                  double* flops = nullptr) {
+  double all[4] = {v, stop_requested() ? 1.0 : 0.0, tokens ? *tokens : 0, flops ? *flops : 0};
+  if (comm.size() > 1) comm.wait(comm.allreduce_sum(all, 4));
+  v = all[0];
+  if (tokens) *tokens = all[2];
+  if (flops) *flops = all[3];
+  return all[1] > 0;
+}
+
+/// The FMA peak of the cores this run computes on (host runs; 0 on a device, whose peak
+/// kqlora does not measure): one core's, measured now, times the threads of all ranks.
+double run_peak_flops(const Communicator& comm) {
+  if (!std::is_same<Mem, Kokkos::HostSpace>::value) return 0;
+  const int threads = std::max(blas_threads(), Exec().concurrency());
+  return fma_peak_flops(0.05) * threads * comm.size();
 }
 
 }  // namespace
@@ -89,6 +103,7 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
                                   << " ranks (each rank needs a sample)");
   const Exec exec;
   RunReport report(cfg, comm, Exec::name(), log);
+  report.set_peak_flops(run_peak_flops(comm));
   auto checkpoints = make_run_checkpoints<Exec>(cfg, comm, log);
   // The weights are written once, by the initialisation or the restart (and, with
   // node-shared DDP, only into the shared memory): no zeros to write first. A restart
@@ -146,7 +161,8 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
       double loss = batches.run(*model, dp.get(), data, step, &report);  // forward, backward
       report.enter(Phase::communication);
       dp->reduce_gradients();  // the gradient of the whole global batch
-      stop = sum_and_stop(comm, loss);
+      double tokens = batches.tokens(), flops = batches.flops();
+      stop = sum_and_stop(comm, loss, &tokens, &flops);
       report.enter(Phase::optimizer);
       const double norm = dp->grad_norm(exec);
       const bool finite = std::isfinite(loss) && std::isfinite(norm);
@@ -165,7 +181,7 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
       summary.losses.push_back(finite ? loss : NAN);
       summary.steps_skipped += finite ? 0 : 1;
       summary.steps_done = step + 1;
-      report.step(step, loss, lr, norm, finite);
+      report.step(step, loss, lr, norm, finite, tokens, flops);
     }
     if (eval && (step + 1) % cfg.eval_every == 0) {
       report.enter(Phase::evaluation);

@@ -3,7 +3,9 @@
 # at 2 ranks give the one-process run's adapters (kqlora-diff, rtol 1e-5) and eval losses
 # (shuffled rows, global batches of 2 over 3 rows: steps straddle epochs; the evaluation's
 # last global batch leaves rank 1 an empty micro-batch), and an FSDP run of 3 steps resumed
-# to 5 equals the straight 5 steps bit for bit (parameters and optimizer state). The model is tests/data/llama_reference/gqa (GQA, untied head).
+# to 5 equals the straight 5 steps bit for bit (parameters and optimizer state); FSDP at 3
+# ranks (shared layout, activation checkpointing), DDP at 4, and a run moved from DDP at 4
+# ranks to FSDP at 3 mid-way give the one-process run's adapters and eval losses. The model is tests/data/llama_reference/gqa (GQA, untied head).
 # usage: llama_parallel.sh MPIEXEC "MPIEXEC_FLAGS" KQLORA_TRAIN KQLORA_DIFF DATA_DIR WORKDIR
 set -u
 mpiexec=$1 flags=$2 train=$3 diff=$4 model=$5 dir=$6
@@ -34,6 +36,14 @@ run 2 buckets num_steps=5 ddp_shared_memory=off bucket_mb=0.01
 run 2 fsdp num_steps=5 parallel=fsdp
 run 2 fsdp_split num_steps=3 parallel=fsdp
 run 2 fsdp_split num_steps=5 parallel=fsdp restart=latest
+# np 3 and 4 (global_bs 4: slices of 2, 1, 1 and 1 each), the shared layout, activation
+# checkpointing, and a resume at another world size and mode: 3 steps of DDP at 4 ranks,
+# then 2 of FSDP at 3, against 5 at 1 -- all with micro_bs 1 (gradient accumulation).
+run 1 one4 num_steps=5 global_bs=4
+run 3 fsdp3 num_steps=5 global_bs=4 parallel=fsdp checkpoint_layout=shared activation_checkpointing=true
+run 4 ddp4 num_steps=5 global_bs=4 checkpoint_layout=shared
+run 4 moved num_steps=3 global_bs=4
+run 3 moved num_steps=5 global_bs=4 parallel=fsdp restart=latest
 # A restart on another base is refused (exit 2), naming what differs: the NF4 kqlora
 # quantizes itself (no init_file) differs from torchao's in init.h5 in the last bit of
 # scaler_mean (docs/NF4.md); another config.json; other lora_targets.
@@ -62,8 +72,13 @@ same_eval() {  # REF TEST: the eval losses within rtol 1e-5
 }
 same_eval one ddp
 same_eval one fsdp
+same_eval one4 fsdp3
+same_eval one4 ddp4
 same one ddp --rtol 1e-5 --atol 1e-6
 same one buckets --rtol 1e-5 --atol 1e-6
 same one fsdp --rtol 1e-5 --atol 1e-6
 same fsdp fsdp_split --rtol 0 --atol 0 --optimizer
+same one4 fsdp3 --rtol 1e-5 --atol 1e-6
+same one4 ddp4 --rtol 1e-5 --atol 1e-6
+same one4 moved --rtol 1e-5 --atol 1e-6
 echo "ok"

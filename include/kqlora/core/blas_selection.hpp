@@ -34,6 +34,9 @@ void select_blas_kernel(char** argv);
 /// the node), at least 1.
 void select_blas_threads(int ranks_on_node);
 
+/// The BLAS's thread count (1 where it cannot say).
+int blas_threads();
+
 /// One line for logs and --version: the library, its kernel, its threads, and what kqlora
 /// changed, e.g. "OpenBLAS 0.3.21 (/usr/lib/.../libblas.so.3), kernel Zen, 1 thread;
 /// kernel kept (...); threads from OPENBLAS_NUM_THREADS".

@@ -42,6 +42,18 @@ extern const std::array<const char*, kLlamaProjections>
 std::array<bool, kLlamaProjections> parse_lora_targets(const std::string& text,
                                                        const std::string& where);
 
+/// [out, in] of projection p (kLlamaProjectionNames order).
+std::array<int64_t, 2> projection_shape(const LlamaArch& a, int p);
+
+/// The model FLOPs of a training pass over `sequences` x `positions` tokens
+/// (docs/BENCHMARKS.md, "Llama"): the products of the forward and the input gradients of
+/// every projection and the LM head, the adapters' six rank-r products, the causal
+/// attention's useful products forward and backward; no frozen weight's gradient, no
+/// elementwise work, no recomputation.
+double llama_train_flops(const LlamaArch& a, int64_t rank,
+                         const std::array<bool, kLlamaProjections>& targets, int64_t sequences,
+                         int64_t positions);
+
 template <class ExecSpace>
 class Llama : public Model<ExecSpace> {
  public:
@@ -56,6 +68,7 @@ class Llama : public Model<ExecSpace> {
   InputSpec input() const override;
   double forward_backward(const Batch<Mem>& batch, double normaliser, bool accumulate) override;
   double loss(const Batch<Mem>& batch, double normaliser) override;
+  double train_flops(int64_t sequences, int64_t positions) const override;
 
   /// The logits [tokens, vocab] of a batch (evaluation and tests; the loss never needs
   /// them whole).
@@ -92,6 +105,7 @@ class Llama : public Model<ExecSpace> {
   // What the views of cache_ and buf_ point into: capacity_ tokens' rows each.
   std::vector<BlockCache> store_;
   Buffers buffers_store_;
+  BlockCache work_, work_store_;  // activation checkpointing: the one block's activations
   int64_t capacity_ = 0;
   LinearNf4Workspace<Mem> ws_;
   AttentionWorkspace<Mem> att_ws_;
@@ -112,9 +126,15 @@ class Llama : public Model<ExecSpace> {
   DropoutKey dropout_key(int layer, int p, int64_t features) const;
   Kokkos::View<const float*, Mem> dense_vector(const ParamEntry* e) const;
   Matrix<Mem> dense_matrix(const ParamEntry* e) const;
-  void project(int layer, int p, const Matrix<Mem>& x, const Matrix<Mem>& y);
-  void project_back(int layer, int p, const Matrix<Mem>& gy, bool accumulate, float gx_beta,
-                    const Matrix<Mem>& gx);
+  /// What block `layer` keeps for its backward: its own cache, or with activation
+  /// checkpointing the shared one over its input.
+  BlockCache& block_cache(int layer);
+  /// Block `layer`'s forward from c.x into c; `next` (the block's output) empty: a
+  /// recomputation, which stops short of it.
+  void block_forward(int layer, BlockCache& c, const Matrix<Mem>& next);
+  void project(int layer, int p, BlockCache& c, const Matrix<Mem>& x, const Matrix<Mem>& y);
+  void project_back(int layer, int p, const BlockCache& c, const Matrix<Mem>& gy, bool accumulate,
+                    float gx_beta, const Matrix<Mem>& gx);
 };
 
 }  // namespace kqlora

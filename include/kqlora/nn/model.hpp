@@ -54,6 +54,13 @@ class Model {
   virtual double forward_backward(const Batch<Mem>& batch, double normaliser, bool accumulate) = 0;
   /// The loss alone (evaluation: no dropout, no gradients).
   virtual double loss(const Batch<Mem>& batch, double normaliser) = 0;
+  /// Model FLOPs of forward_backward on a token batch of that shape (progress lines:
+  /// model-FLOPs utilisation); 0 where the model does not count them.
+  virtual double train_flops(int64_t sequences, int64_t positions) const {
+    (void)sequences;
+    (void)positions;
+    return 0;
+  }
 
   /// Data-parallel hooks: group_done(g) runs (after a fence) as soon as group g's
   /// gradients are complete; progress() runs between the panels of long products.

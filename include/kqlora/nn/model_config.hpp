@@ -30,6 +30,9 @@ struct ModelConfig {
   std::string hf_model_dir;
   std::string arch_text;
   std::string arch_source = "config.json";  // where arch_text came from (for messages)
+  // llama: recompute each block's forward in its backward (the same numbers, less memory;
+  // not part of the text form: a restart may change it).
+  bool activation_checkpointing = false;
 
   /// The LoRA scale alpha / rank, in float as the forward applies it.
   float scale() const { return static_cast<float>(alpha) / static_cast<float>(rank); }

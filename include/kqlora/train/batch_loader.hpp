@@ -41,11 +41,16 @@ class BatchLoader {
   /// global batches, each split across ranks as a step's, the last one short; this rank's
   /// share of it (the ranks' shares add up to the loss).
   double evaluate(Model<ExecSpace>& model, const DataSource& src);
+  /// The last run()'s tokens on this rank (rows x trimmed width of each micro-batch) and
+  /// its model FLOPs (Model::train_flops).
+  double tokens() const { return tokens_; }
+  double flops() const { return flops_; }
 
  private:
   ExecSpace exec_;
   InputSpec spec_;
   uint64_t seed_;
+  double tokens_ = 0, flops_ = 0;
   int64_t global_bs_, first_ = 0, count_ = 0, mb_ = 1, micro_batches_ = 1;
   Batch<Mem> buf_;
   std::vector<float> rows_, trows_;

@@ -20,6 +20,7 @@ struct Config {
   std::string lora_b_init = "kaiming";      // zeros | kaiming (llama: zeros)
   std::string hf_model_dir;                 // llama: config.json + model.safetensors
   std::string lora_targets = "all-linear";  // llama: projections with adapters
+  bool activation_checkpointing = false;    // llama: recompute blocks in the backward
   bool bias = false;
   std::string activation = "none";  // none | relu | gelu | silu
   int64_t block_size = 64, scaler_block_size = 256;

@@ -27,7 +27,13 @@ class RunReport {
   void enter(Phase p);
   /// Step `step` (0-based) done, called for every step: the progress line and the metrics
   /// record every log_every steps and at the last.
-  void step(int64_t step, double loss, double lr, double grad_norm, bool finite);
+  /// `tokens` and `flops`: the step's over all ranks (token models; 0 otherwise): the
+  /// line shows tokens/s and, with a peak set, the model-FLOPs utilisation.
+  void step(int64_t step, double loss, double lr, double grad_norm, bool finite, double tokens = 0,
+            double flops = 0);
+  /// The FMA peak (FLOP/s) of every core of the run, which MFU is measured against (0:
+  /// not known, no MFU).
+  void set_peak_flops(double peak) { peak_ = peak; }
   void eval(int64_t step, double loss);
   /// Collective: the timing table over every rank, `parallel_stats` (lines), the peak
   /// memory.
@@ -50,6 +56,7 @@ class RunReport {
   int64_t rss_start_ = 0;
   bool loop_started_ = false;
   int64_t first_step_ = -1;
+  double peak_ = 0, tokens_ = 0, flops_ = 0;  // (sums over the run's steps)
 };
 
 }  // namespace kqlora

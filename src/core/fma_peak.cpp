@@ -1,8 +1,11 @@
-#include "fma_peak.hpp"
+#include "kqlora/core/fma_peak.hpp"
+
+#include <algorithm>
+#include <chrono>
 
 #include "kqlora/core/cpu_features.hpp"
 
-namespace kqlora::bench {
+namespace kqlora {
 
 FmaLoop fma_loop() {
   const auto& cpu = cpu_features();
@@ -92,4 +95,22 @@ void run_fma_loop(const FmaLoop& loop, int64_t iterations) {
 #endif
 }
 
-}  // namespace kqlora::bench
+double fma_peak_flops(double seconds) {
+  const FmaLoop loop = fma_loop();
+  using Clock = std::chrono::steady_clock;
+  auto timed = [&](int64_t n) {
+    const auto t0 = Clock::now();
+    run_fma_loop(loop, n);
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  int64_t n = 1 << 16;  // about a millisecond at the widest width
+  while (timed(n) < 2e-3 && n < (int64_t(1) << 40)) n *= 2;
+  double best = 0;
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  do {  // (the best of several: another process may have had the core)
+    best = std::max(best, loop.flops_per_iteration * static_cast<double>(n) / timed(n));
+  } while (Clock::now() < end);
+  return best;
+}
+
+}  // namespace kqlora

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-namespace kqlora::bench {
+namespace kqlora {
 
 struct FmaLoop {
   int width_bits = 0;  ///< 512, 256 or 128 (128: SSE multiply + add, no FMA)
@@ -20,4 +20,8 @@ FmaLoop fma_loop();
 /// 4 cycles on 2 pipes, with room), all in registers.
 void run_fma_loop(const FmaLoop& loop, int64_t iterations);
 
-}  // namespace kqlora::bench
+/// One core's float32 FMA peak in FLOP/s: the best of repeated runs of fma_loop() over
+/// about `seconds` (model-FLOPs utilisation is measured against it).
+double fma_peak_flops(double seconds);
+
+}  // namespace kqlora

@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""kqlora-train against PyTorch + PEFT + torchao on a SmolLM2-135M-shaped Llama, one
+thread per rank, side by side (docs/BENCHMARKS.md, "Llama fine-tuning speed").
+
+    python3 tools/bench_llama_vs_pytorch.py [--model DIR] [--steps 6] [--bin build/bin]
+
+Both sides train QLoRA on full rows of 256 tokens whose every label is scored: all seven
+projections of every block in NF4 (torchao's to_nf4, block 64, scaler_block_size 64; the
+same sizes for kqlora), LoRA rank 8, alpha 16 on all seven (PEFT on the PyTorch side,
+whose base linears hold the NF4 weights: torchao dequantizes each weight in every
+forward and backward), AdamW, float32, torch.set_num_threads(1). --model is a Hugging
+Face directory (default models/SmolLM2-135M-Instruct when it is there, else a random
+model of SmolLM2-135M's shape written under run/). Measured, in one run:
+  1 x 256 and 4 x 256 tokens per step: the median step time after the first, each side
+  DDP at 2 ranks against 1 with global_bs 2 (kqlora): the tokens/s ratio
+Prints a table and one JSON line (--json FILE writes it too).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def smol_shape_dir(path):
+    """A random model of SmolLM2-135M's shape (tied embeddings) as an HF directory."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    if os.path.exists(os.path.join(path, "model.safetensors")):
+        return path
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                      num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                      head_dim=64, rope_theta=100000.0, rms_norm_eps=1e-5,
+                      tie_word_embeddings=True, max_position_embeddings=8192)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def token_file(path, rows, seq, vocab):
+    import h5py
+    import numpy as np
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, vocab, size=(rows, seq), dtype=np.int32)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("input_ids", data=ids)
+        f.create_dataset("labels", data=ids)
+        f.attrs["vocab_size"] = np.int64(vocab)
+    return ids
+
+
+def torch_steps(model_dir, ids, batch, steps):
+    """Median seconds of a PyTorch + PEFT + torchao QLoRA step after the first."""
+    import torch
+    torch.set_num_threads(1)
+    from peft import LoraConfig, get_peft_model
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    names = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    for mod in model.modules():
+        for n in names:
+            lin = getattr(mod, n, None)
+            if isinstance(lin, torch.nn.Linear):
+                lin.weight = torch.nn.Parameter(
+                    to_nf4(lin.weight.detach(), block_size=64, scaler_block_size=64),
+                    requires_grad=False)
+    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                                             target_modules=names))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    x = torch.tensor(ids[:batch], dtype=torch.long)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        loss = model(input_ids=x, labels=x).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def kqlora_steps(bin_dir, model_dir, data, batch, steps, ranks, work, tag):
+    """Median seconds of a kqlora-train step after the first (from its metrics file)."""
+    deck = os.path.join(work, "bench.in")
+    with open(deck, "w") as f:
+        f.write("model = llama\n")
+    metrics = os.path.join(work, tag + ".jsonl")
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    cmd = [os.path.join(bin_dir, "kqlora-train"), deck, "hf_model_dir=" + model_dir,
+           "data_file=" + data, "global_bs=%d" % batch, "micro_bs=%d" % batch,
+           "num_steps=%d" % steps, "optimizer=adamw", "lr=1e-4", "lora_rank=8",
+           "lora_alpha=16", "block_size=64", "scaler_block_size=64", "checkpoint_every=0",
+           "save_dir=" + os.path.join(work, tag), "metrics_file=" + metrics]
+    if ranks > 1:
+        cmd = ["mpirun", "-np", str(ranks), "--oversubscribe"] + cmd
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    elapsed = [json.loads(l)["elapsed_s"] for l in open(metrics) if '"loss"' in l]
+    return statistics.median([b - a for a, b in zip(elapsed, elapsed[1:])])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    default = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct")
+    ap.add_argument("--model", default=default if os.path.isdir(default) else None)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[v] = "1"
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    work = os.path.join(ROOT, "run", "bench_llama")
+    os.makedirs(work, exist_ok=True)
+    model_dir = args.model or smol_shape_dir(os.path.join(work, "smol_shape"))
+    vocab = json.load(open(os.path.join(model_dir, "config.json")))["vocab_size"]
+    data = os.path.join(work, "tokens.h5")
+    ids = token_file(data, 8, 256, vocab)
+    print(subprocess.run([os.path.join(args.bin, "kqlora-train"), "--version"],
+                         stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()[0])
+    print("model: %s; %d steps per measurement, medians after the first" % (model_dir, args.steps))
+    result = {"model": model_dir}
+    for batch in (1, 4):
+        k = kqlora_steps(args.bin, model_dir, data, batch, args.steps, 1, work, "k%d" % batch)
+        t = torch_steps(model_dir, ids, batch, args.steps)
+        result["%dx256" % batch] = {"kqlora_s": k, "pytorch_s": t, "speedup": t / k}
+        print("%d x 256: kqlora-train %.3f s/step (%.0f tokens/s), PyTorch+PEFT+torchao %.3f "
+              "s/step (%.0f tokens/s): %.2fx" % (batch, k, 256 * batch / k, t, 256 * batch / t,
+                                                 t / k), flush=True)
+    one = kqlora_steps(args.bin, model_dir, data, 2, args.steps, 1, work, "ddp1")
+    two = kqlora_steps(args.bin, model_dir, data, 2, args.steps, 2, work, "ddp2")
+    result["ddp_np2_over_np1_tokens_per_s"] = one / two
+    print("DDP global_bs 2: np 1 %.3f s/step, np 2 %.3f s/step: %.2fx the tokens/s"
+          % (one, two, one / two))
+    line = json.dumps(result)
+    print(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
