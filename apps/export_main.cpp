@@ -9,6 +9,7 @@
 #include "app_main.hpp"
 #include "export_writers.hpp"
 #include "kqlora/io/checkpoint.hpp"
+#include "kqlora/train/base_from_model_dir.hpp"
 
 namespace {
 
@@ -56,8 +57,10 @@ int export_main(std::vector<std::string>& args) {
   // reassembled.
   std::vector<kqlora::CheckpointContents> parts;
   for (const auto& f : files) parts.push_back(kqlora::read_checkpoint_file(f));
-  const auto c = kqlora::assemble_checkpoint(parts, args[0]);
+  auto c = kqlora::assemble_checkpoint(parts, args[0]);
   const std::string& file = files.front();
+  // checkpoint_base = auto: the base quantized again from the run's hf_model_dir.
+  if (!has_peft) kqlora::load_base_from_model_dir(c, args[0]);
   const bool bf16 = dtype == "bfloat16";
   if (has_peft) {
     kqlora::exporter::write_peft(c, file, peft);

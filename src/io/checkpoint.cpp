@@ -109,6 +109,7 @@ void write_checkpoint_file(const std::string& path, const CheckpointContents& c)
     h5::write_attribute(f, "model_config", c.model_config_text);
   }
   if (!c.arch_text.empty()) h5::write_attribute(f, "hf_config", c.arch_text);
+  if (!c.base_hash.empty()) h5::write_attribute(f, "base_hash", c.base_hash);
   h5::write_attribute(f, "kqlora_version", version());
   auto params = h5::create_group(f, "params");
   for (const auto& [name, t] : c.nf4) h5::write_nf4(params, name, t, &writeback);
@@ -287,6 +288,8 @@ CheckpointContents read_checkpoint_file(const std::string& path, bool with_optim
     c.arch_text = model.arch_text = h5::read_string_attribute(f, "hf_config", path);
     model.arch_source = path + " (hf_config)";
   }
+  if (h5::has_attribute(f, "base_hash"))
+    c.base_hash = h5::read_string_attribute(f, "base_hash", path);
   const auto kinds = model_kinds();
   KQLORA_INPUT_CHECK(std::find(kinds.begin(), kinds.end(), model.kind) != kinds.end(),
                      path << ": model '" << model.kind << "' is not a model this kqlora knows");
@@ -366,7 +369,9 @@ namespace {
 /// foreign file).
 void validate_against_config(const CheckpointContents& c, const std::string& path) {
   const ParamTable& table = c.table;
+  const bool base = c.base_hash.empty();  // (auto: the file holds no frozen tensor)
   for (const ParamEntry* e : table.of_kind(ParamKind::nf4)) {
+    if (!base) break;
     const Nf4Layout L = e->nf4_layout();
     bool found = false;
     for (const auto& [name, t] : c.nf4) {
@@ -385,11 +390,12 @@ void validate_against_config(const CheckpointContents& c, const std::string& pat
     }
     KQLORA_INPUT_CHECK(found, path << ": /params/" << e->name << " (NF4) is missing");
   }
-  const bool sharded = !c.nf4_shards.empty();
+  const bool sharded = !c.nf4_shards.empty() || (c.parallel == "fsdp" && c.layout == "per_rank");
   for (const auto& t : c.params) {
     const ParamEntry* e = table.find(t.name);
-    KQLORA_INPUT_CHECK(e && e->kind != ParamKind::nf4,
-                       path << ": /params/" << t.name << " is not a parameter of this model");
+    KQLORA_INPUT_CHECK(e && e->kind != ParamKind::nf4 && (base || e->kind != ParamKind::dense),
+                       path << ": /params/" << t.name << " is not a parameter of this model"
+                            << (base ? "" : " (or is frozen, in a file with base_hash)"));
     const auto& shape = t.first_element >= 0 ? t.global_shape : t.shape;
     KQLORA_INPUT_CHECK(shape == e->shape, path << ": /params/" << t.name << " has shape "
                                                << h5::shape_text(shape) << ", expected "
@@ -397,7 +403,7 @@ void validate_against_config(const CheckpointContents& c, const std::string& pat
   }
   if (!sharded) {  // a whole checkpoint has every float tensor
     for (const auto& e : table.entries) {
-      if (e.kind == ParamKind::nf4) continue;
+      if (e.kind == ParamKind::nf4 || (!base && e.kind == ParamKind::dense)) continue;
       bool found = false;
       for (const auto& t : c.params) found |= t.name == e.name;
       KQLORA_INPUT_CHECK(found, path << ": /params/" << e.name << " is missing");

@@ -1,5 +1,6 @@
 #include "kqlora/io/checkpoint_diff.hpp"
 
+#include "kqlora/io/base_hash.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
 
 #include <cmath>
@@ -79,9 +80,26 @@ std::vector<DiffLine> diff_checkpoints(const CheckpointContents& ref,
   std::vector<DiffLine> out;
   std::map<std::string, const h5::HostNf4*> test_nf4;
   std::map<std::string, const CheckpointTensor*> test_float;
-  for (const auto& [n, t] : test.nf4) test_nf4[n] = &t;
-  for (const auto& p : test.params) test_float[p.name] = &p;
+  // A checkpoint that stores its base's identity (checkpoint_base = auto): the bases are
+  // compared by that hash (of the stored tensors, for a file that has them), the other
+  // tensors one by one.
+  const bool by_hash = !ref.base_hash.empty() || !test.base_hash.empty();
+  auto frozen = [&](const std::string& name) {
+    const ParamEntry* e = ref.table.find(name);
+    return by_hash && e && e->kind != ParamKind::trainable;
+  };
+  if (by_hash) {
+    const std::string a = ref.base_hash.empty() ? base_hash(ref, "REF") : ref.base_hash;
+    const std::string b = test.base_hash.empty() ? base_hash(test, "TEST") : test.base_hash;
+    out.push_back({"base (hash of the NF4 and frozen tensors)", "nf4", a == b, 0, 0,
+                   a == b ? "" : a + " vs " + b});
+  }
+  for (const auto& [n, t] : test.nf4)
+    if (!frozen(n)) test_nf4[n] = &t;
+  for (const auto& p : test.params)
+    if (!frozen(p.name)) test_float[p.name] = &p;
   for (const auto& [n, r] : ref.nf4) {
+    if (frozen(n)) continue;
     const auto it = test_nf4.find(n);
     if (it == test_nf4.end()) {
       out.push_back({n, "missing", false, 0, 0, "NF4 parameter missing from the test"});
@@ -91,6 +109,7 @@ std::vector<DiffLine> diff_checkpoints(const CheckpointContents& ref,
     test_nf4.erase(it);
   }
   for (const auto& p : ref.params) {
+    if (frozen(p.name)) continue;
     const auto it = test_float.find(p.name);
     if (it == test_float.end()) {
       out.push_back({p.name, "missing", false, 0, 0, "parameter missing from the test"});

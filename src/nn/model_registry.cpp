@@ -29,7 +29,8 @@ std::map<std::string, ModelKind>& registry() {
           return std::unique_ptr<DefaultModel>(std::make_unique<Llama<Exec>>(exec, c, zeroed));
         },
         {"hf_model_dir", "lora_targets", "lora_rank", "lora_alpha", "lora_dropout", "lora_b_init",
-         "block_size", "scaler_block_size", "dtype", "seed", "loss", "activation_checkpointing"}};
+         "block_size", "scaler_block_size", "dtype", "seed", "loss", "activation_checkpointing",
+         "checkpoint_base"}};
     return m;
   }();
   return r;

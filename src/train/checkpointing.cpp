@@ -10,6 +10,7 @@
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/populate_pages.hpp"
 #include "kqlora/core/seconds_since.hpp"
+#include "kqlora/io/base_hash.hpp"
 #include "kqlora/io/shared_checkpoint.hpp"
 #include "kqlora/train/component_configs.hpp"
 
@@ -24,7 +25,8 @@ template <class ExecSpace>
 std::string save_shared(
     const Config& cfg, Model<ExecSpace>& model,
     const std::vector<std::pair<std::string, typename Model<ExecSpace>::Vec>>& state,
-    const DataParallel<ExecSpace>& dp, Communicator& comm, const CheckpointContents& header) {
+    const DataParallel<ExecSpace>& dp, Communicator& comm, const CheckpointContents& header,
+    bool with_base) {
   const auto* shards = dp.nf4_shards();  // FSDP
   const bool fsdp = shards != nullptr;
   const int rank = comm.rank(), nranks = comm.size();
@@ -37,7 +39,8 @@ std::string save_shared(
   sc.header.optimizer.clear();
   std::vector<std::vector<uint16_t>> bf16_keep;  // converted parts, alive until written
   std::vector<Nf4Tensor<Kokkos::HostSpace>> base_keep;
-  const auto nf4_entries = model.table().of_kind(ParamKind::nf4);
+  const auto nf4_entries =
+      with_base ? model.table().of_kind(ParamKind::nf4) : std::vector<const ParamEntry*>();
   base_keep.reserve(nf4_entries.size());  // parts point into it: no reallocation
   auto add_dtype_values = [&](DType dtype, const std::string& path, int64_t n, int64_t lo,
                               int64_t hi, const float* v) {
@@ -100,6 +103,7 @@ std::string save_shared(
   // Frozen dense tensors (replicated): an even split in whole chunks, as DDP parameters.
   std::vector<Kokkos::View<float*, Kokkos::HostSpace>> dense_keep;
   for (const ParamEntry* e : model.table().of_kind(ParamKind::dense)) {
+    if (!with_base) break;
     dense_keep.push_back(
         Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.dense[e->offset]));
     const auto [lo, hi] = chunk_range(e->shape, rank, nranks);
@@ -264,8 +268,9 @@ std::string save_checkpoint(
     const Config& cfg, Model<ExecSpace>& model, const Optimizer<ExecSpace>& opt,
     const std::vector<std::pair<std::string, typename Model<ExecSpace>::Vec>>& opt_state,
     const DataParallel<ExecSpace>& dp, Communicator& comm, int64_t steps_done,
-    const std::string& data_source) {
+    const std::string& data_source, const std::string& base_hash) {
   const auto* shards = dp.nf4_shards();  // FSDP: the NF4 shards and this rank's chunk
+  const bool with_base = base_hash.empty();
   const bool fsdp = shards != nullptr;
   const int rank = comm.rank(), nranks = comm.size();
   CheckpointContents c;
@@ -281,14 +286,15 @@ std::string save_checkpoint(
   c.optimizer_steps = opt.steps();
   c.seed = cfg.seed;
   c.data_source = data_source;
+  c.base_hash = base_hash;
   if (cfg.checkpoint_layout == "shared")  // written straight from the model's buffers
-    return save_shared(cfg, model, opt_state, dp, comm, c);
+    return save_shared(cfg, model, opt_state, dp, comm, c, with_base);
   auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params);
   const ParamTable& table = model.table();
   const auto trainable = table.of_kind(ParamKind::trainable);
   if (!fsdp) {
     for (const ParamEntry* e : table.of_kind(ParamKind::nf4))
-      c.nf4.emplace_back(e->name, nf4_host(model.nf4[e->offset]));
+      if (with_base) c.nf4.emplace_back(e->name, nf4_host(model.nf4[e->offset]));
     for (const ParamEntry* p : trainable)
       c.params.push_back(
           {p->name, p->shape,
@@ -304,7 +310,7 @@ std::string save_checkpoint(
     // This rank's shards: its NF4 blocks, and the part of each parameter (and of its
     // optimizer state) that lies in its chunk of the flat vector.
     for (const ParamEntry* e : table.of_kind(ParamKind::nf4))
-      c.nf4_shards.emplace_back(e->name, nf4_shard_host((*shards)[e->offset]));
+      if (with_base) c.nf4_shards.emplace_back(e->name, nf4_shard_host((*shards)[e->offset]));
     const int64_t lo = dp.chunk_offset(),
                   hi = lo + static_cast<int64_t>(dp.chunk_params().extent(0));
     const auto& state = opt_state;
@@ -330,7 +336,7 @@ std::string save_checkpoint(
   // Frozen dense tensors (replicated): whole in every DDP file; in rank 0's FSDP file, as
   // a slice of all of it (the other ranks' files hold none).
   for (const ParamEntry* e : table.of_kind(ParamKind::dense)) {
-    if (fsdp && rank != 0) continue;
+    if (!with_base || (fsdp && rank != 0)) continue;
     auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.dense[e->offset]);
     CheckpointTensor t{e->name, fsdp ? std::vector<int64_t>{e->numel()} : e->shape,
                        std::vector<float>(h.data(), h.data() + e->numel())};
@@ -344,8 +350,21 @@ std::string save_checkpoint(
   return write_checkpoint_per_rank(cfg.save_dir, c, cfg.keep_last, comm);
 }
 
+template <class ExecSpace>
+std::string model_base_hash(const Model<ExecSpace>& model) {
+  std::vector<Kokkos::View<const float*, Kokkos::HostSpace>> keep;
+  return base_hash(
+      model.table(), [&](const ParamEntry& e) { return nf4_host(model.nf4.at(e.offset)); },
+      [&](const ParamEntry& e) {
+        keep.push_back(
+            Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.dense.at(e.offset)));
+        return FloatSpan{keep.back().data(), static_cast<int64_t>(keep.back().extent(0))};
+      });
+}
+
 using Exec = Kokkos::DefaultExecutionSpace;
 template void restore_frozen(Model<Exec>&, const CheckpointReader&);
+template std::string model_base_hash(const Model<Exec>&);
 
 template <class ExecSpace>
 std::vector<Nf4Tensor<Kokkos::HostSpace>> nf4_snapshot(const Model<ExecSpace>& model) {
@@ -390,6 +409,6 @@ template double restore_optimizer(Optimizer<Exec>&, const Model<Exec>&, const Ch
 template std::string save_checkpoint(const Config&, Model<Exec>&, const Optimizer<Exec>&,
                                      const std::vector<std::pair<std::string, Model<Exec>::Vec>>&,
                                      const DataParallel<Exec>&, Communicator&, int64_t,
-                                     const std::string&);
+                                     const std::string&, const std::string&);
 
 }  // namespace kqlora

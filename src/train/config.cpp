@@ -242,6 +242,7 @@ std::vector<Key> make_keys() {
           [](const Config& c) { return c.save_dir; }),
       KQ_INT(checkpoint_every, kPlain, "0 (at the end only)"),
       KQ_CHOICE(checkpoint_layout, kPlain, "per_rank", "shared"),
+      KQ_CHOICE(checkpoint_base, kModel, "auto", "true"),
       KQ_INT(keep_last, kPlain, "0 (all)"),
       key(
           "restart", kPlain,

@@ -30,19 +30,38 @@ class Hdf5Checkpoints : public RunCheckpoints<ExecSpace> {
     if (root_) log_ << notes.str();
     // A Hugging Face model resumes on the base it was trained on: quantized again from its
     // files (and the init_file) and compared with the checkpoint's bytes.
+    // A checkpoint with base_hash holds no base: the one quantized again must be it.
+    const std::string path = cfg_.restart == "latest" ? cfg_.save_dir : cfg_.restart;
+    const std::string& stored_hash = reader_->contents().base_hash;
     std::vector<Nf4Tensor<Kokkos::HostSpace>> base;
     if (!cfg_.hf_model_dir.empty()) {
       std::ostringstream quiet;
       initialize_model(ExecSpace(), model, cfg_.init_file, quiet);
-      base = nf4_snapshot(model);
+      if (stored_hash.empty()) base = nf4_snapshot(model);
     }
-    restore_frozen(model, *reader_);
-    if (!base.empty())
-      check_same_base(model, base, cfg_.hf_model_dir,
-                      cfg_.restart == "latest" ? cfg_.save_dir : cfg_.restart);
+    if (!stored_hash.empty()) {
+      KQLORA_INPUT_CHECK(!cfg_.hf_model_dir.empty(),
+                         "restart from " << path << ": the checkpoint stores no base "
+                                         << "(checkpoint_base = auto); hf_model_dir is needed");
+      const std::string now = model_base_hash(model);
+      KQLORA_INPUT_CHECK(now == stored_hash,
+                         "restart from "
+                             << path << ": the base quantized from " << cfg_.hf_model_dir
+                             << " has hash " << now << ", the checkpoint's base_hash is "
+                             << stored_hash
+                             << " (the model's weights or the init_file changed since?)");
+    } else {
+      restore_frozen(model, *reader_);
+      if (!base.empty()) check_same_base(model, base, cfg_.hf_model_dir, path);
+    }
     open_s_ = seconds_since(t);
     set_up_ = Clock::now();
     return reader_->contents().step;
+  }
+
+  void note_base(const Model<ExecSpace>& model) override {
+    if (cfg_.checkpoint_base == "auto" && !model.config().arch_text.empty())
+      base_hash_ = model_base_hash(model);
   }
 
   void restore_state(Model<ExecSpace>& model, DataParallel<ExecSpace>& dp,
@@ -78,7 +97,7 @@ class Hdf5Checkpoints : public RunCheckpoints<ExecSpace> {
                    const Optimizer<ExecSpace>& opt, int64_t steps_done,
                    const std::string& data_source) override {
     const std::string dir = save_checkpoint(cfg_, model, opt, dp.optimizer_state(opt), dp, comm_,
-                                            steps_done, data_source);
+                                            steps_done, data_source, base_hash_);
     if (root_) log_ << "checkpoint: " << dir << "\n";
     return dir;
   }
@@ -89,6 +108,7 @@ class Hdf5Checkpoints : public RunCheckpoints<ExecSpace> {
   std::ostream& log_;
   bool root_;
   std::unique_ptr<CheckpointReader> reader_;
+  std::string base_hash_;  // checkpoint_base = auto: the base's identity, written instead
   double open_s_ = 0;
   Clock::time_point set_up_;
 };

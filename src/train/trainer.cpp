@@ -114,7 +114,8 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   if (!resume) initialize_model(exec, *model, cfg.init_file, init_log);
   if (report.root()) log << init_log.str();
   const int64_t start_step = resume ? checkpoints->open_restart(*model) : 0;
-  const std::string model_line = describe_model(*model);  // (whole, before FSDP shards it)
+  checkpoints->note_base(*model);  // (whole, before FSDP shards it)
+  const std::string model_line = describe_model(*model);
   auto dp = make_data_parallel(exec, comm, *model, data_parallel_config(cfg, !resume), log);
   if (report.root()) dp->describe(log);
   Optimizer<Exec> opt = dp->make_optimizer(exec, optimizer_config(cfg));

@@ -58,7 +58,7 @@ refused() {  # WHAT KEYS...
     || { echo "FAILED: restart with $* (exit $rc)"; cat "$dir/refused.log"; exit 1; }
   echo "refused: $* ($what)"
 }
-refused "the NF4 base quantized from" init_file=none
+refused "the base quantized from" init_file=none
 mkdir -p "$dir/other" && sed 's/"rms_norm_eps": [^,]*/"rms_norm_eps": 1e-06/' \
   "$model/config.json" > "$dir/other/config.json" && cp "$model/model.safetensors" "$dir/other/"
 refused "config.json: $dir/other/config.json differs" hf_model_dir="$dir/other"

@@ -35,6 +35,9 @@ struct CheckpointContents {
   /// A Hugging Face model's config.json text (root attribute hf_config; ModelConfig's
   /// arch_text), empty for models without one.
   std::string arch_text;
+  /// checkpoint_base = auto (root attribute base_hash): the frozen base is not stored, only
+  /// its identity (io/base_hash.hpp); empty: the base is in the file.
+  std::string base_hash;
   ParamTable table;
   std::vector<std::pair<std::string, Nf4Tensor<Kokkos::HostSpace>>> nf4;  // frozen base weights
   std::vector<std::pair<std::string, Nf4Shard<Kokkos::HostSpace>>> nf4_shards;  // FSDP

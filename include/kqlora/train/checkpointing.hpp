@@ -53,11 +53,17 @@ double restore_optimizer(Optimizer<ExecSpace>& opt, const Model<ExecSpace>& mode
 /// Writes and commits the checkpoint of `steps_done` steps in cfg.checkpoint_layout
 /// (collective); returns the step directory. `opt_state`: the optimizer's state by name,
 /// over this rank's FSDP chunk or (DDP) the whole flat vector (dp.optimizer_state).
+/// `base_hash` non-empty: the frozen tensors are not written, the hash is (root attribute
+/// base_hash; checkpoint_base = auto).
 template <class ExecSpace>
 std::string save_checkpoint(
     const Config& cfg, Model<ExecSpace>& model, const Optimizer<ExecSpace>& opt,
     const std::vector<std::pair<std::string, typename Model<ExecSpace>::Vec>>& opt_state,
     const DataParallel<ExecSpace>& dp, Communicator& comm, int64_t steps_done,
-    const std::string& data_source);
+    const std::string& data_source, const std::string& base_hash = "");
+
+/// The identity of the model's whole frozen base (io/base_hash.hpp).
+template <class ExecSpace>
+std::string model_base_hash(const Model<ExecSpace>& model);
 
 }  // namespace kqlora

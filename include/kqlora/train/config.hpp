@@ -21,6 +21,7 @@ struct Config {
   std::string hf_model_dir;                 // llama: config.json + model.safetensors
   std::string lora_targets = "all-linear";  // llama: projections with adapters
   bool activation_checkpointing = false;    // llama: recompute blocks in the backward
+  std::string checkpoint_base = "auto";     // llama: auto (its hash) | true (its tensors)
   bool bias = false;
   std::string activation = "none";  // none | relu | gelu | silu
   int64_t block_size = 64, scaler_block_size = 256;

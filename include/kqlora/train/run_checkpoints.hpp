@@ -25,6 +25,10 @@ class RunCheckpoints {
   /// model, dtype, NF4 block sizes and optimizer; errors list what differs), fills the
   /// model's frozen tensors and returns the step it holds.
   virtual int64_t open_restart(Model<ExecSpace>& model) = 0;
+  /// Once the model holds its whole frozen base (initialised or restarted, before FSDP
+  /// shards it): with checkpoint_base = auto, a Hugging Face model's checkpoints store
+  /// this base's identity (io/base_hash.hpp) instead of its tensors.
+  virtual void note_base(const Model<ExecSpace>& model) { (void)model; }
   /// After the data-parallel set-up: this rank's parameters and optimizer state read
   /// straight into where they live, then dp.after_restore(); the files are closed.
   virtual void restore_state(Model<ExecSpace>& model, DataParallel<ExecSpace>& dp,

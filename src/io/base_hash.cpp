@@ -1,0 +1,46 @@
+#include "kqlora/io/base_hash.hpp"
+
+#include "kqlora/core/content_hash.hpp"
+#include "kqlora/core/error.hpp"
+
+namespace kqlora {
+
+std::string base_hash(const ParamTable& table,
+                      const std::function<Nf4Tensor<Kokkos::HostSpace>(const ParamEntry&)>& nf4,
+                      const std::function<FloatSpan(const ParamEntry&)>& dense) {
+  ContentHash h;
+  for (const ParamEntry* e : table.of_kind(ParamKind::nf4)) {
+    const auto t = nf4(*e);
+    h.add(e->name);
+    h.add(t.layout.shape_string() + " " + dtype_name(t.layout.dtype) + " " +
+          std::to_string(t.layout.block_size) + "/" + std::to_string(t.layout.scaler_block_size));
+    h.add(t.quantized_data.data(), t.quantized_data.extent(0));
+    h.add(t.quantized_scalers.data(), t.quantized_scalers.extent(0));
+    h.add(t.quantization_factor.data(), sizeof(float) * t.quantization_factor.extent(0));
+    h.add(&t.scaler_mean, sizeof(float));
+  }
+  for (const ParamEntry* e : table.of_kind(ParamKind::dense)) {
+    const FloatSpan v = dense(*e);
+    h.add(e->name);
+    h.add(v.data, sizeof(float) * static_cast<size_t>(v.size));
+  }
+  return h.hex();
+}
+
+std::string base_hash(const CheckpointContents& c, const std::string& where) {
+  return base_hash(
+      c.table,
+      [&](const ParamEntry& e) {
+        for (const auto& [name, t] : c.nf4)
+          if (name == e.name) return t;
+        KQLORA_INPUT_CHECK(false, where << ": NF4 tensor '" << e.name << "' is missing");
+      },
+      [&](const ParamEntry& e) {
+        for (const auto& t : c.params)
+          if (t.name == e.name)
+            return FloatSpan{t.data.data(), static_cast<int64_t>(t.data.size())};
+        KQLORA_INPUT_CHECK(false, where << ": tensor '" << e.name << "' is missing");
+      });
+}
+
+}  // namespace kqlora
