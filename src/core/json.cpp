@@ -322,9 +322,27 @@ std::string number_text(const Value& v) {
   return std::to_string(v.number);
 }
 
+void write_to(const Value& v, int depth, std::string& out);
+
+/// An array's or an object's items, one per line, indented one level deeper than `depth`.
+template <class Items, class WriteItem>
+void write_items(const Items& items, const char* brackets, int depth, std::string& out,
+                 WriteItem&& write_item) {
+  if (items.empty()) {
+    out += brackets;
+    return;
+  }
+  out += brackets[0];
+  out += '\n';
+  for (size_t i = 0; i < items.size(); ++i) {
+    out += std::string(static_cast<size_t>(2 * (depth + 1)), ' ');
+    write_item(items[i]);
+    out += i + 1 < items.size() ? ",\n" : "\n";
+  }
+  out += std::string(static_cast<size_t>(2 * depth), ' ') + brackets[1];
+}
+
 void write_to(const Value& v, int depth, std::string& out) {
-  const std::string pad(static_cast<size_t>(2 * (depth + 1)), ' ');
-  const std::string end_pad(static_cast<size_t>(2 * depth), ' ');
   switch (v.kind) {
     case Value::Kind::null:
       out += "null";
@@ -339,30 +357,13 @@ void write_to(const Value& v, int depth, std::string& out) {
       out += quote(v.string);
       break;
     case Value::Kind::array:
-      if (v.array.empty()) {
-        out += "[]";
-        break;
-      }
-      out += "[\n";
-      for (size_t i = 0; i < v.array.size(); ++i) {
-        out += pad;
-        write_to(v.array[i], depth + 1, out);
-        out += i + 1 < v.array.size() ? ",\n" : "\n";
-      }
-      out += end_pad + "]";
+      write_items(v.array, "[]", depth, out, [&](const Value& x) { write_to(x, depth + 1, out); });
       break;
     case Value::Kind::object:
-      if (v.object.empty()) {
-        out += "{}";
-        break;
-      }
-      out += "{\n";
-      for (size_t i = 0; i < v.object.size(); ++i) {
-        out += pad + quote(v.object[i].first) + ": ";
-        write_to(v.object[i].second, depth + 1, out);
-        out += i + 1 < v.object.size() ? ",\n" : "\n";
-      }
-      out += end_pad + "}";
+      write_items(v.object, "{}", depth, out, [&](const std::pair<std::string, Value>& kv) {
+        out += quote(kv.first) + ": ";
+        write_to(kv.second, depth + 1, out);
+      });
       break;
   }
 }
