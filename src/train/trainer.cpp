@@ -66,7 +66,7 @@ bool sum_and_stop(Communicator& comm, double& v, double* tokens = nullptr,
 double run_peak_flops(const Communicator& comm) {
   if (!std::is_same<Mem, Kokkos::HostSpace>::value) return 0;
   const int threads = std::max(blas_threads(), Exec().concurrency());
-  return fma_peak_flops(0.05) * threads * comm.size();
+  return fma_peak_flops(0.2) * threads * comm.size();
 }
 
 }  // namespace
