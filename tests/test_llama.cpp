@@ -948,3 +948,33 @@ TEST(LlamaCheckpoints, CheckpointBaseAutoStoresTheHashNotTheBase) {
   EXPECT_EQ(WEXITSTATUS(rrc), 2) << refused;
   EXPECT_NE(refused.find("base_hash is"), std::string::npos) << refused;
 }
+
+// The metrics count the tokens the model ran: each micro-batch of one row trimmed to its
+// last scored label, so a step is the sum of those widths, read here from data.h5's labels.
+TEST(LlamaData, MetricsCountTheTrimmedTokens) {
+  const Case& c = kCases[0];
+  const Data d = read_data(c.dir);
+  int64_t per_step = 0;
+  for (int64_t i = 0; i < d.n; ++i) {
+    int64_t width = 1;
+    for (int64_t t = 0; t < d.S; ++t)
+      if (d.labels[i * d.S + t] != kqlora::kIgnoreLabel) width = t + 1;
+    per_step += width;
+  }
+  EXPECT_LT(per_step, d.n * d.S);  // (some row is padded: trimming shows)
+  const std::string run = run_train(c, "_tokens", "micro_bs=1");
+  std::ifstream f(run + "/metrics.jsonl");
+  std::string last;
+  for (std::string line; std::getline(f, line);)
+    if (line.find("\"tokens\": ") != std::string::npos) last = line;
+  ASSERT_FALSE(last.empty()) << read_text(run + "/log");
+  const double tokens = std::stod(last.substr(last.find("\"tokens\": ") + 10));
+  EXPECT_EQ(tokens, 5.0 * per_step) << last;
+  EXPECT_NE(last.find("\"model_flops\": "), std::string::npos) << last;
+  const auto at = last.find("\"mfu\": ");
+  ASSERT_NE(at, std::string::npos) << last;
+  const double mfu = std::stod(last.substr(at + 7));
+  EXPECT_GT(mfu, 0.0);
+  EXPECT_LT(mfu, 1.0);
+  EXPECT_NE(read_text(run + "/log").find("tokens/s"), std::string::npos);
+}
