@@ -42,9 +42,16 @@ int run(int argc, char** argv, const std::string& name, const std::string& usage
       std::cout << name << " " << version() << ": BLAS " << describe_blas() << "\n";
     return body(args);
   } catch (const InputError& e) {
-    // Input is checked identically on every rank (decks, files, sizes), so every rank
-    // stops here together; rank 0 speaks for all.
-    if (world_rank() == 0) std::cerr << name << ": error: " << e.what() << "\n";
+    // Input is mostly checked identically on every rank (decks, files, sizes), so every
+    // rank stops here together and rank 0 speaks for all. An error found by some ranks
+    // only (a file one rank reads) must not leave the others waiting in a collective:
+    // they are ended (still exit 2) when they do not arrive within a few seconds.
+    const int rank = world_rank(), size = world_size();
+    if (rank == 0) std::cerr << name << ": error: " << e.what() << "\n";
+    if (size > 1 && !world_all_arrive(10.0)) {
+      if (rank != 0) std::cerr << name << ": error on rank " << rank << ": " << e.what() << "\n";
+      world_abort(2);
+    }
     return 2;
   } catch (const std::exception& e) {
     const int rank = world_rank(), size = world_size();

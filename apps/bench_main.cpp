@@ -17,6 +17,7 @@
 #include "bench_llama.hpp"
 #include "bench_record.hpp"
 #include "kqlora/core/build_info.hpp"
+#include "kqlora/core/checked_size.hpp"
 #include "kqlora/core/fma_peak.hpp"
 #include "kqlora/nn/linear_nf4.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
@@ -265,10 +266,14 @@ int bench_main(std::vector<std::string>& args) {
     linear_dim = kqlora::parse_integer(v, "--linear-dim");
   if (kqlora::app::take_option(args, "--gemm-size", &v))
     gemm_size = kqlora::parse_integer(v, "--gemm-size");
-  if (kqlora::app::take_option(args, "--repeats", &v))
-    repeats = static_cast<int>(kqlora::parse_integer(v, "--repeats"));
-  if (kqlora::app::take_option(args, "--pairs", &v))
-    pairs = static_cast<int>(kqlora::parse_integer(v, "--pairs"));
+  // Counts are range-checked before they become ints.
+  const auto count = [](const std::string& text, const char* option) {
+    const long long x = kqlora::parse_integer(text, option);
+    KQLORA_INPUT_CHECK(x >= 1 && x <= 1000000, option << " must be in 1..1000000, got " << x);
+    return static_cast<int>(x);
+  };
+  if (kqlora::app::take_option(args, "--repeats", &v)) repeats = count(v, "--repeats");
+  if (kqlora::app::take_option(args, "--pairs", &v)) pairs = count(v, "--pairs");
   std::string llama = "135m", llama_batches_text = "1,4";
   int64_t llama_seq = 256;
   kqlora::app::take_option(args, "--llama", &llama);
@@ -277,17 +282,22 @@ int bench_main(std::vector<std::string>& args) {
     llama_seq = kqlora::parse_integer(v, "--llama-seq");
   KQLORA_INPUT_CHECK(llama_seq >= 2, "--llama-seq must be at least 2");
   const auto llama_batches = positive_list(llama_batches_text, "--llama-batches");
+  for (int64_t b : llama_batches)
+    kqlora::checked_mul(b, llama_seq, "--llama-batches x --llama-seq");
   KQLORA_INPUT_CHECK(args.empty(), "unexpected argument '" << args[0] << "' (see --help)");
   KQLORA_INPUT_CHECK(repeats >= 1, "--repeats must be at least 1");
   KQLORA_INPUT_CHECK(pairs >= 1, "--pairs must be at least 1");
   KQLORA_INPUT_CHECK(gemm_size >= 1, "--gemm-size must be at least 1");
+  kqlora::checked_mul(gemm_size, gemm_size, "--gemm-size");
   const auto sizes = positive_list(sizes_text, "--sizes");
   for (int64_t n : sizes)
-    KQLORA_INPUT_CHECK((n * n) % 16384 == 0,
+    KQLORA_INPUT_CHECK(kqlora::checked_mul(n, n, "--sizes") % 16384 == 0,
                        "--sizes: " << n << " x " << n << " is not a multiple of 16384 elements");
   const auto tokens = positive_list(tokens_text, "--tokens");
-  KQLORA_INPUT_CHECK(linear_dim > 0 && (linear_dim * linear_dim) % 64 == 0,
-                     "--linear-dim " << linear_dim << ": dim*dim must be a multiple of 64");
+  KQLORA_INPUT_CHECK(
+      linear_dim > 0 && kqlora::checked_mul(linear_dim, linear_dim, "--linear-dim") % 64 == 0,
+      "--linear-dim " << linear_dim << ": dim*dim must be a multiple of 64");
+  for (int64_t t : tokens) kqlora::checked_mul(t, linear_dim, "--tokens x --linear-dim");
 
   std::cout << kqlora::build_configuration() << "  threads: " << Exec().concurrency() << "\n\n";
   std::vector<Record> records;

@@ -3,13 +3,18 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iomanip>
 #include <iostream>
 
 #include "app_main.hpp"
 #include "kqlora/core/build_info.hpp"
+#include "kqlora/core/checked_size.hpp"
 #include "kqlora/io/hdf5_params.hpp"
 #include "kqlora/io/tensor_source.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
@@ -23,7 +28,7 @@ const char* usage =
     "bytes) and writes OUT.h5 with /params/<name> in kqlora's checkpoint schema, usable as\n"
     "init_file. IN is a .safetensors file (F32, BF16, F16), a sharded checkpoint's\n"
     "model.safetensors.index.json, or an HDF5 file of float datasets. Tensors that cannot\n"
-    "be quantized (1-D, numel not a multiple of the block size) are copied as float\n"
+    "be quantized (empty, 1-D, numel not a multiple of the block size) are copied as float\n"
     "datasets, with a note. BF16 tensors give bfloat16 NF4; F32 and F16 give float32 NF4.\n"
     "Prints the relative Frobenius error of each dequantized weight.\n"
     "\n"
@@ -76,6 +81,10 @@ int quantize_main(std::vector<std::string>& args) {
   KQLORA_INPUT_CHECK(defaults.scaler_block_size > 0,
                      "--scaler-block-size must be positive, got " << defaults.scaler_block_size);
   const std::string in_path = args[0], out_path = args[1];
+  struct stat st {};
+  KQLORA_INPUT_CHECK(::stat(out_path.c_str(), &st) != 0 || S_ISREG(st.st_mode),
+                     out_path << ": exists and is not a file (a directory?); OUT.h5 must be a "
+                                 "file path");
 
   auto source = kqlora::open_tensor_source(in_path);
   // Written under a temporary name and renamed at the end: a failure leaves no half file.
@@ -104,10 +113,11 @@ int quantize_main(std::vector<std::string>& args) {
         }
         kqlora::Nf4Layout layout = defaults;
         layout.shape = e.shape;
-        int64_t numel = 1;
-        for (int64_t d : e.shape) numel *= d;
+        const int64_t numel = kqlora::checked_numel(e.shape, in_path + ": tensor '" + e.name + "'");
         std::string why;
-        if (e.shape.size() != 2)
+        if (numel == 0)
+          why = "empty";
+        else if (e.shape.size() != 2)
           why = "1-D or >2-D";
         else if (numel % layout.block_size != 0)
           why = "numel not a multiple of the block size";
@@ -135,8 +145,12 @@ int quantize_main(std::vector<std::string>& args) {
       throw;
     }
   }
-  KQLORA_CHECK(std::rename(tmp_path.c_str(), out_path.c_str()) == 0,
-               "cannot rename " << tmp_path << " to " << out_path);
+  if (std::rename(tmp_path.c_str(), out_path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp_path.c_str());
+    KQLORA_CHECK(false,
+                 "cannot rename " << tmp_path << " to " << out_path << ": " << std::strerror(err));
+  }
   std::cout << out_path << ": " << quantized << " quantized, " << copied << " copied, " << skipped
             << " skipped\n";
   return 0;

@@ -1,8 +1,6 @@
 // kqlora-train: QLoRA training from an input deck, under mpirun/srun (world size from MPI).
 
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "app_main.hpp"
 #include "kqlora/core/error.hpp"
@@ -43,13 +41,10 @@ int train_main(std::vector<std::string>& args) {
   // (and on the error, which only rank 0 prints).
   std::string text, status = "ok";
   if (kqlora::world_rank() == 0) {
-    std::ifstream f(deck);
-    if (!f.good()) {
-      status = deck + ": cannot open the deck";
-    } else {
-      std::stringstream ss;
-      ss << f.rdbuf();
-      text = ss.str();
+    try {
+      text = kqlora::read_deck_file(deck);
+    } catch (const kqlora::InputError& e) {
+      status = e.what();
     }
   }
   status = kqlora::world_broadcast(status);

@@ -21,6 +21,7 @@ kqlora::CheckpointContents contents() {
   kqlora::CheckpointContents c;
   c.step = 3;
   c.config_text = "dim = 64\nlora_rank = 4\n";
+  c.seed = 42;  // the config's (default) seed: the reader checks /rng/seed against it
   kqlora::Nf4Layout L;
   L.shape = {64, 64};
   c.nf4.emplace_back("layers.0.weight", quantize(randn(4096, 1), L));

@@ -2,7 +2,10 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
+#include <iostream>
 
 #ifdef __GLIBC__
 #include <malloc.h>
@@ -82,7 +85,25 @@ Runtime::Runtime(int& argc, char**& argv) {
   if (!Kokkos::is_initialized()) Kokkos::initialize(argc, argv);
 }
 
+namespace {
+std::atomic<bool> unsafe{false};
+}  // namespace
+
+void mark_unsafe_shutdown() {
+  unsafe = true;
+}
+
+bool unsafe_shutdown() {
+  return unsafe;
+}
+
 Runtime::~Runtime() {
+  if (unsafe) {
+    std::cout.flush();
+    std::cerr.flush();
+    std::fflush(nullptr);
+    std::_Exit(1);
+  }
   if (Kokkos::is_initialized()) Kokkos::finalize();
 #if KQLORA_HAVE_MPI
   int finalized = 0;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include <map>
 
 #include "kqlora/core/build_info.hpp"
+#include "kqlora/core/checked_size.hpp"
 #include "kqlora/core/error.hpp"
 #include "kqlora/io/chunk_writer.hpp"
 #include "kqlora/io/streaming_writeback.hpp"
@@ -32,6 +34,12 @@ void fsync_path(const std::string& path, bool directory) {
   KQLORA_CHECK(rc == 0, "fsync " << path << " failed: " << std::strerror(err));
 }
 
+/// An errno that says the path is wrong (the user's to fix: exit 2), not the system.
+bool is_path_errno(int err) {
+  return err == EACCES || err == EPERM || err == EROFS || err == ENOTDIR || err == EEXIST ||
+         err == ENAMETOOLONG || err == ELOOP || err == ENOENT;
+}
+
 void make_dirs(const std::string& path) {
   std::string prefix;
   size_t pos = 0;
@@ -39,9 +47,12 @@ void make_dirs(const std::string& path) {
     pos = path.find('/', pos + 1);
     prefix = path.substr(0, pos);
     if (prefix.empty()) continue;
-    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST)
-      KQLORA_INPUT_CHECK(false,
-                         "cannot create directory " << prefix << ": " << std::strerror(errno));
+    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      const int err = errno;
+      KQLORA_INPUT_CHECK(!is_path_errno(err),
+                         "cannot create directory " << prefix << ": " << std::strerror(err));
+      KQLORA_CHECK(false, "cannot create directory " << prefix << ": " << std::strerror(err));
+    }
   }
 }
 
@@ -162,6 +173,57 @@ bool any_rank(Communicator& comm, bool flag) {
 }
 }  // namespace
 
+void check_save_dir(const std::string& save_dir, Communicator& comm) {
+  std::string error;
+  bool input = true;  // the failure is the user's path (2), not the system (1)
+  const auto note = [&](const std::string& what, int err) {
+    error = save_dir + ": save_dir " + what + ": " + std::strerror(err);
+    input = is_path_errno(err);
+  };
+  try {
+    make_dirs(save_dir);
+  } catch (const InputError& e) {
+    error = std::string("save_dir: ") + e.what();
+  } catch (const std::exception& e) {
+    error = std::string("save_dir: ") + e.what();
+    input = false;
+  }
+  if (error.empty()) {
+    struct stat st {};
+    if (::stat(save_dir.c_str(), &st) != 0)
+      note("cannot be opened", errno);
+    else if (!S_ISDIR(st.st_mode))
+      note("is not a directory", ENOTDIR);
+  }
+  if (error.empty()) {
+    const std::string probe = save_dir + "/.kqlora-write-probe-" + std::to_string(comm.rank());
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+      note("cannot be written", errno);
+    } else {
+      const char byte = 0;
+      const bool wrote = ::write(fd, &byte, 1) == 1;
+      const int err = errno;
+      ::close(fd);
+      ::unlink(probe.c_str());
+      if (!wrote) note("cannot be written", err);
+    }
+  }
+  double codes[2] = {error.empty() ? 0.0 : 1.0, !error.empty() && !input ? 1.0 : 0.0};
+  comm.wait(comm.allreduce_sum(codes, 2));
+  if (codes[0] == 0) return;
+  // Every rank stops with the same kind of error; only rank 0's message is printed, so a
+  // failing rank other than 0 prints its own.
+  if (!error.empty() && comm.rank() != 0)
+    std::fprintf(stderr, "error on rank %d: %s\n", comm.rank(), error.c_str());
+  const std::string what = !error.empty()
+                               ? error
+                               : save_dir + ": save_dir cannot be written on " +
+                                     std::to_string(static_cast<int>(codes[0])) + " other rank(s)";
+  if (codes[1] > 0) KQLORA_CHECK(false, what);
+  KQLORA_INPUT_CHECK(false, what);
+}
+
 std::string commit_checkpoint(const std::string& save_dir, int64_t step, int64_t keep_last,
                               Communicator& comm,
                               const std::function<void(const std::string& tmp_dir)>& write) {
@@ -189,9 +251,12 @@ std::string commit_checkpoint(const std::string& save_dir, int64_t step, int64_t
     failed = true;
     error = e.what();
   }
-  KQLORA_CHECK(!any_rank(comm, failed), "checkpoint "
-                                            << tmp_dir << ": writing failed"
-                                            << (error.empty() ? " on another rank" : ": " + error));
+  // A failed write leaves nothing behind (its space back, the previous checkpoint and
+  // `latest` untouched).
+  const bool any_failed = any_rank(comm, failed);
+  if (any_failed && root) remove_tree(tmp_dir);
+  KQLORA_CHECK(!any_failed, "checkpoint " << tmp_dir << ": writing failed"
+                                          << (error.empty() ? " on another rank" : ": " + error));
   if (root) {
     fsync_path(tmp_dir, true);
     if (is_dir(final_dir)) remove_tree(final_dir);  // the same step written again (a rerun)
@@ -229,19 +294,56 @@ std::string write_checkpoint_per_rank(const std::string& save_dir, const Checkpo
   });
 }
 
+namespace {
+
+constexpr int64_t kMaxRanks = int64_t{1} << 24;  // a world_size beyond any machine
+
+/// The step directory a save_dir's `latest` names: one line of letters, digits, '_', '-'
+/// or '.' (kqlora writes step-NNNNNNNN), else InputError showing what it holds.
+std::string read_latest(const std::string& latest_path) {
+  std::ifstream f(latest_path, std::ios::binary);
+  KQLORA_INPUT_CHECK(
+      f.good(), latest_path << ": cannot read: " << std::strerror(errno) << " (a dangling link?)");
+  std::string text(256, '\0');
+  f.read(&text[0], static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(f.gcount()));
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  const bool ok =
+      !text.empty() && text != "." && text != ".." &&
+      std::all_of(text.begin(), text.end(), [](char ch) {
+        return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-' || ch == '.';
+      });
+  if (!ok) {
+    std::string shown;  // printable, so a NUL or a control byte cannot cut the message
+    for (char ch : text.substr(0, 64)) {
+      if (std::isprint(static_cast<unsigned char>(ch))) {
+        shown += ch;
+      } else {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "\\x%02x", static_cast<unsigned char>(ch));
+        shown += hex;
+      }
+    }
+    KQLORA_INPUT_CHECK(
+        false, latest_path << ": does not name a step directory (it holds '" << shown << "')");
+  }
+  return text;
+}
+
+}  // namespace
+
 std::vector<std::string> checkpoint_files(const std::string& path) {
   KQLORA_INPUT_CHECK(::access(path.c_str(), R_OK) == 0,
                      path << ": no such checkpoint file or directory");
   if (!is_dir(path)) return {path};
   std::string dir = path;
-  std::ifstream latest(path + "/latest");
-  if (latest.good()) {  // a save_dir
-    std::string name;
-    latest >> name;
-    KQLORA_INPUT_CHECK(!name.empty() && name.find('/') == std::string::npos,
-                       path << "/latest: does not name a step directory");
+  const std::string latest_path = path + "/latest";
+  struct stat st {};
+  if (::lstat(latest_path.c_str(), &st) == 0) {  // a save_dir (even a dangling link counts)
+    const std::string name = read_latest(latest_path);
     dir = path + "/" + name;
-    KQLORA_INPUT_CHECK(is_dir(dir), path << "/latest names " << name << ", which does not exist");
+    KQLORA_INPUT_CHECK(
+        is_dir(dir), latest_path << " names '" << name << "', which is not a step directory here");
   }
   if (::access((dir + "/checkpoint.h5").c_str(), R_OK) == 0) return {dir + "/checkpoint.h5"};
   std::vector<std::string> files;
@@ -264,6 +366,7 @@ void validate_against_config(const CheckpointContents& c, const std::string& pat
 
 CheckpointContents read_checkpoint_file(const std::string& path, bool with_optimizer,
                                         bool with_values) {
+  h5::InputFileScope scope(path);
   auto f = h5::open_file(path);
   const std::string format = h5::read_string_attribute(f, "format", path);
   KQLORA_INPUT_CHECK(format == "kqlora-checkpoint",
@@ -273,12 +376,25 @@ CheckpointContents read_checkpoint_file(const std::string& path, bool with_optim
                      path << ": format_version " << (version.empty() ? -1 : version[0])
                           << " is not supported (this kqlora reads version 1)");
   CheckpointContents c;
-  c.step = h5::read_int_attribute(f, "step", path).at(0);
-  c.world_size = static_cast<int>(h5::read_int_attribute(f, "world_size", path).at(0));
+  c.step = h5::read_int64_attribute(f, "step", path);
+  KQLORA_INPUT_CHECK(c.step >= 0, path << ": step " << c.step << " is negative");
+  const int64_t world = h5::read_int64_attribute(f, "world_size", path);
+  KQLORA_INPUT_CHECK(world >= 1 && world <= kMaxRanks, path << ": world_size " << world
+                                                            << " is out of range (1.." << kMaxRanks
+                                                            << ")");
+  c.world_size = static_cast<int>(world);
   c.parallel = h5::read_string_attribute(f, "parallel", path);
+  KQLORA_INPUT_CHECK(c.parallel == "ddp" || c.parallel == "fsdp",
+                     path << ": parallel '" << c.parallel << "' is neither ddp nor fsdp");
   c.layout = h5::read_string_attribute(f, "layout", path);
-  if (c.layout == "per_rank")
-    c.rank = static_cast<int>(h5::read_int_attribute(f, "rank", path).at(0));
+  KQLORA_INPUT_CHECK(c.layout == "per_rank" || c.layout == "shared",
+                     path << ": layout '" << c.layout << "' is neither per_rank nor shared");
+  if (c.layout == "per_rank") {
+    const int64_t rank = h5::read_int64_attribute(f, "rank", path);
+    KQLORA_INPUT_CHECK(rank >= 0 && rank < world,
+                       path << ": rank " << rank << " is out of range for world_size " << world);
+    c.rank = static_cast<int>(rank);
+  }
   c.config_text = h5::read_string_attribute(f, "config", path);
   c.model_config_text = h5::has_attribute(f, "model_config")
                             ? h5::read_string_attribute(f, "model_config", path)
@@ -314,6 +430,15 @@ CheckpointContents read_checkpoint_file(const std::string& path, bool with_optim
     CheckpointTensor t;
     t.name = name;
     t.shape = h5::dataset_dims(params, name, path);
+    // Sized by the config before anything is allocated (a crafted shape is refused, not
+    // allocated): a tensor or its FSDP slice holds at most the config's element count.
+    const ParamEntry* entry = c.table.find(name);
+    KQLORA_INPUT_CHECK(entry && entry->kind != ParamKind::nf4,
+                       path << ": /params/" << name << " is not a parameter of this model");
+    const int64_t stored = checked_numel(t.shape, path + ": /params/" + name);
+    KQLORA_INPUT_CHECK(stored <= std::max<int64_t>(entry->numel(), 1),
+                       path << ": /params/" << name << " holds " << stored
+                            << " elements, more than the config's " << entry->numel());
     H5T_class_t cls;
     size_t size;
     h5::dataset_type(params, name, &cls, &size);
@@ -321,8 +446,7 @@ CheckpointContents read_checkpoint_file(const std::string& path, bool with_optim
     KQLORA_INPUT_CHECK(size == 4 || size == 2, path << ": /params/" << name << " has " << size
                                                     << "-byte floats (float32 or "
                                                     << "bfloat16 expected)");
-    int64_t n = 1;
-    for (int64_t d : t.shape) n *= d;
+    const int64_t n = stored;
     if (with_values) {
       t.data.resize(static_cast<size_t>(n));
       h5::read_dataset(params, name, H5T_NATIVE_FLOAT, n, t.data.data(),
@@ -331,34 +455,72 @@ CheckpointContents read_checkpoint_file(const std::string& path, bool with_optim
     h5::Handle d(KQLORA_H5(H5Dopen2(params, name.c_str(), H5P_DEFAULT)));
     if (h5::has_attribute(d, "first_element")) {  // an FSDP slice
       const std::string where = path + ": /params/" + name;
-      t.first_element = h5::read_int_attribute(d, "first_element", where).at(0);
+      t.first_element = h5::read_int64_attribute(d, "first_element", where);
       t.global_shape = h5::read_int_attribute(d, "global_shape", where);
-      t.shard_index = static_cast<int>(h5::read_int_attribute(d, "shard_index", where).at(0));
-      t.num_shards = static_cast<int>(h5::read_int_attribute(d, "num_shards", where).at(0));
-      const int64_t real = h5::read_int_attribute(d, "num_elements", where).at(0);
+      KQLORA_INPUT_CHECK(t.global_shape == entry->shape,
+                         where << ": global_shape " << h5::shape_text(t.global_shape)
+                               << ", the config says " << h5::shape_text(entry->shape));
+      const int64_t shard = h5::read_int64_attribute(d, "shard_index", where);
+      const int64_t shards = h5::read_int64_attribute(d, "num_shards", where);
+      KQLORA_INPUT_CHECK(
+          shards == world && shard >= 0 && shard < shards,
+          where << ": shard " << shard << " of " << shards << " in a run of " << world << " ranks");
+      t.shard_index = static_cast<int>(shard);
+      t.num_shards = static_cast<int>(shards);
+      const int64_t real = h5::read_int64_attribute(d, "num_elements", where);
       KQLORA_INPUT_CHECK(real >= 0 && real <= n,
                          where << ": num_elements " << real << " out of range");
+      // (Compared without overflow: both are at most the config's element count.)
+      KQLORA_INPUT_CHECK(t.first_element >= 0 && t.first_element <= entry->numel() &&
+                             real <= entry->numel() - t.first_element,
+                         where << ": elements [" << t.first_element << ", +" << real
+                               << ") lie outside the tensor's " << entry->numel());
       if (with_values) t.data.resize(static_cast<size_t>(real));
       t.shape = {real};
     }
     c.params.push_back(std::move(t));
   }
   validate_against_config(c, path);
-  if (with_optimizer && h5::exists(f, "optimizer")) {
+  // The optimizer state is validated even when it is not wanted (kqlora-diff without
+  // --optimizer): a damaged file is refused whatever is compared.
+  if (h5::exists(f, "optimizer")) {
     auto opt = h5::open_group(f, "optimizer");
-    c.optimizer_steps = h5::read_int_attribute(opt, "step", path + ": /optimizer").at(0);
+    c.optimizer_steps = h5::read_int64_attribute(opt, "step", path + ": /optimizer");
+    // A parameter's stored element count: its optimizer state must have as many.
+    std::map<std::string, int64_t> count;
+    for (const auto& t : c.params)
+      count[t.name] = t.first_element >= 0 ? t.shape.at(0) : checked_numel(t.shape, path);
     for (const auto& d : h5::list_datasets(opt)) {
       const auto slash = d.rfind('/');
       KQLORA_INPUT_CHECK(slash != std::string::npos,
                          path << ": /optimizer/" << d << " is not <param>/<state>");
-      int64_t n = 1;
-      for (int64_t x : h5::dataset_dims(opt, d, path)) n *= x;
+      const auto it = count.find(d.substr(0, slash));
+      KQLORA_INPUT_CHECK(it != count.end(), path << ": /optimizer/" << d
+                                                 << " is the state of no parameter in /params");
+      const int64_t n = checked_numel(h5::dataset_dims(opt, d, path), path + ": /optimizer/" + d);
+      KQLORA_INPUT_CHECK(n == it->second, path << ": /optimizer/" << d << " has " << n
+                                               << " elements, its parameter " << it->second);
+      H5T_class_t cls;
+      size_t size;
+      h5::dataset_type(opt, d, &cls, &size);
+      KQLORA_INPUT_CHECK(cls == H5T_FLOAT && size == 4,
+                         path << ": /optimizer/" << d << " is not a float32 dataset");
+      if (!with_optimizer) continue;
       std::vector<float> v(with_values ? static_cast<size_t>(n) : 0);
       if (with_values)
         h5::read_dataset(opt, d, H5T_NATIVE_FLOAT, n, v.data(), path + ": /optimizer/" + d);
       c.optimizer.push_back({{d.substr(0, slash), d.substr(slash + 1)}, std::move(v)});
     }
   }
+  // The run's seed and data position: a restart continues from them, so a changed byte
+  // must not pass. (A shared file's are in it; rank files each hold their own.)
+  c.seed = h5::read_int64_dataset(f, "rng/seed", path);
+  KQLORA_INPUT_CHECK(
+      static_cast<uint64_t>(c.seed) == model.seed,
+      path << ": /rng/seed " << c.seed << " differs from the config's seed " << model.seed);
+  const int64_t next = h5::read_int64_dataset(f, "data/next_step", path);
+  KQLORA_INPUT_CHECK(next == c.step, path << ": /data/next_step " << next
+                                          << " differs from the step attribute " << c.step);
   return c;
 }
 
@@ -453,36 +615,46 @@ CheckpointContents assemble_checkpoint(const std::vector<CheckpointContents>& pa
   std::map<std::string, Assembly> params;
   std::vector<std::string> porder;
   for (const auto& p : parts) {
-    std::map<std::string, int64_t> first_of;
+    KQLORA_INPUT_CHECK(p.model_config_text == first.model_config_text,
+                       where << ": files of different models (their model configurations differ)");
+    std::map<std::string, std::pair<int64_t, int64_t>> slice_of;  // first element, count
     for (const auto& t : p.params) {
       KQLORA_INPUT_CHECK(t.first_element >= 0, where << ": parameter '" << t.name
                                                      << "' is whole in a sharded checkpoint");
-      int64_t numel = 1;
-      for (int64_t d : t.global_shape) numel *= d;
+      const int64_t numel = checked_numel(t.global_shape, where + ": '" + t.name + "'");
       auto& a = params[t.name];
-      if (a.data.empty()) {
+      if (a.data.empty() && a.seen.empty()) {
         porder.push_back(t.name);
         a.shape = t.global_shape;
         a.data.assign(static_cast<size_t>(numel), 0.0f);
         a.seen.assign(static_cast<size_t>(numel), 0);
       }
-      KQLORA_INPUT_CHECK(t.first_element + static_cast<int64_t>(t.data.size()) <= numel,
+      KQLORA_INPUT_CHECK(t.global_shape == a.shape,
+                         where << ": the slices of '" << t.name << "' disagree on its shape ("
+                               << h5::shape_text(t.global_shape) << " and "
+                               << h5::shape_text(a.shape) << ")");
+      const int64_t count = static_cast<int64_t>(t.data.size());
+      KQLORA_INPUT_CHECK(t.first_element <= numel && count <= numel - t.first_element,
                          where << ": a slice of '" << t.name << "' lies outside it");
       for (size_t i = 0; i < t.data.size(); ++i) {
         KQLORA_INPUT_CHECK(!a.seen[t.first_element + i]++,
                            where << ": slices of '" << t.name << "' overlap");
         a.data[t.first_element + i] = t.data[i];
       }
-      first_of[t.name] = t.first_element;
+      slice_of[t.name] = {t.first_element, count};
     }
     for (const auto& [key, v] : p.optimizer) {
+      const auto it = slice_of.find(key.first);
+      KQLORA_INPUT_CHECK(it != slice_of.end(), where << ": optimizer state of '" << key.first
+                                                     << "' without its parameter slice");
+      KQLORA_INPUT_CHECK(static_cast<int64_t>(v.size()) == it->second.second,
+                         where << ": optimizer state " << key.second << " of '" << key.first
+                               << "' holds " << v.size() << " values for a slice of "
+                               << it->second.second);
       auto& a = params[key.first];
       auto& st = a.state[key.second];
       if (st.empty()) st.assign(a.data.size(), 0.0f);
-      const auto it = first_of.find(key.first);
-      KQLORA_INPUT_CHECK(it != first_of.end(), where << ": optimizer state of '" << key.first
-                                                     << "' without its parameter slice");
-      std::copy(v.begin(), v.end(), st.begin() + it->second);
+      std::copy(v.begin(), v.end(), st.begin() + it->second.first);
     }
   }
   for (const auto& name : porder) {

@@ -24,6 +24,7 @@ CheckpointReader::CheckpointReader(const std::string& path) : paths_(checkpoint_
   std::map<std::string, std::vector<int64_t>> shapes;
   std::map<std::string, int64_t> numel;
   for (size_t f = 0; f < listed.size(); ++f) {
+    h5::InputFileScope scope(paths_[f]);
     files_.push_back(h5::open_file(paths_[f]));
     std::map<std::string, Piece> slice_of;  // this file's slice of each parameter
     for (const auto& t : listed[f].params) {
@@ -99,6 +100,7 @@ void CheckpointReader::read(const std::string& key, int64_t lo, int64_t hi, floa
   for (const auto& p : it->second) {
     const int64_t a = std::max(lo, p.first), b = std::min(hi, p.first + p.count);
     if (a >= b) continue;
+    h5::InputFileScope scope(paths_[p.file]);
     h5::read_dataset_range(files_[p.file], p.dataset, H5T_NATIVE_FLOAT, a - p.first, b - p.first,
                            dst + (a - lo), paths_[p.file]);
   }

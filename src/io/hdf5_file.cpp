@@ -1,10 +1,15 @@
 #include "kqlora/io/hdf5_file.hpp"
 #include "kqlora/core/seconds_since.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <exception>
 
+#include "kqlora/core/checked_size.hpp"
+#include "kqlora/core/runtime.hpp"
 #include "kqlora/io/fletcher32.hpp"
 
 namespace kqlora::h5 {
@@ -13,7 +18,20 @@ namespace {
 
 herr_t collect_error(unsigned n, const H5E_error2_t* e, void* out) {
   auto* s = static_cast<std::string*>(out);
-  if (n < 3 && e->desc) *s += std::string(n ? "; " : "") + e->desc;
+  // The first entries say what failed; the system's reason (errno, e.g. "No space left on
+  // device") sits deeper in the stack.
+  if (!e->desc) return 0;
+  std::string d = e->desc;
+  const size_t at = d.find("errno = ");
+  if (at != std::string::npos) {  // "errno = 28, error message = 'No space left on device'"
+    const size_t q = d.find("error message = '", at);
+    const size_t end = q == std::string::npos ? std::string::npos : d.find('\'', q + 17);
+    d = d.substr(at, end == std::string::npos ? 40 : end + 1 - at);
+  } else if (n >= 3) {
+    return 0;
+  }
+  std::replace(d.begin(), d.end(), '\n', ' ');
+  *s += (s->empty() ? "" : "; ") + d;
   return 0;
 }
 
@@ -99,10 +117,29 @@ ReadStats& read_stats() {
   return stats;
 }
 
+namespace {
+thread_local std::string input_file;  // InputFileScope's innermost path; empty: none
+}  // namespace
+
+InputFileScope::InputFileScope(std::string path) : previous_(std::move(input_file)) {
+  input_file = std::move(path);
+}
+
+InputFileScope::~InputFileScope() {
+  input_file = std::move(previous_);
+}
+
 void throw_h5_error(const char* call, const char* file, int line) {
   std::string stack;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &stack);
   H5Eclear2(H5E_DEFAULT);
+  if (!input_file.empty()) {
+    std::string fn(call);
+    fn = fn.substr(0, fn.find('('));
+    impl::throw_input_error(input_file +
+                            ": damaged or not a file kqlora wrote (HDF5 cannot read it: " + fn +
+                            (stack.empty() ? "" : ": " + stack) + ")");
+  }
   impl::throw_error(std::string(call) + " failed" + (stack.empty() ? "" : ": " + stack), file,
                     line);
 }
@@ -113,16 +150,28 @@ void quiet_errors() {
 
 void Handle::reset() {
   if (id_ == H5I_INVALID_HID) return;
-  H5Idec_ref(id_);  // closes any kind of object when the last reference goes
+  const hid_t id = id_;
   id_ = H5I_INVALID_HID;
+  // A file being written, abandoned by an error (a full disk): its blocks are freed first,
+  // so that HDF5's flush of its metadata at this close can succeed. A close that fails
+  // leaves HDF5 holding a half-closed file, which its shut-down would crash on.
+  const bool abandoned = !new_file_.empty() && std::uncaught_exceptions() > 0;
+  if (abandoned) (void)::truncate(new_file_.c_str(), 0);
+  new_file_.clear();
+  const bool file = H5Iget_type(id) == H5I_FILE;
+  if (H5Idec_ref(id) < 0 && file) mark_unsafe_shutdown();  // closes when the last reference goes
 }
 
 void Handle::close() {
   if (id_ == H5I_INVALID_HID) return;
   const hid_t id = id_;
   id_ = H5I_INVALID_HID;
+  new_file_.clear();
   if (H5Iget_type(id) == H5I_FILE) {
-    KQLORA_H5(H5Fclose(id));
+    if (H5Fclose(id) < 0) {
+      mark_unsafe_shutdown();  // (see reset)
+      throw_h5_error("H5Fclose(file)", __FILE__, __LINE__);
+    }
   } else {
     KQLORA_H5(H5Idec_ref(id));
   }
@@ -132,7 +181,9 @@ Handle create_file(const std::string& path) {
   quiet_errors();
   const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   KQLORA_INPUT_CHECK(f >= 0, path << ": cannot create the HDF5 file");
-  return Handle(f);
+  Handle h(f);
+  h.new_file_ = path;
+  return h;
 }
 
 Handle open_file(const std::string& path, bool writable) {
@@ -209,8 +260,12 @@ Handle create_checkpoint_dataset(hid_t loc, const std::string& name, hid_t file_
   }
   Handle lcpl(KQLORA_H5(H5Pcreate(H5P_LINK_CREATE)));
   KQLORA_H5(H5Pset_create_intermediate_group(lcpl, 1));
-  return Handle(
-      KQLORA_H5(H5Dcreate2(loc, name.c_str(), file_type, space, lcpl, dcpl, H5P_DEFAULT)));
+  // No chunk cache: every chunk is written whole, once, so a write that fails (a full
+  // disk) fails now and leaves no dirty chunk behind, which HDF5 would try to flush again
+  // when the library shuts down (and crash doing so at MPI_Finalize).
+  Handle dapl(KQLORA_H5(H5Pcreate(H5P_DATASET_ACCESS)));
+  KQLORA_H5(H5Pset_chunk_cache(dapl, 0, 0, 1.0));
+  return Handle(KQLORA_H5(H5Dcreate2(loc, name.c_str(), file_type, space, lcpl, dcpl, dapl)));
 }
 
 std::vector<int64_t> dataset_dims(hid_t loc, const std::string& name, const std::string& file) {
@@ -220,9 +275,18 @@ std::vector<int64_t> dataset_dims(hid_t loc, const std::string& name, const std:
   Handle d(ds);
   Handle space(KQLORA_H5(H5Dget_space(d)));
   const int rank = KQLORA_H5(H5Sget_simple_extent_ndims(space));
+  KQLORA_INPUT_CHECK(rank <= 8, file << ": dataset '" << name << "' has " << rank
+                                     << " dimensions (at most 8 expected)");
   std::vector<hsize_t> hd(rank);
   KQLORA_H5(H5Sget_simple_extent_dims(space, hd.data(), nullptr));
-  return std::vector<int64_t>(hd.begin(), hd.end());
+  std::vector<int64_t> dims;
+  for (hsize_t x : hd) {
+    KQLORA_INPUT_CHECK(x <= static_cast<hsize_t>(kMaxElements),
+                       file << ": dataset '" << name << "' has a dimension of " << x);
+    dims.push_back(static_cast<int64_t>(x));
+  }
+  checked_numel(dims, file + ": dataset '" + name + "'");  // every later product fits
+  return dims;
 }
 
 void dataset_type(hid_t loc, const std::string& name, H5T_class_t* cls, size_t* size) {
@@ -230,6 +294,14 @@ void dataset_type(hid_t loc, const std::string& name, H5T_class_t* cls, size_t* 
   Handle t(KQLORA_H5(H5Dget_type(d)));
   *cls = H5Tget_class(t);
   *size = H5Tget_size(t);
+}
+
+size_t float_exponent_bits(hid_t loc, const std::string& name) {
+  Handle d(KQLORA_H5(H5Dopen2(loc, name.c_str(), H5P_DEFAULT)));
+  Handle t(KQLORA_H5(H5Dget_type(d)));
+  size_t spos = 0, epos = 0, esize = 0, mpos = 0, msize = 0;
+  KQLORA_H5(H5Tget_fields(t, &spos, &epos, &esize, &mpos, &msize));
+  return esize;
 }
 
 void read_dataset(hid_t loc, const std::string& name, hid_t mem_type, int64_t expected_numel,
@@ -297,7 +369,7 @@ void write_attribute(hid_t obj, const std::string& name, const std::vector<int64
   Handle space(KQLORA_H5(H5Screate_simple(1, &n, nullptr)));
   Handle a(
       KQLORA_H5(H5Acreate2(obj, name.c_str(), H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT)));
-  KQLORA_H5(H5Awrite(a, H5T_NATIVE_INT64, value.data()));
+  if (n > 0) KQLORA_H5(H5Awrite(a, H5T_NATIVE_INT64, value.data()));
 }
 
 bool has_attribute(hid_t obj, const std::string& name) {
@@ -335,9 +407,33 @@ std::vector<int64_t> read_int_attribute(hid_t obj, const std::string& name,
                      where << ": attribute '" << name << "' is not an integer");
   Handle space(KQLORA_H5(H5Aget_space(a)));
   const hssize_t n = KQLORA_H5(H5Sget_simple_extent_npoints(space));
+  // kqlora's integer attributes are scalars and shapes: a long one is a damaged file.
+  KQLORA_INPUT_CHECK(n <= 64, where << ": attribute '" << name << "' holds " << n
+                                    << " integers (at most 64 expected)");
   std::vector<int64_t> out(static_cast<size_t>(n));
-  KQLORA_H5(H5Aread(a, H5T_NATIVE_INT64, out.data()));
+  if (n > 0) KQLORA_H5(H5Aread(a, H5T_NATIVE_INT64, out.data()));
   return out;
+}
+
+int64_t read_int64_dataset(hid_t loc, const std::string& name, const std::string& where) {
+  const auto dims = dataset_dims(loc, name, where);
+  H5T_class_t cls;
+  size_t size;
+  dataset_type(loc, name, &cls, &size);
+  KQLORA_INPUT_CHECK(cls == H5T_INTEGER && size == 8 && dims == std::vector<int64_t>{1},
+                     where << ": /" << name << " must hold one 64-bit integer, it holds "
+                           << (cls == H5T_INTEGER ? "integers" : "non-integers") << " of " << size
+                           << " bytes, shape " << shape_text(dims));
+  int64_t v = 0;
+  read_dataset(loc, name, H5T_NATIVE_INT64, 1, &v, where);
+  return v;
+}
+
+int64_t read_int64_attribute(hid_t obj, const std::string& name, const std::string& where) {
+  const auto v = read_int_attribute(obj, name, where);
+  KQLORA_INPUT_CHECK(v.size() == 1, where << ": attribute '" << name << "' holds " << v.size()
+                                          << " integers, expected one");
+  return v[0];
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) {

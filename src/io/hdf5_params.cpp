@@ -82,17 +82,17 @@ Nf4Shard<Kokkos::HostSpace> read_nf4_shard(hid_t loc, const std::string& name,
   Nf4Layout L;
   L.shape = read_int_attribute(g, "global_shape", where);
   L.dtype = parse_dtype(read_string_attribute(g, "dtype", where), where + ": attribute dtype");
-  L.block_size = read_int_attribute(g, "block_size", where).at(0);
-  L.scaler_block_size = read_int_attribute(g, "scaler_block_size", where).at(0);
+  L.block_size = read_int64_attribute(g, "block_size", where);
+  L.scaler_block_size = read_int64_attribute(g, "scaler_block_size", where);
   L.validate(where);
-  const int index = static_cast<int>(read_int_attribute(g, "shard_index", where).at(0));
-  const int count = static_cast<int>(read_int_attribute(g, "num_shards", where).at(0));
+  const int index = static_cast<int>(read_int64_attribute(g, "shard_index", where));
+  const int count = static_cast<int>(read_int64_attribute(g, "num_shards", where));
   KQLORA_INPUT_CHECK(count >= 1 && index >= 0 && index < count,
                      where << ": shard " << index << " of " << count << " does not exist");
   auto s = Nf4Shard<Kokkos::HostSpace>::allocate(L, index, count);
   const Nf4ShardRange& r = s.range;
-  KQLORA_INPUT_CHECK(read_int_attribute(g, "first_block", where).at(0) == r.first_block &&
-                         read_int_attribute(g, "num_blocks", where).at(0) == r.num_blocks,
+  KQLORA_INPUT_CHECK(read_int64_attribute(g, "first_block", where) == r.first_block &&
+                         read_int64_attribute(g, "num_blocks", where) == r.num_blocks,
                      where << ": first_block/num_blocks do not match shard " << index << " of "
                            << count << " of " << L.shape_string());
   Kokkos::deep_copy(s.quantized_data, uint8_t(0x77));

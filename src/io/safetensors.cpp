@@ -7,15 +7,16 @@
 #include <set>
 #include <sstream>
 
+#include "kqlora/core/checked_size.hpp"
 #include "kqlora/core/error.hpp"
+#include "kqlora/core/input_file.hpp"
 #include "kqlora/core/json.hpp"
+#include "kqlora/io/tensor_name.hpp"
 
 namespace kqlora::safetensors {
 
 int64_t TensorInfo::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
+  return checked_numel_of(shape, [&] { return "tensor '" + name + "'"; });
 }
 
 const TensorInfo* Header::find(const std::string& name) const {
@@ -52,6 +53,7 @@ uint64_t as_offset(const json::Value& v, const std::string& where) {
 }  // namespace
 
 Header read_header(const std::string& path) {
+  check_input_file(path, "a safetensors file");
   std::ifstream f(path, std::ios::binary);
   KQLORA_INPUT_CHECK(f.good(), path << ": cannot open: " << std::strerror(errno));
   const uint64_t size = file_size(f, path);
@@ -59,6 +61,8 @@ Header read_header(const std::string& path) {
                                      << " bytes, shorter than the 8-byte header length");
   unsigned char len8[8];
   f.read(reinterpret_cast<char*>(len8), 8);
+  KQLORA_INPUT_CHECK(f.gcount() == 8,
+                     path << ": cannot read the 8-byte header length: " << std::strerror(errno));
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len8[i];
   KQLORA_INPUT_CHECK(n >= 2 && n <= max_header_bytes, path << ": header length " << n
@@ -89,6 +93,7 @@ Header read_header(const std::string& path) {
       }
       continue;
     }
+    check_tensor_name(kv.first, path);
     const json::Value& e = kv.second;
     KQLORA_INPUT_CHECK(e.kind == json::Value::Kind::object, where << ": entry is not an object");
     const json::Value* dtype = e.find("dtype");

@@ -5,9 +5,12 @@
 #include <map>
 
 #include "kqlora/build_config.hpp"
+#include "kqlora/core/checked_size.hpp"
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/float16.hpp"
+#include "kqlora/core/input_file.hpp"
 #include "kqlora/io/safetensors.hpp"
+#include "kqlora/io/tensor_name.hpp"
 #if KQLORA_HAVE_HDF5
 #include "kqlora/io/hdf5_file.hpp"
 #endif
@@ -15,9 +18,7 @@
 namespace kqlora {
 
 int64_t HostTensor::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
+  return checked_numel_of(shape, [&] { return "tensor '" + name + "'"; });
 }
 
 namespace {
@@ -78,17 +79,24 @@ class SafetensorsSource : public TensorSource {
 #if KQLORA_HAVE_HDF5
 class Hdf5Source : public TensorSource {
  public:
-  explicit Hdf5Source(const std::string& path) : path_(path), file_(h5::open_file(path)) {
+  explicit Hdf5Source(const std::string& path) : path_(path) {
+    h5::InputFileScope scope(path);
+    file_ = h5::open_file(path);
     // A checkpoint keeps its tensors under /params; any other file is read from the root.
     prefix_ = h5::exists(file_, "params") ? "params/" : "";
     h5::Handle root = h5::open_group(file_, prefix_.empty() ? "/" : "params");
     for (const auto& name : h5::list_datasets(root)) {
+      check_tensor_name(name, path + " (a dataset inside a group is not a tensor kqlora reads)");
       H5T_class_t cls;
       size_t size;
       h5::dataset_type(root, name, &cls, &size);
       std::string dtype = "other";
-      if (cls == H5T_FLOAT)
-        dtype = size == 4 ? "F32" : size == 8 ? "F64" : size == 2 ? "BF16" : dtype;
+      // A 2-byte float is bfloat16 (8 exponent bits) or IEEE half (5): half widens to
+      // float32 (docs/NF4.md), only bfloat16 stays bfloat16.
+      if (cls == H5T_FLOAT && size == 2)
+        dtype = h5::float_exponent_bits(root, name) == 8 ? "BF16" : "F16";
+      else if (cls == H5T_FLOAT)
+        dtype = size == 4 ? "F32" : size == 8 ? "F64" : dtype;
       if (cls == H5T_INTEGER) dtype = size == 1 ? "U8" : "I64";
       entries_.push_back({name, h5::dataset_dims(root, name, path), dtype});
     }
@@ -101,8 +109,10 @@ class Hdf5Source : public TensorSource {
     for (const auto& x : entries_)
       if (x.name == name) e = &x;
     KQLORA_INPUT_CHECK(e, path_ << ": no dataset '" << name << "'");
-    KQLORA_INPUT_CHECK(e->dtype == "F32" || e->dtype == "BF16" || e->dtype == "F64",
-                       path_ << ": dataset '" << name << "' is not a float dataset");
+    h5::InputFileScope scope(path_);
+    KQLORA_INPUT_CHECK(
+        e->dtype == "F32" || e->dtype == "BF16" || e->dtype == "F64" || e->dtype == "F16",
+        path_ << ": dataset '" << name << "' is not a float dataset");
     HostTensor t;
     t.name = name;
     t.shape = e->shape;
@@ -129,6 +139,7 @@ class Hdf5Source : public TensorSource {
 }  // namespace
 
 std::unique_ptr<TensorSource> open_tensor_source(const std::string& path) {
+  check_input_file(path, "a tensor file (safetensors or HDF5)");
   std::ifstream f(path, std::ios::binary);
   KQLORA_INPUT_CHECK(f.good(), path << ": cannot open: " << std::strerror(errno));
   char head[8] = {0};

@@ -2,14 +2,13 @@
 
 #include <algorithm>
 
+#include "kqlora/core/checked_size.hpp"
 #include "kqlora/core/error.hpp"
 
 namespace kqlora {
 
 int64_t ParamEntry::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
+  return checked_numel_of(shape, [&] { return "tensor '" + name + "'"; });
 }
 
 Nf4Layout ParamEntry::nf4_layout() const {
@@ -29,7 +28,7 @@ ParamEntry& ParamTable::add(ParamEntry e, const std::string& group) {
   if (g == groups.end()) groups.push_back(group);
   if (e.kind == ParamKind::trainable) {
     e.offset = num_trainable;
-    num_trainable += e.numel();
+    num_trainable = checked_add(num_trainable, e.numel(), "the model's trainable parameters");
   } else {
     e.offset = count(e.kind);
   }

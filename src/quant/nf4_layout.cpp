@@ -2,14 +2,13 @@
 
 #include <sstream>
 
+#include "kqlora/core/checked_size.hpp"
 #include "kqlora/core/error.hpp"
 
 namespace kqlora {
 
 int64_t Nf4Layout::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
+  return checked_numel_of(shape, [&] { return "NF4 tensor"; });
 }
 
 std::string Nf4Layout::shape_string() const {

@@ -1,5 +1,7 @@
 #include "kqlora/train/checkpointing.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
 #include <fstream>
@@ -146,9 +148,9 @@ std::string save_shared(
 CheckpointReader load_restart(const Config& cfg, std::ostream& log) {
   const std::string path = cfg.restart == "latest" ? cfg.save_dir : cfg.restart;
   if (cfg.restart == "latest") {
-    std::ifstream latest(cfg.save_dir + "/latest");
+    struct stat st {};  // (lstat: a dangling link is reported by checkpoint_files)
     KQLORA_INPUT_CHECK(
-        latest.good(),
+        ::lstat((cfg.save_dir + "/latest").c_str(), &st) == 0,
         "restart = latest: " << cfg.save_dir << "/latest does not exist (no checkpoint to resume)");
   }
   CheckpointReader reader(path);

@@ -1,5 +1,6 @@
 #include "kqlora/train/config.hpp"
 
+#include <sys/stat.h>
 #include <Kokkos_Macros.hpp>
 
 #include "kqlora/build_config.hpp"
@@ -15,6 +16,7 @@
 #include <sstream>
 
 #include "kqlora/core/error.hpp"
+#include "kqlora/core/input_file.hpp"
 #include "kqlora/nn/llama.hpp"
 #include "kqlora/nn/model_registry.hpp"
 #include "kqlora/train/component_configs.hpp"
@@ -291,8 +293,16 @@ std::string did_you_mean(const std::string& name) {
   return best ? " (did you mean '" + best->name + "'?)" : "";
 }
 
-void check_readable(const std::string& path, const std::string& where) {
+// `dir_ok`: a directory is a valid value (init_file: a PEFT adapter directory).
+void check_readable(const std::string& path, const std::string& where, bool dir_ok) {
   if (path.empty()) return;
+  struct stat st {};
+  KQLORA_INPUT_CHECK(::stat(path.c_str(), &st) == 0,
+                     where << ": cannot read '" << path << "': " << std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) {
+    KQLORA_INPUT_CHECK(dir_ok, where << ": '" << path << "' is a directory, not a file");
+    return;
+  }
   std::ifstream f(path, std::ios::binary);
   KQLORA_INPUT_CHECK(f.good(), where << ": cannot read '" << path << "': " << std::strerror(errno));
 }
@@ -357,13 +367,19 @@ std::string deck_help(int width) {
   return os.str();
 }
 
-Config parse_deck(const std::string& path, const std::vector<std::string>& overrides,
-                  int world_size, bool check_files) {
-  std::ifstream f(path);
+std::string read_deck_file(const std::string& path) {
+  check_input_file(path, "a deck file");  // a directory would run on the defaults
+  std::ifstream f(path, std::ios::binary);
   KQLORA_INPUT_CHECK(f.good(), path << ": cannot open the deck: " << std::strerror(errno));
   std::stringstream ss;
   ss << f.rdbuf();
-  return parse_deck_text(ss.str(), path, overrides, world_size, check_files);
+  KQLORA_INPUT_CHECK(!f.bad(), path << ": cannot read the deck: " << std::strerror(errno));
+  return ss.str();
+}
+
+Config parse_deck(const std::string& path, const std::vector<std::string>& overrides,
+                  int world_size, bool check_files) {
+  return parse_deck_text(read_deck_file(path), path, overrides, world_size, check_files);
 }
 
 Config parse_deck_text(const std::string& text, const std::string& source,
@@ -392,14 +408,33 @@ Config parse_deck_text(const std::string& text, const std::string& source,
     k->set(c, value, loc + ": " + name);
     where[name] = loc;
   };
+  KQLORA_INPUT_CHECK(text.find('\0') == std::string::npos,
+                     source << ": contains a NUL byte (not a text file?)");
   std::istringstream in(text);
   int lineno = 0;
-  for (std::string line; std::getline(in, line);)
-    apply(line, source + ":" + std::to_string(++lineno), false);
+  for (std::string line; std::getline(in, line);) {
+    const std::string loc = source + ":" + std::to_string(++lineno);
+    if (!line.empty() && line.back() == '\r') line.pop_back();  // CRLF line endings
+    // A lone CR ends no line here: CR-only line endings would make the whole deck one
+    // line, and the first '#' would comment out the rest.
+    KQLORA_INPUT_CHECK(line.find('\r') == std::string::npos,
+                       loc << ": a carriage return inside a line (CR-only line endings?); "
+                              "decks need LF or CRLF line endings");
+    apply(line, loc, false);
+  }
   for (size_t i = 0; i < overrides.size(); ++i) {
-    KQLORA_INPUT_CHECK(overrides[i].find('=') != std::string::npos,
-                       "argument '" << overrides[i] << "': expected key=value");
-    apply(overrides[i], "argument '" + overrides[i] + "'", true);
+    const std::string& o = overrides[i];
+    // The checkpoint stores the configuration as deck text: a value must read back as itself.
+    const std::string loc = "argument '" + o + "'";
+    KQLORA_INPUT_CHECK(o.find('=') != std::string::npos, loc << ": expected key=value");
+    KQLORA_INPUT_CHECK(o.find_first_of(std::string("\n\r\0", 3)) == std::string::npos,
+                       "argument: a line break or NUL byte in '"
+                           << o.substr(0, o.find_first_of(std::string("\n\r\0", 3)))
+                           << "...': a value must be one line");
+    KQLORA_INPUT_CHECK(o.find('#') == std::string::npos,
+                       loc << ": a value cannot contain '#' (in a deck it starts a comment, so "
+                              "the configuration stored in checkpoints would not read back)");
+    apply(o, loc, true);
   }
 
   // Defaults that follow other keys.
@@ -518,7 +553,7 @@ Config parse_deck_text(const std::string& text, const std::string& source,
     const std::string& p = std::string(k) == "init_file"   ? c.init_file
                            : std::string(k) == "data_file" ? c.data_file
                                                            : c.eval_file;
-    if (check_files) check_readable(p, at(k) + ": " + k);
+    if (check_files) check_readable(p, at(k) + ": " + k, std::string(k) == "init_file");
   }
   return c;
 }

@@ -16,6 +16,7 @@ DataSource::DataSource(const std::string& path, const InputSpec& spec, int64_t g
     : path_(path), spec_(spec), global_bs_(global_bs), seed_(seed), shuffle_(shuffle) {
   if (path.empty()) return;
 #if KQLORA_HAVE_HDF5
+  h5::InputFileScope scope(path);
   auto f = h5::open_file(path);
   const std::string where = what + " " + path;
   auto dims_text = [](const std::vector<int64_t>& d) {

@@ -53,6 +53,7 @@ struct InitFile {
     std::ifstream(p, std::ios::binary).read(sig, 8);
     if (std::string(sig, 4) == "\x89HDF") {
 #if KQLORA_HAVE_HDF5
+      h5::InputFileScope scope(p);
       file = h5::open_file(p);
       KQLORA_INPUT_CHECK(h5::exists(file, "params"),
                          p << ": init_file has no /params group (checkpoint schema)");
@@ -140,6 +141,7 @@ struct InitFile {
     std::vector<int64_t> got;
 #if KQLORA_HAVE_HDF5
     if (params.get() >= 0 && !source) {
+      h5::InputFileScope scope(path);
       KQLORA_INPUT_CHECK(!h5::is_nf4_group(params, name), where << " is NF4; expected floats");
       got = h5::dataset_dims(params, name, path);
       int64_t n = 1;
@@ -232,6 +234,7 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
     const ParamEntry& e = *ep;
     const Nf4Layout layout = e.nf4_layout();
 #if KQLORA_HAVE_HDF5
+    h5::InputFileScope scope(init_file);
     if (init.has(e.name) && !init.source && h5::is_nf4_group(init.params, e.name)) {
       init.used.insert(e.name);
       auto t = h5::read_nf4(init.params, e.name, init_file);

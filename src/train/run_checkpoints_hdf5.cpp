@@ -6,6 +6,7 @@
 
 #include "kqlora/core/human_units.hpp"
 #include "kqlora/core/seconds_since.hpp"
+#include "kqlora/io/checkpoint.hpp"
 #include "kqlora/io/hdf5_file.hpp"
 #include "kqlora/train/checkpointing.hpp"
 #include "kqlora/train/init.hpp"
@@ -21,7 +22,9 @@ template <class ExecSpace>
 class Hdf5Checkpoints : public RunCheckpoints<ExecSpace> {
  public:
   Hdf5Checkpoints(const Config& cfg, Communicator& comm, std::ostream& log)
-      : cfg_(cfg), comm_(comm), log_(log), root_(comm.rank() == 0) {}
+      : cfg_(cfg), comm_(comm), log_(log), root_(comm.rank() == 0) {
+    check_save_dir(cfg.save_dir, comm);  // now, not after the training (every run saves)
+  }
 
   int64_t open_restart(Model<ExecSpace>& model) override {
     const auto t = Clock::now();

@@ -15,4 +15,11 @@ class Runtime {
   bool owns_mpi_ = false;
 };
 
+/// A library was left in a state its shut-down would crash on (HDF5 after a file close
+/// that failed on a full disk): the process is ending on that error, so Runtime's
+/// destructor then ends it at once with exit code 1, without MPI_Finalize or the
+/// libraries' exit handlers.
+void mark_unsafe_shutdown();
+bool unsafe_shutdown();
+
 }  // namespace kqlora

@@ -31,6 +31,12 @@ std::string write_checkpoint_per_rank(const std::string& save_dir, const Checkpo
 std::string commit_checkpoint(const std::string& save_dir, int64_t step, int64_t keep_last,
                               Communicator& comm,
                               const std::function<void(const std::string& tmp_dir)>& write);
+/// Before the first step (collective): every rank creates save_dir where missing and
+/// writes and removes a probe file in it, so a save_dir that cannot hold checkpoints is
+/// reported now, not after the training. A permission, read-only file system or
+/// not-a-directory failure is an InputError on every rank (exit 2), another failure (a
+/// full disk, an I/O error) an Error (exit 1); the failing rank's message names the path.
+void check_save_dir(const std::string& save_dir, Communicator& comm);
 /// fsync of a file (after HDF5 closed it).
 void fsync_file(const std::string& path);
 

@@ -25,11 +25,14 @@ class Handle {
  public:
   Handle() = default;
   explicit Handle(hid_t id) : id_(id) {}
-  Handle(Handle&& o) noexcept : id_(o.id_) { o.id_ = H5I_INVALID_HID; }
+  Handle(Handle&& o) noexcept : id_(o.id_), new_file_(std::move(o.new_file_)) {
+    o.id_ = H5I_INVALID_HID;
+  }
   Handle& operator=(Handle&& o) noexcept {
     if (this != &o) {
       reset();
       id_ = o.id_;
+      new_file_ = std::move(o.new_file_);
       o.id_ = H5I_INVALID_HID;
     }
     return *this;
@@ -44,7 +47,24 @@ class Handle {
   void close();
 
  private:
+  friend Handle create_file(const std::string& path);
   hid_t id_ = H5I_INVALID_HID;
+  std::string new_file_;  // create_file's path until close(): emptied if abandoned
+};
+
+/// While one is alive (on this thread), a failed HDF5 call is reported as bad input naming
+/// `path` (InputError, exit 2: a file HDF5 cannot read back is damaged or not the kind of
+/// file it claims to be) instead of a system failure. Readers of user files hold one; the
+/// innermost names the file.
+class InputFileScope {
+ public:
+  explicit InputFileScope(std::string path);
+  ~InputFileScope();
+  InputFileScope(const InputFileScope&) = delete;
+  InputFileScope& operator=(const InputFileScope&) = delete;
+
+ private:
+  std::string previous_;
 };
 
 /// Silences HDF5's automatic error printing (errors are reported through exceptions).
@@ -93,12 +113,19 @@ void read_dataset_range(hid_t loc, const std::string& name, hid_t mem_type, int6
                         void* data, const std::string& file);
 /// The dataset's stored type class and size (e.g. H5T_FLOAT, 2 for bfloat16).
 void dataset_type(hid_t loc, const std::string& name, H5T_class_t* cls, size_t* size);
+/// The exponent width of a float dataset's type (8 for float32 and bfloat16, 5 for half).
+size_t float_exponent_bits(hid_t loc, const std::string& name);
 
 void write_attribute(hid_t obj, const std::string& name, const std::string& value);
 void write_attribute(hid_t obj, const std::string& name, int64_t value);
 void write_attribute(hid_t obj, const std::string& name, const std::vector<int64_t>& value);
 bool has_attribute(hid_t obj, const std::string& name);
 std::string read_string_attribute(hid_t obj, const std::string& name, const std::string& where);
+/// A dataset holding one 64-bit integer (as kqlora writes /rng/seed): InputError naming
+/// `where` for another type or shape (a float64 seed must not pass as a seed).
+int64_t read_int64_dataset(hid_t loc, const std::string& name, const std::string& where);
+/// A single integer attribute (InputError naming `where` when it holds 0 or several).
+int64_t read_int64_attribute(hid_t obj, const std::string& name, const std::string& where);
 std::vector<int64_t> read_int_attribute(hid_t obj, const std::string& name,
                                         const std::string& where);
 

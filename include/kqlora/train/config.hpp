@@ -61,6 +61,8 @@ struct Config {
   std::string to_deck_text() const;
 };
 
+/// A deck file's text; InputError naming it when it is a directory or cannot be read.
+std::string read_deck_file(const std::string& path);
 /// Parses a deck file and `key=value` overrides. Checks types, ranges and consistency,
 /// including world_size <= global_bs and (with check_files) that named input files can be
 /// read.

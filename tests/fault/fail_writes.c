@@ -1,0 +1,138 @@
+// A fault injector for tests, loaded with LD_PRELOAD: no privileges, no mount. Writes to
+// files under $KQLORA_FAULT_DIR fail with $KQLORA_FAULT_WRITE_ERRNO (ENOSPC or EIO) once
+// $KQLORA_FAULT_AFTER_BYTES bytes have been written there (a disk that fills up, a disk
+// that fails); with $KQLORA_FAULT_OPEN_ERRNO (EROFS or EACCES), creating a file or a
+// directory there fails at once (a read-only file system, a directory without permission,
+// which root cannot otherwise be refused). Everything else passes through.
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+static atomic_llong written;
+
+static int errno_named(const char* name) {
+  if (!name || !*name) return 0;
+  if (!strcmp(name, "ENOSPC")) return ENOSPC;
+  if (!strcmp(name, "EIO")) return EIO;
+  if (!strcmp(name, "EROFS")) return EROFS;
+  if (!strcmp(name, "EACCES")) return EACCES;
+  return 0;
+}
+
+static int under_dir(const char* path) {
+  const char* dir = getenv("KQLORA_FAULT_DIR");
+  if (!dir || !*dir || !path) return 0;
+  return strncmp(path, dir, strlen(dir)) == 0;
+}
+
+static int fd_under_dir(int fd) {
+  char link[64], path[4096];
+  snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  const ssize_t n = readlink(link, path, sizeof path - 1);
+  if (n <= 0) return 0;
+  path[n] = '\0';
+  return under_dir(path);
+}
+
+// 0: let the write of `count` bytes through; else the errno it fails with.
+static int write_fault(int fd, size_t count) {
+  const int err = errno_named(getenv("KQLORA_FAULT_WRITE_ERRNO"));
+  if (!err || !fd_under_dir(fd)) return 0;
+  const char* after = getenv("KQLORA_FAULT_AFTER_BYTES");
+  const long long limit = after ? atoll(after) : 0;
+  if (atomic_fetch_add(&written, (long long)count) + (long long)count > limit) return err;
+  return 0;
+}
+
+static int open_fault(const char* path, int flags) {
+  const int err = errno_named(getenv("KQLORA_FAULT_OPEN_ERRNO"));
+  return err && (flags & (O_WRONLY | O_RDWR | O_CREAT)) && under_dir(path) ? err : 0;
+}
+
+#define NEXT(name) ((__typeof__(&name))dlsym(RTLD_NEXT, #name))
+
+ssize_t write(int fd, const void* buf, size_t count) {
+  const int err = write_fault(fd, count);
+  if (err) return errno = err, -1;
+  return NEXT(write)(fd, buf, count);
+}
+
+ssize_t pwrite(int fd, const void* buf, size_t count, off_t offset) {
+  const int err = write_fault(fd, count);
+  if (err) return errno = err, -1;
+  return NEXT(pwrite)(fd, buf, count, offset);
+}
+
+ssize_t pwrite64(int fd, const void* buf, size_t count, off_t offset) {
+  const int err = write_fault(fd, count);
+  if (err) return errno = err, -1;
+  return NEXT(pwrite64)(fd, buf, count, offset);
+}
+
+static size_t iov_bytes(const struct iovec* iov, int n) {
+  size_t b = 0;
+  for (int i = 0; i < n; ++i) b += iov[i].iov_len;
+  return b;
+}
+
+ssize_t writev(int fd, const struct iovec* iov, int n) {
+  const int err = write_fault(fd, iov_bytes(iov, n));
+  if (err) return errno = err, -1;
+  return NEXT(writev)(fd, iov, n);
+}
+
+ssize_t pwritev(int fd, const struct iovec* iov, int n, off_t offset) {
+  const int err = write_fault(fd, iov_bytes(iov, n));
+  if (err) return errno = err, -1;
+  return NEXT(pwritev)(fd, iov, n, offset);
+}
+
+int open(const char* path, int flags, ...) {
+  va_list ap;
+  va_start(ap, flags);
+  const mode_t mode = (flags & O_CREAT) ? va_arg(ap, mode_t) : 0;
+  va_end(ap);
+  const int err = open_fault(path, flags);
+  if (err) return errno = err, -1;
+  return NEXT(open)(path, flags, mode);
+}
+
+int open64(const char* path, int flags, ...) {
+  va_list ap;
+  va_start(ap, flags);
+  const mode_t mode = (flags & O_CREAT) ? va_arg(ap, mode_t) : 0;
+  va_end(ap);
+  const int err = open_fault(path, flags);
+  if (err) return errno = err, -1;
+  return NEXT(open64)(path, flags, mode);
+}
+
+int openat(int dirfd, const char* path, int flags, ...) {
+  va_list ap;
+  va_start(ap, flags);
+  const mode_t mode = (flags & O_CREAT) ? va_arg(ap, mode_t) : 0;
+  va_end(ap);
+  const int err = open_fault(path, flags);
+  if (err) return errno = err, -1;
+  return NEXT(openat)(dirfd, path, flags, mode);
+}
+
+int mkdir(const char* path, mode_t mode) {
+  const int err = errno_named(getenv("KQLORA_FAULT_OPEN_ERRNO"));
+  if (err && under_dir(path)) {
+    struct stat st;
+    if (stat(path, &st) == 0) return errno = EEXIST, -1;
+    return errno = err, -1;
+  }
+  return NEXT(mkdir)(path, mode);
+}

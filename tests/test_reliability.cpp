@@ -1,0 +1,360 @@
+// Damaged and hostile input (docs/RELIABILITY.md): each case is one of the defects found on
+// commit 35d580f, refused with exit 2 (InputError) naming the file or argument, or handled,
+// never a crash, a wrong exit code or a run on silently wrong data.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "kqlora/core/checked_size.hpp"
+#include "kqlora/core/float16.hpp"
+#include "kqlora/io/checkpoint.hpp"
+#include "kqlora/io/chunk_writer.hpp"
+#include "kqlora/io/hdf5_params.hpp"
+#include "kqlora/io/safetensors.hpp"
+#include "kqlora/quant/nf4_layout.hpp"
+#include "kqlora/train/config.hpp"
+#include "kqlora/train/trainer.hpp"
+#include "nf4_test_util.hpp"
+
+namespace {
+
+const std::string bin = KQLORA_TEST_BIN_DIR;
+std::string dir() {
+  return bin + "/../tests/tmp_reliability";
+}
+
+int run(const std::string& cmd, std::string* out) {
+  const std::string log = dir() + "/log";
+  const int rc = std::system((cmd + " > " + log + " 2>&1").c_str());
+  std::ifstream f(log);
+  out->assign((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+const std::string small = " dim=64 num_linears=1 lora_rank=4 global_bs=2 log_every=100";
+
+kqlora::Config deck(const std::string& keys) {
+  std::vector<std::string> k;
+  std::istringstream ss(small + " " + keys);
+  for (std::string w; ss >> w;) k.push_back(w);
+  return kqlora::parse_deck_text("", "test", k, 1);
+}
+
+/// What the InputError of `f` says ("" and a test failure when it does not throw one).
+template <class F>
+std::string input_error(F&& f) {
+  try {
+    f();
+  } catch (const kqlora::InputError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not an InputError: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "accepted";
+  return "";
+}
+
+class Reliability : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(std::system(("rm -rf " + dir() + " && mkdir -p " + dir()).c_str()), 0);
+    write_text(dir() + "/empty.in", "# keys on the command line\n");
+  }
+  std::string train_cmd(const std::string& keys) const {
+    return bin + "/kqlora-train " + dir() + "/empty.in" + small + " " + keys;
+  }
+};
+
+}  // namespace
+
+TEST_F(Reliability, DeckThatIsADirectoryIsRefused) {
+  std::string out;
+  EXPECT_EQ(run(bin + "/kqlora-train " + dir(), &out), 2) << out;
+  EXPECT_TRUE(contains(out, dir() + ": is a directory")) << out;
+  EXPECT_FALSE(contains(out, "step ")) << out;
+}
+
+TEST_F(Reliability, CrOnlyLineEndingsAreRefusedAndCrlfReadsAsLf) {
+  write_text(dir() + "/cr.in", "# a deck from an old Mac\rdim = 32\rnum_steps = 1\r");
+  std::string out;
+  EXPECT_EQ(run(bin + "/kqlora-train " + dir() + "/cr.in", &out), 2) << out;
+  EXPECT_TRUE(contains(out, dir() + "/cr.in:1: a carriage return")) << out;
+  const auto lf = kqlora::parse_deck_text("dim = 32\nnum_linears = 2\n", "lf", {}, 1, false);
+  const auto crlf =
+      kqlora::parse_deck_text("dim = 32\r\nnum_linears = 2\r\n", "crlf", {}, 1, false);
+  EXPECT_EQ(crlf.to_deck_text(), lf.to_deck_text());
+  EXPECT_EQ(crlf.num_linears, 2);
+  EXPECT_TRUE(contains(
+      input_error([] { kqlora::parse_deck_text(std::string("dim = 32\n\0", 10), "nul", {}); }),
+      "nul: contains a NUL byte"));
+}
+
+TEST_F(Reliability, OverridesThatWouldNotReadBackAreRefused) {
+  for (const std::string o : {"save_dir=a#b", "save_dir=a\nb", "metrics_file=x\ry"}) {
+    const std::string what = input_error([&] { kqlora::parse_deck_text("", "t", {o}, 1, false); });
+    EXPECT_TRUE(contains(what, "argument")) << what;
+  }
+  std::string out;
+  EXPECT_EQ(run(train_cmd("num_steps=1 'save_dir=" + dir() + "/a#b'"), &out), 2) << out;
+  EXPECT_TRUE(contains(out, "cannot contain '#'")) << out;
+  EXPECT_FALSE(exists(dir() + "/a"));
+  // What is accepted reads back as itself: the stored configuration parses to the same.
+  const auto c = kqlora::parse_deck_text("", "t", {"save_dir= a b=c ", "seed=7"}, 1, false);
+  EXPECT_EQ(c.save_dir, "a b=c");
+  const auto back = kqlora::parse_deck_text(c.to_deck_text(), "echo", {}, 1, false);
+  EXPECT_EQ(back.to_deck_text(), c.to_deck_text());
+}
+
+TEST_F(Reliability, SizesThatOverflowAreRefused) {
+  // dim = 2^32: dim x dim wrapped to 0, a multiple of every block size.
+  EXPECT_TRUE(
+      contains(input_error([] { kqlora::parse_deck_text("", "t", {"dim=4294967296"}, 1, false); }),
+               "too many elements"));
+  kqlora::Nf4Layout L;
+  L.shape = {int64_t{1} << 40, int64_t{1} << 40};
+  EXPECT_TRUE(contains(input_error([&] { (void)L.numel(); }), "too many elements"));
+  std::string out;
+  EXPECT_EQ(run(bin + "/kqlora-bench --sizes 4294967296 --filter none", &out), 2) << out;
+  EXPECT_TRUE(contains(out, "--sizes")) << out;
+  // checked_mul against 128-bit products, near the bound and far beyond it.
+  std::mt19937_64 rng(3);
+  for (int i = 0; i < 2000; ++i) {
+    const int64_t a = static_cast<int64_t>(rng() >> (1 + rng() % 63)),
+                  b = static_cast<int64_t>(rng() >> (1 + rng() % 63));
+    const __int128 p = static_cast<__int128>(a) * b;
+    if (p <= kqlora::kMaxElements)
+      EXPECT_EQ(kqlora::checked_mul(a, b, "x"), static_cast<int64_t>(p));
+    else
+      EXPECT_THROW(kqlora::checked_mul(a, b, "x"), kqlora::InputError) << a << " x " << b;
+  }
+}
+
+TEST_F(Reliability, QuantizeCopiesEmptyTensorsAndWidensFloat16) {
+  const std::string in = dir() + "/in.safetensors", out_h5 = dir() + "/out.h5";
+  const auto w = nf4test::randn(64 * 64, 5);
+  kqlora::safetensors::write(
+      in, {{"empty", "F32", {0, 64}, nullptr, 0}, {"w", "F32", {64, 64}, w.data(), 4 * w.size()}});
+  std::string out;
+  ASSERT_EQ(run(bin + "/kqlora-quantize " + in + " " + out_h5, &out), 0) << out;
+  EXPECT_TRUE(contains(out, "copied as float (empty)")) << out;
+  {
+    auto f = kqlora::h5::open_file(out_h5);
+    auto params = kqlora::h5::open_group(f, "params");
+    EXPECT_EQ(kqlora::h5::dataset_dims(params, "empty", out_h5), (std::vector<int64_t>{0, 64}));
+    EXPECT_TRUE(kqlora::h5::is_nf4_group(params, "w"));
+  }
+  // HDF5 float16 (5 exponent bits) is not bfloat16: it widens to float32 NF4 (docs/NF4.md),
+  // the bytes of quantizing the widened values.
+  const std::string h16 = dir() + "/half.h5", out16 = dir() + "/half_nf4.h5";
+  std::vector<uint16_t> half(64 * 64);
+  std::vector<float> widened(half.size());
+  for (size_t i = 0; i < half.size(); ++i) {
+    half[i] = static_cast<uint16_t>(0x3000 + (i * 37) % 0x1800);  // normals in [2^-3, 2^3)
+    if (i % 3 == 0) half[i] |= 0x8000;
+    widened[i] = kqlora::half_to_float(half[i]);
+  }
+  {
+    auto f = kqlora::h5::create_file(h16);
+    kqlora::h5::Handle type(KQLORA_H5(H5Tcopy(H5T_IEEE_F32LE)));
+    KQLORA_H5(H5Tset_fields(type, 15, 10, 5, 0, 10));
+    KQLORA_H5(H5Tset_size(type, 2));
+    KQLORA_H5(H5Tset_ebias(type, 15));
+    kqlora::h5::write_dataset(f, "w", type, type, {64, 64}, half.data());  // the bits as they are
+    f.close();
+  }
+  ASSERT_EQ(run(bin + "/kqlora-quantize " + h16 + " " + out16, &out), 0) << out;
+  auto f = kqlora::h5::open_file(out16);
+  auto params = kqlora::h5::open_group(f, "params");
+  const auto got = kqlora::h5::read_nf4(params, "w", out16);
+  EXPECT_EQ(got.layout.dtype, kqlora::DType::float32);
+  kqlora::Nf4Layout L;
+  L.shape = {64, 64};
+  const auto want = nf4test::quantize(widened, L);
+  EXPECT_EQ(nf4test::to_host(got.quantized_data), nf4test::to_host(want.quantized_data));
+}
+
+TEST_F(Reliability, QuantizeIntoADirectoryLeavesNothing) {
+  const std::string in = dir() + "/in.safetensors", out_dir = dir() + "/existing";
+  const auto w = nf4test::randn(64 * 64, 5);
+  kqlora::safetensors::write(in, {{"w", "F32", {64, 64}, w.data(), 4 * w.size()}});
+  ASSERT_EQ(::mkdir(out_dir.c_str(), 0755), 0);
+  std::string out;
+  EXPECT_EQ(run(bin + "/kqlora-quantize " + in + " " + out_dir, &out), 2) << out;
+  EXPECT_TRUE(contains(out, out_dir)) << out;
+  EXPECT_FALSE(exists(out_dir + ".tmp"));
+}
+
+TEST_F(Reliability, TensorNamesThatAreNotNamesAreRefused) {
+  const float v[64] = {1.0f};
+  for (const std::string name : {"/abs", "a/", "", ".", ".."}) {
+    const std::string in = dir() + "/names.safetensors", out_h5 = dir() + "/names.h5";
+    kqlora::safetensors::write(in, {{name, "F32", {64}, v, sizeof v}});
+    std::string out;
+    EXPECT_EQ(run(bin + "/kqlora-quantize " + in + " " + out_h5, &out), 2) << name << ": " << out;
+    EXPECT_TRUE(contains(out, in)) << out;
+    EXPECT_FALSE(exists(out_h5)) << name;
+  }
+}
+
+TEST_F(Reliability, DirectoryAsATensorFileOrInitFileIsRefused) {
+  const std::string d = dir() + "/adir";
+  ASSERT_EQ(::mkdir(d.c_str(), 0755), 0);
+  EXPECT_TRUE(
+      contains(input_error([&] { kqlora::safetensors::read_header(d); }), d + ": is a directory"));
+  std::string out;
+  EXPECT_EQ(run(bin + "/kqlora-quantize " + d + " " + dir() + "/o.h5", &out), 2) << out;
+  EXPECT_TRUE(contains(out, "is a directory")) << out;
+  EXPECT_EQ(run(train_cmd("num_steps=1 init_file=" + d + " save_dir=" + dir() + "/ck"), &out), 2)
+      << out;
+  EXPECT_TRUE(contains(out, d)) << out;
+}
+
+TEST_F(Reliability, LatestThatIsDamagedOrDanglingIsReported) {
+  std::ostringstream log;
+  kqlora::train(deck("num_steps=1 save_dir=" + dir() + "/ck"), log);
+  const std::string latest = dir() + "/ck/latest";
+  std::string out;
+  ASSERT_EQ(run(bin + "/kqlora-diff " + dir() + "/ck " + dir() + "/ck", &out), 0) << out;
+  write_text(latest, std::string("step-00000001\0junk", 18));
+  EXPECT_EQ(run(bin + "/kqlora-diff " + dir() + "/ck " + dir() + "/ck", &out), 2) << out;
+  EXPECT_TRUE(contains(out, "step-00000001\\x00junk")) << out;
+  ASSERT_EQ(::unlink(latest.c_str()), 0);
+  ASSERT_EQ(::symlink("step-99999999-gone", latest.c_str()), 0);
+  EXPECT_EQ(run(bin + "/kqlora-diff " + dir() + "/ck " + dir() + "/ck", &out), 2) << out;
+  EXPECT_TRUE(contains(out, latest)) << out;
+  EXPECT_FALSE(contains(out, "no checkpoint files")) << out;
+  EXPECT_TRUE(contains(input_error([&] {
+                         std::ostringstream l;
+                         kqlora::train(deck("num_steps=2 restart=latest save_dir=" + dir() + "/ck"),
+                                       l);
+                       }),
+                       latest));
+}
+
+namespace {
+
+// A copy of the step-1 checkpoint file, changed by `damage` through the HDF5 API; kqlora-diff
+// against the good one and a restart from it must both refuse it, naming the file and `what`.
+void expect_damage_refused(const std::string& name, const std::function<void(hid_t)>& damage,
+                           const std::string& what) {
+  const std::string good = dir() + "/ck/step-00000001/rank-00000.h5";
+  const std::string path = dir() + "/" + name + ".h5";
+  ASSERT_EQ(std::system(("cp " + good + " " + path).c_str()), 0);
+  {
+    auto f = kqlora::h5::open_file(path, true);
+    damage(f);
+    f.close();
+  }
+  std::string out;
+  EXPECT_EQ(run(bin + "/kqlora-diff " + good + " " + path, &out), 2) << name << ": " << out;
+  EXPECT_TRUE(contains(out, path) && contains(out, what)) << name << ": " << out;
+  const std::string e = input_error([&] {
+    std::ostringstream l;
+    kqlora::train(deck("num_steps=2 restart=" + path + " save_dir=" + dir() + "/never"), l);
+  });
+  EXPECT_TRUE(contains(e, path) && contains(e, what)) << name << ": " << e;
+}
+
+}  // namespace
+
+TEST_F(Reliability, EveryObjectARestartReadsIsValidated) {
+  std::ostringstream log;
+  kqlora::train(deck("num_steps=1 optimizer=adam save_dir=" + dir() + "/ck"), log);
+  using kqlora::h5::write_dataset;
+  expect_damage_refused(
+      "seed_float64",
+      [](hid_t f) {
+        KQLORA_H5(H5Ldelete(f, "rng/seed", H5P_DEFAULT));
+        const double s = 42;
+        write_dataset(f, "rng/seed", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {1}, &s);
+      },
+      "/rng/seed");
+  expect_damage_refused(
+      "seed_value",
+      [](hid_t f) {
+        KQLORA_H5(H5Ldelete(f, "rng/seed", H5P_DEFAULT));
+        const int64_t s = 42 ^ 0x100;
+        write_dataset(f, "rng/seed", H5T_STD_I64LE, H5T_NATIVE_INT64, {1}, &s);
+      },
+      "/rng/seed");
+  expect_damage_refused(
+      "next_step",
+      [](hid_t f) {
+        KQLORA_H5(H5Ldelete(f, "data/next_step", H5P_DEFAULT));
+        const int64_t s = 1 ^ 0x40;
+        write_dataset(f, "data/next_step", H5T_STD_I64LE, H5T_NATIVE_INT64, {1}, &s);
+      },
+      "/data/next_step");
+  expect_damage_refused(
+      "empty_step",
+      [](hid_t f) {
+        KQLORA_H5(H5Adelete(f, "step"));
+        kqlora::h5::write_attribute(f, "step", std::vector<int64_t>{});
+      },
+      "attribute 'step' holds 0 integers");
+  expect_damage_refused(  // declared far larger than memory: refused before any allocation
+      "huge_shape",
+      [](hid_t f) {
+        KQLORA_H5(H5Ldelete(f, "params/layers.0.lora_a.weight", H5P_DEFAULT));
+        kqlora::h5::create_checkpoint_dataset(f, "params/layers.0.lora_a.weight", H5T_IEEE_F32LE,
+                                              {int64_t{1} << 30, int64_t{1} << 16}, false);
+      },
+      "more than the config's");
+  expect_damage_refused(
+      "optimizer_shape",
+      [](hid_t f) {
+        KQLORA_H5(H5Ldelete(f, "optimizer/layers.0.lora_a.weight/exp_avg", H5P_DEFAULT));
+        std::vector<float> v(100, 0.5f);
+        kqlora::h5::write_float(f, "optimizer/layers.0.lora_a.weight/exp_avg", {100}, v.data());
+      },
+      "/optimizer/layers.0.lora_a.weight/exp_avg has 100 elements");
+}
+
+TEST(InputFileScope, HdfFailuresWhileReadingNameTheFile) {
+  const std::string path = dir() + "/scope.h5";
+  ASSERT_EQ(std::system(("mkdir -p " + dir()).c_str()), 0);
+  kqlora::h5::create_file(path).close();
+  auto f = kqlora::h5::open_file(path);
+  try {
+    kqlora::h5::InputFileScope scope(path);
+    KQLORA_H5(H5Gopen2(f, "missing", H5P_DEFAULT));
+    ADD_FAILURE() << "opened a missing group";
+  } catch (const kqlora::InputError& e) {
+    EXPECT_TRUE(contains(e.what(), path + ": damaged or not a file kqlora wrote")) << e.what();
+  }
+  try {  // outside a scope: a failure of the system or of kqlora, not the user's input
+    KQLORA_H5(H5Gopen2(f, "missing", H5P_DEFAULT));
+    ADD_FAILURE() << "opened a missing group";
+  } catch (const kqlora::InputError& e) {
+    ADD_FAILURE() << e.what();
+  } catch (const kqlora::Error& e) {
+    EXPECT_TRUE(contains(e.what(), "H5Gopen2")) << e.what();
+  }
+}
+
+TEST_F(Reliability, SaveDirThatCannotBeWrittenIsReportedBeforeTheFirstStep) {
+  write_text(dir() + "/a_file", "x");
+  std::string out;
+  EXPECT_EQ(run(train_cmd("num_steps=2 save_dir=" + dir() + "/a_file/ck"), &out), 2) << out;
+  EXPECT_TRUE(contains(out, dir() + "/a_file")) << out;
+  EXPECT_FALSE(contains(out, "step      1/")) << out;
+}
