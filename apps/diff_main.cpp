@@ -51,7 +51,11 @@ int diff_main(std::vector<std::string>& args) {
     std::vector<std::pair<std::string, kqlora::CheckpointContents>> out;
     const auto files = kqlora::checkpoint_files(path);
     std::vector<kqlora::CheckpointContents> parts;
-    for (const auto& f : files) parts.push_back(kqlora::read_checkpoint_file(f, o.optimizer));
+    for (const auto& f : files) {
+      parts.push_back(kqlora::read_checkpoint_file(f, o.optimizer));
+      if (parts.back().format_version < 2)
+        std::cerr << "warning: " << f << ": " << kqlora::unchecksummed_warning << "\n";
+    }
     const bool sharded =
         !parts.front().nf4_shards.empty() ||
         (!parts.front().params.empty() && parts.front().params.front().first_element >= 0);

@@ -94,7 +94,7 @@ int quantize_main(std::vector<std::string>& args) {
     auto file = kqlora::h5::create_file(tmp_path);
     try {
       kqlora::h5::write_attribute(file, "format", std::string("kqlora-params"));
-      kqlora::h5::write_attribute(file, "format_version", int64_t(1));
+      kqlora::h5::write_attribute(file, "format_version", int64_t(2));
       kqlora::h5::write_attribute(file, "kqlora_version", kqlora::version());
       kqlora::h5::write_attribute(file, "created_by", std::string("kqlora-quantize"));
       auto params = kqlora::h5::create_group(file, "params");

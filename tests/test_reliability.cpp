@@ -358,3 +358,64 @@ TEST_F(Reliability, SaveDirThatCannotBeWrittenIsReportedBeforeTheFirstStep) {
   EXPECT_TRUE(contains(out, dir() + "/a_file")) << out;
   EXPECT_FALSE(contains(out, "step      1/")) << out;
 }
+
+namespace {
+
+// `good` rewritten in HDF5's older file format (no metadata checksums), as kqlora wrote
+// checkpoints before format_version 2: objects copied by HDF5, root attributes byte for byte.
+void copy_to_old_format(const std::string& good, const std::string& old, int64_t version) {
+  auto src = kqlora::h5::open_file(good);
+  kqlora::h5::Handle dst(
+      KQLORA_H5(H5Fcreate(old.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT)));
+  for (const char* group : {"params", "optimizer", "rng", "data"})
+    KQLORA_H5(H5Ocopy(src, group, dst, group, H5P_DEFAULT, H5P_DEFAULT));
+  H5O_info_t info;
+  KQLORA_H5(H5Oget_info2(src, &info, H5O_INFO_NUM_ATTRS));
+  for (hsize_t i = 0; i < info.num_attrs; ++i) {
+    kqlora::h5::Handle a(KQLORA_H5(
+        H5Aopen_by_idx(src, ".", H5_INDEX_NAME, H5_ITER_INC, i, H5P_DEFAULT, H5P_DEFAULT)));
+    char name[256];
+    KQLORA_H5(H5Aget_name(a, sizeof name, name));
+    if (std::string(name) == "format_version") continue;
+    kqlora::h5::Handle type(KQLORA_H5(H5Aget_type(a))), space(KQLORA_H5(H5Aget_space(a)));
+    std::vector<char> bytes(H5Tget_size(type) *
+                            static_cast<size_t>(H5Sget_simple_extent_npoints(space)));
+    KQLORA_H5(H5Aread(a, type, bytes.data()));
+    kqlora::h5::Handle b(KQLORA_H5(H5Acreate2(dst, name, type, space, H5P_DEFAULT, H5P_DEFAULT)));
+    KQLORA_H5(H5Awrite(b, type, bytes.data()));
+  }
+  kqlora::h5::write_attribute(dst, "format_version", version);
+  dst.close();
+}
+
+}  // namespace
+
+TEST_F(Reliability, VersionOneFilesLoadWithAWarningAndVersionTwoIsChecksummed) {
+  std::ostringstream log;
+  kqlora::train(deck("num_steps=1 optimizer=adam save_dir=" + dir() + "/ck"), log);
+  const std::string good = dir() + "/ck/step-00000001/rank-00000.h5";
+  {
+    auto f = kqlora::h5::open_file(good);
+    EXPECT_TRUE(kqlora::h5::metadata_checksummed(f));
+    EXPECT_EQ(kqlora::h5::read_int64_attribute(f, "format_version", good), 2);
+  }
+  const std::string v1 = dir() + "/v1.h5", fake = dir() + "/v2_unchecksummed.h5";
+  copy_to_old_format(good, v1, 1);
+  copy_to_old_format(good, fake, 2);
+  {
+    auto f = kqlora::h5::open_file(v1);
+    EXPECT_FALSE(kqlora::h5::metadata_checksummed(f));
+  }
+  std::string out;
+  EXPECT_EQ(run(bin + "/kqlora-diff " + good + " " + v1 + " --rtol 0 --atol 0 --optimizer", &out),
+            0)
+      << out;
+  EXPECT_TRUE(contains(out, "warning: " + v1 + ": format_version 1")) << out;
+  std::ostringstream resumed;
+  kqlora::train(deck("num_steps=2 optimizer=adam restart=" + v1 + " save_dir=" + dir() + "/r"),
+                resumed);
+  EXPECT_TRUE(contains(resumed.str(), "format_version 1")) << resumed.str();
+  EXPECT_EQ(run(bin + "/kqlora-diff " + good + " " + fake, &out), 2) << out;
+  EXPECT_TRUE(contains(out, fake + ": format_version 2, but its HDF5 metadata is not checksummed"))
+      << out;
+}

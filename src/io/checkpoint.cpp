@@ -108,7 +108,7 @@ void write_checkpoint_file(const std::string& path, const CheckpointContents& c)
   auto f = h5::create_file(path);
   StreamingWriteback writeback(path);  // the datasets' chunks stream through a few pages
   h5::write_attribute(f, "format", std::string("kqlora-checkpoint"));
-  h5::write_attribute(f, "format_version", int64_t(1));
+  h5::write_attribute(f, "format_version", int64_t(2));
   h5::write_attribute(f, "step", c.step);
   h5::write_attribute(f, "world_size", int64_t(c.world_size));
   h5::write_attribute(f, "parallel", c.parallel);
@@ -372,10 +372,16 @@ CheckpointContents read_checkpoint_file(const std::string& path, bool with_optim
   KQLORA_INPUT_CHECK(format == "kqlora-checkpoint",
                      path << ": not a kqlora checkpoint (format '" << format << "')");
   const auto version = h5::read_int_attribute(f, "format_version", path);
-  KQLORA_INPUT_CHECK(version.size() == 1 && version[0] == 1,
+  KQLORA_INPUT_CHECK(version.size() == 1 && (version[0] == 1 || version[0] == 2),
                      path << ": format_version " << (version.empty() ? -1 : version[0])
-                          << " is not supported (this kqlora reads version 1)");
+                          << " is not supported (this kqlora reads versions 1 and 2)");
   CheckpointContents c;
+  c.format_version = static_cast<int>(version[0]);
+  // Version 2 promises checksummed metadata: a file whose format says otherwise was
+  // rewritten by something else, and its metadata cannot be trusted.
+  KQLORA_INPUT_CHECK(c.format_version == 1 || h5::metadata_checksummed(f),
+                     path << ": format_version 2, but its HDF5 metadata is not checksummed "
+                             "(superblock of the older format): rewritten by another tool?");
   c.step = h5::read_int64_attribute(f, "step", path);
   KQLORA_INPUT_CHECK(c.step >= 0, path << ": step " << c.step << " is negative");
   const int64_t world = h5::read_int64_attribute(f, "world_size", path);

@@ -177,12 +177,24 @@ void Handle::close() {
   }
 }
 
+void set_checksummed_format(hid_t fapl) {
+  KQLORA_H5(H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110));
+}
+
+bool metadata_checksummed(hid_t file) {
+  H5F_info2_t info;
+  KQLORA_H5(H5Fget_info2(file, &info));
+  return info.super.version >= 2;
+}
+
 Handle create_file(const std::string& path) {
   quiet_errors();
-  const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  Handle fapl(KQLORA_H5(H5Pcreate(H5P_FILE_ACCESS)));
+  set_checksummed_format(fapl);
+  const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
   KQLORA_INPUT_CHECK(f >= 0, path << ": cannot create the HDF5 file");
   Handle h(f);
-  h.new_file_ = path;
+  h.set_new_file(path);
   return h;
 }
 

@@ -196,6 +196,7 @@ hid_t layout_fapl() {
   static const hid_t driver = KQLORA_H5(H5FDregister(&cls));
   const hid_t fapl = KQLORA_H5(H5Pcreate(H5P_FILE_ACCESS));
   KQLORA_H5(H5Pset_driver(fapl, driver, nullptr));
+  set_checksummed_format(fapl);
   return fapl;
 }
 

@@ -126,7 +126,7 @@ void write_pieces(hid_t ds, hid_t dxpl, const SharedPart& p, const std::vector<R
 void create_layout(hid_t file, const SharedCheckpoint& s, const std::vector<SharedPart>& parts) {
   const CheckpointContents& c = s.header;
   h5::write_attribute(file, "format", std::string("kqlora-checkpoint"));
-  h5::write_attribute(file, "format_version", int64_t(1));
+  h5::write_attribute(file, "format_version", int64_t(2));
   h5::write_attribute(file, "step", c.step);
   h5::write_attribute(file, "world_size", int64_t(c.world_size));
   h5::write_attribute(file, "parallel", c.parallel);

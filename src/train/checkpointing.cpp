@@ -176,6 +176,7 @@ CheckpointReader load_restart(const Config& cfg, std::ostream& log) {
                      "restart from " << path << ": the checkpoint is at step " << c.step
                                      << ", past num_steps " << cfg.num_steps);
   log << "restart: " << path << " at step " << c.step << "\n";
+  if (c.format_version < 2) log << "warning: " << path << ": " << unchecksummed_warning << "\n";
   return reader;
 }
 

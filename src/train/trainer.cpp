@@ -103,7 +103,6 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
                                   << " ranks (each rank needs a sample)");
   const Exec exec;
   RunReport report(cfg, comm, Exec::name(), log);
-  report.set_peak_flops(run_peak_flops(comm));
   auto checkpoints = make_run_checkpoints<Exec>(cfg, comm, log);
   // The weights are written once, by the initialisation or the restart (and, with
   // node-shared DDP, only into the shared memory): no zeros to write first. A restart
@@ -120,6 +119,8 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   if (report.root()) dp->describe(log);
   Optimizer<Exec> opt = dp->make_optimizer(exec, optimizer_config(cfg));
   if (resume) checkpoints->restore_state(*model, *dp, opt);
+  // (Measured once the run is set up: a run refused before costs no measurement.)
+  report.set_peak_flops(run_peak_flops(comm));
   const DataSource data(cfg.data_file, model->input(), cfg.global_bs, cfg.seed, "data_file",
                         cfg.shuffle);
   const InputSpec spec = data.spec();  // (token models: the file's sequence length)

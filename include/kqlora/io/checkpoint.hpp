@@ -40,6 +40,11 @@ void check_save_dir(const std::string& save_dir, Communicator& comm);
 /// fsync of a file (after HDF5 closed it).
 void fsync_file(const std::string& path);
 
+/// The warning for a format_version 1 file (read, but not fully verified).
+inline constexpr const char* unchecksummed_warning =
+    "format_version 1 (kqlora before its HDF5 metadata was checksummed): a damaged chunk "
+    "index or object header in it may go unnoticed; the checkpoints written from now on are "
+    "version 2";
 /// Writes one checkpoint file (no commit protocol): used by the per-rank writer and tests.
 void write_checkpoint_file(const std::string& path, const CheckpointContents& c);
 

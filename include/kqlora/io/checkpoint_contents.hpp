@@ -25,6 +25,9 @@ struct CheckpointTensor {
 };
 
 struct CheckpointContents {
+  /// 2 (written now): HDF5 metadata checksummed (h5::set_checksummed_format); 1 (before
+  /// issue 14): readable, but a changed byte of its metadata may pass unnoticed.
+  int format_version = 2;
   int64_t step = 0;  // optimizer steps done
   int world_size = 1, rank = 0;
   std::string parallel = "ddp", layout = "per_rank", config_text;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kqlora/core/error.hpp"
@@ -45,9 +46,11 @@ class Handle {
   void reset();
   /// Closes now and reports a failure (a destructor cannot); files flush here.
   void close();
+  /// A file this handle is creating (create_file): closed by an error instead of close(),
+  /// it is truncated first (see reset).
+  void set_new_file(std::string path) { new_file_ = std::move(path); }
 
  private:
-  friend Handle create_file(const std::string& path);
   hid_t id_ = H5I_INVALID_HID;
   std::string new_file_;  // create_file's path until close(): emptied if abandoned
 };
@@ -69,6 +72,14 @@ class InputFileScope {
 
 /// Silences HDF5's automatic error printing (errors are reported through exceptions).
 void quiet_errors();
+
+/// Files kqlora writes use HDF5's 1.10 file format (superblock 3, object headers 2, the
+/// newer chunk indexes, H5Pset_libver_bounds): every piece of metadata carries a checksum,
+/// so a changed byte in a chunk index or an object header is refused on reading instead of
+/// silently read back (the default, older format checksums none). Readable by HDF5 >= 1.10.
+void set_checksummed_format(hid_t fapl);
+/// True when the open file's metadata is checksummed (superblock version 2 or later).
+bool metadata_checksummed(hid_t file);
 
 Handle create_file(const std::string& path);
 Handle open_file(const std::string& path, bool writable = false);
