@@ -1,19 +1,23 @@
 // kqlora-train: QLoRA training from an input deck, under mpirun/srun (world size from MPI).
 
+#include <algorithm>
 #include <iostream>
 
 #include "app_main.hpp"
 #include "kqlora/core/error.hpp"
+#include "kqlora/core/runtime.hpp"
 #include "kqlora/core/signals.hpp"
 #include "kqlora/parallel/world.hpp"
 #include "kqlora/train/config.hpp"
+#include "kqlora/train/data.hpp"
+#include "kqlora/train/memory_check.hpp"
 #include "kqlora/train/trainer.hpp"
 
 namespace {
 
 // The key list comes from the deck's key table (train/config.hpp).
 std::string usage() {
-  return "usage: kqlora-train DECK [key=value ...]\n"
+  return "usage: kqlora-train [--dry-run] DECK [key=value ...]\n"
          "       mpirun -np N kqlora-train DECK [key=value ...]\n"
          "\n"
          "Trains a model (by default the seed's stack of QLoRA linears: NF4 base weights,\n"
@@ -23,6 +27,8 @@ std::string usage() {
          "Deck: one `key = value` per line, `#` comments. Keys (defaults):\n" +
          kqlora::deck_help() +
          "\n"
+         "  --dry-run   print the effective configuration and the memory estimate (per rank,\n"
+         "              against 0.9 x the node's memory / its ranks) and exit\n"
          "  --version   version and build configuration\n"
          "SIGTERM or SIGUSR1 (Slurm's --signal) on any rank: stop at the next step boundary,\n"
          "write a checkpoint and exit with code 75; resume with restart=latest.\n"
@@ -32,6 +38,7 @@ std::string usage() {
 }
 
 int train_main(std::vector<std::string>& args) {
+  const bool dry_run = kqlora::app::take_flag(args, "--dry-run");
   KQLORA_INPUT_CHECK(!args.empty(), "expected a deck file (see --help)");
   const std::string deck = args[0];
   KQLORA_INPUT_CHECK(deck.empty() || deck[0] != '-',
@@ -51,6 +58,15 @@ int train_main(std::vector<std::string>& args) {
   KQLORA_INPUT_CHECK(status == "ok", status);
   text = kqlora::world_broadcast(text);
   const kqlora::Config cfg = kqlora::parse_deck_text(text, deck, overrides, kqlora::world_size());
+  if (dry_run) {  // the effective configuration and the memory estimate; nothing else
+    const int node = std::max(1, std::min(kqlora::world_size(), kqlora::ranks_on_this_node()));
+    const int64_t seq = cfg.model == "llama" ? kqlora::token_file_seq_len(cfg.data_file) : 0;
+    kqlora::check_memory(cfg, kqlora::world_size(), node, seq, deck);
+    if (kqlora::world_rank() == 0)
+      std::cout << cfg.to_deck_text()
+                << kqlora::estimate_memory(cfg, kqlora::world_size(), node, seq).report() << "\n";
+    return 0;
+  }
   kqlora::install_stop_handlers();
   const auto summary = kqlora::train(cfg, std::cout);
   return summary.preempted ? kqlora::exit_code_preempted : 0;

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 
@@ -18,6 +19,7 @@
 #include "kqlora/io/safetensors.hpp"
 #include "kqlora/quant/nf4_layout.hpp"
 #include "kqlora/train/config.hpp"
+#include "kqlora/train/memory_check.hpp"
 #include "kqlora/train/trainer.hpp"
 #include "nf4_test_util.hpp"
 
@@ -126,9 +128,9 @@ TEST_F(Reliability, OverridesThatWouldNotReadBackAreRefused) {
 
 TEST_F(Reliability, SizesThatOverflowAreRefused) {
   // dim = 2^32: dim x dim wrapped to 0, a multiple of every block size.
-  EXPECT_TRUE(
-      contains(input_error([] { kqlora::parse_deck_text("", "t", {"dim=4294967296"}, 1, false); }),
-               "too many elements"));
+  const std::string huge =
+      input_error([] { kqlora::parse_deck_text("", "t", {"dim=4294967296"}, 1, false); });
+  EXPECT_TRUE(contains(huge, "4294967296 x 4294967296 is too large")) << huge;
   kqlora::Nf4Layout L;
   L.shape = {int64_t{1} << 40, int64_t{1} << 40};
   EXPECT_TRUE(contains(input_error([&] { (void)L.numel(); }), "too many elements"));
@@ -418,4 +420,46 @@ TEST_F(Reliability, VersionOneFilesLoadWithAWarningAndVersionTwoIsChecksummed) {
   EXPECT_EQ(run(bin + "/kqlora-diff " + good + " " + fake, &out), 2) << out;
   EXPECT_TRUE(contains(out, fake + ": format_version 2, but its HDF5 metadata is not checksummed"))
       << out;
+}
+
+TEST_F(Reliability, RunsThatCannotFitAreRefusedBeforeTheFirstAllocation) {
+  // 3e9 layers of dim 64: refused at once (at 35d580f it ran until the kernel killed it).
+  std::string out;
+  EXPECT_EQ(run(train_cmd("num_linears=3000000000 num_steps=1 save_dir=" + dir() + "/ck"), &out), 2)
+      << out;
+  EXPECT_TRUE(contains(out, "does not fit in memory (dim, num_linears, lora_rank, micro_bs"))
+      << out;
+  EXPECT_TRUE(contains(out, "memory_check = off")) << out;
+  // The estimate's parts, against the sizes they count (float32, Adam: two moments).
+  const auto c = deck("num_linears=3 num_steps=1");
+  const auto e = kqlora::estimate_memory(c, 1, 1, 0);
+  std::map<std::string, int64_t> part(e.parts.begin(), e.parts.end());
+  const int64_t trainable = 3 * 2 * 64 * 4;  // lora_a [4, 64] and lora_b [64, 4] per layer
+  EXPECT_EQ(part["trainable parameters and gradients"], 8 * trainable);
+  EXPECT_EQ(part["optimizer state"], 8 * trainable);
+  EXPECT_EQ(part["frozen NF4 base"], 3 * 64 * 64 / 2 + 3 * 64 * 64 / 64 + 4 * (3 * 64 / 256 + 1));
+  // FSDP shards the base and the optimizer state.
+  const auto f = kqlora::estimate_memory(deck("num_linears=3 parallel=fsdp global_bs=4"), 4, 4, 0);
+  std::map<std::string, int64_t> fpart(f.parts.begin(), f.parts.end());
+  EXPECT_EQ(fpart["optimizer state"], 8 * trainable / 4);
+  EXPECT_EQ(fpart["frozen NF4 base"], part["frozen NF4 base"] / 4);
+  // A budget below the estimate refuses the run; memory_check = off runs it; --dry-run
+  // prints the configuration and the estimate and trains nothing.
+  const std::string limit = "KQLORA_MEMORY_LIMIT=" + std::to_string(e.per_rank / 2) + " ";
+  EXPECT_EQ(run(limit + train_cmd("num_linears=3 num_steps=1 save_dir=" + dir() + "/a"), &out), 2)
+      << out;
+  EXPECT_TRUE(contains(out, "KQLORA_MEMORY_LIMIT")) << out;
+  EXPECT_EQ(
+      run(limit + train_cmd("num_linears=3 num_steps=1 memory_check=off save_dir=" + dir() + "/b"),
+          &out),
+      0)
+      << out;
+  EXPECT_EQ(run(bin + "/kqlora-train --dry-run " + dir() + "/empty.in" + small +
+                    " num_linears=3 save_dir=" + dir() + "/c",
+                &out),
+            0)
+      << out;
+  EXPECT_TRUE(contains(out, "num_linears = 3") && contains(out, "memory estimate per rank")) << out;
+  EXPECT_FALSE(contains(out, "step ")) << out;
+  EXPECT_FALSE(exists(dir() + "/c"));
 }

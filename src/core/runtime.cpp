@@ -16,6 +16,10 @@
 
 namespace kqlora {
 
+namespace {
+int node_ranks = 1;  // Runtime sets it
+}  // namespace
+
 #if KQLORA_HAVE_MPI
 namespace impl {
 void throw_mpi_error(int code, const char* call, const char* file, int line) {
@@ -78,6 +82,7 @@ Runtime::Runtime(int& argc, char**& argv) {
   int ranks_on_node = 1;
   KQLORA_CHECK_MPI(MPI_Comm_size(node, &ranks_on_node));
   KQLORA_CHECK_MPI(MPI_Comm_free(&node));
+  node_ranks = ranks_on_node;
   select_blas_threads(ranks_on_node);
 #else
   select_blas_threads(1);
@@ -88,6 +93,10 @@ Runtime::Runtime(int& argc, char**& argv) {
 namespace {
 std::atomic<bool> unsafe{false};
 }  // namespace
+
+int ranks_on_this_node() {
+  return node_ranks;
+}
 
 void mark_unsafe_shutdown() {
   unsafe = true;

@@ -20,6 +20,7 @@
 #include "kqlora/nn/llama.hpp"
 #include "kqlora/nn/model_registry.hpp"
 #include "kqlora/train/component_configs.hpp"
+#include "kqlora/train/memory_check.hpp"
 
 namespace kqlora {
 
@@ -252,6 +253,7 @@ std::vector<Key> make_keys() {
           [](const Config& c) { return c.restart; }, "none|latest|PATH (none)"),
       KQ_INT(log_every, kPlain),
       KQ_PATH(metrics_file, kPlain),
+      KQ_CHOICE(memory_check, kPlain, "on", "off"),
   };
   for (auto& x : k) {
     if (x.name == "momentum")
@@ -512,6 +514,10 @@ Config parse_deck_text(const std::string& text, const std::string& source,
   KQLORA_INPUT_CHECK(!llama || !c.data_file.empty(),
                      at("data_file") << ": model = llama needs a data_file of token ids "
                                         "(input_ids, labels; docs/MODELS.md)");
+  // (The memory check first: its footprint needs no table, and a huge deck's table alone
+  // would not fit. Here each rank counts as a node of its own; the trainer checks again
+  // with the ranks sharing this node.)
+  if (check_files || !llama) check_memory(c, world_size, 1, 0, source);
   const ParamTable table = check_files || !llama ? model_table(model_config(c)) : ParamTable();
   for (const ParamEntry* e : table.of_kind(ParamKind::nf4))
     KQLORA_INPUT_CHECK(e->numel() % c.block_size == 0,

@@ -4,12 +4,41 @@
 
 #include "kqlora/build_config.hpp"
 #include "kqlora/core/error.hpp"
+#include "kqlora/core/human_units.hpp"
+#include "kqlora/core/memory_budget.hpp"
 #include "kqlora/core/random.hpp"
 #if KQLORA_HAVE_HDF5
 #include "kqlora/io/hdf5_file.hpp"
 #endif
 
 namespace kqlora {
+
+namespace {
+
+// A file's declared shape may promise more than the file holds (chunks never written read
+// as zeros): what it asks to be read into memory is bounded by the node's memory first.
+void check_fits(int64_t bytes, const std::string& where) {
+  const MemoryBudget b = node_memory();
+  KQLORA_INPUT_CHECK(b.bytes <= 0 || bytes <= b.bytes,
+                     where << ": its datasets declare " << human_bytes(static_cast<double>(bytes))
+                           << ", more than this node's memory (" << b.source << ")");
+}
+
+}  // namespace
+
+int64_t token_file_seq_len(const std::string& path) {
+#if KQLORA_HAVE_HDF5
+  if (path.empty()) return 0;
+  h5::InputFileScope scope(path);
+  auto f = h5::open_file(path);
+  if (!h5::exists(f, "input_ids")) return 0;
+  const auto d = h5::dataset_dims(f, "input_ids", path);
+  return d.size() == 2 ? d[1] : 0;
+#else
+  (void)path;
+  return 0;
+#endif
+}
 
 DataSource::DataSource(const std::string& path, const InputSpec& spec, int64_t global_bs,
                        uint64_t seed, const std::string& what, bool shuffle)
@@ -48,6 +77,7 @@ DataSource::DataSource(const std::string& path, const InputSpec& spec, int64_t g
           where << ": dataset '" << name << "' must be [rows, " << T << "], got " << dims_text(d));
       rows_ = d[0];
     }
+    check_fits(rows_ * T * 8, where);
     ids_.resize(static_cast<size_t>(rows_ * T));
     labels_.resize(ids_.size());
     h5::read_dataset(f, "input_ids", H5T_NATIVE_INT32, rows_ * T, ids_.data(), path);
@@ -68,6 +98,7 @@ DataSource::DataSource(const std::string& path, const InputSpec& spec, int64_t g
       dims.size() == 2 && dims[1] == dim && dims[0] > 0,
       where << ": dataset 'inputs' must be [rows, " << dim << "], got " << dims_text(dims));
   rows_ = dims[0];
+  check_fits(rows_ * dim * (spec.target_features > 0 ? 8 : 4), where);
   inputs_.resize(static_cast<size_t>(rows_ * dim));
   h5::read_dataset(f, "inputs", H5T_NATIVE_FLOAT, rows_ * dim, inputs_.data(), path);
   if (spec.target_features > 0) {

@@ -2,6 +2,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <ostream>
 #include <sstream>
@@ -11,12 +12,15 @@
 #include "kqlora/core/blas_selection.hpp"
 #include "kqlora/core/fma_peak.hpp"
 #include "kqlora/core/human_units.hpp"
+#include "kqlora/core/runtime.hpp"
 #include "kqlora/core/signals.hpp"
 #include "kqlora/nn/model_registry.hpp"
 #include "kqlora/parallel/data_parallel.hpp"
 #include "kqlora/train/batch_loader.hpp"
 #include "kqlora/train/component_configs.hpp"
+#include "kqlora/train/data.hpp"
 #include "kqlora/train/init.hpp"
+#include "kqlora/train/memory_check.hpp"
 #include "kqlora/train/run_checkpoints.hpp"
 #include "kqlora/train/run_report.hpp"
 #if KQLORA_HAVE_NCCL
@@ -103,6 +107,11 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
                                   << " ranks (each rank needs a sample)");
   const Exec exec;
   RunReport report(cfg, comm, Exec::name(), log);
+  // Before the first allocation: a run that cannot fit is refused, naming the keys.
+  const int node_ranks = std::max(1, std::min(comm.size(), ranks_on_this_node()));
+  const int64_t seq_len = model_config(cfg).kind == "llama" ? token_file_seq_len(cfg.data_file) : 0;
+  check_memory(cfg, comm.size(), node_ranks, seq_len, "the deck");
+  if (report.root()) log << estimate_memory(cfg, comm.size(), node_ranks, seq_len).report() << "\n";
   auto checkpoints = make_run_checkpoints<Exec>(cfg, comm, log);
   // The weights are written once, by the initialisation or the restart (and, with
   // node-shared DDP, only into the shared memory): no zeros to write first. A restart

@@ -15,6 +15,9 @@ class Runtime {
   bool owns_mpi_ = false;
 };
 
+/// The processes of this job on this node (MPI_COMM_TYPE_SHARED), 1 without MPI.
+int ranks_on_this_node();
+
 /// A library was left in a state its shut-down would crash on (HDF5 after a file close
 /// that failed on a full disk): the process is ending on that error, so Runtime's
 /// destructor then ends it at once with exit code 1, without MPI_Finalize or the

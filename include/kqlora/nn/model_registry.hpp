@@ -16,6 +16,12 @@ namespace kqlora {
 
 using DefaultModel = Model<Kokkos::DefaultExecutionSpace>;
 
+/// A model's size without building its table (a deck asking for billions of tensors is
+/// refused before any is made): element counts by kind of tensor.
+struct ModelFootprint {
+  int64_t tensors = 0, nf4_elements = 0, dense_elements = 0, trainable_elements = 0;
+};
+
 struct ModelKind {
   /// The table of a configuration (no tensors allocated).
   std::function<ParamTable(const ModelConfig&)> table;
@@ -28,6 +34,13 @@ struct ModelKind {
   /// The deck's model keys this kind reads (empty: all of them); the echo of the effective
   /// configuration comments out the others.
   std::vector<std::string> deck_keys;
+  /// Its size, computed without the table (sizes overflow-checked: InputError); empty:
+  /// counted from the table (model_footprint).
+  std::function<ModelFootprint(const ModelConfig&)> footprint;
+  /// An estimate of the bytes one forward and backward of `rows` rows of `seq_len`
+  /// positions (0: a model without tokens) keeps alive: saved activations, gradients of
+  /// activations, workspaces (the memory check, train/memory_check.hpp); empty: unknown.
+  std::function<int64_t(const ModelConfig&, int64_t rows, int64_t seq_len)> activation_bytes;
 };
 
 /// Adds (or replaces) a kind.
@@ -35,6 +48,14 @@ void register_model(const std::string& kind, ModelKind k);
 /// The registered kind; InputError listing the known ones otherwise.
 const ModelKind& model_kind(const std::string& kind);
 std::vector<std::string> model_kinds();
+
+/// A table's element counts by kind.
+ModelFootprint footprint_of(const ParamTable& t);
+/// The kind's footprint, or its table's where it gives none.
+inline ModelFootprint model_footprint(const ModelConfig& cfg) {
+  const ModelKind& k = model_kind(cfg.kind);
+  return k.footprint ? k.footprint(cfg) : footprint_of(k.table(cfg));
+}
 
 inline ParamTable model_table(const ModelConfig& cfg) {
   return model_kind(cfg.kind).table(cfg);

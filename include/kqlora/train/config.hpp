@@ -55,6 +55,8 @@ struct Config {
   std::string restart = "none";
   int64_t log_every = 1;
   std::string metrics_file;  // empty: none
+  // off: run even when the memory estimate exceeds the node's share (train/memory_check.hpp)
+  std::string memory_check = "on";
 
   /// The effective configuration as deck text (every key, one per line), for the log and
   /// the checkpoints; parse_deck of this text gives back the same Config.

@@ -14,6 +14,10 @@
 
 namespace kqlora {
 
+/// A token file's sequence length (input_ids' second dimension), 0 for a path that is empty
+/// or not a token file: the memory check needs it before the data is read.
+int64_t token_file_seq_len(const std::string& path);
+
 class DataSource {
  public:
   /// `path` empty: synthetic data from `seed` (token labels equal the ids, as for a

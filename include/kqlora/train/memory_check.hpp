@@ -1,0 +1,38 @@
+#pragma once
+// Before the first allocation: what a run will hold per rank (its model, optimizer state,
+// activations and data, estimated from the deck and, for a Hugging Face model, its
+// config.json), against its share of the node's memory: 0.9 x min(cgroup limit, MemTotal)
+// / ranks per node, memory shared by a node's ranks counted once. A run that cannot fit is
+// refused naming the keys and the estimate (memory_check = off runs it anyway) instead of
+// being killed by the kernel minutes later. docs/TRAINING.md.
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kqlora/train/config.hpp"
+
+namespace kqlora {
+
+struct MemoryEstimate {
+  std::vector<std::pair<std::string, int64_t>> parts;  // bytes per rank, by what holds them
+  int64_t per_rank = 0;
+  int64_t budget_per_rank = 0;  // 0: the node's memory is unknown
+  std::string budget_source;    // how the budget was found
+  int ranks_per_node = 1;
+  /// The estimate as lines for the log and --dry-run.
+  std::string report() const;
+};
+
+/// The estimate for `c` at `world_size` ranks, `ranks_per_node` of them on this node, over
+/// token rows of `seq_len` positions (0: the model has no tokens or the length is not known
+/// yet). Sizes are overflow-checked (InputError).
+MemoryEstimate estimate_memory(const Config& c, int world_size, int ranks_per_node,
+                               int64_t seq_len);
+/// InputError (naming `where`, the keys that size the run and the estimate) when the
+/// estimate exceeds the rank's share, unless memory_check = off.
+void check_memory(const Config& c, int world_size, int ranks_per_node, int64_t seq_len,
+                  const std::string& where);
+
+}  // namespace kqlora
