@@ -163,6 +163,8 @@ class Parser {
     const std::string lit = s_.substr(start, pos_ - start);
     v.kind = Value::Kind::number;
     v.number = std::strtod(lit.c_str(), nullptr);
+    // A number beyond double's range would read back as infinity (and no JSON holds one).
+    if (!std::isfinite(v.number)) fail("number " + lit.substr(0, 40) + " is out of range");
     if (integer && pos_ - digits <= 18) {  // fits int64 without overflow
       v.is_integer = true;
       v.integer = std::strtoll(lit.c_str(), nullptr, 10);

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <map>
 
 #include "kqlora/core/checked_size.hpp"
 #include "kqlora/core/runtime.hpp"
@@ -198,8 +199,34 @@ Handle create_file(const std::string& path) {
   return h;
 }
 
+namespace {
+// Paths whose bytes are in memory (register_file_image): the fuzzers' files.
+std::map<std::string, std::pair<const void*, size_t>>& file_images() {
+  static std::map<std::string, std::pair<const void*, size_t>> images;
+  return images;
+}
+}  // namespace
+
+void register_file_image(const std::string& path, const void* data, size_t size) {
+  if (data)
+    file_images()[path] = {data, size};
+  else
+    file_images().erase(path);
+}
+
 Handle open_file(const std::string& path, bool writable) {
   quiet_errors();
+  const auto image = file_images().find(path);
+  if (image != file_images().end() && !writable) {
+    // HDF5's core driver over the bytes (copied: HDF5 may not keep a pointer into them).
+    Handle fapl(KQLORA_H5(H5Pcreate(H5P_FILE_ACCESS)));
+    KQLORA_H5(H5Pset_fapl_core(fapl, 1 << 16, 0));
+    KQLORA_H5(
+        H5Pset_file_image(fapl, const_cast<void*>(image->second.first), image->second.second));
+    const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl);
+    KQLORA_INPUT_CHECK(f >= 0, path << ": cannot open the HDF5 file");
+    return Handle(f);
+  }
   // H5Fis_hdf5 became H5Fis_accessible in HDF5 1.12; the shim goes with 1.10 support.
 #if H5_VERSION_GE(1, 12, 0)
   const htri_t is_hdf5 = H5Fis_accessible(path.c_str(), H5P_DEFAULT);

@@ -51,11 +51,13 @@ class SafetensorsSource : public TensorSource {
     const size_t n = static_cast<size_t>(info.numel());
     if (info.dtype == "F32") {
       t.f32.resize(n);
-      std::memcpy(t.f32.data(), bytes.data(), 4 * n);  // safetensors is little-endian, as x86/Arm
+      // safetensors is little-endian, as x86/Arm. (An empty tensor has no bytes to copy:
+      // a null source.)
+      if (n > 0) std::memcpy(t.f32.data(), bytes.data(), 4 * n);
     } else if (info.dtype == "BF16") {
       t.is_bf16 = true;
       t.bf16.resize(n);
-      std::memcpy(t.bf16.data(), bytes.data(), 2 * n);
+      if (n > 0) std::memcpy(t.bf16.data(), bytes.data(), 2 * n);
     } else if (info.dtype == "F16") {
       t.f32.resize(n);
       for (size_t i = 0; i < n; ++i) {

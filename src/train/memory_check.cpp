@@ -46,6 +46,9 @@ MemoryEstimate estimate_memory(const Config& c, int world_size, int ranks_per_no
     e.parts.push_back(
         {"frozen dense tensors", mul(4, f.dense_elements) / (node_shared ? node : 1)});
   e.parts.push_back({"trainable parameters and gradients", mul(8, f.trainable_elements)});
+  // Each tensor's table entry and views (names, shapes, layouts): a deck of millions of
+  // small layers is mostly this.
+  e.parts.push_back({"the parameter table", mul(512, f.tensors)});
   const int64_t states = c.optimizer == "sgd" ? (c.momentum > 0 ? 1 : 0) : 2;
   if (states > 0)
     e.parts.push_back(

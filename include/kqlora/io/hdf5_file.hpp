@@ -83,6 +83,11 @@ bool metadata_checksummed(hid_t file);
 
 Handle create_file(const std::string& path);
 Handle open_file(const std::string& path, bool writable = false);
+/// From now on open_file(path) (read-only) opens these bytes through HDF5's in-memory core
+/// driver instead of the file system (data null: forget the path). For the fuzzers
+/// (tests/fuzz): a reader exercised without a disk in the loop. The bytes must outlive the
+/// opens.
+void register_file_image(const std::string& path, const void* data, size_t size);
 Handle open_group(hid_t loc, const std::string& name);
 /// Creates a group (and any missing parents).
 Handle create_group(hid_t loc, const std::string& name);
