@@ -97,35 +97,21 @@ ssize_t pwritev(int fd, const struct iovec* iov, int n, off_t offset) {
   return NEXT(pwritev)(fd, iov, n, offset);
 }
 
-int open(const char* path, int flags, ...) {
-  va_list ap;
-  va_start(ap, flags);
-  const mode_t mode = (flags & O_CREAT) ? va_arg(ap, mode_t) : 0;
-  va_end(ap);
-  const int err = open_fault(path, flags);
-  if (err) return errno = err, -1;
-  return NEXT(open)(path, flags, mode);
-}
+// open, open64 and openat: the mode argument is there only with O_CREAT.
+#define OPEN_WRAPPER(name, params, args)                            \
+  int name params {                                                 \
+    va_list ap;                                                     \
+    va_start(ap, flags);                                            \
+    const mode_t mode = (flags & O_CREAT) ? va_arg(ap, mode_t) : 0; \
+    va_end(ap);                                                     \
+    const int err = open_fault(path, flags);                        \
+    if (err) return errno = err, -1;                                \
+    return NEXT(name) args;                                         \
+  }
 
-int open64(const char* path, int flags, ...) {
-  va_list ap;
-  va_start(ap, flags);
-  const mode_t mode = (flags & O_CREAT) ? va_arg(ap, mode_t) : 0;
-  va_end(ap);
-  const int err = open_fault(path, flags);
-  if (err) return errno = err, -1;
-  return NEXT(open64)(path, flags, mode);
-}
-
-int openat(int dirfd, const char* path, int flags, ...) {
-  va_list ap;
-  va_start(ap, flags);
-  const mode_t mode = (flags & O_CREAT) ? va_arg(ap, mode_t) : 0;
-  va_end(ap);
-  const int err = open_fault(path, flags);
-  if (err) return errno = err, -1;
-  return NEXT(openat)(dirfd, path, flags, mode);
-}
+OPEN_WRAPPER(open, (const char* path, int flags, ...), (path, flags, mode))
+OPEN_WRAPPER(open64, (const char* path, int flags, ...), (path, flags, mode))
+OPEN_WRAPPER(openat, (int dirfd, const char* path, int flags, ...), (dirfd, path, flags, mode))
 
 int mkdir(const char* path, mode_t mode) {
   const int err = errno_named(getenv("KQLORA_FAULT_OPEN_ERRNO"));
