@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -462,4 +463,48 @@ TEST_F(Reliability, RunsThatCannotFitAreRefusedBeforeTheFirstAllocation) {
   EXPECT_TRUE(contains(out, "num_linears = 3") && contains(out, "memory estimate per rank")) << out;
   EXPECT_FALSE(contains(out, "step ")) << out;
   EXPECT_FALSE(exists(dir() + "/c"));
+}
+
+namespace {
+
+/// A data file of `rows` x `dim` inputs and targets, in HDF5's older format (h5py's default)
+/// or its checksummed 1.10 format.
+void write_data_file(const std::string& path, int64_t rows, int64_t dim, bool checksummed) {
+  kqlora::h5::Handle fapl(KQLORA_H5(H5Pcreate(H5P_FILE_ACCESS)));
+  if (checksummed) kqlora::h5::set_checksummed_format(fapl);
+  kqlora::h5::Handle f(KQLORA_H5(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl)));
+  std::vector<float> v(static_cast<size_t>(rows * dim));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.37f * static_cast<float>(i));
+  const hsize_t dims[2] = {static_cast<hsize_t>(rows), static_cast<hsize_t>(dim)};
+  for (const char* name : {"inputs", "targets"}) {
+    kqlora::h5::Handle space(KQLORA_H5(H5Screate_simple(2, dims, nullptr)));
+    kqlora::h5::Handle d(KQLORA_H5(
+        H5Dcreate2(f, name, H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
+    KQLORA_H5(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()));
+  }
+}
+
+}  // namespace
+
+// HDF5 1.10.8 decodes unchecksummed metadata as it finds it (docs/RELIABILITY.md, upstream
+// limitations): a data or eval file in the older format trains, with a note that its
+// damage cannot be detected and how to rewrite it; a checksummed one gets no note.
+TEST_F(Reliability, DataFilesWithoutChecksummedMetadataAreNoted) {
+  const std::string old_format = dir() + "/old.h5", checksummed = dir() + "/new.h5";
+  write_data_file(old_format, 4, 64, false);
+  write_data_file(checksummed, 4, 64, true);
+  for (const auto& [path, noted] : {std::pair<std::string, bool>{old_format, true},
+                                    std::pair<std::string, bool>{checksummed, false}}) {
+    std::ostringstream log;
+    const auto summary = kqlora::train(
+        deck("num_steps=1 eval_every=1 loss=mse data_file=" + path + " eval_file=" + path), log);
+    EXPECT_EQ(summary.steps_done, 1);
+    const std::string note = "note: " + path + ": HDF5 metadata not checksummed";
+    const std::string text = log.str();
+    const size_t first = text.find(note);
+    EXPECT_EQ(first != std::string::npos, noted) << text;
+    if (noted)  // once for data_file, once for eval_file
+      EXPECT_NE(text.find(note, first + 1), std::string::npos) << text;
+    if (noted) EXPECT_TRUE(contains(text, "h5repack --low=2 --high=2")) << text;
+  }
 }

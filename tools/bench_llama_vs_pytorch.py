@@ -46,7 +46,7 @@ def token_file(path, rows, seq, vocab):
     import numpy as np
     rng = np.random.default_rng(0)
     ids = rng.integers(0, vocab, size=(rows, seq), dtype=np.int32)
-    with h5py.File(path, "w") as f:
+    with h5py.File(path, "w", libver=("v110", "v110")) as f:
         f.create_dataset("input_ids", data=ids)
         f.create_dataset("labels", data=ids)
         f.attrs["vocab_size"] = np.int64(vocab)

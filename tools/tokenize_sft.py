@@ -102,7 +102,8 @@ def main():
     if ids_a.max() >= vocab_size:
         sys.exit("tokenize_sft: token id %d >= vocab_size %d of %s/config.json"
                  % (ids_a.max(), vocab_size, args.model))
-    with h5py.File(args.output, "w") as h:
+    # HDF5's 1.10 format: checksummed metadata (kqlora notes files without it).
+    with h5py.File(args.output, "w", libver=("v110", "v110")) as h:
         h.create_dataset("input_ids", data=ids_a)
         h.create_dataset("labels", data=np.array(labels, dtype=np.int32))
         h.attrs["vocab_size"] = np.int64(vocab_size)

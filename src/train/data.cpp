@@ -47,6 +47,7 @@ DataSource::DataSource(const std::string& path, const InputSpec& spec, int64_t g
 #if KQLORA_HAVE_HDF5
   h5::InputFileScope scope(path);
   auto f = h5::open_file(path);
+  checksummed_ = h5::metadata_checksummed(f);
   const std::string where = what + " " + path;
   auto dims_text = [](const std::vector<int64_t>& d) {
     return d.size() == 2 ? std::to_string(d[0]) + " x " + std::to_string(d[1])

@@ -53,6 +53,14 @@ std::string describe_model(const Model<Exec>& m) {
   return os.str();
 }
 
+/// The note for a data file in HDF5's older format (no metadata checksums).
+std::string unchecksummed_data_note(const DataSource& d) {
+  return "note: " + d.path() +
+         ": HDF5 metadata not checksummed (the older file format, h5py's default): damage to "
+         "it cannot be detected; `h5repack --low=2 --high=2 IN OUT` rewrites it checksummed "
+         "(docs/RELIABILITY.md)\n";
+}
+
 /// Sums `v` (and `tokens`, `flops`) over ranks; a stop signal on any rank travels with
 /// it, so every rank stops after the same step.
 bool sum_and_stop(Communicator& comm, double& v, double* tokens = nullptr,
@@ -144,7 +152,11 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
     eval_batches = std::make_unique<BatchLoader<Exec>>(exec, cfg, eval->spec(), comm.rank(),
                                                        comm.size(), lockstep);
   }
-  if (report.root()) log << model_line << "\n";
+  if (report.root()) {
+    for (const DataSource* d : {&data, static_cast<const DataSource*>(eval.get())})
+      if (d && !d->synthetic() && !d->metadata_checksummed()) log << unchecksummed_data_note(*d);
+    log << model_line << "\n";
+  }
 
   TrainSummary summary;
   const std::string source = data.synthetic() ? "synthetic" : data.path();

@@ -53,13 +53,16 @@ class DataSource {
   /// Global sample index of sample `first` of `step` (the counter of synthetic rows).
   int64_t global_sample(int64_t step, int64_t first) const { return step * global_bs_ + first; }
   const std::string& path() const { return path_; }
+  /// False for a file in HDF5's older format (h5py's default), whose metadata carries no
+  /// checksum: damage to it cannot be detected (docs/RELIABILITY.md).
+  bool metadata_checksummed() const { return checksummed_; }
 
  private:
   std::string path_;
   InputSpec spec_;
   int64_t global_bs_, rows_ = 0;
   uint64_t seed_;
-  bool shuffle_ = false;
+  bool shuffle_ = false, checksummed_ = true;
   // The permutations of the epochs in use (a step may straddle two).
   mutable std::vector<std::pair<int64_t, std::vector<int64_t>>> perms_;
   std::vector<float> inputs_, targets_;
