@@ -74,6 +74,7 @@ TYPED_TEST(LinearNf4, ForwardAndInputGradientMatchFloat64) {
   auto dW = kqlora::nf4_copy_to<M>(Wn);
   kqlora::LinearNf4Workspace<M> ws;
   ws.max_panel_bytes = 20 * I * 4;  // small panels: several of them, the last one short
+  ws.product = kqlora::Nf4Product::panels;
   ASSERT_LT(ws.reserve(O, I, 32, T), O);
   Matrix<M> x = to_matrix<M>(xf, T, I), y("y", T, O), g = to_matrix<M>(gf, T, O), gx("gx", T, I);
   kqlora::linear_nf4_forward(E(), dW, x, y, ws);
@@ -89,6 +90,68 @@ TYPED_TEST(LinearNf4, ForwardAndInputGradientMatchFloat64) {
       double ref = 0;
       for (int64_t o = 0; o < O; ++o) ref += gf[t * O + o] * W[o * I + i];
       ASSERT_NEAR(gxv[t * I + i], ref, 1e-5 * (1 + std::fabs(ref))) << t << "," << i;
+    }
+  }
+}
+
+// The fused host kernel (AVX-512 builds) against float64 on the dequantized weights: tile
+// edges in every dimension (rows past a 14-row tile and a 1008-row block, columns past a
+// 32-column strip, a summed index past a 256 block), beta 0 / 1 / 0.5 over prior values of
+// the output, float32 and bfloat16 NF4, a partial scaler block.
+TEST(LinearNf4Fused, ForwardAndInputGradientMatchFloat64) {
+  struct Shape {
+    int64_t out, in, block, scaler_block, tokens;
+    kqlora::DType dtype;
+  };
+  const Shape shapes[] = {{70, 320, 64, 256, 1030, kqlora::DType::float32},
+                          {48, 272, 16, 3, 15, kqlora::DType::bfloat16},
+                          {33, 64, 64, 5, 1, kqlora::DType::float32}};
+  using H = Kokkos::DefaultHostExecutionSpace;
+  using HM = Kokkos::HostSpace;
+  for (const Shape& sh : shapes) {
+    kqlora::Nf4Layout L;
+    L.shape = {sh.out, sh.in};
+    L.block_size = sh.block;
+    L.scaler_block_size = sh.scaler_block;
+    L.dtype = sh.dtype;
+    if (!kqlora::impl::nf4_gemm_host_supports(L)) GTEST_SKIP() << "no fused kernel in this build";
+    const auto wf = randn(L.numel(), 11, 0.05f);
+    HostNf4 Wn;
+    if (sh.dtype == kqlora::DType::bfloat16) {
+      Wn = quantize<kqlora::bfloat16, H>(std::vector<kqlora::bfloat16>(wf.begin(), wf.end()), L);
+    } else {
+      Wn = quantize<float, H>(wf, L);
+    }
+    const auto W = dequantized(Wn);
+    const int64_t T = sh.tokens, O = sh.out, I = sh.in;
+    const auto xf = randn(T * I, 12), gf = randn(T * O, 13);
+    const auto y0 = randn(T * O, 14), gx0 = randn(T * I, 15);
+    for (float beta : {0.0f, 1.0f, 0.5f}) {
+      kqlora::LinearNf4Workspace<HM> ws;
+      ws.product = kqlora::Nf4Product::fused;
+      Matrix<HM> x = to_matrix<HM>(xf, T, I), y = to_matrix<HM>(y0, T, O);
+      Matrix<HM> g = to_matrix<HM>(gf, T, O), gx = to_matrix<HM>(gx0, T, I);
+      kqlora::linear_nf4_forward(H(), Wn, x, y, ws, beta);
+      kqlora::linear_nf4_backward(H(), Wn, g, gx, ws, beta);
+      const auto yv = from_matrix(y), gxv = from_matrix(gx);
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t o = 0; o < O; ++o) {
+          double ref = beta * y0[t * O + o], mag = std::fabs(ref);
+          for (int64_t i = 0; i < I; ++i) {
+            ref += double(xf[t * I + i]) * W[o * I + i];
+            mag += std::fabs(xf[t * I + i] * W[o * I + i]);
+          }
+          ASSERT_NEAR(yv[t * O + o], ref, 1e-6 * (1 + mag)) << "y " << t << "," << o;
+        }
+        for (int64_t i = 0; i < I; ++i) {
+          double ref = beta * gx0[t * I + i], mag = std::fabs(ref);
+          for (int64_t o = 0; o < O; ++o) {
+            ref += double(gf[t * O + o]) * W[o * I + i];
+            mag += std::fabs(gf[t * O + o] * W[o * I + i]);
+          }
+          ASSERT_NEAR(gxv[t * I + i], ref, 1e-6 * (1 + mag)) << "gx " << t << "," << i;
+        }
+      }
     }
   }
 }

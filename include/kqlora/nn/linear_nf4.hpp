@@ -1,22 +1,39 @@
 #pragma once
 // y = x W^T with W an NF4 tensor [out, in], and its input gradient gx = gy W (W is frozen).
-// W is dequantized in row panels into a float32 scratch buffer (bfloat16 NF4 widens into
-// float32 panels), each panel consumed by a Kokkos Kernels gemm at once; no full copy of W
-// exists at any time. A panel of W's rows is a row-major [P, in] matrix W_p; activations
-// are row-major [tokens, features], so the panel's outputs are a column block of y, which
-// the host BLAS reads and writes in place (leading dimension out).
+// Two ways, neither of which holds a float copy of all of W at any time:
+// - fused (host, AVX-512 builds): W decoded straight into the GEMM's cache-sized panels
+//   (quant/nf4_gemm.hpp); no float copy of W reaches memory.
+// - panels (every space): W dequantized in row panels into a float32 scratch buffer
+//   (bfloat16 NF4 widens into float32 panels), each panel consumed by a gemm at once. A
+//   panel of W's rows is a row-major [P, in] matrix W_p; activations are row-major
+//   [tokens, features], so the panel's outputs are a column block of y, which the host
+//   BLAS reads and writes in place (leading dimension out).
+// docs/BENCHMARKS.md ("The fused NF4 GEMM") has the numbers behind the choice.
 
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
 #include <functional>
 #include <numeric>
+#include <type_traits>
 
 #include "kqlora/core/blas.hpp"
+#include "kqlora/core/blas_selection.hpp"
 #include "kqlora/core/error.hpp"
+#include "kqlora/quant/nf4_gemm.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
 
 namespace kqlora {
+
+/// How linear_nf4_* multiply by W. automatic: fused where this build and W's layout have
+/// it, the call has at most kFusedMaxTokens tokens and the host BLAS runs no more threads
+/// than Kokkos's host space; panels otherwise.
+enum class Nf4Product { automatic, panels, fused };
+
+/// Above this many tokens the BLAS's own kernel, fed dequantized panels, is as fast or
+/// faster than the fused one (its decode and packing are then a small share of the product):
+/// measured side by side on an AVX-512 Xeon, docs/BENCHMARKS.md ("The fused NF4 GEMM").
+constexpr int64_t kFusedMaxTokens = 512;
 
 /// Scratch for the dequantized panels; one per model, reused by every layer and call.
 template <class MemSpace>
@@ -26,6 +43,8 @@ struct LinearNf4Workspace {
   std::function<void()> between_panels;
   /// > 0: panels of at most this many bytes (tests: several panels on a small weight).
   int64_t max_panel_bytes = 0;
+  /// The way to multiply (tests and benchmarks set it; `fused` needs the fused kernel).
+  Nf4Product product = Nf4Product::automatic;
 
   /// Rows per panel for a call over `tokens` tokens (whole NF4 blocks each), the buffer
   /// grown to hold them. A panel of at least 4 MiB (256 rows of a 4096-wide weight) stays
@@ -53,6 +72,33 @@ struct LinearNf4Workspace {
 };
 
 namespace impl {
+
+/// The product through the fused host kernel, when it applies: c = a op(W) + beta c.
+template <class ExecSpace, class MemSpace>
+bool fused_nf4_gemm(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W, Nf4GemmOp op,
+                    const Matrix<MemSpace>& a, float beta, const Matrix<MemSpace>& c,
+                    LinearNf4Workspace<MemSpace>& ws) {
+  if constexpr (std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value &&
+                std::is_same<MemSpace, Kokkos::HostSpace>::value) {
+    if (ws.product == Nf4Product::panels) return false;
+    if (!nf4_gemm_host_supports(W.layout)) {
+      KQLORA_CHECK(ws.product != Nf4Product::fused,
+                   "linear_nf4: no fused kernel for " << W.layout.shape_string());
+      return false;
+    }
+    // A multithreaded BLAS would outrun a one-thread Kokkos host space.
+    if (ws.product == Nf4Product::automatic &&
+        (static_cast<int64_t>(a.extent(0)) > kFusedMaxTokens ||
+         blas_threads() > exec.concurrency()))
+      return false;
+    nf4_gemm_host(exec, W, op, a.extent(0), a.data(), a.stride(0), beta, c.data(), c.stride(0),
+                  ws.panel, ws.between_panels);
+    return true;
+  } else {
+    KQLORA_CHECK(ws.product != Nf4Product::fused, "linear_nf4: no fused kernel off the host");
+    return false;
+  }
+}
 
 /// Calls f(row0, rows, Wp) for each row panel of W, Wp the [rows, in] dequantized panel.
 template <class ExecSpace, class MemSpace, class F>
@@ -83,6 +129,7 @@ void linear_nf4_forward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
                "linear_nf4_forward: shapes x " << x.extent(0) << "x" << x.extent(1) << ", y "
                                                << y.extent(0) << "x" << y.extent(1) << ", W "
                                                << W.layout.shape_string());
+  if (impl::fused_nf4_gemm(exec, W, Nf4GemmOp::forward, x, beta, y, ws)) return;
   const int64_t out = W.layout.shape[0];
   impl::for_each_panel(
       exec, W, x.extent(0), ws, [&](int64_t r0, int64_t rows, const Matrix<MemSpace>& Wp) {
@@ -105,6 +152,7 @@ void linear_nf4_backward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
                "linear_nf4_backward: shapes gy " << gy.extent(0) << "x" << gy.extent(1) << ", gx "
                                                  << gx.extent(0) << "x" << gx.extent(1) << ", W "
                                                  << W.layout.shape_string());
+  if (impl::fused_nf4_gemm(exec, W, Nf4GemmOp::input_gradient, gy, beta, gx, ws)) return;
   const int64_t out = W.layout.shape[0];
   impl::for_each_panel(
       exec, W, gy.extent(0), ws, [&](int64_t r0, int64_t rows, const Matrix<MemSpace>& Wp) {

@@ -1,0 +1,313 @@
+// The fused NF4 GEMM on the host (AVX-512), compiled inside the library like the other
+// NF4 SIMD bodies (nf4_host_simd.cpp): C = A op(W) + beta C.
+//
+// Blocking as in BLIS/GotoBLAS, with W as the "B" operand: for each block of kc (the
+// summed index) and mc rows of A, A's block is packed once into mr-row micro-panels (L2);
+// for each 32-column strip of op(W), its kc x 32 micro-panel is decoded from the NF4 bytes
+// onto the stack (L1) and multiplied with every micro-panel of A by a 14 x 32 register
+// tile (28 accumulators). The strips are independent: they are the Kokkos work items.
+//
+// Decoding a strip: the input gradient's op(W) = W rows are contiguous in W, one block
+// table lookup per 16 values (as nf4_decode_block_simd). The forward's op(W) = W^T needs
+// W's columns across the lanes: one 32-bit gather per 16 rows reads 8 codes of each row,
+// and each lane multiplies its code's value by its own row's block scale.
+
+#include "kqlora/quant/nf4_gemm.hpp"
+
+#include <algorithm>
+
+#include "kqlora/core/bfloat16.hpp"
+#include "kqlora/core/error.hpp"
+#include "kqlora/quant/nf4_codebook.hpp"
+#include "nf4_host_simd_intrinsics.hpp"
+
+namespace kqlora::impl {
+
+#if KQLORA_HAVE_AVX512
+
+namespace {
+
+using Host = Kokkos::DefaultHostExecutionSpace;
+
+constexpr int kMr = 14;       // rows of the register tile (A, broadcast)
+constexpr int kNr = 32;       // columns of the register tile (op(W), two vectors)
+constexpr int64_t kKc = 512;  // the summed index per block (C is rewritten k / kc times)
+constexpr int64_t kMc = (int64_t(1) << 20) / (4 * kKc) / kMr * kMr;  // a 1 MiB packed A block
+
+/// What the register tile does with C's tile.
+enum class Update { assign, scale_add, add };
+
+/// C[rows, 32] (op) = A_p[kc, kMr] B_p[kc, 32]; A_p and B_p packed, zero-padded. The
+/// next tile's C rows (`c_next`, null if none) are fetched during the first steps: C
+/// is read again once per block of kc, from beyond L2 at a few hundred tokens, each row a
+/// page of its own, and the fetches overlap the products.
+inline void micro_kernel(int64_t kc, const float* __restrict ap, const float* __restrict bp,
+                         float* c, int64_t ldc, int rows, __mmask16 m0, __mmask16 m1, Update u,
+                         float beta, const float* c_next) {
+  __m512 c0[kMr], c1[kMr];
+#pragma GCC unroll 14
+  for (int i = 0; i < kMr; ++i) c0[i] = c1[i] = _mm512_setzero_ps();
+  auto step = [&](int64_t k) {
+    const __m512 b0 = _mm512_load_ps(bp + kNr * k), b1 = _mm512_load_ps(bp + kNr * k + 16);
+#pragma GCC unroll 14
+    for (int i = 0; i < kMr; ++i) {
+      const __m512 a = _mm512_set1_ps(ap[kMr * k + i]);
+      c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
+      c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
+    }
+  };
+  int64_t k = 0;
+  if (c_next != nullptr) {
+    // One line a step: a burst of all 28 would fill the core's miss buffers.
+    for (; k < 2 * kMr && k < kc; ++k) {
+      _mm_prefetch(reinterpret_cast<const char*>(c_next + (k >> 1) * ldc + (k & 1) * 31),
+                   _MM_HINT_T0);
+      step(k);
+    }
+  }
+  for (; k < kc; ++k) step(k);
+  const __m512 vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 14
+  for (int i = 0; i < kMr; ++i) {
+    if (i >= rows) break;
+    float* ci = c + i * ldc;
+    if (u == Update::add) {
+      c0[i] = _mm512_add_ps(c0[i], _mm512_maskz_loadu_ps(m0, ci));
+      c1[i] = _mm512_add_ps(c1[i], _mm512_maskz_loadu_ps(m1, ci + 16));
+    } else if (u == Update::scale_add) {
+      c0[i] = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, ci), c0[i]);
+      c1[i] = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, ci + 16), c1[i]);
+    }
+    _mm512_mask_storeu_ps(ci, m0, c0[i]);
+    _mm512_mask_storeu_ps(ci + 16, m1, c1[i]);
+  }
+}
+
+/// Packs A[r0 .. r0+mc, k0 .. k0+kc] into micro-panels of kMr rows, [kc][kMr] each, the
+/// rows past `rows` zero.
+void pack_a(const float* A, int64_t lda, int64_t rows, int64_t r0, int64_t mc, int64_t k0,
+            int64_t kc, float* out) {
+  for (int64_t p = 0; p < mc; p += kMr) {
+    float* panel = out + p * kc;
+    for (int i = 0; i < kMr; ++i) {
+      const int64_t r = r0 + p + i;
+      if (r < rows) {
+        const float* src = A + r * lda + k0;
+        for (int64_t k = 0; k < kc; ++k) panel[k * kMr + i] = src[k];
+      } else {
+        for (int64_t k = 0; k < kc; ++k) panel[k * kMr + i] = 0.0f;
+      }
+    }
+  }
+}
+
+/// The NF4 tensor's parts a decoder reads, and its codebook in the tensor's dtype.
+struct Nf4Parts {
+  const uint8_t* data;
+  const int8_t* scalers;
+  const float* factor;
+  float mean;
+  int64_t block_size, scaler_block_size, out, in;
+  bool bf16;
+  __m512 codebook;
+
+  /// nf4_block_scale of the blocks holding column `col` of rows row0 .. row0 + 15 (lanes
+  /// from `valid` on: 0). `in` is a multiple of block_size: row r's blocks start at
+  /// r * in / block_size. The scaler block (a division) is stepped, not divided, per row.
+  __m512 row_scales(int64_t row0, int64_t col, int valid) const {
+    alignas(64) int32_t q[16];
+    alignas(64) float f[16];
+    const int64_t per_row = in / block_size;
+    const int64_t step_q = per_row / scaler_block_size, step_r = per_row % scaler_block_size;
+    const int64_t b0 = row0 * per_row + col / block_size;
+    int64_t g = b0 / scaler_block_size, r = b0 % scaler_block_size;
+    for (int j = 0; j < 16; ++j) {
+      q[j] = j < valid ? scalers[b0 + j * per_row] : 0;
+      f[j] = j < valid ? factor[g] : 1.0f;
+      g += step_q;
+      r += step_r;
+      if (r >= scaler_block_size) {
+        r -= scaler_block_size;
+        ++g;
+      }
+    }
+    // nf4_block_scale for 16 lanes: the same operations, rounded alike.
+    __m512 v = _mm512_div_ps(_mm512_cvtepi32_ps(_mm512_load_si512(q)), _mm512_load_ps(f));
+    if (bf16) v = nf4_round_bf16(v);
+    v = _mm512_add_ps(v, _mm512_set1_ps(mean));
+    if (bf16) v = nf4_round_bf16(v);
+    return _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << valid) - 1u), v);
+  }
+  /// nf4_decode of codes (low 4 bits of each lane) with per-lane scales.
+  __m512 values(__m512i codes, __m512 scales) const {
+    const __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(codes, codebook), scales);
+    return bf16 ? nf4_round_bf16(v) : v;
+  }
+};
+
+/// Input gradient strip: bp[kk][j] = W[k0 + kk][n0 + j] for kk < kc, j < 32 (0 past in).
+void decode_rows(const Nf4Parts& w, int64_t k0, int64_t kc, int64_t n0, float* bp) {
+  alignas(64) float scale[2][kKc];            // per half: the scale of each row's block
+  const int halves = n0 + 16 < w.in ? 2 : 1;  // in is a multiple of 16: all 16 or none
+  for (int h = 0; h < halves; ++h) {
+    const bool shared = h == 1 && (n0 + 16) / w.block_size == n0 / w.block_size;
+    for (int64_t kk = 0; kk < kc; kk += 16) {
+      const int valid = static_cast<int>(std::min<int64_t>(16, kc - kk));
+      if (shared) {
+        _mm512_store_ps(scale[1] + kk, _mm512_load_ps(scale[0] + kk));
+      } else {
+        _mm512_store_ps(scale[h] + kk, w.row_scales(k0 + kk, n0 + 16 * h, valid));
+      }
+    }
+  }
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    const uint8_t* row = w.data + ((k0 + kk) * w.in + n0) / 2;
+    for (int h = 0; h < 2; ++h) {
+      const __m512 v = h < halves
+                           ? w.values(nf4_lane_codes(row + 8 * h), _mm512_set1_ps(scale[h][kk]))
+                           : _mm512_setzero_ps();
+      _mm512_store_ps(bp + kNr * kk + 16 * h, v);
+    }
+  }
+}
+
+/// Forward strip: bp[kk][j] = W[n0 + j][k0 + kk] for kk < kc, j < 32 (0 past out). k0 and
+/// kc are multiples of block_size, so each lane's scale changes at block boundaries only.
+void decode_columns(const Nf4Parts& w, int64_t k0, int64_t kc, int64_t n0, float* bp) {
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int h = 0; h < 2; ++h) {
+    const int64_t r0 = n0 + 16 * h;
+    const int valid = static_cast<int>(std::clamp<int64_t>(w.out - r0, 0, 16));
+    const __mmask16 live = static_cast<__mmask16>((1u << valid) - 1u);
+    // Byte offset of each lane's row, relative to row r0 (in / 2 bytes a row; 16 rows
+    // stay within int32: nf4_gemm_host_supports).
+    const __m512i row_bytes = _mm512_mullo_epi32(lane, _mm512_set1_epi32(int(w.in / 2)));
+    const uint8_t* base = w.data + r0 * (w.in / 2);
+    for (int64_t kb = 0; kb < kc; kb += w.block_size) {
+      const __m512 s = valid > 0 ? w.row_scales(r0, k0 + kb, valid) : _mm512_setzero_ps();
+      for (int64_t kk = kb; kk < kb + w.block_size; kk += 8) {
+        // 8 codes of each row: bytes (k0 + kk) / 2 .. + 3, element 2e in byte e's high
+        // nibble: element e sits at bit 8 (e / 2) + 4 (1 - e % 2) of the 32-bit word.
+        const __m512i word = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, row_bytes,
+                                                         base + (k0 + kk) / 2, 1);
+        float* dst = bp + kNr * kk + 16 * h;
+        _mm512_store_ps(dst + 0 * kNr, w.values(_mm512_srli_epi32(word, 4), s));
+        _mm512_store_ps(dst + 1 * kNr, w.values(word, s));
+        _mm512_store_ps(dst + 2 * kNr, w.values(_mm512_srli_epi32(word, 12), s));
+        _mm512_store_ps(dst + 3 * kNr, w.values(_mm512_srli_epi32(word, 8), s));
+        _mm512_store_ps(dst + 4 * kNr, w.values(_mm512_srli_epi32(word, 20), s));
+        _mm512_store_ps(dst + 5 * kNr, w.values(_mm512_srli_epi32(word, 16), s));
+        _mm512_store_ps(dst + 6 * kNr, w.values(_mm512_srli_epi32(word, 28), s));
+        _mm512_store_ps(dst + 7 * kNr, w.values(_mm512_srli_epi32(word, 24), s));
+      }
+    }
+  }
+}
+
+/// One block of kc and mc: every 32-column strip of op(W) against the packed A block.
+struct Nf4GemmStrips {
+  Nf4Parts w;
+  bool forward;
+  const float* ap;
+  int64_t k0, kc, r0, mc, rows, n;
+  float* C;
+  int64_t ldc;
+  Update update;
+  float beta;
+
+  void operator()(int64_t strip) const {
+    alignas(64) float bp[kKc * kNr];
+    const int64_t n0 = strip * kNr;
+    if (forward) {
+      decode_columns(w, k0, kc, n0, bp);
+    } else {
+      decode_rows(w, k0, kc, n0, bp);
+    }
+    const int cols = static_cast<int>(std::min<int64_t>(kNr, n - n0));
+    const __mmask16 m0 = static_cast<__mmask16>(cols >= 16 ? 0xffffu : (1u << cols) - 1u);
+    const __mmask16 m1 = static_cast<__mmask16>(cols >= 32   ? 0xffffu
+                                                : cols <= 16 ? 0u
+                                                             : (1u << (cols - 16)) - 1u);
+    // Rows of C past `rows` are never touched; the prefetch stops a tile short of them.
+    const bool fetch = update != Update::assign;
+    for (int64_t p = 0; p < mc; p += kMr) {
+      const int r = static_cast<int>(std::min<int64_t>(kMr, rows - (r0 + p)));
+      if (r <= 0) break;
+      float* c = C + (r0 + p) * ldc + n0;
+      const bool next_full = fetch && p + kMr < mc && r0 + p + 2 * kMr <= rows;
+      micro_kernel(kc, ap + p * kc, bp, c, ldc, r, m0, m1, update, beta,
+                   next_full ? c + kMr * ldc : nullptr);
+    }
+  }
+};
+
+}  // namespace
+
+bool nf4_gemm_host_supports(const Nf4Layout& L) {
+  const int64_t bs = L.block_size;
+  return L.shape.size() == 2 && bs % 16 == 0 && kKc % bs == 0 && L.shape[1] % bs == 0 &&
+         L.shape[0] > 0 && L.shape[1] > 0 && L.shape[1] / 2 * 16 <= INT32_MAX;
+}
+
+void nf4_gemm_host(const Host& exec, const Nf4Tensor<Kokkos::HostSpace>& W, Nf4GemmOp op,
+                   int64_t rows, const float* A, int64_t lda, float beta, float* C, int64_t ldc,
+                   Kokkos::View<float*, Kokkos::HostSpace>& scratch,
+                   const std::function<void()>& between) {
+  const Nf4Layout& L = W.layout;
+  KQLORA_CHECK(nf4_gemm_host_supports(L), "nf4_gemm_host: layout " << L.shape_string());
+  const bool forward = op == Nf4GemmOp::forward;
+  const int64_t out = L.shape[0], in = L.shape[1];
+  const int64_t k = forward ? in : out, n = forward ? out : in;
+  if (rows == 0) return;
+  const int64_t mc_max = std::min<int64_t>(kMc, (rows + kMr - 1) / kMr * kMr);
+  if (static_cast<int64_t>(scratch.extent(0)) < mc_max * kKc) {
+    scratch = Kokkos::View<float*, Kokkos::HostSpace>();
+    scratch = Kokkos::View<float*, Kokkos::HostSpace>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::LinearNf4::panel"), mc_max * kKc);
+  }
+  Nf4Parts w{W.quantized_data.data(),
+             W.quantized_scalers.data(),
+             W.quantization_factor.data(),
+             W.scaler_mean,
+             L.block_size,
+             L.scaler_block_size,
+             out,
+             in,
+             L.dtype == DType::bfloat16,
+             _mm512_setzero_ps()};
+  w.codebook =
+      _mm512_loadu_ps(w.bf16 ? Nf4Codebook::make<bfloat16>().v : Nf4Codebook::make<float>().v);
+  const int64_t strips = (n + kNr - 1) / kNr;
+  for (int64_t k0 = 0; k0 < k; k0 += kKc) {
+    const int64_t kc = std::min(kKc, k - k0);
+    const Update u = k0 > 0 ? Update::add : (beta == 0.0f ? Update::assign : Update::scale_add);
+    for (int64_t r0 = 0; r0 < rows; r0 += kMc) {
+      const int64_t mc = std::min(kMc, rows - r0);
+      const int64_t mc_padded = (mc + kMr - 1) / kMr * kMr;
+      pack_a(A, lda, rows, r0, mc_padded, k0, kc, scratch.data());
+      Kokkos::parallel_for(
+          forward ? "kqlora::LinearNf4::fused_forward" : "kqlora::LinearNf4::fused_backward",
+          Kokkos::RangePolicy<Host, Kokkos::IndexType<int64_t>>(exec, 0, strips),
+          Nf4GemmStrips{w, forward, scratch.data(), k0, kc, r0, mc_padded, rows, n, C, ldc, u,
+                        beta});
+      exec.fence();
+    }
+    if (between) between();
+  }
+}
+
+#else  // no AVX-512 in this build: the panel path of nn/linear_nf4.hpp does the products
+
+bool nf4_gemm_host_supports(const Nf4Layout&) {
+  return false;
+}
+
+void nf4_gemm_host(const Kokkos::DefaultHostExecutionSpace&, const Nf4Tensor<Kokkos::HostSpace>&,
+                   Nf4GemmOp, int64_t, const float*, int64_t, float, float*, int64_t,
+                   Kokkos::View<float*, Kokkos::HostSpace>&, const std::function<void()>&) {
+  KQLORA_CHECK(false, "nf4_gemm_host: not in this build");
+}
+
+#endif
+
+}  // namespace kqlora::impl
