@@ -45,11 +45,9 @@ inline void micro_kernel(int64_t kc, const float* __restrict ap, const float* __
                          float* c, int64_t ldc, int rows, __mmask16 m0, __mmask16 m1, Update u,
                          float beta, const float* c_next) {
   __m512 c0[kMr], c1[kMr];
-#pragma GCC unroll 14
   for (int i = 0; i < kMr; ++i) c0[i] = c1[i] = _mm512_setzero_ps();
   auto step = [&](int64_t k) {
     const __m512 b0 = _mm512_load_ps(bp + kNr * k), b1 = _mm512_load_ps(bp + kNr * k + 16);
-#pragma GCC unroll 14
     for (int i = 0; i < kMr; ++i) {
       const __m512 a = _mm512_set1_ps(ap[kMr * k + i]);
       c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
@@ -67,7 +65,6 @@ inline void micro_kernel(int64_t kc, const float* __restrict ap, const float* __
   }
   for (; k < kc; ++k) step(k);
   const __m512 vb = _mm512_set1_ps(beta);
-#pragma GCC unroll 14
   for (int i = 0; i < kMr; ++i) {
     if (i >= rows) break;
     float* ci = c + i * ldc;
