@@ -12,6 +12,7 @@
 #include <iostream>
 #include <random>
 #include <sstream>
+#include <type_traits>
 
 #include "app_main.hpp"
 #include "bench_llama.hpp"
@@ -39,10 +40,13 @@ const char* usage =
     "  nf4_dequant_NxN_f32|bf16 NF4 -> float32 / bfloat16 (the NF4 dtype's own)\n"
     "  nf4_quant_NxN_f32|bf16   float32 / bfloat16 -> NF4\n"
     "  qlora_linear_fwd_bwd_tT  a LoRA linear (--linear-dim, rank 16, float32) forward and\n"
-    "                           backward over T tokens, NF4 base (row panels)\n"
+    "                           backward over T tokens, NF4 base (linear_nf4's choice)\n"
     "  dense_lora_linear_fwd_bwd_tT  the same over a dense frozen float32 base\n"
     "                           (the two run as interleaved pairs; the median of the\n"
     "                           per-pair time ratios is printed and stored as ratio_to_dense)\n"
+    "  fwd|bwd_nf4_fused|panels_tT  the NF4 base's forward or input-gradient product alone,\n"
+    "                           through the fused kernel (AVX-512 builds) or dequantized\n"
+    "                           row panels, each against the dense product (interleaved)\n"
     "Llama (--llama SHAPE), B sequences of T tokens (--llama-batches, --llama-seq):\n"
     "  llama_fwd_bwd_SHAPE_bB_tT  a QLoRA Llama's forward and backward (all seven\n"
     "                           projections adapted, rank 8; model FLOPs, docs/BENCHMARKS.md)\n"
@@ -229,6 +233,80 @@ void lora_linear_records(int64_t dim, int64_t rank, int64_t tokens, int pairs,
   if (want_d) out.push_back(Record{dname, median(td), 2.0 * 4 * d * d + act_bytes, flops, T});
 }
 
+/// The NF4 base's two products alone (forward y = x W^T, input gradient gx = gy W; dim x
+/// dim, float32 NF4) through the fused kernel and through dequantized row panels, each
+/// against the same product over a dense float32 W, timed as interleaved triples (the
+/// order rotates): the numbers behind linear_nf4's choice between the two
+/// (kFusedMaxTokens).
+void nf4_product_records(int64_t dim, int64_t tokens, int pairs, const std::string& filter,
+                         std::vector<Record>& out) {
+  kqlora::Nf4Layout layout;
+  layout.shape = {dim, dim};
+  const bool fused_here = kqlora::impl::nf4_gemm_host_supports(layout) &&
+                          std::is_same<Exec, Kokkos::DefaultHostExecutionSpace>::value;
+  for (const char* op : {"fwd", "bwd"}) {
+    const std::string t = "_t" + std::to_string(tokens);
+    const std::string fname = std::string(op) + "_nf4_fused" + t;
+    const std::string pname = std::string(op) + "_nf4_panels" + t;
+    const bool want_f = fused_here && kqlora::bench::wanted(fname, filter);
+    const bool want_p = kqlora::bench::wanted(pname, filter);
+    if (!want_f && !want_p) continue;
+    Exec exec;
+    std::mt19937 gen(11);
+    M x("x", tokens, dim), y("y", tokens, dim), Wd("W", dim, dim);
+    fill_random(x, 1.0f, gen);
+    fill_random(Wd, 0.02f, gen);
+    auto W = kqlora::nf4_quantize<float>(
+        exec, Kokkos::View<const float*, Mem>(Wd.data(), dim * dim), layout);
+    kqlora::LinearNf4Workspace<Mem> fused_ws, panel_ws;
+    fused_ws.product = kqlora::Nf4Product::fused;
+    panel_ws.product = kqlora::Nf4Product::panels;
+    const bool forward = op[0] == 'f';
+    auto nf4 = [&](kqlora::LinearNf4Workspace<Mem>& ws) {
+      if (forward)
+        kqlora::linear_nf4_forward(exec, W, x, y, ws);
+      else
+        kqlora::linear_nf4_backward(exec, W, x, y, ws);  // gx = gy W: x as gy
+    };
+    auto dense = [&] { kqlora::gemm(exec, "N", forward ? "T" : "N", 1.0f, x, Wd, 0.0f, y); };
+    if (want_f) nf4(fused_ws);  // warm-up: page faults, the workspaces
+    if (want_p) nf4(panel_ws);
+    dense();
+    std::vector<double> tf, tp, td, rf, rp;
+    for (int p = 0; p < pairs; ++p) {
+      double a = 0, b = 0, c = 0;
+      for (int i = 0; i < 3; ++i) {
+        switch ((p + i) % 3) {
+          case 0:
+            if (want_f) a = seconds([&] { nf4(fused_ws); });
+            break;
+          case 1:
+            if (want_p) b = seconds([&] { nf4(panel_ws); });
+            break;
+          default:
+            c = seconds(dense);
+        }
+      }
+      tf.push_back(a);
+      tp.push_back(b);
+      td.push_back(c);
+      rf.push_back(a / c);
+      rp.push_back(b / c);
+    }
+    const double flops = 2.0 * tokens * dim * dim;
+    if (want_f) {
+      Record r{fname, median(tf), 0.5 * dim * dim + 8.0 * tokens * dim, flops, double(tokens)};
+      r.ratio_to_dense = median(rf);
+      out.push_back(r);
+    }
+    if (want_p) {
+      Record r{pname, median(tp), 0.5 * dim * dim + 8.0 * tokens * dim, flops, double(tokens)};
+      r.ratio_to_dense = median(rp);
+      out.push_back(r);
+    }
+  }
+}
+
 void memcpy_record(int64_t n, int repeats, const std::string& filter, std::vector<Record>& out) {
   const std::string name = "memcpy_" + std::to_string(n) + "x" + std::to_string(n) + "_f32";
   if (!kqlora::bench::wanted(name, filter)) return;
@@ -309,6 +387,7 @@ int bench_main(std::vector<std::string>& args) {
     nf4_records<kqlora::bfloat16>(n, repeats, filter, records);
   }
   for (int64_t t : tokens) lora_linear_records(linear_dim, 16, t, pairs, filter, records);
+  for (int64_t t : tokens) nf4_product_records(linear_dim, t, pairs, filter, records);
   std::ostringstream llama_report;
   if (llama != "none")
     kqlora::bench::llama_records(kqlora::bench::llama_shape(llama), llama_batches, llama_seq,
