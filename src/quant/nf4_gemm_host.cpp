@@ -4,8 +4,10 @@
 // Blocking as in BLIS/GotoBLAS, with W as the "B" operand: for each block of kc (the
 // summed index) and mc rows of A, A's block is packed once into mr-row micro-panels (L2);
 // for each 32-column strip of op(W), its kc x 32 micro-panel is decoded from the NF4 bytes
-// onto the stack (L1) and multiplied with every micro-panel of A by a 14 x 32 register
-// tile (28 accumulators). The strips are independent: they are the Kokkos work items.
+// onto the stack (64 KiB at kc = 512: L1 and L2) and multiplied with every micro-panel of
+// A by a 14 x 32 register tile (28 accumulators). The strips are independent: they are
+// the Kokkos work items. The block sizes were chosen by measurement (docs/BENCHMARKS.md,
+// "The fused NF4 GEMM").
 //
 // Decoding a strip: the input gradient's op(W) = W rows are contiguous in W, one block
 // table lookup per 16 values (as nf4_decode_block_simd). The forward's op(W) = W^T needs

@@ -35,7 +35,8 @@ enum class Nf4Product { automatic, panels, fused };
 /// measured side by side on an AVX-512 Xeon, docs/BENCHMARKS.md ("The fused NF4 GEMM").
 constexpr int64_t kFusedMaxTokens = 512;
 
-/// Scratch for the dequantized panels; one per model, reused by every layer and call.
+/// Scratch for the dequantized panels (or the fused kernel's packed activations); one per
+/// model, reused by every layer and call.
 template <class MemSpace>
 struct LinearNf4Workspace {
   Kokkos::View<float*, MemSpace> panel;
