@@ -40,7 +40,8 @@ constexpr int64_t kFusedMaxTokens = 512;
 template <class MemSpace>
 struct LinearNf4Workspace {
   Kokkos::View<float*, MemSpace> panel;
-  /// Called after each panel's gemm, e.g. to drive outstanding communication.
+  /// Called after each panel's gemm (the fused kernel: after each block of the summed
+  /// index), e.g. to drive outstanding communication.
   std::function<void()> between_panels;
   /// > 0: panels of at most this many bytes (tests: several panels on a small weight).
   int64_t max_panel_bytes = 0;
