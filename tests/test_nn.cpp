@@ -95,9 +95,9 @@ TYPED_TEST(LinearNf4, ForwardAndInputGradientMatchFloat64) {
 }
 
 // The fused host kernel (AVX-512 builds) against float64 on the dequantized weights: tile
-// edges in every dimension (rows past a 14-row tile and a 1008-row block, columns past a
-// 32-column strip, a summed index past a 256 block), beta 0 / 1 / 0.5 over prior values of
-// the output, float32 and bfloat16 NF4, a partial scaler block.
+// edges in every dimension (rows past a 14-row tile and past 504-row blocks, columns past
+// a 32-column strip, a summed index past a 512 block in both products), beta 0 / 1 / 0.5
+// over prior values of the output, float32 and bfloat16 NF4, partial scaler blocks.
 TEST(LinearNf4Fused, ForwardAndInputGradientMatchFloat64) {
   struct Shape {
     int64_t out, in, block, scaler_block, tokens;
@@ -105,7 +105,8 @@ TEST(LinearNf4Fused, ForwardAndInputGradientMatchFloat64) {
   };
   const Shape shapes[] = {{70, 320, 64, 256, 1030, kqlora::DType::float32},
                           {48, 272, 16, 3, 15, kqlora::DType::bfloat16},
-                          {33, 64, 64, 5, 1, kqlora::DType::float32}};
+                          {33, 64, 64, 5, 1, kqlora::DType::float32},
+                          {530, 576, 64, 7, 20, kqlora::DType::float32}};
   using H = Kokkos::DefaultHostExecutionSpace;
   using HM = Kokkos::HostSpace;
   for (const Shape& sh : shapes) {
@@ -133,25 +134,26 @@ TEST(LinearNf4Fused, ForwardAndInputGradientMatchFloat64) {
       Matrix<HM> g = to_matrix<HM>(gf, T, O), gx = to_matrix<HM>(gx0, T, I);
       kqlora::linear_nf4_forward(H(), Wn, x, y, ws, beta);
       kqlora::linear_nf4_backward(H(), Wn, g, gx, ws, beta);
-      const auto yv = from_matrix(y), gxv = from_matrix(gx);
-      for (int64_t t = 0; t < T; ++t) {
-        for (int64_t o = 0; o < O; ++o) {
-          double ref = beta * y0[t * O + o], mag = std::fabs(ref);
-          for (int64_t i = 0; i < I; ++i) {
-            ref += double(xf[t * I + i]) * W[o * I + i];
-            mag += std::fabs(xf[t * I + i] * W[o * I + i]);
+      // got[t][j] against beta prior[t][j] + sum_k a[t][k] W(j, k), within 1e-6 of the
+      // sum of the terms' magnitudes.
+      auto expect = [&](const char* what, const std::vector<double>& got,
+                        const std::vector<float>& prior, const std::vector<float>& a, int64_t cols,
+                        int64_t sum_len, auto&& w_at) {
+        for (int64_t t = 0; t < T; ++t) {
+          for (int64_t j = 0; j < cols; ++j) {
+            double ref = beta * prior[t * cols + j], mag = std::fabs(ref);
+            for (int64_t k = 0; k < sum_len; ++k) {
+              const double term = double(a[t * sum_len + k]) * w_at(j, k);
+              ref += term;
+              mag += std::fabs(term);
+            }
+            ASSERT_NEAR(got[t * cols + j], ref, 1e-6 * (1 + mag)) << what << " " << t << "," << j;
           }
-          ASSERT_NEAR(yv[t * O + o], ref, 1e-6 * (1 + mag)) << "y " << t << "," << o;
         }
-        for (int64_t i = 0; i < I; ++i) {
-          double ref = beta * gx0[t * I + i], mag = std::fabs(ref);
-          for (int64_t o = 0; o < O; ++o) {
-            ref += double(gf[t * O + o]) * W[o * I + i];
-            mag += std::fabs(gf[t * O + o] * W[o * I + i]);
-          }
-          ASSERT_NEAR(gxv[t * I + i], ref, 1e-6 * (1 + mag)) << "gx " << t << "," << i;
-        }
-      }
+      };
+      expect("y", from_matrix(y), y0, xf, O, I, [&](int64_t o, int64_t i) { return W[o * I + i]; });
+      expect("gx", from_matrix(gx), gx0, gf, I, O,
+             [&](int64_t i, int64_t o) { return W[o * I + i]; });
     }
   }
 }

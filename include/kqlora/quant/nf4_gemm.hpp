@@ -22,7 +22,7 @@ namespace impl {
 
 /// Whether this build has the fused host kernel for W's layout: AVX-512 compiled in
 /// (KQLORA_NATIVE on such a CPU), float32 or bfloat16 NF4, block_size a multiple of 16
-/// dividing 256, in a multiple of block_size.
+/// dividing 512 (the kernel's block of the summed index), in a multiple of block_size.
 bool nf4_gemm_host_supports(const Nf4Layout& layout);
 
 /// C = A op(W) + beta C on the host, A [rows, k] and C [rows, n] row-major with leading
