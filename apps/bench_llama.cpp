@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "kqlora/core/error.hpp"
-#include "kqlora/nn/llama.hpp"
+#include "kqlora/nn/causal_lm.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
 
 namespace kqlora::bench {
@@ -38,7 +38,7 @@ void fill(const Kokkos::View<float*, Mem>& v, float scale, float offset, std::mt
 // Every tensor of the model from the generator: NF4 of N(0, 0.02^2) weights, norms near 1,
 // the embedding N(0, 0.02^2), the adapters small (both non-zero, so every product runs on
 // non-zero data).
-void randomize(Llama<Exec>& model, std::mt19937& gen) {
+void randomize(CausalLm<Exec>& model, std::mt19937& gen) {
   const Exec exec;
   for (const ParamEntry* e : model.table().of_kind(ParamKind::nf4)) {
     Kokkos::View<float*, Mem> w("kqlora::bench::w", e->numel());
@@ -73,16 +73,16 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
   if (!any) return;
   const Exec exec;
   ModelConfig cfg;
-  cfg.kind = "llama";
+  cfg.kind = "causal_lm";
   cfg.arch_text = config_json(shape);
   cfg.arch_source = "kqlora-bench " + shape.name;
   cfg.rank = kRank;
   cfg.lora_b_zeros = true;
   cfg.loss = LossKind::cross_entropy;
-  Llama<Exec> model(exec, cfg);
+  CausalLm<Exec> model(exec, cfg);
   std::mt19937 gen(5);
   randomize(model, gen);
-  const LlamaArch& a = model.arch();
+  const DecoderSpec& a = model.spec();
   double peak = 0;
   for (const auto& r : out)
     if (r.name == "fma_peak_f32") peak = r.flops / r.median_s;
@@ -122,7 +122,7 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
       fill(Kokkos::View<float*, Mem>(m.data(), m.size()), 1.0f, 0.0f, gen);
     AttentionWorkspace<Mem> aws;
     const AttentionShape as{n, seq, a.heads, a.kv_heads, a.head_dim};
-    const RopeTable<Mem> rope(rope_inv_freq(a), seq, false);
+    const RopeTable<Mem> rope(a.ropes[0].inv_freq, seq, false);
     Record att{prefix + "attention_fwd_bwd_" + tag};
     if (wanted(att.name, filter))
       att.median_s = median_seconds(repeats, [&] {

@@ -14,7 +14,7 @@
 #include "h5_test_util.hpp"
 #include "kqlora/io/hdf5_file.hpp"
 #include "kqlora/io/hdf5_params.hpp"
-#include "kqlora/nn/llama.hpp"
+#include "kqlora/nn/causal_lm.hpp"
 #include "kqlora/train/data.hpp"
 #include "kqlora/train/init.hpp"
 
@@ -43,7 +43,7 @@ const std::vector<Case> kCases = {
 
 kqlora::ModelConfig config_of(const Case& c, kqlora::DType dtype = kqlora::DType::float32) {
   kqlora::ModelConfig m;
-  m.kind = "llama";
+  m.kind = "causal_lm";
   m.hf_model_dir = c.dir;
   m.arch_text = read_text(c.dir + "/config.json");
   m.arch_source = c.dir + "/config.json";
@@ -93,9 +93,9 @@ Data read_data(const std::string& dir) {
   return out;
 }
 
-std::unique_ptr<kqlora::Llama<Exec>> load(const Case& c,
+std::unique_ptr<kqlora::CausalLm<Exec>> load(const Case& c,
                                           kqlora::DType dtype = kqlora::DType::float32) {
-  auto model = std::make_unique<kqlora::Llama<Exec>>(Exec(), config_of(c, dtype));
+  auto model = std::make_unique<kqlora::CausalLm<Exec>>(Exec(), config_of(c, dtype));
   std::ostringstream log;
   kqlora::initialize_model(Exec(), *model, c.dir + "/init.h5", log);
   return model;
@@ -122,7 +122,7 @@ TEST_P(LlamaReference, LogitsLossAndLoraGradientsMatchTransformersPeft) {
       Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model->logits(data.batch));
   const auto ref_logits = read_doubles(ref, "logits");
   const auto valid = read_doubles(ref, "valid");
-  const int64_t V = model->arch().vocab;
+  const int64_t V = model->spec().vocab;
   double worst = 0;
   std::vector<double> valid_ref;
   for (int64_t t = 0; t < data.n * data.S; ++t) {
@@ -167,7 +167,7 @@ TEST_P(LlamaReference, ActivationCheckpointingGivesTheSameNumbers) {
       auto cfg = config_of(c);
       cfg.dropout = dropout;
       cfg.activation_checkpointing = recompute;
-      kqlora::Llama<Exec> model(Exec(), cfg);
+      kqlora::CausalLm<Exec> model(Exec(), cfg);
       std::ostringstream log;
       kqlora::initialize_model(Exec(), model, c.dir + "/init.h5", log);
       // Rows 0-1 and row 2 alone (another width: the buffers are reused, not regrown).
@@ -317,7 +317,7 @@ std::string with_field(std::string json, const std::string& field, const std::st
 
 void expect_config_error(const std::string& text, const std::vector<std::string>& parts) {
   try {
-    kqlora::parse_llama_config(text, "dir/config.json");
+    kqlora::parse_decoder_config(text, "dir/config.json");
     ADD_FAILURE() << "accepted: " << text;
   } catch (const kqlora::InputError& e) {
     for (const auto& p : parts)
@@ -380,9 +380,9 @@ std::string model_copy(const std::string& name) {
   return dir;
 }
 
-std::unique_ptr<kqlora::Llama<Exec>> load_dir(const std::string& dir, std::string* log = nullptr) {
+std::unique_ptr<kqlora::CausalLm<Exec>> load_dir(const std::string& dir, std::string* log = nullptr) {
   Case c{"x", dir, "all-linear"};
-  auto model = std::make_unique<kqlora::Llama<Exec>>(Exec(), config_of(c));
+  auto model = std::make_unique<kqlora::CausalLm<Exec>>(Exec(), config_of(c));
   std::ostringstream os;
   kqlora::initialize_model(Exec(), *model, "", os);
   if (log) *log = os.str();
@@ -390,7 +390,7 @@ std::unique_ptr<kqlora::Llama<Exec>> load_dir(const std::string& dir, std::strin
 }
 
 // The NF4 bytes and dense values of two models are identical.
-void expect_same_weights(kqlora::Llama<Exec>& a, kqlora::Llama<Exec>& b) {
+void expect_same_weights(kqlora::CausalLm<Exec>& a, kqlora::CausalLm<Exec>& b) {
   for (size_t i = 0; i < a.nf4.size(); ++i) {
     const auto x = kqlora::nf4_host(a.nf4[i]), y = kqlora::nf4_host(b.nf4[i]);
     ASSERT_EQ(x.quantized_data.extent(0), y.quantized_data.extent(0));
@@ -409,10 +409,11 @@ void expect_same_weights(kqlora::Llama<Exec>& a, kqlora::Llama<Exec>& b) {
 
 TEST(LlamaImport, UnsupportedConfigFieldsNameFileFieldAndValue) {
   const std::string ok = read_text(kCases[0].dir + "/config.json");
-  EXPECT_NO_THROW(kqlora::parse_llama_config(ok, "c"));
+  EXPECT_NO_THROW(kqlora::parse_decoder_config(ok, "c"));
   const std::vector<std::pair<std::pair<std::string, std::string>, std::string>> bad = {
       {{"model_type", "\"gpt2\""}, "\"gpt2\""}, {{"hidden_act", "\"gelu\""}, "\"gelu\""},
-      {{"attention_bias", "true"}, "true"},     {{"mlp_bias", "true"}, "true"},
+      {{"attention_bias", "1"}, "1"},           {{"mlp_bias", "\"yes\""}, "\"yes\""},
+      {{"sliding_window", "8"}, "8"},           {{"use_sliding_window", "true"}, "true"},
       {{"num_key_value_heads", "3"}, "3"},      {{"head_dim", "7"}, "7"},
       {{"vocab_size", "\"many\""}, "\"many\""}, {{"hidden_size", "0"}, "0"},
       {{"attention_dropout", "0.1"}, "0.1"},    {{"rms_norm_eps", "-1"}, "> 0"},
@@ -432,51 +433,43 @@ TEST(LlamaImport, UnsupportedConfigFieldsNameFileFieldAndValue) {
   // The pre-5.0 spelling: rope_theta at the top, rope_scaling with "type".
   std::string old = with_field(ok, "rope_parameters", "null");
   old = with_field(old, "rope_theta", "500000.0");
-  expect_config_error(with_field(old, "rope_scaling", "{\"type\": \"linear\", \"factor\": 2.0}"),
-                      {"'rope_scaling.type'", "\"linear\""});
-  const auto a = kqlora::parse_llama_config(
+  expect_config_error(with_field(old, "rope_scaling", "{\"type\": \"dynamic\", \"factor\": 2.0}"),
+                      {"'rope_scaling.type'", "\"dynamic\""});
+  const auto a = kqlora::parse_decoder_config(
       with_field(old, "rope_scaling",
                  "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
                  "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 16}"),
       "c");
-  EXPECT_EQ(a.rope_type, "llama3");
-  EXPECT_EQ(a.rope_theta, 500000.0);
-  EXPECT_EQ(a.original_max_positions, 16);
+  // llama3's scaling at base 500000: the longest wavelength divided by the factor 8.
+  ASSERT_EQ(a.ropes.size(), 1u);
+  const float slowest = 1.0f / std::pow(500000.0f, 14.0f / 16.0f);
+  EXPECT_FLOAT_EQ(a.ropes[0].inv_freq.back(), slowest / 8.0f);
   // Defaults: kv heads = heads, head_dim = hidden / heads.
   std::string minimal =
       "{\"model_type\": \"llama\", \"vocab_size\": 10, \"hidden_size\": 8, "
       "\"intermediate_size\": 16, \"num_hidden_layers\": 1, "
       "\"num_attention_heads\": 2}";
-  const auto m = kqlora::parse_llama_config(minimal, "c");
+  const auto m = kqlora::parse_decoder_config(minimal, "c");
   EXPECT_EQ(m.kv_heads, 2);
   EXPECT_EQ(m.head_dim, 4);
-  EXPECT_EQ(m.rope_theta, 10000.0);
+  EXPECT_FLOAT_EQ(m.ropes[0].inv_freq[1], 1.0f / std::pow(10000.0f, 0.5f));
   EXPECT_FALSE(m.tied);
-  expect_config_error(minimal.replace(minimal.find("\"vocab_size\": 10, "), 18, ""),
-                      {"'vocab_size'", "missing"});
-}
-
-TEST(LlamaImport, ShortSlidingWindowIsRefused) {
-  Case c = kCases[3];  // mistral, sliding_window 32
-  auto cfg = config_of(c);
-  cfg.arch_text = with_field(cfg.arch_text, "sliding_window", "8");
-  kqlora::Llama<Exec> model(Exec(), cfg);
-  std::ostringstream log;
-  kqlora::initialize_model(Exec(), model, "", log);
-  Data data = read_data(c.dir);  // sequences of 12
-  try {
-    model.loss(data.batch, data.count);
-    ADD_FAILURE() << "a sliding window of 8 accepted for sequences of 12";
-  } catch (const kqlora::InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("sliding_window 8"), std::string::npos) << e.what();
-  }
+  EXPECT_FALSE(m.layer[0].window);
+  // An absent dimension takes LlamaConfig's default (and says so).
+  const auto d = kqlora::parse_decoder_config(
+      minimal.replace(minimal.find("\"vocab_size\": 10, "), 18, ""), "c");
+  EXPECT_EQ(d.vocab, 32000);
+  EXPECT_NE(d.notes.at(0).find("vocab_size"), std::string::npos);
+  // Fields that change the computation and are not implemented are refused by name.
+  expect_config_error(with_field(ok, "quantization_config", "{\"bits\": 4}"),
+                      {"dir/config.json", "'quantization_config'", "kqlora does not implement"});
 }
 
 TEST(LlamaImport, RankAboveTheSmallerSideIsRefused) {
   auto cfg = config_of(kCases[0]);
   cfg.rank = 33;  // k_proj is [32, 64]
   try {
-    kqlora::Llama<Exec>::make_table(cfg);
+    kqlora::CausalLm<Exec>::make_table(cfg);
     ADD_FAILURE();
   } catch (const kqlora::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("k_proj [32, 64]"), std::string::npos) << e.what();
@@ -583,7 +576,7 @@ TEST(LlamaImport, TiedModelIgnoresAStoredHeadWithANote) {
   }
   kqlora::safetensors::write(dir + "/model.safetensors", ts);
   Case copy{"tied", dir, "all-linear"};
-  kqlora::Llama<Exec> model(Exec(), config_of(copy));
+  kqlora::CausalLm<Exec> model(Exec(), config_of(copy));
   std::ostringstream log;
   kqlora::initialize_model(Exec(), model, "", log);
   EXPECT_EQ(model.table().find("lm_head.weight"), nullptr);
@@ -677,7 +670,7 @@ TEST(LlamaImport, PartialScalerBlocksMatchTheDocumentedReference) {
     auto cfg = config_of(kCases[0], dtype);
     cfg.block_size = 16;
     cfg.scaler_block_size = 40;  // e.g. k_proj: 128 blocks, scaler blocks 40 x 3 + 8
-    kqlora::Llama<Exec> model(Exec(), cfg);
+    kqlora::CausalLm<Exec> model(Exec(), cfg);
     std::ostringstream log;
     kqlora::initialize_model(Exec(), model, "", log);
     int checked = 0;
@@ -846,7 +839,7 @@ TEST(LlamaImport, PeftAdapterDirectoryAsInitFile) {
     std::ofstream(dir + "/adapter_config.json") << "{\"peft_type\": \"LORA\", " << fields << "}\n";
   };
   config("\"r\": 4, \"lora_alpha\": 8");
-  kqlora::Llama<Exec> model(Exec(), config_of(c));
+  kqlora::CausalLm<Exec> model(Exec(), config_of(c));
   std::ostringstream log;
   kqlora::initialize_model(Exec(), model, dir, log);
   const auto got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params);
@@ -860,7 +853,7 @@ TEST(LlamaImport, PeftAdapterDirectoryAsInitFile) {
             "use_rslora = true is not supported"}}) {
     config(extra);
     try {
-      kqlora::Llama<Exec> m(Exec(), config_of(c));
+      kqlora::CausalLm<Exec> m(Exec(), config_of(c));
       kqlora::initialize_model(Exec(), m, dir, log);
       ADD_FAILURE() << extra << " accepted";
     } catch (const kqlora::InputError& e) {

@@ -14,7 +14,7 @@
 #include "kqlora/nn/lm_head_cross_entropy.hpp"
 #include "kqlora/nn/lora_projection.hpp"
 #include "kqlora/nn/rotary.hpp"
-#include "kqlora/nn/swiglu.hpp"
+#include "kqlora/nn/gated_mlp.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
 #include "matrix_util.hpp"
 #include "nf4_test_util.hpp"
@@ -171,8 +171,8 @@ TYPED_TEST(LlamaOps, SwigluForwardAndBackward) {
              af = nf4test::randn(T * I, 33);
   auto g = matrix<M>(gf, T, I), u = matrix<M>(uf, T, I), ga = matrix<M>(af, T, I);
   kqlora::Matrix<M> a("a", T, I), gg("gg", T, I), gu("gu", T, I);
-  kqlora::swiglu_forward(TypeParam(), g, u, false, a);
-  kqlora::swiglu_backward(TypeParam(), g, u, ga, false, gg, gu);
+  kqlora::gated_mlp_forward(TypeParam(), kqlora::Activation::silu, g, u, false, a);
+  kqlora::gated_mlp_backward(TypeParam(), kqlora::Activation::silu, g, u, ga, false, gg, gu);
   auto ref = [](const D& gate, const D& up) {
     D y(gate.size());
     for (size_t i = 0; i < y.size(); ++i) y[i] = gate[i] / (1 + std::exp(-gate[i])) * up[i];

@@ -1,11 +1,34 @@
 #!/usr/bin/env python3
-"""Reference numbers for kqlora's Llama model from transformers + PEFT + torchao (CPU).
+"""Reference numbers for kqlora's decoder models from transformers + PEFT + torchao (CPU).
 
-    python3 tools/gen_llama_reference.py tests/data/llama_reference
+    python3 tools/gen_llama_reference.py                      # the four Llama cases
+    python3 tools/gen_llama_reference.py --cases qwen2,phi3   # some family cases
+    python3 tools/gen_llama_reference.py --cases families     # every family case
+    python3 tools/gen_llama_reference.py --cases all --out /tmp/ref
 
-Needs torch, torchao, transformers, peft, safetensors, h5py (pip). Run once; the outputs
-are committed (well under a megabyte per case). For each case (a small random-initialised
-Llama configuration) it writes into <out>/<case>/:
+Needs torch, torchao, transformers (5.x), peft, safetensors, h5py (pip). Run once; the
+outputs are committed (well under a megabyte per case). Two groups of cases:
+
+  llama cases (gqa, tied_head_dim, llama3_qv, mistral)  -> tests/data/llama_reference/<case>
+      Llama / Mistral, sequences of 12 tokens, the default attention implementation; the
+      four share one random stream (seeded 20261201, in that order), so they are written
+      together (naming some but not all of them is refused) and bit for bit as before.
+  family cases (qwen2, qwen3, gemma2, gemma3_text, phi3, phi3_long, mistral_window)
+                                                        -> tests/data/family_reference/<case>
+      one model family each (FAMILY_CASES), sequences of 136 tokens, sliding windows of 37
+      tokens, attn_implementation="eager" (the soft-caps' and windows' eager semantics),
+      each case its own random stream (a generator seeded from the case's own constant, so
+      adding a case changes no other). Every bias is randomised (0.1 randn: transformers
+      zeroes them), every norm weight too: Llama-kind norms (w * x) 1 + 0.2 randn,
+      Gemma-kind norms ((1 + w) * x) 0.2 randn. Each folder also has case.txt:
+          lora_targets = all-linear        (or the comma list the case uses)
+          bf16 = true                      (bfloat16 cases only)
+
+--out DIR puts every selected case under DIR/<case> instead. tools/check_family_reference.py
+re-derives any case's logits and loss from its files alone (the families' semantics written
+out, no transformers modeling code).
+
+For each case (a small random-initialised configuration) it writes into <out>/<case>/:
   config.json, model.safetensors   the model as save_pretrained writes it (float32)
   init.h5                          the checkpoint schema's /params: every projection as
                                    torchao's own NF4 components (so both sides use the same
@@ -20,12 +43,14 @@ Llama configuration) it writes into <out>/<case>/:
                                    over the whole batch: losses [5], /final/<name>;
                                    with "bf16": losses_bf16 [5] of the same run in bfloat16
                                    (float32 master adapters, bfloat16 model and NF4)
-Every base projection's weight is replaced by torchao's NF4 dequantization of it
-(block_size 32, scaler_block_size 32: sizes torchao's to_nf4 accepts), so both sides
-compute with the same weights. The bfloat16 run's kqlora side quantizes model.safetensors
-itself.
+Every base projection's weight (q/k/v/o, gate/up/down, and Phi-3's fused qkv_proj and
+gate_up_proj) is replaced by torchao's NF4 dequantization of it (block_size 32,
+scaler_block_size 32: sizes torchao's to_nf4 accepts), so both sides compute with the same
+weights. The bfloat16 run's kqlora side quantizes model.safetensors itself; its model is
+the float32 directory loaded and cast with .to(torch.bfloat16), which rounds every float
+buffer too (the rotary inv_freq, Gemma's embedding normalizer).
 """
-import json
+import argparse
 import math
 import os
 import sys
@@ -34,21 +59,42 @@ import h5py
 import numpy as np
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
+                          LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
+from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
+from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 
 from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
 
 torch.set_num_threads(1)
 
 BLOCK, SCALER_BLOCK, RANK, ALPHA = 32, 32, 4, 8.0
-N, S, STEPS, LR = 3, 12, 5, 1e-2
+N, STEPS, LR = 3, 5, 1e-2
 PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+PHI3_PROJ = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]  # kept fused
 MODULE = {p: ("self_attn." if p in PROJ[:4] else "mlp.") + p for p in PROJ}
 
+# model_type -> (config class, model class, projection names = PEFT's target modules)
+FAMILIES = {
+    "llama": (LlamaConfig, LlamaForCausalLM, PROJ),
+    "mistral": (MistralConfig, MistralForCausalLM, PROJ),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, PROJ),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, PROJ),
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM, PROJ),
+    "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM, PROJ),
+    "phi3": (Phi3Config, Phi3ForCausalLM, PHI3_PROJ),
+}
+# Norms computing (1 + w) * x (weights initialised to 0); every other RMSNorm is w * x.
+GEMMA_NORMS = (Gemma2RMSNorm, Gemma3RMSNorm)
+
+# ---- the Llama cases (tests/data/llama_reference): unchanged since they were committed ----
+S_LLAMA = 12
 BASE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
             initializer_range=0.08, max_position_embeddings=64)
-CASES = {
+LLAMA_CASES = {
     # grouped-query attention (2 kv heads for 4 query heads), untied head, all seven targets
     "gqa": dict(arch=dict(BASE), targets=PROJ, bf16=True),
     # tied embeddings, head_dim 24 != hidden / heads, a non-default rope_theta
@@ -63,8 +109,85 @@ CASES = {
                                                  "original_max_position_embeddings": 16}),
                       targets=["q_proj", "v_proj"]),
     # Mistral-style: model_type mistral, a sliding window longer than the sequences
-    "mistral": dict(arch=dict(BASE, sliding_window=32), targets=PROJ, mistral=True),
+    "mistral": dict(arch=dict(BASE, sliding_window=32), targets=PROJ, family="mistral"),
 }
+LLAMA_SEED = 20261201
+
+# ---- the family cases (tests/data/family_reference) ----
+S_FAMILY, WINDOW = 136, 37  # the window: shorter than the sequences, not a multiple of 64
+# Rows as make_data's 12-token pattern scaled to 136: a 34-token prompt in row 1, right
+# padding of 45 tokens (row 1, longer than the window) and 23 tokens (row 2).
+LAYOUT_FAMILY = (34, 45, 23)
+FAM = dict(vocab_size=96, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+           num_attention_heads=4, num_key_value_heads=2, initializer_range=0.08,
+           max_position_embeddings=256)
+# The family cases' HDF5 files use the 1.10 file format (what kqlora writes itself: one
+# chunk per dataset needs no B-tree, a third of the size of the default format's files);
+# groups, datasets, attributes, dtypes, chunks and filters are the Llama cases'.
+FAMILY_LIBVER = ("v110", "v110")
+
+
+def _factors(seed, n):
+    """n longrope factors in [1, 3], from their own generator (config values)."""
+    g = torch.Generator().manual_seed(seed)
+    return [round(1.0 + 2.0 * float(x), 4) for x in torch.rand(n, generator=g)]
+
+
+PHI3 = dict(FAM, pad_token_id=0, eos_token_id=2, partial_rotary_factor=0.5,
+            sliding_window=WINDOW, max_position_embeddings=1024,
+            original_max_position_embeddings=256,
+            # rotary_dim = 16 * 0.5 = 8: 4 factors each
+            rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                             "short_factor": _factors(31, 4), "long_factor": _factors(32, 4)})
+FAMILY_CASES = {
+    # q/k/v biases (o_proj has none in Qwen2); use_sliding_window with max_window_layers 1:
+    # layer 0 full, layer 1 slides (Qwen2Config writes layer_types); untied head
+    "qwen2": dict(family="qwen2", seed=1001,
+                  arch=dict(FAM, use_sliding_window=True, sliding_window=WINDOW,
+                            max_window_layers=1)),
+    # head_dim 24 != hidden / heads, biases on q, k, v and o, q_norm / k_norm (w * x), GQA,
+    # tied head (as Qwen3's small models)
+    "qwen3": dict(family="qwen3", seed=1002,
+                  arch=dict(FAM, head_dim=24, attention_bias=True, tie_word_embeddings=True)),
+    # hidden 32 (sqrt 32 is not a bfloat16: the embedding normalizer rounds) with 4 heads of
+    # 16 (heads * head_dim != hidden), query_pre_attn_scalar 20 != head_dim, soft-caps of 5
+    # on attention scores and logits (q/k and the tied embedding scaled up so both bend),
+    # layer_types as Gemma2Config derives them (sliding, full, sliding, full), tied head;
+    # also a bfloat16 run
+    "gemma2": dict(family="gemma2", seed=1003, bf16=True,
+                   arch=dict(FAM, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                             head_dim=16, query_pre_attn_scalar=20, sliding_window=WINDOW,
+                             attn_logit_softcapping=5.0, final_logit_softcapping=5.0),
+                   scale={"embed_tokens.weight": 8.0, "q_proj.weight": 5.0,
+                          "k_proj.weight": 5.0}),
+    # q_norm / k_norm ((1 + w) * x), 3 sliding layers (local rope base 10000) then a full one
+    # (rope_theta 1e6 with linear scaling 2), query_pre_attn_scalar 20, final soft-cap 5
+    # (Gemma3's attention takes no soft-cap in transformers 5.24: attn_logit_softcapping
+    # stays null), tied head
+    "gemma3_text": dict(family="gemma3_text", seed=1004,
+                        arch=dict(FAM, hidden_size=32, num_hidden_layers=4, head_dim=16,
+                                  query_pre_attn_scalar=20,
+                                  sliding_window=WINDOW, final_logit_softcapping=5.0,
+                                  layer_types=["sliding_attention"] * 3 + ["full_attention"],
+                                  rope_parameters={
+                                      "sliding_attention": {"rope_type": "default",
+                                                            "rope_theta": 10000.0},
+                                      "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                         "rope_theta": 1000000.0}}),
+                        scale={"embed_tokens.weight": 6.0}),
+    # fused qkv_proj / gate_up_proj, partial rotary 0.5, a window of 37 on every layer,
+    # longrope with original_max_position_embeddings 256 > 136: the short factors
+    "phi3": dict(family="phi3", seed=1005, arch=dict(PHI3)),
+    # longrope with original_max_position_embeddings 64 < 136: the long factors, no window
+    "phi3_long": dict(family="phi3", seed=1006,
+                      arch=dict(PHI3, original_max_position_embeddings=64,
+                                max_position_embeddings=512, sliding_window=None)),
+    # Mistral with a window shorter than the sequences
+    "mistral_window": dict(family="mistral", seed=1007, arch=dict(FAM, sliding_window=WINDOW)),
+}
+
+GROUPS = {"llama": (LLAMA_CASES, "tests/data/llama_reference"),
+          "families": (FAMILY_CASES, "tests/data/family_reference")}
 
 
 def kq_name(peft_name):
@@ -74,50 +197,100 @@ def kq_name(peft_name):
     return n.replace("lora_A", "lora_a").replace("lora_B", "lora_b")
 
 
-def make_data(gen, vocab):
+def make_data(gen, vocab, S=S_LLAMA, layout=(3, 4, 2)):
+    """[N, S] ids in 1..vocab-1; row 1 a prompt of layout[0] tokens (labels -100) and right
+    padding of layout[1] tokens (pad id 0, labels -100), row 2 right padding of layout[2]."""
+    prompt, pad1, pad2 = layout
     ids = torch.randint(1, vocab, (N, S), generator=gen)
     labels = ids.clone()
     valid = torch.ones(N, S, dtype=torch.int32)
-    labels[1, :3] = -100          # a prompt
-    ids[1, S - 4:] = 0            # right padding (pad id 0)
-    labels[1, S - 4:] = -100
-    valid[1, S - 4:] = 0
-    ids[2, S - 2:] = 0
-    labels[2, S - 2:] = -100
-    valid[2, S - 2:] = 0
+    labels[1, :prompt] = -100     # a prompt
+    ids[1, S - pad1:] = 0         # right padding (pad id 0)
+    labels[1, S - pad1:] = -100
+    valid[1, S - pad1:] = 0
+    ids[2, S - pad2:] = 0
+    labels[2, S - pad2:] = -100
+    valid[2, S - pad2:] = 0
     return ids, labels, valid
 
 
-def build(case, gen):
-    cfg_cls, model_cls = (MistralConfig, MistralForCausalLM) if case.get("mistral") else \
-        (LlamaConfig, LlamaForCausalLM)
+def family_of(case):
+    return FAMILIES[case.get("family", "llama")]
+
+
+def targets_of(case):
+    return case.get("targets", family_of(case)[2])
+
+
+def build(case, gen, eager=False):
+    cfg_cls, model_cls, _ = family_of(case)
     torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
-    model = model_cls(cfg_cls(**case["arch"])).float().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):  # not all ones: the norms' weights are used
-                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=gen))
+    config = cfg_cls(**case["arch"])
+    if eager:
+        config._attn_implementation = "eager"
+    model = model_cls(config).float().eval()
+    if eager:
+        assert model.config._attn_implementation == "eager"
+        randomise_family(model, case, gen)
+    else:  # the Llama cases, as they were generated
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):  # not all ones: the norms' weights are used
+                    p.copy_(1 + 0.2 * torch.randn(p.shape, generator=gen))
     return model
 
 
-def replace_with_nf4(model, dtype):
+def randomise_family(model, case, gen):
+    """Every bias 0.1 randn, every norm weight random (Gemma kind 0.2 randn, others
+    1 + 0.2 randn), then the case's scale factors; checks that no parameter is left out."""
+    done = set()
+    with torch.no_grad():
+        for mname, mod in model.named_modules():
+            pre = mname + "." if mname else ""
+            if isinstance(mod, torch.nn.Linear):
+                done.add(pre + "weight")
+                if mod.bias is not None:
+                    mod.bias.copy_(0.1 * torch.randn(mod.bias.shape, generator=gen))
+                    done.add(pre + "bias")
+            elif isinstance(mod, torch.nn.Embedding):
+                done.add(pre + "weight")
+            elif "RMSNorm" in type(mod).__name__:
+                w = mod.weight
+                if isinstance(mod, GEMMA_NORMS):
+                    w.copy_(0.2 * torch.randn(w.shape, generator=gen))
+                else:
+                    w.copy_(1 + 0.2 * torch.randn(w.shape, generator=gen))
+                done.add(pre + "weight")
+        for name, p in model.named_parameters():
+            assert name in done, "parameter not randomised: " + name
+            for suffix, factor in case.get("scale", {}).items():
+                if name.endswith(suffix):
+                    p.mul_(factor)
+
+
+def replace_with_nf4(model, dtype, proj=PROJ):
     """Every base projection's weight becomes torchao's NF4 dequantization of it; returns
     the NF4 tensors by parameter name."""
     nf4 = {}
     with torch.no_grad():
         for name, mod in model.named_modules():
-            if name.split(".")[-1] in PROJ and isinstance(mod, torch.nn.Linear):
+            if name.split(".")[-1] in proj and isinstance(mod, torch.nn.Linear):
                 t = to_nf4(mod.weight.detach().to(dtype), BLOCK, SCALER_BLOCK)
                 mod.weight.copy_(t.get_original_weight().to(mod.weight.dtype))
                 nf4[name + ".weight"] = t
     return nf4
 
 
-def write_init(path, nf4, params):
+def h5_create(path, libver=None):
+    """h5py.File(path, "w"); libver None: h5py's default (the Llama cases' files)."""
+    return h5py.File(path, "w") if libver is None else h5py.File(path, "w", libver=libver)
+
+
+def write_init(path, nf4, params, libver=None):
     def dataset(group, name, array):
         array = np.ascontiguousarray(array)
         group.create_dataset(name, data=array, chunks=array.shape, fletcher32=True)
-    with h5py.File(path, "w") as f:
+    with h5_create(path, libver) as f:
         g = f.create_group("params")
         for name, t in nf4.items():
             grp = g.create_group(name)
@@ -156,71 +329,183 @@ def run_steps(peft_model, params, ids, labels, dtype):
     return losses, {n: m.detach() for n, m in masters.items()}
 
 
-def main(out):
-    gen = torch.Generator().manual_seed(20261201)
-    for name, case in CASES.items():
-        folder = os.path.join(out, name)
-        os.makedirs(folder, exist_ok=True)
-        model = build(case, gen)
-        model.save_pretrained(folder, safe_serialization=True)
-        for extra in ("generation_config.json",):
-            if os.path.exists(os.path.join(folder, extra)):
-                os.remove(os.path.join(folder, extra))
-        state = {k: v.clone() for k, v in model.state_dict().items()}
-        nf4 = replace_with_nf4(model, torch.float32)
-        peft_model = get_peft_model(model, LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0,
-                                                      target_modules=case["targets"]))
-        params = lora_params(peft_model)
-        with torch.no_grad():  # both A and B non-zero, so every gradient is
-            for n, p in params.items():
-                torch.nn.init.kaiming_uniform_(p, a=math.sqrt(5), generator=gen)
-                if ".lora_b." in n:
-                    p.mul_(0.5)
-        write_init(os.path.join(folder, "init.h5"), nf4, params)
-        if case.get("bf16"):  # the adapters alone: kqlora quantizes the bfloat16 weights
-            write_init(os.path.join(folder, "init_adapters.h5"), {}, params)
-        ids, labels, valid = make_data(gen, case["arch"]["vocab_size"])
-        with h5py.File(os.path.join(folder, "data.h5"), "w") as f:
-            f.create_dataset("input_ids", data=ids.numpy().astype(np.int32))
-            f.create_dataset("labels", data=labels.numpy().astype(np.int32))
-            f.attrs["vocab_size"] = np.int64(case["arch"]["vocab_size"])
+def softcap_report(model, ids):
+    """For models with soft-caps: how often the pre-cap attention scores (causal entries)
+    and the pre-cap logits exceed the cap, so the reference shows tanh bending."""
+    cfg = model.config
+    attn_cap = getattr(cfg, "attn_logit_softcapping", None)
+    final_cap = getattr(cfg, "final_logit_softcapping", None)
+    if attn_cap is None and final_cap is None:
+        return ""
+    mod = sys.modules[type(model).__module__]
+    original = mod.eager_attention_forward
+    scores, logits = [], []
 
-        out_ = peft_model(input_ids=ids, labels=labels)
-        out_.loss.backward()
-        grads = {n: p.grad.detach().clone() for n, p in params.items()}
-        init = {n: p.detach().clone() for n, p in params.items()}
-        losses, final = run_steps(peft_model, params, ids, labels, torch.float32)
-        with h5py.File(os.path.join(folder, "reference.h5"), "w") as f:
-            f.create_dataset("logits", data=out_.logits.detach().numpy())
-            f.create_dataset("valid", data=valid.numpy())
-            f.create_dataset("loss", data=np.array([out_.loss.item()]))
-            f.create_dataset("losses", data=np.array(losses))
-            for n, g in grads.items():
-                f.create_dataset("grads/" + n, data=g.numpy())
-            for n, v in final.items():
-                f.create_dataset("final/" + n, data=v.numpy())
+    def spy(module, query, key, value, attention_mask, **kw):
+        k = mod.repeat_kv(key, module.num_key_value_groups)
+        s = (query @ k.transpose(2, 3)) * kw["scaling"]
+        if attention_mask is not None:
+            s = s[(attention_mask == 0).expand_as(s)]
+        scores.append(s.flatten())
+        return original(module, query, key, value, attention_mask, **kw)
+
+    hook = model.lm_head.register_forward_hook(lambda m, i, o: logits.append(o.flatten()))
+    mod.eager_attention_forward = spy
+    try:
+        with torch.no_grad():
+            model(input_ids=ids)
+    finally:
+        mod.eager_attention_forward = original
+        hook.remove()
+    s, lg = torch.cat(scores), torch.cat(logits)
+    out = []
+    if attn_cap is not None:
+        out.append("scores |s|>%g: %.1f%% (max %.1f)" % (attn_cap, 100 * (s.abs() > attn_cap)
+                                                       .float().mean(), s.abs().max()))
+    else:
+        out.append("scores max |s| %.1f (no attention cap)" % s.abs().max())
+    if final_cap is not None:
+        out.append("logits |l|>%g: %.1f%% (max %.1f)" % (final_cap, 100 * (lg.abs() > final_cap)
+                                                       .float().mean(), lg.abs().max()))
+    return "; ".join(out)
+
+
+def build_from(folder, case, eager=False):
+    model_cls = family_of(case)[1]
+    kwargs = {"attn_implementation": "eager"} if eager else {}
+    return model_cls.from_pretrained(folder, dtype=torch.float32, **kwargs)
+
+
+def generate(name, case, folder, gen, family_case):
+    """Writes one case's folder; gen: the random stream (shared by the Llama cases, the
+    case's own for the family cases)."""
+    S, layout = (S_FAMILY, LAYOUT_FAMILY) if family_case else (S_LLAMA, (3, 4, 2))
+    proj, targets = family_of(case)[2], targets_of(case)
+    libver = FAMILY_LIBVER if family_case else None
+    os.makedirs(folder, exist_ok=True)
+    model = build(case, gen, eager=family_case)
+    model.save_pretrained(folder, safe_serialization=True)
+    for extra in ("generation_config.json",):
+        if os.path.exists(os.path.join(folder, extra)):
+            os.remove(os.path.join(folder, extra))
+    if family_case:
+        with open(os.path.join(folder, "case.txt"), "w") as f:
+            f.write("lora_targets = %s\n" % ("all-linear" if list(targets) == list(proj)
+                                             else ",".join(targets)))
             if case.get("bf16"):
-                # The same run in bfloat16: the model from the float32 file rounded to
-                # bfloat16, NF4 of the bfloat16 weights, the adapters' masters float32.
-                model16 = build_from(folder, case).to(torch.bfloat16).eval()
-                replace_with_nf4(model16, torch.bfloat16)
-                peft16 = get_peft_model(model16, LoraConfig(r=RANK, lora_alpha=ALPHA,
-                                                            lora_dropout=0.0,
-                                                            target_modules=case["targets"]))
-                params16 = lora_params(peft16)
-                with torch.no_grad():
-                    for n, p in params16.items():
-                        p.copy_(init[n].to(torch.bfloat16))
-                losses16, _ = run_steps(peft16, params16, ids, labels, torch.bfloat16)
-                f.create_dataset("losses_bf16", data=np.array(losses16))
-        del state
-        print(name, "loss", out_.loss.item(), "losses", ["%.6f" % x for x in losses])
+                f.write("bf16 = true\n")
+    nf4 = replace_with_nf4(model, torch.float32, proj)
+    peft_model = get_peft_model(model, LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0,
+                                                  target_modules=targets))
+    params = lora_params(peft_model)
+    with torch.no_grad():  # both A and B non-zero, so every gradient is
+        for n, p in params.items():
+            torch.nn.init.kaiming_uniform_(p, a=math.sqrt(5), generator=gen)
+            if ".lora_b." in n:
+                p.mul_(0.5)
+    write_init(os.path.join(folder, "init.h5"), nf4, params, libver)
+    if case.get("bf16"):  # the adapters alone: kqlora quantizes the bfloat16 weights
+        write_init(os.path.join(folder, "init_adapters.h5"), {}, params, libver)
+    ids, labels, valid = make_data(gen, case["arch"]["vocab_size"], S, layout)
+    with h5_create(os.path.join(folder, "data.h5"), libver) as f:
+        f.create_dataset("input_ids", data=ids.numpy().astype(np.int32))
+        f.create_dataset("labels", data=labels.numpy().astype(np.int32))
+        f.attrs["vocab_size"] = np.int64(case["arch"]["vocab_size"])
+    caps = softcap_report(peft_model.base_model.model, ids) if family_case else ""
+
+    out_ = peft_model(input_ids=ids, labels=labels)
+    out_.loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in params.items()}
+    init = {n: p.detach().clone() for n, p in params.items()}
+    losses, final = run_steps(peft_model, params, ids, labels, torch.float32)
+    losses16 = None
+    with h5_create(os.path.join(folder, "reference.h5"), libver) as f:
+        f.create_dataset("logits", data=out_.logits.detach().numpy())
+        f.create_dataset("valid", data=valid.numpy())
+        f.create_dataset("loss", data=np.array([out_.loss.item()]))
+        f.create_dataset("losses", data=np.array(losses))
+        for n, g in grads.items():
+            f.create_dataset("grads/" + n, data=g.numpy())
+        for n, v in final.items():
+            f.create_dataset("final/" + n, data=v.numpy())
+        if case.get("bf16"):
+            # The same run in bfloat16: the model from the float32 file rounded to
+            # bfloat16, NF4 of the bfloat16 weights, the adapters' masters float32.
+            model16 = build_from(folder, case, eager=family_case).to(torch.bfloat16).eval()
+            replace_with_nf4(model16, torch.bfloat16, proj)
+            peft16 = get_peft_model(model16, LoraConfig(r=RANK, lora_alpha=ALPHA,
+                                                        lora_dropout=0.0,
+                                                        target_modules=targets))
+            params16 = lora_params(peft16)
+            with torch.no_grad():
+                for n, p in params16.items():
+                    p.copy_(init[n].to(torch.bfloat16))
+            losses16, _ = run_steps(peft16, params16, ids, labels, torch.bfloat16)
+            f.create_dataset("losses_bf16", data=np.array(losses16))
+    print(name, "loss", out_.loss.item(), "losses", ["%.6f" % x for x in losses])
+    if losses16 is not None:
+        print(name, "losses_bf16", ["%.6f" % x for x in losses16])
+    if caps:
+        print(name, caps)
+    return out_.loss.item(), losses, losses16
 
 
-def build_from(folder, case):
-    model_cls = MistralForCausalLM if case.get("mistral") else LlamaForCausalLM
-    return model_cls.from_pretrained(folder, torch_dtype=torch.float32)
+def parse_cases(text):
+    """'a,b' / 'llama' / 'families' / 'all' -> [(name, case, group)] in a stable order."""
+    wanted = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if item == "all":
+            wanted += list(LLAMA_CASES) + list(FAMILY_CASES)
+        elif item in GROUPS:
+            wanted += list(GROUPS[item][0])
+        elif item in LLAMA_CASES or item in FAMILY_CASES:
+            wanted.append(item)
+        else:
+            sys.exit("unknown case '%s' (llama: %s; families: %s)" % (
+                item, ",".join(LLAMA_CASES), ",".join(FAMILY_CASES)))
+    llama = [n for n in LLAMA_CASES if n in wanted]
+    if llama and len(llama) != len(LLAMA_CASES):
+        sys.exit("the Llama cases share one random stream: generate all of them (%s) or none"
+                 % ",".join(LLAMA_CASES))
+    return ([(n, LLAMA_CASES[n], "llama") for n in llama]
+            + [(n, FAMILY_CASES[n], "families") for n in FAMILY_CASES if n in wanted])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="cases: llama = %s; families = %s; or all" % (
+                                     ",".join(LLAMA_CASES), ",".join(FAMILY_CASES)))
+    ap.add_argument("out_dir", nargs="?", default=None,
+                    help="the same as --out (the older spelling)")
+    ap.add_argument("--out", default=None,
+                    help="write DIR/<case> (default: tests/data/llama_reference for the Llama "
+                         "cases, tests/data/family_reference for the family cases)")
+    ap.add_argument("--cases", default="llama",
+                    help="comma list of case names or groups (llama, families, all); "
+                         "default: llama")
+    args = ap.parse_args(argv)
+    out = args.out or args.out_dir
+    selected = parse_cases(args.cases)
+    gen = torch.Generator().manual_seed(LLAMA_SEED)  # the Llama cases' shared stream
+    table = []
+    for name, case, group in selected:
+        folder = os.path.join(out or GROUPS[group][1], name)
+        if group == "llama":
+            loss, losses, losses16 = generate(name, case, folder, gen, family_case=False)
+        else:
+            own = torch.Generator().manual_seed(case["seed"])
+            loss, losses, losses16 = generate(name, case, folder, own, family_case=True)
+        size = sum(os.path.getsize(os.path.join(folder, x)) for x in os.listdir(folder))
+        table.append((name, loss, losses[-1], losses16[-1] if losses16 else None, size))
+    print("\n%-15s %10s %12s %12s %9s" % ("case", "loss", "loss@step5", "bf16@step5", "bytes"))
+    for name, loss, last, last16, size in table:
+        print("%-15s %10.6f %12.6f %12s %9d" % (name, loss, last,
+                                                "-" if last16 is None else "%.6f" % last16, size))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "tests/data/llama_reference")
+    main()

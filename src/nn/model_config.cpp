@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "kqlora/core/error.hpp"
+#include "kqlora/nn/model_registry.hpp"
 
 namespace kqlora {
 
@@ -24,6 +25,8 @@ const char* activation_name(Activation a) {
       return "gelu";
     case Activation::silu:
       return "silu";
+    case Activation::gelu_tanh:
+      return "gelu_tanh";
     default:
       return "none";
   }
@@ -86,7 +89,7 @@ ModelConfig ModelConfig::from_text(const std::string& text, const std::string& s
       return x;
     };
     if (key == "model") {
-      c.kind = v;
+      c.kind = canonical_model_kind(v);  // (checkpoints before causal_lm say llama)
     } else if (key == "dim") {
       c.dim = integer();
     } else if (key == "num_linears") {

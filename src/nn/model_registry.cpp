@@ -5,8 +5,8 @@
 
 #include "kqlora/core/checked_size.hpp"
 #include "kqlora/core/error.hpp"
-#include "kqlora/nn/llama.hpp"
-#include "kqlora/nn/llama_config.hpp"
+#include "kqlora/nn/causal_lm.hpp"
+#include "kqlora/nn/decoder_buffers.hpp"
 #include "kqlora/nn/lora_stack.hpp"
 
 namespace kqlora {
@@ -37,22 +37,28 @@ int64_t lora_stack_activations(const ModelConfig& c, int64_t rows, int64_t) {
   return mul(4, add(mul(c.num_layers, per_layer), mul(c.dim, c.dim)));
 }
 
-// Per token and block (float32): the block's saved tensors (norms, q/k/v/o, the attention
-// output, the MLP's gate, up and product) and their gradients, and each head's row of
-// attention probabilities; with activation checkpointing only each block's input is kept,
-// plus one block's tensors; and the LM head's logits for every token (their gradient takes
-// their place). SmolLM2-135M, 4 x 256 tokens: 2.1 GiB estimated against 1.2 GiB measured
-// (docs/BENCHMARKS.md), 0.5 GiB against 0.36 with activation checkpointing.
-int64_t llama_activations(const ModelConfig& c, int64_t rows, int64_t seq_len) {
-  const LlamaArch a = parse_llama_config(c.arch_text, c.arch_source);
-  const int64_t tokens = mul(rows, std::max<int64_t>(seq_len, 1));
-  const int64_t block =
-      add(add(mul(8, a.hidden), mul(2, a.q_features())),
-          add(mul(4, a.kv_features()),
-              add(mul(4, a.intermediate), mul(a.heads, std::max<int64_t>(seq_len, 1)))));
-  const int64_t kept =
-      c.activation_checkpointing ? add(mul(a.layers, a.hidden), block) : mul(a.layers, block);
-  return mul(4, add(mul(tokens, kept), mul(tokens, a.vocab)));
+// From the decoder's buffer table (nn/decoder_buffers.hpp): every block's buffers (with
+// activation checkpointing each block's input and one block's buffers), the shared ones,
+// and the workspaces: the attention's score blocks, the LM head's chunk of logits and its
+// per-token losses, the NF4 products' dequantized panel.
+int64_t causal_lm_activations(const ModelConfig& c, int64_t rows, int64_t seq_len) {
+  const DecoderSpec s = decoder_spec_of(c);
+  const DecoderBuffers b = decoder_buffers(s, c, parse_lora_targets(c.lora_targets, s, "lora_targets"));
+  const int64_t S = std::max<int64_t>(seq_len, 1), tokens = mul(rows, S);
+  int64_t block = 0, shared = 0;
+  for (const auto& x : b.block) block = add(block, x.width);
+  for (const auto& x : b.shared) shared = add(shared, x.width);
+  const int64_t kept = c.activation_checkpointing ? add(mul(s.layers, b.block[kX].width), block)
+                                                  : mul(s.layers, block);
+  const int64_t chunk = std::max<int64_t>(
+      1, std::min<int64_t>(tokens, CrossEntropyWorkspace<Kokkos::HostSpace>().chunk_bytes /
+                                       mul(4, s.vocab)));
+  const int64_t workspaces =
+      add(add(AttentionWorkspace<Kokkos::HostSpace>::floats(S, s.attn_softcap > 0),
+              mul(chunk, s.vocab)),
+          mul(2, tokens));  // (the per-token losses are doubles)
+  const int64_t panel = int64_t(8) << 20;  // linear_nf4's dequantized panel (its default)
+  return add(mul(4, add(mul(tokens, add(kept, shared)), workspaces)), panel);
 }
 
 std::map<std::string, ModelKind>& registry() {
@@ -68,17 +74,21 @@ std::map<std::string, ModelKind>& registry() {
          "activation", "block_size", "scaler_block_size", "dtype", "seed", "loss",
          "activation_checkpointing"},
         lora_stack_footprint,
-        lora_stack_activations};
-    m["llama"] = {
-        [](const ModelConfig& c) { return Llama<Exec>::make_table(c); },
+        lora_stack_activations,
+        false,
+        "dim, num_linears, lora_rank, micro_bs"};
+    m["causal_lm"] = {
+        [](const ModelConfig& c) { return CausalLm<Exec>::make_table(c); },
         [](const Exec& exec, const ModelConfig& c, bool zeroed) {
-          return std::unique_ptr<DefaultModel>(std::make_unique<Llama<Exec>>(exec, c, zeroed));
+          return std::unique_ptr<DefaultModel>(std::make_unique<CausalLm<Exec>>(exec, c, zeroed));
         },
         {"hf_model_dir", "lora_targets", "lora_rank", "lora_alpha", "lora_dropout", "lora_b_init",
          "block_size", "scaler_block_size", "dtype", "seed", "loss", "activation_checkpointing",
          "checkpoint_base"},
-        [](const ModelConfig& c) { return footprint_of(Llama<Exec>::make_table(c)); },
-        llama_activations};
+        [](const ModelConfig& c) { return footprint_of(CausalLm<Exec>::make_table(c)); },
+        causal_lm_activations,
+        true,
+        "hf_model_dir, micro_bs, the data's rows"};
     return m;
   }();
   return r;
@@ -100,12 +110,16 @@ ModelFootprint footprint_of(const ParamTable& t) {
   return f;
 }
 
+std::string canonical_model_kind(const std::string& kind) {
+  return kind == "llama" ? "causal_lm" : kind;
+}
+
 void register_model(const std::string& kind, ModelKind k) {
   registry()[kind] = std::move(k);
 }
 
 const ModelKind& model_kind(const std::string& kind) {
-  const auto it = registry().find(kind);
+  const auto it = registry().find(canonical_model_kind(kind));
   if (it == registry().end()) {
     std::string known;
     for (const auto& name : model_kinds()) known += (known.empty() ? "" : "|") + name;

@@ -17,7 +17,6 @@
 
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/input_file.hpp"
-#include "kqlora/nn/llama.hpp"
 #include "kqlora/nn/model_registry.hpp"
 #include "kqlora/train/component_configs.hpp"
 #include "kqlora/train/memory_check.hpp"
@@ -156,9 +155,12 @@ std::vector<Key> make_keys() {
       key(
           "model", kModel | kFixed,
           [](Config& c, const std::string& v, const std::string& w) {
-            c.model = to_choice(v, model_kinds(), w);
+            // llama is an alias of causal_lm: normalised here, so the echo, checkpoints
+            // and restart checks see causal_lm.
+            c.model = to_choice(canonical_model_kind(v), model_kinds(), w);
           },
-          [](const Config& c) { return c.model; }, "lora_stack (a registered model kind)"),
+          [](const Config& c) { return c.model; },
+          "lora_stack (a registered model kind; llama = causal_lm)"),
       KQ_INT(dim, kModel | kFixed),
       KQ_INT(num_linears, kModel | kFixed),
       KQ_INT(lora_rank, kModel | kFixed, "dim/2"),
@@ -169,11 +171,17 @@ std::vector<Key> make_keys() {
       key(
           "lora_targets", kModel | kFixed,
           [](Config& c, const std::string& v, const std::string& w) {
-            parse_lora_targets(v, w);  // (checked here, for the deck's line)
+            // (the names are the family's: checked against config.json with the model)
+            KQLORA_INPUT_CHECK(!v.empty() && v.front() != ',' && v.back() != ',' &&
+                                   v.find(",,") == std::string::npos,
+                               w << ": expected all-linear or a comma list of projection "
+                                    "names, got '"
+                                 << v << "'");
             c.lora_targets = v;
           },
           [](const Config& c) { return c.lora_targets; },
-          "all-linear|a comma list of q_proj,...,down_proj (all-linear)"),
+          "all-linear|a comma list of the family's projections, e.g. q_proj,v_proj "
+          "(all-linear)"),
       key(
           "activation_checkpointing", kModel,
           [](Config& c, const std::string& v, const std::string& w) {
@@ -442,23 +450,24 @@ Config parse_deck_text(const std::string& text, const std::string& source,
   // Defaults that follow other keys.
   const auto set = [&](const char* k) { return where.count(k) > 0; };
   const auto at = [&](const char* k) { return set(k) ? where[k] : source + " (default)"; };
-  const bool llama = c.model == "llama";
-  if (!set("lora_rank")) c.lora_rank = llama ? 8 : std::max<int64_t>(1, c.dim / 2);
-  if (!set("lora_b_init") && llama) c.lora_b_init = "zeros";
-  if (!set("loss") && llama) c.loss = "cross_entropy";
+  const bool tokens = model_kind(c.model).tokens;
+  if (!set("lora_rank")) c.lora_rank = tokens ? 8 : std::max<int64_t>(1, c.dim / 2);
+  if (!set("lora_b_init") && tokens) c.lora_b_init = "zeros";
+  if (!set("loss") && tokens) c.loss = "cross_entropy";
   // A model key the chosen model does not read is a mistake, not a no-op.
   for (const auto& k : keys())
     if (k.model && k.name != "model" && set(k.name.c_str()) && !model_reads(c, k.name))
       KQLORA_INPUT_CHECK(false,
                          where[k.name] << ": " << k.name << " does not apply to model " << c.model);
-  KQLORA_INPUT_CHECK(llama == (c.loss == "cross_entropy"),
+  KQLORA_INPUT_CHECK(tokens == (c.loss == "cross_entropy"),
                      at("loss") << ": loss " << c.loss
-                                << (llama ? " does not apply to model llama (its "
-                                            "loss is cross_entropy)"
-                                          : ": cross_entropy is the loss of "
-                                            "token models (model = llama)"));
-  KQLORA_INPUT_CHECK(!llama || !c.hf_model_dir.empty(),
-                     at("model") << ": model = llama needs hf_model_dir (a Hugging Face model "
+                                << (tokens ? " does not apply to model " + c.model +
+                                                 " (its loss is cross_entropy)"
+                                           : std::string(": cross_entropy is the loss of "
+                                                         "token models (model = causal_lm)")));
+  KQLORA_INPUT_CHECK(!tokens || !c.hf_model_dir.empty(),
+                     at("model") << ": model = " << c.model
+                                 << " needs hf_model_dir (a Hugging Face model "
                                     "directory: config.json and model.safetensors)");
   if (!set("micro_bs")) c.micro_bs = c.global_bs;
   if (!set("weight_decay")) c.weight_decay = c.optimizer == "adamw" ? 0.01 : 0.0;
@@ -506,19 +515,20 @@ Config parse_deck_text(const std::string& text, const std::string& source,
                          << ": block_size must be a positive even number, got " << c.block_size);
 
   // Consistency.
-  KQLORA_INPUT_CHECK(llama || c.lora_rank <= c.dim,
+  KQLORA_INPUT_CHECK(tokens || c.lora_rank <= c.dim,
                      at("lora_rank") << ": lora_rank " << c.lora_rank << " > dim " << c.dim);
   // Every NF4 tensor of the chosen model is made of whole blocks (the model's table says
   // which tensors, and their shapes).
-  // (A llama's table needs its config.json: read unless the files are not checked.)
-  KQLORA_INPUT_CHECK(!llama || !c.data_file.empty(),
-                     at("data_file") << ": model = llama needs a data_file of token ids "
+  // (A causal_lm's table needs its config.json: read unless the files are not checked.)
+  KQLORA_INPUT_CHECK(!tokens || !c.data_file.empty(),
+                     at("data_file") << ": model = " << c.model
+                                     << " needs a data_file of token ids "
                                         "(input_ids, labels; docs/MODELS.md)");
   // (The memory check first: its footprint needs no table, and a huge deck's table alone
   // would not fit. Here each rank counts as a node of its own; the trainer checks again
   // with the ranks sharing this node.)
-  if (check_files || !llama) check_memory(c, world_size, 1, 0, source);
-  const ParamTable table = check_files || !llama ? model_table(model_config(c)) : ParamTable();
+  if (check_files || !tokens) check_memory(c, world_size, 1, 0, source);
+  const ParamTable table = check_files || !tokens ? model_table(model_config(c)) : ParamTable();
   for (const ParamEntry* e : table.of_kind(ParamKind::nf4))
     KQLORA_INPUT_CHECK(e->numel() % c.block_size == 0,
                        at("block_size") << ": block_size " << c.block_size

@@ -86,8 +86,7 @@ void check_memory(const Config& c, int world_size, int ranks_per_node, int64_t s
   if (c.memory_check == "off") return;
   const MemoryEstimate e = estimate_memory(c, world_size, ranks_per_node, seq_len);
   if (e.budget_per_rank <= 0 || e.per_rank <= e.budget_per_rank) return;
-  const std::string keys = c.model == "llama" ? "hf_model_dir, micro_bs, the data's rows"
-                                              : "dim, num_linears, lora_rank, micro_bs";
+  const std::string keys = model_kind(c.model).size_keys;
   KQLORA_INPUT_CHECK(false, where << ": this run does not fit in memory (" << keys
                                   << " size it): " << e.report()
                                   << "; make it smaller, spread it over more nodes (parallel = "

@@ -117,7 +117,7 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   RunReport report(cfg, comm, Exec::name(), log);
   // Before the first allocation: a run that cannot fit is refused, naming the keys.
   const int node_ranks = std::max(1, std::min(comm.size(), ranks_on_this_node()));
-  const int64_t seq_len = model_config(cfg).kind == "llama" ? token_file_seq_len(cfg.data_file) : 0;
+  const int64_t seq_len = model_kind(cfg.model).tokens ? token_file_seq_len(cfg.data_file) : 0;
   check_memory(cfg, comm.size(), node_ranks, seq_len, "the deck");
   if (report.root()) log << estimate_memory(cfg, comm.size(), node_ranks, seq_len).report() << "\n";
   auto checkpoints = make_run_checkpoints<Exec>(cfg, comm, log);

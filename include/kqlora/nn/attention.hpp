@@ -2,12 +2,17 @@
 // Causal grouped-query self-attention over sequences of S tokens (tokens row-major:
 // t = s * S + p): q [tokens, heads * D], k and v [tokens, kv_heads * D], output
 // o [tokens, heads * D]; query head h reads kv head h / (heads / kv_heads). Per sequence
-// and head: P = softmax(scale * Q K^T + causal mask) with the softmax in float32, O = P V,
-// scale = 1 / sqrt(D); no dropout, no bias (Hugging Face's eager attention).
+// and head: Z = scale * Q K^T, optionally soft-capped (Z = c tanh(Z / c), Gemma 2), then
+// P = softmax(Z + mask) with the softmax in float32, O = P V; no dropout, no bias (Hugging
+// Face's eager attention). The mask is transformers': key k is visible to query q iff
+// k <= q, q - k < window (a sliding-window layer; 0: none) and k is in q's document (a
+// packed row holds several: doc_start[s, q] is the position its document starts at; no
+// view: the row is one document). Keys before a row block's first visible key under the
+// window are not computed at all.
 //
 // The forward keeps only each row's log-sum-exp; the backward recomputes P from it (the
 // [S, S] probabilities of every head never exist at once, as in FlashAttention):
-//   dV += P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dO * O)),
+//   dV += P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dO * O)) (* (1 - tanh^2) capped),
 //   dQ = scale dS K,  dK += scale dS^T Q.
 // The products go through the library's gemm (core/blas.hpp), one sequence and head at a
 // time on a reused [S, S] scratch.
@@ -16,6 +21,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "kqlora/core/blas.hpp"
 #include "kqlora/nn/elementwise.hpp"
@@ -24,8 +30,21 @@ namespace kqlora {
 
 struct AttentionShape {
   int64_t sequences = 0, S = 0, heads = 0, kv_heads = 0, head_dim = 0;
-  float scale() const { return 1.0f / std::sqrt(static_cast<float>(head_dim)); }
+  float attn_scale = 0;  // 0: 1 / sqrt(head_dim)
+  float softcap = 0;     // 0: none
+  int64_t window = 0;    // 0: full causal attention
+  float scale() const {
+    return attn_scale > 0 ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  }
+  /// The first key any query of rows [i0, ...) may see.
+  int64_t first_key(int64_t i0) const {
+    return window > 0 ? std::max<int64_t>(0, i0 - window + 1) : 0;
+  }
 };
+
+/// Per token of [sequences, S]: the position its document starts at (int32).
+template <class M>
+using DocStarts = Kokkos::View<const int32_t**, Kokkos::LayoutRight, M>;
 
 /// Query rows per block: a block's scores reach only up to its last row's position, so the
 /// masked upper triangle is mostly not computed (at S = 256: 10 of 16 blocks of 64 x 64).
@@ -34,17 +53,25 @@ struct AttentionShape {
 /// 1.55 - 1.62 s unblocked.
 constexpr int64_t kAttentionRowBlock = 64;
 
-/// Scratch of the attention kernels: two [rows, S] blocks of scores.
+/// Scratch of the attention kernels: two [rows, S] blocks of scores, and a third for the
+/// soft-cap's tanh.
 template <class M>
 struct AttentionWorkspace {
-  Kokkos::View<float*, M> scores, dscores;
-  void reserve(int64_t S) {
+  Kokkos::View<float*, M> scores, dscores, tanh;
+  void reserve(int64_t S, bool softcap) {
     const int64_t n = std::min(S, kAttentionRowBlock) * S;
-    if (static_cast<int64_t>(scores.extent(0)) >= n) return;
-    scores = Kokkos::View<float*, M>(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::attention::scores"), n);
-    dscores = Kokkos::View<float*, M>(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::attention::dscores"), n);
+    auto grow = [&](Kokkos::View<float*, M>& v, const char* label) {
+      if (static_cast<int64_t>(v.extent(0)) < n)
+        v = Kokkos::View<float*, M>(
+            Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n);
+    };
+    grow(scores, "kqlora::attention::scores");
+    grow(dscores, "kqlora::attention::dscores");
+    if (softcap) grow(tanh, "kqlora::attention::tanh");
+  }
+  /// Floats held per [rows, S] block (the memory estimate).
+  static int64_t floats(int64_t S, bool softcap) {
+    return (softcap ? 3 : 2) * std::min(S, kAttentionRowBlock) * S;
   }
 };
 
@@ -58,30 +85,61 @@ auto head_block(const Matrix<M>& x, int64_t seq, int64_t S, int64_t row0, int64_
                          Kokkos::make_pair(head * D, head * D + D));
 }
 
+/// What the softmax of a row block needs besides its scores.
+template <class M>
+struct SoftmaxRows {
+  int64_t seq = 0, i0 = 0, j0 = 0;  // the sequence; column 0 is key j0, row 0 query i0
+  int64_t window = 0;
+  float softcap = 0;
+  Matrix<M> tanh;  // softcap: tanh(Z / c) of each score, for the backward
+  DocStarts<M> docs;
+};
+
 /// Row r of `p` [rows, cols] (scaled scores in, probabilities out) is query position
-/// i = i0 + r: the causal softmax over j <= i in float32, zeros past it; lse(lse0 + r)
-/// receives log(sum exp). `recompute`: lse is known (the backward).
+/// i = i0 + r, column j key j0 + j: the softmax over the visible keys in float32 (soft-capped
+/// first when asked), zeros elsewhere; lse(lse0 + r) receives log(sum exp). `recompute`:
+/// lse is known (the backward).
 template <class ExecSpace, class M>
 void causal_softmax(const ExecSpace& exec, const Matrix<M>& p, const Kokkos::View<float*, M>& lse,
-                    int64_t lse0, int64_t i0, bool recompute, bool bf16) {
+                    int64_t lse0, const SoftmaxRows<M>& b, bool recompute, bool bf16) {
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
-  const int64_t cols = p.extent(1);
+  const int64_t cols = p.extent(1), i0 = b.i0, j0 = b.j0, window = b.window, seq = b.seq;
+  const float cap = b.softcap;
+  const auto tanh_of = b.tanh;
+  const auto docs = b.docs;
+  const bool has_docs = docs.data() != nullptr;
   Kokkos::parallel_for(
       recompute ? "kqlora::attention::probabilities" : "kqlora::attention::softmax",
       Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(p.extent(0)), Kokkos::AUTO),
       KOKKOS_LAMBDA(const Team& team) {
         const int64_t r = team.league_rank(), i = i0 + r;
+        // Visible columns [lo, hi): keys from the window's and the document's start to i.
+        int64_t first = window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
+        if (has_docs && docs(seq, i) > first) first = docs(seq, i);
+        const int64_t lo = first > j0 ? first - j0 : 0, hi = i - j0 + 1;
+        if (cap > 0.0f) {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, lo, hi), [&](int64_t j) {
+            float z = p(r, j) / cap;  // transformers: (z / c).tanh() * c in the dtype
+            if (bf16) z = round_to_bf16(z);
+            float t = tanhf(z);
+            if (bf16) t = round_to_bf16(t);
+            tanh_of(r, j) = t;
+            const float v = t * cap;
+            p(r, j) = bf16 ? round_to_bf16(v) : v;
+          });
+          team.team_barrier();
+        }
         float l = 0.0f;
         if (recompute) {
           l = lse(lse0 + r);
         } else {
           float m = -INFINITY, z = 0.0f;
           Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(team, i + 1),
+              Kokkos::TeamThreadRange(team, lo, hi),
               [&](int64_t j, float& acc) { acc = p(r, j) > acc ? p(r, j) : acc; },
               Kokkos::Max<float>(m));
           Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(team, i + 1),
+              Kokkos::TeamThreadRange(team, lo, hi),
               [&](int64_t j, float& acc) {
                 const float e = expf(p(r, j) - m);  // one exp per score, kept
                 p(r, j) = e;
@@ -91,24 +149,26 @@ void causal_softmax(const ExecSpace& exec, const Matrix<M>& p, const Kokkos::Vie
           Kokkos::single(Kokkos::PerTeam(team), [&] { lse(lse0 + r) = m + logf(z); });
           const float inv = 1.0f / z;
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cols), [&](int64_t j) {
-            const float v = j <= i ? p(r, j) * inv : 0.0f;
+            const float v = j >= lo && j < hi ? p(r, j) * inv : 0.0f;
             p(r, j) = bf16 ? round_to_bf16(v) : v;
           });
           return;
         }
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cols), [&](int64_t j) {
-          const float v = j <= i ? expf(p(r, j) - l) : 0.0f;
+          const float v = j >= lo && j < hi ? expf(p(r, j) - l) : 0.0f;
           p(r, j) = bf16 ? round_to_bf16(v) : v;
         });
       });
 }
 
-/// dS = P * (dP - rowsum(dO * O)) in place in dp.
+/// dS = P * (dP - rowsum(dO * O)) in place in dp; soft-capped scores: times 1 - tanh^2
+/// (the cap's derivative; zero where P is).
 template <class ExecSpace, class M, class OView>
 void softmax_backward(const ExecSpace& exec, const Matrix<M>& p, const OView& o, const OView& go,
-                      const Matrix<M>& dp) {
+                      const Matrix<M>& dp, const Matrix<M>& tanh_of) {
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const int64_t cols = p.extent(1), D = o.extent(1);
+  const bool capped = tanh_of.data() != nullptr;
   Kokkos::parallel_for(
       "kqlora::attention::softmax_backward",
       Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(p.extent(0)), Kokkos::AUTO),
@@ -118,8 +178,10 @@ void softmax_backward(const ExecSpace& exec, const Matrix<M>& p, const OView& o,
         Kokkos::parallel_reduce(
             Kokkos::TeamThreadRange(team, D),
             [&](int64_t c, float& acc) { acc += go(r, c) * o(r, c); }, d);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cols),
-                             [&](int64_t j) { dp(r, j) = p(r, j) * (dp(r, j) - d); });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cols), [&](int64_t j) {
+          const float ds = p(r, j) * (dp(r, j) - d);
+          dp(r, j) = capped && p(r, j) != 0.0f ? ds * (1.0f - tanh_of(r, j) * tanh_of(r, j)) : ds;
+        });
       });
 }
 
@@ -141,17 +203,21 @@ template <class ExecSpace, class M>
 void causal_attention_forward(const ExecSpace& exec, const AttentionShape& a, const Matrix<M>& q,
                               const Matrix<M>& k, const Matrix<M>& v, bool bf16,
                               AttentionWorkspace<M>& ws, const Matrix<M>& o,
-                              const Kokkos::View<float*, M>& lse) {
+                              const Kokkos::View<float*, M>& lse,
+                              const DocStarts<M>& docs = DocStarts<M>()) {
   const int64_t S = a.S, D = a.head_dim;
-  ws.reserve(S);
+  ws.reserve(S, a.softcap > 0);
   impl::for_each_block(a, [&](int64_t s, int64_t h, int64_t g, int64_t i0, int64_t rows) {
-    const int64_t cols = i0 + rows;  // keys 0 .. the block's last query
+    const int64_t j0 = a.first_key(i0), cols = i0 + rows - j0;  // keys j0 .. the last query
     const Matrix<M> P(ws.scores.data(), rows, cols);
+    const impl::SoftmaxRows<M> b{s,         i0,   j0, a.window, a.softcap,
+                                 a.softcap > 0 ? Matrix<M>(ws.tanh.data(), rows, cols) : Matrix<M>(),
+                                 docs};
     gemm(exec, "N", "T", a.scale(), impl::head_block(q, s, S, i0, rows, h, D),
-         impl::head_block(k, s, S, 0, cols, g, D), 0.0f, P);
+         impl::head_block(k, s, S, j0, cols, g, D), 0.0f, P);
     if (bf16) round_bf16(exec, P);
-    impl::causal_softmax(exec, P, lse, (s * a.heads + h) * S + i0, i0, false, bf16);
-    gemm(exec, "N", "N", 1.0f, P, impl::head_block(v, s, S, 0, cols, g, D), 0.0f,
+    impl::causal_softmax(exec, P, lse, (s * a.heads + h) * S + i0, b, false, bf16);
+    gemm(exec, "N", "N", 1.0f, P, impl::head_block(v, s, S, j0, cols, g, D), 0.0f,
          impl::head_block(o, s, S, i0, rows, h, D));
   });
   if (bf16) round_bf16(exec, o);
@@ -163,28 +229,30 @@ void causal_attention_backward(const ExecSpace& exec, const AttentionShape& a, c
                                const Matrix<M>& k, const Matrix<M>& v, const Matrix<M>& o,
                                const Kokkos::View<float*, M>& lse, const Matrix<M>& go, bool bf16,
                                AttentionWorkspace<M>& ws, const Matrix<M>& gq, const Matrix<M>& gk,
-                               const Matrix<M>& gv) {
+                               const Matrix<M>& gv, const DocStarts<M>& docs = DocStarts<M>()) {
   const int64_t S = a.S, D = a.head_dim;
   const float scale = a.scale();
-  ws.reserve(S);
+  ws.reserve(S, a.softcap > 0);
   Kokkos::deep_copy(exec, gk, 0.0f);  // (summed over query blocks and the heads of a group)
   Kokkos::deep_copy(exec, gv, 0.0f);
   impl::for_each_block(a, [&](int64_t s, int64_t h, int64_t g, int64_t i0, int64_t rows) {
-    const int64_t cols = i0 + rows;
+    const int64_t j0 = a.first_key(i0), cols = i0 + rows - j0;
     const auto Q = impl::head_block(q, s, S, i0, rows, h, D);
-    const auto K = impl::head_block(k, s, S, 0, cols, g, D);
-    const auto V = impl::head_block(v, s, S, 0, cols, g, D);
+    const auto K = impl::head_block(k, s, S, j0, cols, g, D);
+    const auto V = impl::head_block(v, s, S, j0, cols, g, D);
     const auto O = impl::head_block(o, s, S, i0, rows, h, D);
     const auto gO = impl::head_block(go, s, S, i0, rows, h, D);
     const Matrix<M> P(ws.scores.data(), rows, cols), dP(ws.dscores.data(), rows, cols);
+    const Matrix<M> T = a.softcap > 0 ? Matrix<M>(ws.tanh.data(), rows, cols) : Matrix<M>();
+    const impl::SoftmaxRows<M> b{s, i0, j0, a.window, a.softcap, T, docs};
     gemm(exec, "N", "T", scale, Q, K, 0.0f, P);
     if (bf16) round_bf16(exec, P);
-    impl::causal_softmax(exec, P, lse, (s * a.heads + h) * S + i0, i0, true, bf16);
-    gemm(exec, "T", "N", 1.0f, P, gO, 1.0f, impl::head_block(gv, s, S, 0, cols, g, D));
+    impl::causal_softmax(exec, P, lse, (s * a.heads + h) * S + i0, b, true, bf16);
+    gemm(exec, "T", "N", 1.0f, P, gO, 1.0f, impl::head_block(gv, s, S, j0, cols, g, D));
     gemm(exec, "N", "T", 1.0f, gO, V, 0.0f, dP);
-    impl::softmax_backward(exec, P, O, gO, dP);
+    impl::softmax_backward(exec, P, O, gO, dP, T);
     gemm(exec, "N", "N", scale, dP, K, 0.0f, impl::head_block(gq, s, S, i0, rows, h, D));
-    gemm(exec, "T", "N", scale, dP, Q, 1.0f, impl::head_block(gk, s, S, 0, cols, g, D));
+    gemm(exec, "T", "N", scale, dP, Q, 1.0f, impl::head_block(gk, s, S, j0, cols, g, D));
   });
   if (bf16) {
     round_bf16(exec, gq);

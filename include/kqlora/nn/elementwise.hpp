@@ -13,7 +13,7 @@
 
 namespace kqlora {
 
-enum class Activation { none, relu, gelu, silu };
+enum class Activation { none, relu, gelu, silu, gelu_tanh };
 Activation parse_activation(const std::string& s);
 
 KOKKOS_INLINE_FUNCTION float activation_value(Activation a, float z) {
@@ -24,6 +24,9 @@ KOKKOS_INLINE_FUNCTION float activation_value(Activation a, float z) {
       return 0.5f * z * (1.0f + erff(z * 0.70710678118654752f));
     case Activation::silu:
       return z / (1.0f + expf(-z));
+    case Activation::gelu_tanh:  // PyTorch's gelu(approximate="tanh")
+      return 0.5f * z *
+             (1.0f + tanhf(0.79788456080286536f * (z + 0.044715f * z * z * z)));
     default:
       return z;
   }
@@ -39,6 +42,12 @@ KOKKOS_INLINE_FUNCTION float activation_derivative(Activation a, float z) {
     case Activation::silu: {
       const float s = 1.0f / (1.0f + expf(-z));
       return s * (1.0f + z * (1.0f - s));
+    }
+    case Activation::gelu_tanh: {
+      const float u = 0.79788456080286536f * (z + 0.044715f * z * z * z);
+      const float t = tanhf(u);
+      return 0.5f * (1.0f + t) +
+             0.5f * z * (1.0f - t * t) * 0.79788456080286536f * (1.0f + 3.0f * 0.044715f * z * z);
     }
     default:
       return 1.0f;

@@ -4,8 +4,11 @@
 //   logits = h W^T                    (W the frozen dense head [vocab, hidden]; float32,
 //                                      rounded to bfloat16 first when `bf16`, as the
 //                                      model's logits are before the loss upcasts them)
+//   logits = c tanh(logits / c)       (a final-logit soft-cap c, Gemma 2: in the logits'
+//                                      dtype, each operation rounded in bfloat16)
 //   loss  += sum_t [logsumexp(logits_t) - logits_t[label]]   over the chunk's scored tokens
 //   gh     = dlogits W,  dlogits = (softmax(logits) - onehot(label)) / normaliser
+//                                      (times 1 - tanh^2 under a soft-cap)
 // The label shift is Hugging Face's: labels[s, p] is the token at position p, so the
 // logits at p are scored against labels[s, p + 1]; the last position and label -100 are
 // not scored. The result is the summed loss divided by `normaliser` (the global count of
@@ -46,12 +49,23 @@ struct CrossEntropyWorkspace {
 
 namespace impl {
 
+/// s = c tanh(l / c) as transformers computes it in the logits' dtype.
+KOKKOS_INLINE_FUNCTION float soft_cap(float l, float c, bool bf16) {
+  float z = l / c;
+  if (bf16) z = round_to_bf16(z);
+  float t = tanhf(z);
+  if (bf16) t = round_to_bf16(t);
+  const float v = t * c;
+  return bf16 ? round_to_bf16(v) : v;
+}
+
 /// The cross-entropy of one chunk's logits lg [n, vocab] (tokens t0 .. t0 + n - 1): each
 /// row's loss into row_loss(t), and with `grad` its gradient in place of its logits.
+/// `cap` > 0: the logits are soft-capped first.
 template <class ExecSpace, class M, class L>
 void cross_entropy_rows(const ExecSpace& exec, const L& lg, const TokenMatrix<M>& labels,
                         int64_t t0, float inv, bool bf16, bool grad,
-                        const Kokkos::View<double*, M>& row_loss) {
+                        const Kokkos::View<double*, M>& row_loss, float cap = 0.0f) {
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const int64_t V = lg.extent(1), S = labels.extent(1);
   Kokkos::parallel_for(
@@ -70,6 +84,11 @@ void cross_entropy_rows(const ExecSpace& exec, const L& lg, const TokenMatrix<M>
         if (bf16)
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V),
                                [&](int64_t v) { lg(r, v) = round_to_bf16(lg(r, v)); });
+        if (cap > 0.0f) {
+          team.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V),
+                               [&](int64_t v) { lg(r, v) = soft_cap(lg(r, v), cap, bf16); });
+        }
         team.team_barrier();
         float m = -INFINITY, z = 0.0f;
         Kokkos::parallel_reduce(
@@ -78,19 +97,28 @@ void cross_entropy_rows(const ExecSpace& exec, const L& lg, const TokenMatrix<M>
             Kokkos::Max<float>(m));
         const float target = lg(r, label);
         team.team_barrier();  // (everyone has read lg(r, label) before it changes)
-        // One exp per logit, kept in place for the gradient.
+        // One exp per logit, kept in place for the gradient (under a soft-cap the capped
+        // logit is kept instead: the cap's derivative needs it).
         Kokkos::parallel_reduce(
             Kokkos::TeamThreadRange(team, V),
             [&](int64_t v, float& acc) {
               const float e = expf(lg(r, v) - m);
-              if (grad) lg(r, v) = e;
+              if (grad && cap == 0.0f) lg(r, v) = e;
               acc += e;
             },
             z);
         Kokkos::single(Kokkos::PerTeam(team), [&] {
           row_loss(t) = static_cast<double>(logf(z)) + static_cast<double>(m) - target;
         });
-        if (grad) {
+        if (grad && cap > 0.0f) {
+          team.team_barrier();
+          const float scale = inv / z;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V), [&](int64_t v) {
+            const float s = lg(r, v), t = s / cap;
+            const float d = (expf(s - m) * scale - (v == label ? inv : 0.0f)) * (1.0f - t * t);
+            lg(r, v) = bf16 ? round_to_bf16(d) : d;
+          });
+        } else if (grad) {
           const float scale = inv / z;
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V), [&](int64_t v) {
             const float d = lg(r, v) * scale - (v == label ? inv : 0.0f);
@@ -103,11 +131,12 @@ void cross_entropy_rows(const ExecSpace& exec, const L& lg, const TokenMatrix<M>
 }  // namespace impl
 
 /// Returns the loss sum / normaliser; with `gh` non-empty ([tokens, hidden]) writes the
-/// gradient of that into it.
+/// gradient of that into it. `softcap` > 0: the final-logit soft-cap.
 template <class ExecSpace, class M>
 double lm_head_cross_entropy(const ExecSpace& exec, const Matrix<M>& h, const Matrix<M>& W,
                              const TokenMatrix<M>& labels, double normaliser, bool bf16,
-                             const Matrix<M>& gh, CrossEntropyWorkspace<M>& ws) {
+                             const Matrix<M>& gh, CrossEntropyWorkspace<M>& ws,
+                             float softcap = 0.0f) {
   const int64_t T = h.extent(0), V = W.extent(0);
   const bool grad = gh.data() != nullptr;
   const int64_t chunk = ws.reserve(T, V);
@@ -118,7 +147,7 @@ double lm_head_cross_entropy(const ExecSpace& exec, const Matrix<M>& h, const Ma
     const auto rows = Kokkos::make_pair(t0, t0 + n);
     const auto lg = Kokkos::subview(ws.logits, Kokkos::make_pair(int64_t(0), n), Kokkos::ALL);
     gemm(exec, "N", "T", 1.0f, Kokkos::subview(h, rows, Kokkos::ALL), W, 0.0f, lg);
-    impl::cross_entropy_rows(exec, lg, labels, t0, inv, bf16, grad, row_loss);
+    impl::cross_entropy_rows(exec, lg, labels, t0, inv, bf16, grad, row_loss, softcap);
     if (grad) {
       const auto g = Kokkos::subview(gh, rows, Kokkos::ALL);
       gemm(exec, "N", "N", 1.0f, lg, W, 0.0f, g);

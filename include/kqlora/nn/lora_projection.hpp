@@ -1,9 +1,11 @@
 #pragma once
-// A frozen NF4 projection with an optional LoRA adapter (torchtune's and PEFT's LoRALinear):
-//   y = x W^T + scale * (dropout(x) A^T) B^T,   scale = alpha / rank,
+// A frozen NF4 projection with an optional frozen bias b and LoRA adapter (torchtune's and
+// PEFT's LoRALinear):
+//   y = x W^T + b + scale * (dropout(x) A^T) B^T,   scale = alpha / rank,
 // and its backward: the adapter's gradients dA, dB and, when asked, the input gradient
 //   gx = gy W + dropout^T(scale * gy B A).
-// In bfloat16 the products are rounded as PyTorch rounds them (h = R(x_d A^T), y = R(x W^T),
+// In bfloat16 the products are rounded as PyTorch rounds them (h = R(x_d A^T), y = R(x W^T + b)
+// -- the bias added before the base's single rounding, as addmm does --,
 // y = R(y + R(scale * R(h B^T)))). Several projections reading one input (q, k, v; gate,
 // up) add their input gradients into one gx (gx_beta 1 after the first).
 
@@ -31,16 +33,21 @@ struct LoraScratch {
   Matrix<M> tmp;  // [tokens, max(in, out)]: bfloat16 and dropout products
 };
 
-/// y = x W^T (+ the adapter's output, h = x_d A^T kept for the backward). `lora` null: no
-/// adapter. xd is dropout(x), or x itself.
+/// y = x W^T + bias (+ the adapter's output, h = x_d A^T kept for the backward). `lora`
+/// null: no adapter; `bias` empty: none. xd is dropout(x), or x itself.
 template <class ExecSpace, class M>
 void lora_projection_forward(const ExecSpace& exec, const Nf4Tensor<M>& W,
                              const LoraAdapterViews<M>* lora, const Matrix<M>& x,
                              const Matrix<M>& xd, bool bf16, const Matrix<M>& h,
                              LoraScratch<M>& scratch, LinearNf4Workspace<M>& ws,
-                             const Matrix<M>& y) {
+                             const Matrix<M>& y,
+                             const Kokkos::View<const float*, M>& bias = {}) {
   linear_nf4_forward(exec, W, x, y, ws);
-  if (bf16) round_bf16(exec, y);
+  if (bias.data()) {
+    add_bias(exec, bias, bf16, y);  // (rounds the sum once)
+  } else if (bf16) {
+    round_bf16(exec, y);
+  }
   if (!lora) return;
   gemm(exec, "N", "T", 1.0f, xd, lora->a, 0.0f, h);
   if (bf16) {

@@ -1,7 +1,7 @@
 #pragma once
 // Models by kind (ModelConfig::kind): a model registers how to build its parameter table
 // and an instance; the trainer, checkpoints, kqlora-diff and kqlora-export ask here and
-// know no model by name. Built in: lora_stack.
+// know no model by name. Built in: lora_stack, causal_lm (alias llama).
 
 #include <Kokkos_Core.hpp>
 
@@ -41,10 +41,17 @@ struct ModelKind {
   /// positions (0: a model without tokens) keeps alive: saved activations, gradients of
   /// activations, workspaces (the memory check, train/memory_check.hpp); empty: unknown.
   std::function<int64_t(const ModelConfig&, int64_t rows, int64_t seq_len)> activation_bytes;
+  /// A token model: its data_file holds token ids and labels, its loss is cross_entropy,
+  /// its lora_rank defaults to 8 and its LoRA B to zeros (PEFT's defaults).
+  bool tokens = false;
+  /// The deck keys and inputs that size it (the memory check's message).
+  std::string size_keys;
 };
 
 /// Adds (or replaces) a kind.
 void register_model(const std::string& kind, ModelKind k);
+/// The kind an alias stands for (llama: causal_lm), or `kind` itself.
+std::string canonical_model_kind(const std::string& kind);
 /// The registered kind; InputError listing the known ones otherwise.
 const ModelKind& model_kind(const std::string& kind);
 std::vector<std::string> model_kinds();

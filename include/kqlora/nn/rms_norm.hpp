@@ -1,11 +1,13 @@
 #pragma once
-// RMSNorm as Llama-family models (Hugging Face's LlamaRMSNorm) compute it, over rows of
-// x [tokens, features] with a frozen weight w [features]:
+// RMSNorm over rows of x [tokens, features] with a frozen weight w [features], of two kinds:
+// Llama's (Hugging Face's LlamaRMSNorm, NormKind::scale)
 //   inv = 1 / sqrt(mean(x^2) + eps)            (statistics in float32)
 //   n   = x * inv, cast to the activation dtype (bfloat16 rounding when `bf16`)
 //   y   = w * n                                 (rounded again when `bf16`)
-// The backward gives the input gradient only (w is frozen):
-//   gx = inv * (w gy - n * mean(w gy n))
+// and Gemma's (GemmaRMSNorm, NormKind::one_plus): y = (1 + w) * n in float32, n unrounded,
+// rounded once. The backward gives the input gradient only (w is frozen), with w' = w or
+// 1 + w:
+//   gx = inv * (w' gy - n * mean(w' gy n))
 // One team per row; the row's inv is kept for the backward.
 
 #include <Kokkos_Core.hpp>
@@ -15,11 +17,15 @@
 
 namespace kqlora {
 
+enum class NormKind { scale, one_plus };
+
 /// y = rmsnorm(x) * w; `inv` [tokens] receives each row's 1/rms (for rms_norm_backward).
 template <class ExecSpace, class M>
 void rms_norm_forward(const ExecSpace& exec, const Matrix<M>& x,
                       const Kokkos::View<const float*, M>& w, float eps, bool bf16,
-                      const Matrix<M>& y, const Kokkos::View<float*, M>& inv) {
+                      const Matrix<M>& y, const Kokkos::View<float*, M>& inv,
+                      NormKind kind = NormKind::scale) {
+  const bool one_plus = kind == NormKind::one_plus;
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const int64_t F = x.extent(1);
   Kokkos::parallel_for(
@@ -34,6 +40,11 @@ void rms_norm_forward(const ExecSpace& exec, const Matrix<M>& x,
         const float r = 1.0f / sqrtf(ss / static_cast<float>(F) + eps);
         Kokkos::single(Kokkos::PerTeam(team), [&] { inv(t) = r; });
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, F), [&](int64_t f) {
+          if (one_plus) {  // (1 + w) * n in float32, one rounding
+            const float v = (1.0f + w(f)) * (x(t, f) * r);
+            y(t, f) = bf16 ? round_to_bf16(v) : v;
+            return;
+          }
           const float n = bf16 ? round_to_bf16(x(t, f) * r) : x(t, f) * r;
           const float v = w(f) * n;
           y(t, f) = bf16 ? round_to_bf16(v) : v;
@@ -46,7 +57,8 @@ template <class ExecSpace, class M>
 void rms_norm_backward(const ExecSpace& exec, const Matrix<M>& x,
                        const Kokkos::View<const float*, M>& w,
                        const Kokkos::View<const float*, M>& inv, const Matrix<M>& gy,
-                       const Matrix<M>& gx) {
+                       const Matrix<M>& gx, NormKind kind = NormKind::scale) {
+  const bool one_plus = kind == NormKind::one_plus;
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const int64_t F = x.extent(1);
   Kokkos::parallel_for(
@@ -58,10 +70,15 @@ void rms_norm_backward(const ExecSpace& exec, const Matrix<M>& x,
         float dot = 0.0f;  // sum_f w gy n
         Kokkos::parallel_reduce(
             Kokkos::TeamThreadRange(team, F),
-            [&](int64_t f, float& acc) { acc += w(f) * gy(t, f) * x(t, f) * r; }, dot);
+            [&](int64_t f, float& acc) {
+              const float wf = one_plus ? 1.0f + w(f) : w(f);
+              acc += wf * gy(t, f) * x(t, f) * r;
+            },
+            dot);
         const float mean = dot / static_cast<float>(F);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, F), [&](int64_t f) {
-          gx(t, f) = r * (w(f) * gy(t, f) - x(t, f) * r * mean);
+          const float wf = one_plus ? 1.0f + w(f) : w(f);
+          gx(t, f) = r * (wf * gy(t, f) - x(t, f) * r * mean);
         });
       });
 }

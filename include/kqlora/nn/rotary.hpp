@@ -1,11 +1,13 @@
 #pragma once
 // Rotary position embeddings in Hugging Face's rotate-half convention, in place on the
 // [tokens, heads * head_dim] queries or keys (tokens row-major over [sequences, S], each
-// sequence at positions 0 .. S-1): for each head and i < head_dim / 2, the pair
-// (a, b) = (x[i], x[i + head_dim / 2]) becomes
+// sequence at positions 0 .. S-1): with half = rotary_dim / 2 (the table's width; rotary_dim
+// = head_dim unless partial), for each head and i < half, the pair
+// (a, b) = (x[i], x[i + half]) becomes
 //   a' = a cos - b sin,   b' = b cos + a sin,
-// with cos and sin of position * inv_freq_i. The backward is the transposed rotation
-// (the same with sin negated). No permutation of the q / k weights is involved.
+// with cos and sin of position * inv_freq_i (times an attention factor: longrope); the
+// dims from rotary_dim on pass through. The backward is the transposed rotation (the same
+// with sin negated). No permutation of the q / k weights is involved.
 
 #include <Kokkos_Core.hpp>
 
@@ -17,15 +19,15 @@
 
 namespace kqlora {
 
-/// cos and sin [S, head_dim / 2] of position * inv_freq, computed in float32 as
-/// transformers does (rounded to bfloat16 when `bf16`: it casts them to the activations'
-/// dtype).
+/// cos and sin [S, rotary_dim / 2] of position * inv_freq (times `factor`), computed in
+/// float32 as transformers does (rounded to bfloat16 when `bf16`: it casts them to the
+/// activations' dtype).
 template <class M>
 struct RopeTable {
   Matrix<M> cos, sin;
 
   RopeTable() = default;
-  RopeTable(const std::vector<float>& inv_freq, int64_t S, bool bf16) {
+  RopeTable(const std::vector<float>& inv_freq, int64_t S, bool bf16, float factor = 1.0f) {
     const int64_t half = static_cast<int64_t>(inv_freq.size());
     cos = Matrix<M>("kqlora::rope::cos", S, half);
     sin = Matrix<M>("kqlora::rope::sin", S, half);
@@ -34,8 +36,10 @@ struct RopeTable {
     for (int64_t p = 0; p < S; ++p)
       for (int64_t i = 0; i < half; ++i) {
         const float angle = static_cast<float>(p) * inv_freq[i];
-        hc(p, i) = bf16 ? round_to_bf16(std::cos(angle)) : std::cos(angle);
-        hs(p, i) = bf16 ? round_to_bf16(std::sin(angle)) : std::sin(angle);
+        float co = std::cos(angle), si = std::sin(angle);
+        if (factor != 1.0f) co *= factor, si *= factor;
+        hc(p, i) = bf16 ? round_to_bf16(co) : co;
+        hs(p, i) = bf16 ? round_to_bf16(si) : si;
       }
     Kokkos::deep_copy(cos, hc);
     Kokkos::deep_copy(sin, hs);
@@ -44,11 +48,12 @@ struct RopeTable {
 };
 
 /// Rotates x in place; `backward`: applies the transpose (x holds a gradient). S is the
-/// sequence length (x's rows are sequences of S tokens).
+/// sequence length (x's rows are sequences of S tokens); the table's width is half the
+/// rotated dims of each head.
 template <class ExecSpace, class M>
 void rope_apply(const ExecSpace& exec, const RopeTable<M>& rope, int64_t S, int64_t head_dim,
                 bool backward, bool bf16, const Matrix<M>& x) {
-  const int64_t half = head_dim / 2, heads = x.extent(1) / head_dim;
+  const int64_t half = rope.cos.extent(1), heads = x.extent(1) / head_dim;
   const auto c = rope.cos, s = rope.sin;
   const float sign = backward ? -1.0f : 1.0f;
   Kokkos::parallel_for(

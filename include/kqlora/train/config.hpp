@@ -17,11 +17,11 @@ struct Config {
   std::string model = "lora_stack";  // a registered model kind (nn/model_registry.hpp)
   int64_t dim = 128, num_linears = 1, lora_rank = 64;
   double lora_alpha = 16, lora_dropout = 0;
-  std::string lora_b_init = "kaiming";      // zeros | kaiming (llama: zeros)
-  std::string hf_model_dir;                 // llama: config.json + model.safetensors
-  std::string lora_targets = "all-linear";  // llama: projections with adapters
-  bool activation_checkpointing = false;    // llama: recompute blocks in the backward
-  std::string checkpoint_base = "auto";     // llama: auto (its hash) | true (its tensors)
+  std::string lora_b_init = "kaiming";      // zeros | kaiming (causal_lm: zeros)
+  std::string hf_model_dir;                 // causal_lm: config.json + model.safetensors
+  std::string lora_targets = "all-linear";  // causal_lm: projections with adapters
+  bool activation_checkpointing = false;    // causal_lm: recompute blocks in the backward
+  std::string checkpoint_base = "auto";     // causal_lm: auto (its hash) | true (its tensors)
   bool bias = false;
   std::string activation = "none";  // none | relu | gelu | silu
   int64_t block_size = 64, scaler_block_size = 256;

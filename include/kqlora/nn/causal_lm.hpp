@@ -1,0 +1,134 @@
+#pragma once
+// A decoder-only LM read from a Hugging Face directory (kind causal_lm, alias llama), of any
+// family a DecoderSpec describes (nn/decoder_spec.hpp: Llama, Mistral, Qwen2, Qwen3,
+// Gemma 2/3, Phi-3), QLoRA-fine-tuned as torchtune and PEFT over torchao's NF4 do: every
+// base projection frozen in NF4 (fused ones kept fused), LoRA adapters on the projections
+// `lora_targets` names, the embedding, the norms, the biases and the LM head frozen dense
+// in the run's dtype. docs/MODELS.md.
+//
+// Forward per micro-batch of sequences [n, S]: x = embed[ids] (times the embedding scale),
+// the blocks as decoder_spec.hpp describes them, the final norm and the LM head (the
+// embedding when tied) fused with the next-token cross-entropy. The backward computes the
+// adapters' gradients only; layer 0's input gradient is skipped.
+//
+// Table: group "embed" (model.embed_tokens.weight), a group per block "model.layers.<i>"
+// (its adapters, its NF4 projections, their biases, its norms), group "head" (model.norm.
+// weight, and lm_head.weight unless tied). Names are Hugging Face's.
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <vector>
+
+#include "kqlora/nn/attention.hpp"
+#include "kqlora/nn/decoder_buffers.hpp"
+#include "kqlora/nn/decoder_spec.hpp"
+#include "kqlora/nn/lm_head_cross_entropy.hpp"
+#include "kqlora/nn/lora_projection.hpp"
+#include "kqlora/nn/model.hpp"
+#include "kqlora/nn/rotary.hpp"
+
+namespace kqlora {
+
+/// The spec of a causal_lm configuration (its arch_text is config.json's text).
+DecoderSpec decoder_spec_of(const ModelConfig& cfg);
+
+/// Which projections of `s` get adapters: "all-linear" or a comma list of the family's
+/// projection names. InputError naming `where` and listing the valid names otherwise.
+std::vector<bool> parse_lora_targets(const std::string& text, const DecoderSpec& s,
+                                     const std::string& where);
+
+/// The model FLOPs of a training pass over `sequences` x `positions` tokens
+/// (docs/BENCHMARKS.md, "Llama"): the products of the forward and the input gradients of
+/// every projection and the LM head, the adapters' six rank-r products, the attention's
+/// scores actually computed (each query's min(position + 1, window) keys) forward and
+/// backward; no frozen weight's gradient, no elementwise work, no recomputation.
+double decoder_train_flops(const DecoderSpec& s, int64_t rank, const std::vector<bool>& targets,
+                           int64_t sequences, int64_t positions);
+
+template <class ExecSpace>
+class CausalLm : public Model<ExecSpace> {
+ public:
+  using typename Model<ExecSpace>::Mem;
+  using typename Model<ExecSpace>::Vec;
+
+  /// The table of `cfg`.
+  static ParamTable make_table(const ModelConfig& cfg);
+
+  CausalLm(const ExecSpace& exec, const ModelConfig& cfg, bool zeroed = true);
+
+  InputSpec input() const override;
+  double forward_backward(const Batch<Mem>& batch, double normaliser, bool accumulate) override;
+  double loss(const Batch<Mem>& batch, double normaliser) override;
+  double train_flops(int64_t sequences, int64_t positions) const override;
+
+  /// The logits [tokens, vocab] of a batch (evaluation and tests; the loss never needs
+  /// them whole).
+  Matrix<Mem> logits(const Batch<Mem>& batch);
+
+  const DecoderSpec& spec() const { return spec_; }
+  /// Bytes of one chunk of the fused LM head's logits (tests: several chunks).
+  void set_logits_chunk_bytes(int64_t bytes) { ce_ws_.chunk_bytes = bytes; }
+
+ private:
+  using Buffers = std::vector<Matrix<Mem>>;  // indexed by BlockBuffer / SharedBuffer
+  struct Projection {
+    const ParamEntry *w = nullptr, *a = nullptr, *b = nullptr, *bias = nullptr;
+  };
+  struct Block {
+    std::vector<Projection> proj;
+    std::vector<const ParamEntry*> norm;  // by NormRole; null: none
+  };
+
+  DecoderSpec spec_;
+  DecoderBuffers table_of_buffers_;
+  std::vector<bool> targets_;
+  std::vector<Block> blocks_;
+  const ParamEntry *embed_ = nullptr, *norm_ = nullptr, *head_ = nullptr;
+  std::vector<RopeTable<Mem>> rope_;
+  std::vector<const std::vector<float>*> rope_freqs_;  // the set each table was built from
+  std::vector<Buffers> cache_, store_;  // [layer]: views of the first tokens_ rows; storage
+  Buffers work_, work_store_;  // activation checkpointing: the one block's activations
+  Buffers buf_, buf_store_;    // shared
+  LoraScratch<Mem> lora_;
+  int64_t capacity_ = 0;
+  LinearNf4Workspace<Mem> ws_;
+  AttentionWorkspace<Mem> att_ws_;
+  CrossEntropyWorkspace<Mem> ce_ws_;
+  int64_t tokens_ = 0, seq_len_ = 0, row_len_ = 0, step_ = 0, first_sample_ = 0, global_bs_ = 1;
+  bool dropout_on_ = false;
+
+  /// Views of the first sequences * S rows of buffers that grow as needed; rope tables.
+  void ensure(int64_t sequences, int64_t S);
+  double forward(const Batch<Mem>& b, double normaliser, bool training, bool with_grads);
+  void backward(bool accumulate);
+  LoraAdapterViews<Mem> adapter(int layer, int p) const;
+  DropoutKey dropout_key(int layer, int p, int64_t features) const;
+  Kokkos::View<const float*, Mem> dense_vector(const ParamEntry* e) const;
+  Matrix<Mem> dense_matrix(const ParamEntry* e) const;
+  /// What block `layer` keeps for its backward: its own cache, or with activation
+  /// checkpointing the shared one over its input.
+  Buffers& block_cache(int layer);
+  /// Block `layer`'s forward from c[kX] into c; `next` (the block's output) empty: a
+  /// recomputation, which stops short of it.
+  void block_forward(int layer, Buffers& c, const Matrix<Mem>& next);
+  /// Where slot s of block cache c is written (before any norm of its own).
+  Matrix<Mem> slot_output(Buffers& c, Slot s);
+  /// The gradient buffer of slot s (q, k, v, gate, up).
+  Matrix<Mem> slot_gradient(Slot s);
+  /// The buffer projection p reads.
+  Matrix<Mem> projection_input(const Buffers& c, int p) const;
+  void project(int layer, int p, Buffers& c);
+  void project_back(int layer, int p, const Buffers& c, const Matrix<Mem>& gy, bool accumulate,
+                    float gx_beta, const Matrix<Mem>& gx);
+  /// The projections reading `in`, backward: their slots' gradients into gx (summed).
+  void project_back_all(int layer, ProjectionInput in, const Buffers& c, bool accumulate,
+                        const Matrix<Mem>& gx);
+  void norm_forward(const ParamEntry* w, NormRole role, const Matrix<Mem>& x,
+                    const Matrix<Mem>& y, const Matrix<Mem>& inv);
+  void norm_backward(const ParamEntry* w, NormRole role, const Matrix<Mem>& x,
+                     const Matrix<Mem>& inv, const Matrix<Mem>& gy, const Matrix<Mem>& gx);
+  AttentionShape attention_shape(int layer) const;
+};
+
+}  // namespace kqlora

@@ -1,0 +1,107 @@
+#pragma once
+// A decoder-only transformer described as plain data: what sets one model family apart from
+// another (Llama, Mistral, Qwen2, Qwen3, Gemma 2/3, Phi-3; docs/MODELS.md), read by one
+// decoder (nn/causal_lm.hpp) whose forward and backward are written once. A family file
+// (src/nn/families/) builds the spec from config.json; nothing else knows families.
+//
+// Per layer l, with x the block's input:
+//   h = norm_attn_in(x); slots q, k, v = the projections reading h
+//   q, k = norm_q(q), norm_k(k) per head (when present); rope(q), rope(k) (the layer's rope)
+//   a = attention(q, k, v; attn_scale, attn_softcap, the layer's window)
+//   o = o projection of a; o = norm_attn_out(o) (when present: Gemma's sandwich)
+//   m = x + o;  h2 = norm_mlp_in(m); slots gate, up = the projections reading h2
+//   d = down projection of act(gate) * up; d = norm_mlp_out(d) (when present); x' = m + d
+// then norm_final and the LM head (final_softcap) with the cross-entropy.
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kqlora/nn/elementwise.hpp"
+#include "kqlora/nn/rms_norm.hpp"
+
+namespace kqlora {
+
+/// What a projection reads.
+enum class ProjectionInput { attn_norm, attn_out, mlp_norm, mlp_act };
+
+/// Where a projection's output columns go, in order (a fused qkv_proj writes [q | k | v]).
+enum class Slot { q, k, v, o, gate, up, down };
+constexpr int kSlots = 7;
+
+/// Where a norm sits (docs/MODELS.md): a block's attention input, attention output
+/// (sandwich), MLP input, MLP output (sandwich), the per-head q and k norms, the final norm.
+enum class NormRole { attn_in, attn_out, mlp_in, mlp_out, q, k, final };
+constexpr int kNormRoles = 7;
+
+struct ProjectionSpec {
+  std::string name;    // the LoRA target name (PEFT's): "q_proj", "qkv_proj", ...
+  std::string module;  // its path under a layer: "self_attn.q_proj"
+  ProjectionInput input = ProjectionInput::attn_norm;
+  std::vector<Slot> slots;  // one, or several for a fused projection
+  bool bias = false;        // a frozen bias "<module>.bias"
+};
+
+struct NormSpec {
+  std::string module;  // under a layer ("input_layernorm") or, the final norm, "model.norm"
+  NormRole role = NormRole::attn_in;
+  NormKind kind = NormKind::scale;
+};
+
+/// One rotary table: inverse frequencies of the rotated dims (rotary_dim / 2 of them) and
+/// a factor on cos and sin. Longrope: a second set used for sequences of more than
+/// `long_above` positions.
+struct RopeSpec {
+  std::vector<float> inv_freq, inv_freq_long;
+  int64_t long_above = 0;  // 0: one set
+  float attention_factor = 1.0f;
+  int64_t rotary_dim = 0;  // <= head_dim; the rest of each head passes through
+
+  const std::vector<float>& for_positions(int64_t S) const {
+    return long_above > 0 && S > long_above ? inv_freq_long : inv_freq;
+  }
+};
+
+struct LayerSpec {
+  int64_t window = 0;  // 0: full attention; else key k visible to query q iff q - k < window
+  int rope = 0;        // index into DecoderSpec::ropes
+};
+
+struct DecoderSpec {
+  std::string model_type;  // config.json's
+  int64_t vocab = 0, hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0;
+  int64_t head_dim = 0, max_positions = 0;
+  double norm_eps = 1e-6;
+  std::vector<ProjectionSpec> projections;  // table order; every slot once
+  std::vector<NormSpec> norms;              // per-layer norms and the final one
+  Activation mlp_activation = Activation::silu;
+  float embed_scale = 0;    // 0: none; else x = embed * R(scale) (Gemma: sqrt(hidden))
+  float attn_scale = 0;     // scores = attn_scale * q k^T
+  float attn_softcap = 0;   // 0: none; else s = c tanh(s / c)
+  float final_softcap = 0;  // the same on the logits
+  bool tied = false;
+  std::vector<RopeSpec> ropes;
+  std::vector<LayerSpec> layer;  // one per layer
+  std::vector<std::string> notes;  // for the log (defaults taken)
+
+  int64_t q_features() const { return heads * head_dim; }
+  int64_t kv_features() const { return kv_heads * head_dim; }
+  int64_t slot_width(Slot s) const;
+  int64_t in_features(const ProjectionSpec& p) const;
+  int64_t out_features(const ProjectionSpec& p) const;
+  /// The norm in a role, or null.
+  const NormSpec* norm(NormRole r) const;
+  /// The projection writing slot s.
+  const ProjectionSpec& writer(Slot s) const;
+};
+
+/// Parses config.json's text into a spec through the family its model_type names;
+/// InputError naming `source`, the field and its value for anything missing, malformed,
+/// unsupported or unknown (docs/MODELS.md lists what each family reads and accepts).
+DecoderSpec parse_decoder_config(const std::string& text, const std::string& source);
+
+/// The model_types kqlora reads.
+std::vector<std::string> decoder_families();
+
+}  // namespace kqlora

@@ -1,0 +1,647 @@
+#include "kqlora/nn/causal_lm.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+#include "kqlora/core/error.hpp"
+#include "kqlora/core/random.hpp"
+#include "kqlora/nn/embedding.hpp"
+#include "kqlora/nn/fused_columns.hpp"
+#include "kqlora/nn/gated_mlp.hpp"
+#include "kqlora/nn/residual.hpp"
+#include "kqlora/nn/rms_norm.hpp"
+
+namespace kqlora {
+
+DecoderSpec decoder_spec_of(const ModelConfig& cfg) {
+  KQLORA_INPUT_CHECK(!cfg.arch_text.empty(),
+                     "model = " << cfg.kind << " needs hf_model_dir (a directory with config.json)");
+  return parse_decoder_config(cfg.arch_text, cfg.arch_source);
+}
+
+std::vector<bool> parse_lora_targets(const std::string& text, const DecoderSpec& s,
+                                     const std::string& where) {
+  std::vector<bool> on(s.projections.size(), false);
+  if (text == "all-linear") {
+    on.assign(on.size(), true);
+    return on;
+  }
+  std::string valid;
+  for (const auto& p : s.projections) valid += (valid.empty() ? "" : ",") + p.name;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto a = item.find_first_not_of(" \t"), b = item.find_last_not_of(" \t");
+    item = a == std::string::npos ? "" : item.substr(a, b - a + 1);
+    const auto it = std::find_if(s.projections.begin(), s.projections.end(),
+                                 [&](const ProjectionSpec& p) { return p.name == item; });
+    KQLORA_INPUT_CHECK(it != s.projections.end(),
+                       where << ": '" << item << "' is not a projection of " << s.model_type
+                             << "; expected all-linear or a comma list of " << valid);
+    const size_t p = static_cast<size_t>(it - s.projections.begin());
+    KQLORA_INPUT_CHECK(!on[p], where << ": '" << item << "' is listed twice");
+    on[p] = true;
+  }
+  return on;
+}
+
+double decoder_train_flops(const DecoderSpec& s, int64_t rank, const std::vector<bool>& targets,
+                           int64_t sequences, int64_t positions) {
+  const double T = static_cast<double>(sequences * positions), L = static_cast<double>(s.layers);
+  double weights = 0, first_inputs = 0, lora_io = 0;  // per layer
+  for (size_t p = 0; p < s.projections.size(); ++p) {
+    const ProjectionSpec& proj = s.projections[p];
+    const double n = static_cast<double>(s.out_features(proj) * s.in_features(proj));
+    weights += n;
+    if (proj.input == ProjectionInput::attn_norm) first_inputs += n;
+    if (targets[p])
+      lora_io += static_cast<double>(s.out_features(proj) + s.in_features(proj));
+  }
+  // Forward and input gradient of every projection (none into layer 0's input) and of the
+  // LM head; 6 rank-r products per adapter; the attention's computed scores (3 forward-
+  // and-backward pairs of QK^T and PV sized matmuls over the visible (query, key) pairs).
+  const double projections = 2 * T * (2 * L * weights - first_inputs);
+  const double head = 2 * T * 2 * static_cast<double>(s.vocab * s.hidden);
+  double attention = 0;
+  for (const LayerSpec& l : s.layer) {
+    double pairs = 0;  // per sequence: sum over positions of min(p + 1, window)
+    for (int64_t p = 0; p < positions; ++p)
+      pairs += static_cast<double>(l.window > 0 ? std::min(p + 1, l.window) : p + 1);
+    attention += static_cast<double>(sequences) * static_cast<double>(s.heads) * 6 * 2 * pairs *
+                 static_cast<double>(s.head_dim);
+  }
+  const double lora = L * 2 * T * static_cast<double>(rank) * 3 * lora_io;
+  return projections + head + attention + lora;
+}
+
+namespace {
+
+std::string layer_prefix(int l) {
+  return "model.layers." + std::to_string(l);
+}
+
+/// The norm's weight name: a layer's module, or the final norm's own path.
+std::string norm_name(const NormSpec& n, const std::string& layer) {
+  return n.role == NormRole::final ? n.module + ".weight" : layer + "." + n.module + ".weight";
+}
+
+/// A [T, width] buffer viewed as [T * width / d, d] rows (per-head norms).
+template <class M>
+Matrix<M> per_head(const Matrix<M>& m, int64_t d) {
+  return Matrix<M>(m.data(), m.extent(0) * m.extent(1) / d, d);
+}
+
+template <class M>
+Kokkos::View<float*, M> flat(const Matrix<M>& m) {
+  return Kokkos::View<float*, M>(m.data(), m.extent(0) * m.extent(1));
+}
+
+}  // namespace
+
+template <class ExecSpace>
+ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
+  const DecoderSpec s = decoder_spec_of(cfg);
+  const auto targets = parse_lora_targets(cfg.lora_targets, s, "lora_targets");
+  const uint64_t P = s.projections.size();
+  using Dist = InitRule::Dist;
+  ParamTable t;
+  t.model_kind = cfg.kind;
+  ParamEntry dense;
+  dense.kind = ParamKind::dense;
+  dense.dtype = cfg.dtype;
+  dense.init.dist = Dist::file;
+  auto add_dense = [&](const std::string& name, std::vector<int64_t> shape, const std::string& g) {
+    ParamEntry e = dense;
+    e.name = name;
+    e.shape = std::move(shape);
+    t.add(e, g);
+  };
+  add_dense("model.embed_tokens.weight", {s.vocab, s.hidden}, "embed");
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string g = layer_prefix(l);
+    for (uint64_t p = 0; p < P; ++p) {  // the adapters first: contiguous per group
+      if (!targets[p]) continue;
+      const ProjectionSpec& proj = s.projections[p];
+      const int64_t out = s.out_features(proj), in = s.in_features(proj);
+      const std::string m = g + "." + proj.module;
+      KQLORA_INPUT_CHECK(cfg.rank >= 1 && cfg.rank <= std::min(out, in),
+                         "lora_rank " << cfg.rank << " must be between 1 and "
+                                      << std::min(out, in) << " (the smaller side of " << m
+                                      << " [" << out << ", " << in << "])");
+      const uint64_t stream = static_cast<uint64_t>(l) * P + p;
+      ParamEntry e;
+      e.name = m + ".lora_a.weight";
+      e.shape = {cfg.rank, in};
+      e.init = {Dist::uniform, in, static_cast<uint64_t>(RandomStream::lora_a) + stream};
+      t.add(e, g);
+      e.name = m + ".lora_b.weight";
+      e.shape = {out, cfg.rank};
+      e.init = {cfg.lora_b_zeros ? Dist::zeros : Dist::uniform, cfg.rank,
+                static_cast<uint64_t>(RandomStream::lora_b) + stream};
+      t.add(e, g);
+      t.adapters.push_back({m, m + ".weight", m + ".lora_a.weight", m + ".lora_b.weight", cfg.alpha,
+                            cfg.rank, cfg.dropout});
+    }
+    for (const ProjectionSpec& proj : s.projections) {
+      ParamEntry e;
+      e.name = g + "." + proj.module + ".weight";
+      e.shape = {s.out_features(proj), s.in_features(proj)};
+      e.kind = ParamKind::nf4;
+      e.dtype = cfg.dtype;
+      e.block_size = cfg.block_size;
+      e.scaler_block_size = cfg.scaler_block_size;
+      e.init.dist = Dist::file;
+      t.add(e, g);
+    }
+    for (const ProjectionSpec& proj : s.projections)
+      if (proj.bias) add_dense(g + "." + proj.module + ".bias", {s.out_features(proj)}, g);
+    for (const NormSpec& n : s.norms) {
+      if (n.role == NormRole::final) continue;
+      const bool head_norm = n.role == NormRole::q || n.role == NormRole::k;
+      add_dense(norm_name(n, g), {head_norm ? s.head_dim : s.hidden}, g);
+    }
+  }
+  add_dense(norm_name(*s.norm(NormRole::final), ""), {s.hidden}, "head");
+  if (!s.tied) add_dense("lm_head.weight", {s.vocab, s.hidden}, "head");
+  return t;
+}
+
+template <class ExecSpace>
+CausalLm<ExecSpace>::CausalLm(const ExecSpace& exec, const ModelConfig& cfg, bool zeroed)
+    : Model<ExecSpace>(exec, cfg, make_table(cfg), zeroed), spec_(decoder_spec_of(cfg)) {
+  const ParamTable& t = this->table_;
+  targets_ = parse_lora_targets(cfg.lora_targets, spec_, "lora_targets");
+  table_of_buffers_ = decoder_buffers(spec_, cfg, targets_);
+  for (int l = 0; l < spec_.layers; ++l) {
+    const std::string g = layer_prefix(l);
+    Block b;
+    for (size_t p = 0; p < spec_.projections.size(); ++p) {
+      const ProjectionSpec& proj = spec_.projections[p];
+      const std::string m = g + "." + proj.module;
+      Projection x;
+      x.w = &t.at(m + ".weight");
+      if (targets_[p]) {
+        x.a = &t.at(m + ".lora_a.weight");
+        x.b = &t.at(m + ".lora_b.weight");
+      }
+      if (proj.bias) x.bias = &t.at(m + ".bias");
+      b.proj.push_back(x);
+    }
+    b.norm.assign(kNormRoles, nullptr);
+    for (const NormSpec& n : spec_.norms)
+      if (n.role != NormRole::final) b.norm[static_cast<int>(n.role)] = &t.at(norm_name(n, g));
+    blocks_.push_back(b);
+  }
+  embed_ = &t.at("model.embed_tokens.weight");
+  norm_ = &t.at(norm_name(*spec_.norm(NormRole::final), ""));
+  head_ = spec_.tied ? embed_ : &t.at("lm_head.weight");
+  cache_.resize(static_cast<size_t>(spec_.layers));
+  store_.resize(cache_.size());
+  rope_.resize(spec_.ropes.size());
+  rope_freqs_.assign(spec_.ropes.size(), nullptr);
+  ws_.between_panels = [this] {
+    if (this->progress_) this->progress_();
+  };
+}
+
+template <class ExecSpace>
+InputSpec CausalLm<ExecSpace>::input() const {
+  InputSpec s;
+  s.tokens = true;
+  s.seq_len = 0;  // any: the data file's
+  s.vocab = spec_.vocab;
+  return s;
+}
+
+template <class ExecSpace>
+void CausalLm<ExecSpace>::ensure(int64_t sequences, int64_t S) {
+  const int64_t T = sequences * S;
+  for (size_t i = 0; i < rope_.size(); ++i) {
+    // A table covers positions 0 .. S-1 of any row; longrope's frequencies depend on S.
+    const RopeSpec& r = spec_.ropes[i];
+    const std::vector<float>& freqs = r.for_positions(S);
+    if (S > rope_[i].positions() || rope_freqs_[i] != &freqs) {
+      rope_[i] = RopeTable<Mem>(freqs, S, this->cfg_.bf16(), r.attention_factor);
+      rope_freqs_[i] = &freqs;
+    }
+  }
+  if (T == tokens_ && S == seq_len_) return;
+  // The buffers grow to the most tokens a batch has had and are never shrunk: a batch
+  // uses the first T rows of each (a shorter micro-batch, trimmed or the last of an
+  // evaluation, allocates nothing).
+  const bool grow = T > capacity_;
+  if (grow) {
+    capacity_ = T;
+    for (auto& c : store_) c.clear();  // (the old buffers go first)
+    work_store_.clear();
+    buf_store_.clear();
+  }
+  auto rows = [&](const std::vector<ActivationBuffer>& list, Buffers& store, Buffers& view,
+                  size_t count) {
+    if (grow || store.empty()) {
+      store.assign(count, Matrix<Mem>());
+      for (size_t i = 0; i < count; ++i)
+        if (list[i].width > 0)
+          store[i] = Matrix<Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing,
+                                                    "kqlora::CausalLm::" + list[i].name),
+                                 capacity_, list[i].width);
+    }
+    view.assign(count, Matrix<Mem>());
+    for (size_t i = 0; i < count; ++i)
+      if (list[i].width > 0) view[i] = Matrix<Mem>(store[i].data(), T, list[i].width);
+  };
+  const auto& block = table_of_buffers_.block;
+  if (this->cfg_.activation_checkpointing) {
+    // Each block keeps its input; one block's worth of activations serves the forward and
+    // each block's recomputation in the backward.
+    for (size_t l = 0; l < cache_.size(); ++l) rows(block, store_[l], cache_[l], kX + 1);
+    rows(block, work_store_, work_, block.size());
+  } else {
+    for (size_t l = 0; l < cache_.size(); ++l) rows(block, store_[l], cache_[l], block.size());
+  }
+  rows(table_of_buffers_.shared, buf_store_, buf_, table_of_buffers_.shared.size());
+  lora_.gh = buf_[kGH];
+  lora_.tmp = buf_[kTmp];
+  tokens_ = T;
+  seq_len_ = S;
+}
+
+template <class ExecSpace>
+double CausalLm<ExecSpace>::train_flops(int64_t sequences, int64_t positions) const {
+  return decoder_train_flops(spec_, this->cfg_.rank, targets_, sequences, positions);
+}
+
+template <class ExecSpace>
+auto CausalLm<ExecSpace>::adapter(int l, int p) const -> LoraAdapterViews<Mem> {
+  const Projection& x = blocks_[l].proj[p];
+  LoraAdapterViews<Mem> v;
+  v.a = this->matrix(this->compute_, *x.a);
+  v.b = this->matrix(this->compute_, *x.b);
+  v.ga = this->matrix(this->grads, *x.a);
+  v.gb = this->matrix(this->grads, *x.b);
+  v.scale = this->cfg_.scale();
+  return v;
+}
+
+template <class ExecSpace>
+DropoutKey CausalLm<ExecSpace>::dropout_key(int l, int p, int64_t features) const {
+  // Keyed by (step, global sequence, position, layer, projection, feature): rows are the
+  // tokens of global sequences, so the sample index counts tokens -- of the data file's
+  // rows, a trimmed batch's being shorter.
+  const int P = static_cast<int>(spec_.projections.size());
+  return {this->cfg_.seed,
+          layer_stream(RandomStream::dropout, l * P + p),
+          step_,
+          global_bs_ * row_len_,
+          first_sample_ * row_len_,
+          features,
+          static_cast<float>(this->cfg_.dropout)};
+}
+
+template <class ExecSpace>
+auto CausalLm<ExecSpace>::dense_vector(const ParamEntry* e) const
+    -> Kokkos::View<const float*, Mem> {
+  return this->dense[e->offset];
+}
+
+template <class ExecSpace>
+auto CausalLm<ExecSpace>::dense_matrix(const ParamEntry* e) const -> Matrix<Mem> {
+  return Matrix<Mem>(this->dense[e->offset].data(), e->shape[0], e->shape[1]);
+}
+
+template <class ExecSpace>
+auto CausalLm<ExecSpace>::slot_output(Buffers& c, Slot s) -> Matrix<Mem> {
+  const bool qk_norm = spec_.norm(NormRole::q) != nullptr;
+  switch (s) {
+    case Slot::q:
+      return qk_norm ? c[kQRaw] : c[kQ];
+    case Slot::k:
+      return qk_norm ? c[kKRaw] : c[kK];
+    case Slot::v:
+      return c[kV];
+    case Slot::o:
+      return spec_.norm(NormRole::attn_out) ? c[kORaw] : buf_[kProjOut];
+    case Slot::gate:
+      return c[kGate];
+    case Slot::up:
+      return c[kUp];
+    default:
+      return spec_.norm(NormRole::mlp_out) ? c[kDRaw] : buf_[kProjOut];
+  }
+}
+
+template <class ExecSpace>
+auto CausalLm<ExecSpace>::slot_gradient(Slot s) -> Matrix<Mem> {
+  switch (s) {
+    case Slot::q:
+      return buf_[kGQ];
+    case Slot::k:
+      return buf_[kGK];
+    case Slot::v:
+      return buf_[kGV];
+    case Slot::gate:
+      return buf_[kGGate];
+    default:
+      return buf_[kGUp];
+  }
+}
+
+template <class ExecSpace>
+auto CausalLm<ExecSpace>::projection_input(const Buffers& c, int p) const -> Matrix<Mem> {
+  switch (spec_.projections[p].input) {
+    case ProjectionInput::attn_norm:
+      return c[kN1];
+    case ProjectionInput::attn_out:
+      return c[kAtt];
+    case ProjectionInput::mlp_norm:
+      return c[kN2];
+    default:
+      return c[kAct];
+  }
+}
+
+template <class ExecSpace>
+void CausalLm<ExecSpace>::project(int l, int p, Buffers& c) {
+  const bool bf16 = this->cfg_.bf16();
+  const ProjectionSpec& spec = spec_.projections[p];
+  const Projection& P = blocks_[l].proj[p];
+  const Matrix<Mem> x = projection_input(c, p);
+  const bool fused = spec.slots.size() > 1;
+  const Matrix<Mem> y =
+      fused ? Matrix<Mem>(buf_[kFused].data(), tokens_, spec_.out_features(spec))
+            : slot_output(c, spec.slots[0]);
+  const Kokkos::View<const float*, Mem> bias =
+      P.bias ? dense_vector(P.bias) : Kokkos::View<const float*, Mem>();
+  if (!P.a) {
+    lora_projection_forward<ExecSpace, Mem>(this->exec_, this->nf4[P.w->offset], nullptr, x, x,
+                                            bf16, Matrix<Mem>(), lora_, ws_, y, bias);
+  } else {
+    Matrix<Mem> xd = x;
+    if (dropout_on_) {
+      xd = c[DecoderBuffers::xd(p)];
+      dropout_apply(this->exec_, dropout_key(l, p, x.extent(1)), bf16, x, xd, 0.0f);
+    }
+    const auto lora = adapter(l, p);
+    lora_projection_forward(this->exec_, this->nf4[P.w->offset], &lora, x, xd, bf16,
+                            c[DecoderBuffers::h(p)], lora_, ws_, y, bias);
+  }
+  if (!fused) return;
+  int64_t col = 0;
+  for (Slot s : spec.slots) {
+    take_columns(this->exec_, y, col, slot_output(c, s));
+    col += spec_.slot_width(s);
+  }
+}
+
+template <class ExecSpace>
+void CausalLm<ExecSpace>::project_back(int l, int p, const Buffers& c, const Matrix<Mem>& gy,
+                                       bool accumulate, float gx_beta, const Matrix<Mem>& gx) {
+  const bool bf16 = this->cfg_.bf16();
+  const Projection& P = blocks_[l].proj[p];
+  const auto& W = this->nf4[P.w->offset];
+  if (!P.a) {
+    if (gx.data())
+      lora_projection_backward<ExecSpace, Mem>(this->exec_, W, nullptr, gy, Matrix<Mem>(),
+                                               Matrix<Mem>(), accumulate, nullptr, bf16, lora_,
+                                               ws_, gx_beta, gx);
+    return;
+  }
+  const auto lora = adapter(l, p);
+  const DropoutKey key =
+      dropout_key(l, p, spec_.in_features(spec_.projections[p]));
+  // The input this projection read: its dropped-out copy, or the shared input itself.
+  const Matrix<Mem> x_read = dropout_on_ ? c[DecoderBuffers::xd(p)] : projection_input(c, p);
+  lora_projection_backward(this->exec_, W, &lora, gy, x_read, c[DecoderBuffers::h(p)],
+                           accumulate, dropout_on_ ? &key : nullptr, bf16, lora_, ws_, gx_beta,
+                           gx);
+}
+
+template <class ExecSpace>
+void CausalLm<ExecSpace>::project_back_all(int l, ProjectionInput in, const Buffers& c,
+                                           bool accumulate, const Matrix<Mem>& gx) {
+  float beta = 0.0f;
+  for (size_t p = 0; p < spec_.projections.size(); ++p) {
+    const ProjectionSpec& spec = spec_.projections[p];
+    if (spec.input != in) continue;
+    Matrix<Mem> gy = slot_gradient(spec.slots[0]);
+    if (spec.slots.size() > 1) {  // gather the slots' gradients into the fused one's
+      gy = Matrix<Mem>(buf_[kGFused].data(), tokens_, spec_.out_features(spec));
+      int64_t col = 0;
+      for (Slot s : spec.slots) {
+        put_columns(this->exec_, slot_gradient(s), col, gy);
+        col += spec_.slot_width(s);
+      }
+    }
+    project_back(l, static_cast<int>(p), c, gy, accumulate, beta, gx);
+    beta = 1.0f;
+  }
+}
+
+template <class ExecSpace>
+void CausalLm<ExecSpace>::norm_forward(const ParamEntry* w, NormRole role, const Matrix<Mem>& x,
+                                       const Matrix<Mem>& y, const Matrix<Mem>& inv) {
+  const NormSpec* n = spec_.norm(role);
+  rms_norm_forward(this->exec_, x, dense_vector(w), static_cast<float>(spec_.norm_eps),
+                   this->cfg_.bf16(), y, flat(inv), n->kind);
+}
+
+template <class ExecSpace>
+void CausalLm<ExecSpace>::norm_backward(const ParamEntry* w, NormRole role, const Matrix<Mem>& x,
+                                        const Matrix<Mem>& inv, const Matrix<Mem>& gy,
+                                        const Matrix<Mem>& gx) {
+  const NormSpec* n = spec_.norm(role);
+  rms_norm_backward(this->exec_, x, dense_vector(w), Kokkos::View<const float*, Mem>(flat(inv)),
+                    gy, gx, n->kind);
+}
+
+template <class ExecSpace>
+AttentionShape CausalLm<ExecSpace>::attention_shape(int l) const {
+  AttentionShape a{tokens_ / seq_len_, seq_len_, spec_.heads, spec_.kv_heads, spec_.head_dim};
+  a.attn_scale = spec_.attn_scale;
+  a.softcap = spec_.attn_softcap;
+  a.window = spec_.layer[l].window;
+  return a;
+}
+
+template <class ExecSpace>
+auto CausalLm<ExecSpace>::block_cache(int l) -> Buffers& {
+  if (!this->cfg_.activation_checkpointing) return cache_[l];
+  work_[kX] = cache_[l][kX];  // (the block's own input; the rest is shared)
+  return work_;
+}
+
+template <class ExecSpace>
+void CausalLm<ExecSpace>::block_forward(int l, Buffers& c, const Matrix<Mem>& next) {
+  const ExecSpace& exec = this->exec_;
+  const bool bf16 = this->cfg_.bf16();
+  const int64_t S = seq_len_, D = spec_.head_dim;
+  const Block& B = blocks_[l];
+  const auto norm_of = [&](NormRole r) { return B.norm[static_cast<int>(r)]; };
+  const int P = static_cast<int>(spec_.projections.size());
+  auto project_all = [&](ProjectionInput in) {
+    for (int p = 0; p < P; ++p)
+      if (spec_.projections[p].input == in) project(l, p, c);
+  };
+  norm_forward(norm_of(NormRole::attn_in), NormRole::attn_in, c[kX], c[kN1], c[kInv1]);
+  project_all(ProjectionInput::attn_norm);
+  if (norm_of(NormRole::q)) {  // per-head q and k norms, before the rotary
+    norm_forward(norm_of(NormRole::q), NormRole::q, per_head(c[kQRaw], D), per_head(c[kQ], D),
+                 c[kInvQ]);
+    norm_forward(norm_of(NormRole::k), NormRole::k, per_head(c[kKRaw], D), per_head(c[kK], D),
+                 c[kInvK]);
+  }
+  const RopeTable<Mem>& rope = rope_[spec_.layer[l].rope];
+  rope_apply(exec, rope, S, D, false, bf16, c[kQ]);
+  rope_apply(exec, rope, S, D, false, bf16, c[kK]);
+  causal_attention_forward(exec, attention_shape(l), c[kQ], c[kK], c[kV], bf16, att_ws_, c[kAtt],
+                           flat(c[kLse]));
+  project_all(ProjectionInput::attn_out);
+  if (norm_of(NormRole::attn_out))
+    norm_forward(norm_of(NormRole::attn_out), NormRole::attn_out, c[kORaw], buf_[kProjOut],
+                 c[kInvO]);
+  Kokkos::deep_copy(exec, c[kMid], c[kX]);
+  residual_add(exec, buf_[kProjOut], bf16, c[kMid]);
+  norm_forward(norm_of(NormRole::mlp_in), NormRole::mlp_in, c[kMid], c[kN2], c[kInv2]);
+  project_all(ProjectionInput::mlp_norm);
+  gated_mlp_forward(exec, spec_.mlp_activation, c[kGate], c[kUp], bf16, c[kAct]);
+  project_all(ProjectionInput::mlp_act);  // (its adapter's h and dropout mask too)
+  if (norm_of(NormRole::mlp_out))
+    norm_forward(norm_of(NormRole::mlp_out), NormRole::mlp_out, c[kDRaw], buf_[kProjOut],
+                 c[kInvD]);
+  if (!next.data()) return;  // a recomputation: the backward needs no block output
+  Kokkos::deep_copy(exec, next, c[kMid]);
+  residual_add(exec, buf_[kProjOut], bf16, next);
+}
+
+template <class ExecSpace>
+double CausalLm<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool training,
+                                    bool with_grads) {
+  const ExecSpace& exec = this->exec_;
+  const int64_t n = b.tokens.extent(0), S = b.tokens.extent(1);
+  ensure(n, S);
+  step_ = b.step;
+  first_sample_ = b.first_sample;
+  global_bs_ = b.global_bs;
+  row_len_ = b.row_len > 0 ? b.row_len : S;
+  dropout_on_ = training && this->cfg_.dropout > 0;
+  const bool bf16 = this->cfg_.bf16();
+  embedding_forward(exec, dense_vector(embed_), b.tokens, cache_[0][kX]);
+  if (spec_.embed_scale > 0) embedding_scale(exec, spec_.embed_scale, bf16, cache_[0][kX]);
+  for (int l = 0; l < spec_.layers; ++l) {
+    const Matrix<Mem>& next = l + 1 < spec_.layers ? cache_[l + 1][kX] : buf_[kXOut];
+    const int group = blocks_[l].proj[0].w->group;
+    this->acquire(group);
+    block_forward(l, block_cache(l), next);
+    this->release(group);
+  }
+  norm_forward(norm_, NormRole::final, buf_[kXOut], buf_[kNf], buf_[kInvF]);
+  return lm_head_cross_entropy(exec, buf_[kNf], dense_matrix(head_), b.labels, normaliser, bf16,
+                               with_grads ? buf_[kGN] : Matrix<Mem>(), ce_ws_,
+                               spec_.final_softcap);
+}
+
+template <class ExecSpace>
+void CausalLm<ExecSpace>::backward(bool accumulate) {
+  const ExecSpace& exec = this->exec_;
+  const bool bf16 = this->cfg_.bf16();
+  const int64_t S = seq_len_, D = spec_.head_dim;
+  Buffers& s = buf_;
+  norm_backward(norm_, NormRole::final, s[kXOut], s[kInvF], s[kGN], s[kG]);
+  if (bf16) round_bf16(exec, s[kG]);
+  const int P = static_cast<int>(spec_.projections.size());
+  auto writer_of = [&](Slot slot) {
+    for (int p = 0; p < P; ++p)
+      for (Slot x : spec_.projections[p].slots)
+        if (x == slot) return p;
+    return 0;
+  };
+  const int o_proj = writer_of(Slot::o), down_proj = writer_of(Slot::down);
+  for (int l = spec_.layers - 1; l >= 0; --l) {
+    const Block& B = blocks_[l];
+    const auto norm_of = [&](NormRole r) { return B.norm[static_cast<int>(r)]; };
+    const int group = B.proj[0].w->group;
+    this->acquire(group);
+    Buffers& c = block_cache(l);
+    if (this->cfg_.activation_checkpointing) block_forward(l, c, Matrix<Mem>());
+    // MLP: g is the gradient of the block's output (and of mid, through the residual).
+    Matrix<Mem> g_down = s[kG];
+    if (norm_of(NormRole::mlp_out)) {
+      norm_backward(norm_of(NormRole::mlp_out), NormRole::mlp_out, c[kDRaw], c[kInvD], s[kG],
+                    s[kGTmp]);
+      if (bf16) round_bf16(exec, s[kGTmp]);
+      g_down = s[kGTmp];
+    }
+    project_back(l, down_proj, c, g_down, accumulate, 0.0f, s[kGAct]);
+    gated_mlp_backward(exec, spec_.mlp_activation, c[kGate], c[kUp], s[kGAct], bf16, s[kGGate],
+                       s[kGUp]);
+    project_back_all(l, ProjectionInput::mlp_norm, c, accumulate, s[kGN]);
+    norm_backward(norm_of(NormRole::mlp_in), NormRole::mlp_in, c[kMid], c[kInv2], s[kGN],
+                  s[kGTmp]);
+    residual_add(exec, s[kGTmp], bf16, s[kG]);
+    // Attention: g is now the gradient of mid (and of the block's input).
+    Matrix<Mem> g_o = s[kG];
+    if (norm_of(NormRole::attn_out)) {
+      norm_backward(norm_of(NormRole::attn_out), NormRole::attn_out, c[kORaw], c[kInvO], s[kG],
+                    s[kGTmp]);
+      if (bf16) round_bf16(exec, s[kGTmp]);
+      g_o = s[kGTmp];
+    }
+    project_back(l, o_proj, c, g_o, accumulate, 0.0f, s[kGAtt]);
+    causal_attention_backward(exec, attention_shape(l), c[kQ], c[kK], c[kV], c[kAtt],
+                              flat(c[kLse]), s[kGAtt], bf16, att_ws_, s[kGQ], s[kGK], s[kGV]);
+    const RopeTable<Mem>& rope = rope_[spec_.layer[l].rope];
+    rope_apply(exec, rope, S, D, true, bf16, s[kGQ]);
+    rope_apply(exec, rope, S, D, true, bf16, s[kGK]);
+    if (norm_of(NormRole::q)) {  // (in place: the norm's backward reads a row, then writes it)
+      norm_backward(norm_of(NormRole::q), NormRole::q, per_head(c[kQRaw], D), c[kInvQ],
+                    per_head(s[kGQ], D), per_head(s[kGQ], D));
+      norm_backward(norm_of(NormRole::k), NormRole::k, per_head(c[kKRaw], D), c[kInvK],
+                    per_head(s[kGK], D), per_head(s[kGK], D));
+      if (bf16) {
+        round_bf16(exec, s[kGQ]);
+        round_bf16(exec, s[kGK]);
+      }
+    }
+    const Matrix<Mem> gx = l > 0 ? s[kGN] : Matrix<Mem>();  // layer 0: no input gradient
+    project_back_all(l, ProjectionInput::attn_norm, c, accumulate, gx);
+    if (l > 0) {
+      norm_backward(norm_of(NormRole::attn_in), NormRole::attn_in, c[kX], c[kInv1], s[kGN],
+                    s[kGTmp]);
+      residual_add(exec, s[kGTmp], bf16, s[kG]);
+    }
+    this->release(group);
+    this->group_done(group);
+  }
+}
+
+template <class ExecSpace>
+double CausalLm<ExecSpace>::forward_backward(const Batch<Mem>& b, double normaliser,
+                                             bool accumulate) {
+  const double loss = forward(b, normaliser, true, true);
+  backward(accumulate);
+  return loss;
+}
+
+template <class ExecSpace>
+double CausalLm<ExecSpace>::loss(const Batch<Mem>& b, double normaliser) {
+  return forward(b, normaliser, false, false);
+}
+
+template <class ExecSpace>
+auto CausalLm<ExecSpace>::logits(const Batch<Mem>& b) -> Matrix<Mem> {
+  forward(b, 1.0, false, false);
+  Matrix<Mem> out("kqlora::CausalLm::logits", tokens_, spec_.vocab);
+  gemm(this->exec_, "N", "T", 1.0f, buf_[kNf], dense_matrix(head_), 0.0f, out);
+  const bool bf16 = this->cfg_.bf16();
+  if (bf16) round_bf16(this->exec_, out);
+  const float cap = spec_.final_softcap;
+  if (cap > 0)
+    Kokkos::parallel_for(
+        "kqlora::CausalLm::soft_cap", over(this->exec_, out.extent(0), out.extent(1)),
+        KOKKOS_LAMBDA(int64_t t, int64_t v) { out(t, v) = impl::soft_cap(out(t, v), cap, bf16); });
+  return out;
+}
+
+template class CausalLm<Kokkos::DefaultExecutionSpace>;
+
+}  // namespace kqlora

@@ -1,0 +1,18 @@
+#pragma once
+// The family files: each builds a DecoderSpec from a config.json of its model_type(s),
+// reading its fields and refusing what kqlora does not implement. Adding a family: one
+// file here and one row in the table of family_registry.cpp (docs/ARCHITECTURE.md).
+
+#include "hf_config_reader.hpp"
+#include "kqlora/nn/decoder_spec.hpp"
+
+namespace kqlora::impl {
+
+DecoderSpec llama_family(HfConfigReader& r, const std::string& model_type);  // llama, mistral
+DecoderSpec qwen2_family(HfConfigReader& r, const std::string& model_type);
+DecoderSpec qwen3_family(HfConfigReader& r, const std::string& model_type);
+DecoderSpec gemma2_family(HfConfigReader& r, const std::string& model_type);
+DecoderSpec gemma3_family(HfConfigReader& r, const std::string& model_type);  // gemma3_text
+DecoderSpec phi3_family(HfConfigReader& r, const std::string& model_type);
+
+}  // namespace kqlora::impl

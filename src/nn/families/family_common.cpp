@@ -1,0 +1,205 @@
+#include "family_common.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kqlora/core/error.hpp"
+
+namespace kqlora::impl {
+
+void read_dims(HfConfigReader& r, const FamilyDefaults& d, DecoderSpec& s) {
+  auto dim = [&](const char* key, int64_t fallback) {
+    if (!r.has(key) && fallback > 0)
+      s.notes.push_back(std::string(key) + ": default " + std::to_string(fallback));
+    return r.integer(key, fallback, fallback <= 0);
+  };
+  s.vocab = dim("vocab_size", d.vocab);
+  s.hidden = dim("hidden_size", d.hidden);
+  s.intermediate = dim("intermediate_size", d.intermediate);
+  s.layers = dim("num_hidden_layers", d.layers);
+  s.heads = dim("num_attention_heads", d.heads);
+  s.kv_heads = r.integer("num_key_value_heads", d.kv_heads > 0 ? d.kv_heads : s.heads, false);
+  if (!r.has("num_key_value_heads"))
+    s.notes.push_back("num_key_value_heads: default " + std::to_string(s.kv_heads));
+  if (s.heads % s.kv_heads != 0)
+    r.fail("num_key_value_heads", "must divide num_attention_heads " + std::to_string(s.heads) +
+                                      ", got " + std::to_string(s.kv_heads));
+  if (!r.has("head_dim") && d.head_dim == 0 && s.hidden % s.heads != 0)
+    r.fail("hidden_size", "must be a multiple of num_attention_heads when head_dim is absent");
+  s.head_dim = r.integer("head_dim", d.head_dim > 0 ? d.head_dim : s.hidden / s.heads, false);
+  if (s.head_dim % 2 != 0)
+    r.fail("head_dim", "must be even (rotary pairs), got " + std::to_string(s.head_dim));
+  s.norm_eps = r.number("rms_norm_eps", d.norm_eps, false);
+  if (!(s.norm_eps > 0)) r.fail("rms_norm_eps", "must be > 0");
+  s.max_positions = r.integer("max_position_embeddings", d.max_positions, false, 0);
+  s.tied = r.boolean("tie_word_embeddings", d.tied);
+  s.layer.assign(static_cast<size_t>(s.layers), LayerSpec{});
+}
+
+std::vector<ProjectionSpec> llama_projections(bool qkv_bias, bool o_bias, bool mlp_bias) {
+  using PI = ProjectionInput;
+  return {{"q_proj", "self_attn.q_proj", PI::attn_norm, {Slot::q}, qkv_bias},
+          {"k_proj", "self_attn.k_proj", PI::attn_norm, {Slot::k}, qkv_bias},
+          {"v_proj", "self_attn.v_proj", PI::attn_norm, {Slot::v}, qkv_bias},
+          {"o_proj", "self_attn.o_proj", PI::attn_out, {Slot::o}, o_bias},
+          {"gate_proj", "mlp.gate_proj", PI::mlp_norm, {Slot::gate}, mlp_bias},
+          {"up_proj", "mlp.up_proj", PI::mlp_norm, {Slot::up}, mlp_bias},
+          {"down_proj", "mlp.down_proj", PI::mlp_act, {Slot::down}, mlp_bias}};
+}
+
+std::vector<NormSpec> pre_norms(NormKind kind) {
+  return {{"input_layernorm", NormRole::attn_in, kind},
+          {"post_attention_layernorm", NormRole::mlp_in, kind},
+          {"model.norm", NormRole::final, kind}};
+}
+
+bool rope_object(HfConfigReader& r, const char** name) {
+  for (const char* key : {"rope_parameters", "rope_scaling"})
+    if (r.has(key)) {
+      *name = key;
+      return true;
+    }
+  return false;
+}
+
+RopeSpec read_rope(HfConfigReader* p, double theta, int64_t head_dim, double partial,
+                   int64_t max_positions, int64_t original_max,
+                   const std::vector<std::string>& allowed) {
+  std::string type = "default";
+  if (p) {
+    theta = p->number("rope_theta", theta, false);
+    type = p->has("rope_type") ? p->string("rope_type", "default", true)
+                               : p->string("type", "default", false);
+    if (partial > 0) {
+      partial = p->number("partial_rotary_factor", partial, false);
+    } else if (p->has("partial_rotary_factor") && p->number("partial_rotary_factor", 1, true) != 1) {
+      p->fail("partial_rotary_factor",
+              "must be 1 for this family (partial rotary embeddings are Phi-3's), got " +
+                  value_text(*p->get("partial_rotary_factor")));
+    }
+    original_max = p->integer("original_max_position_embeddings", original_max, false, 0);
+  }
+  auto fail = [&](const char* key, const std::string& what) {
+    if (p) p->fail(key, what);
+    KQLORA_INPUT_CHECK(false, "rope: " << key << " " << what);
+  };
+  if (!(theta > 0)) fail("rope_theta", "must be > 0");
+  if (partial < 0) partial = 1.0;
+  if (!(partial > 0 && partial <= 1)) fail("partial_rotary_factor", "must be in (0, 1]");
+  if (type != "default" && std::find(allowed.begin(), allowed.end(), type) == allowed.end()) {
+    std::string list;
+    for (const auto& a : allowed) list += ", \"" + a + "\"";
+    fail(p && p->has("rope_type") ? "rope_type" : "type",
+         "is " + json::quote(type) + "; supported here: \"default\"" + list);
+  }
+  RopeSpec rope;
+  // transformers: dim = int(head_dim * partial_rotary_factor).
+  rope.rotary_dim = static_cast<int64_t>(static_cast<double>(head_dim) * partial);
+  if (rope.rotary_dim % 2 != 0 || rope.rotary_dim < 2)
+    fail("partial_rotary_factor", "gives an odd or empty rotary dimension " +
+                                      std::to_string(rope.rotary_dim) + " of head_dim " +
+                                      std::to_string(head_dim));
+  const int64_t half = rope.rotary_dim / 2;
+  const float base = static_cast<float>(theta), dim = static_cast<float>(rope.rotary_dim);
+  auto frequencies = [&](const std::vector<double>& ext) {
+    std::vector<float> inv(static_cast<size_t>(half));
+    for (int64_t i = 0; i < half; ++i) {
+      const float b = std::pow(base, static_cast<float>(2 * i) / dim);
+      inv[i] = ext.empty() ? 1.0f / b : 1.0f / (static_cast<float>(ext[i]) * b);
+    }
+    return inv;
+  };
+  rope.inv_freq = frequencies({});
+  if (type == "default") return rope;
+  if (type == "linear") {
+    const double factor = p->number("factor", 0, true);
+    if (!(factor > 0)) p->fail("factor", "must be > 0");
+    for (auto& f : rope.inv_freq) f /= static_cast<float>(factor);
+    return rope;
+  }
+  if (type == "llama3") {
+    // transformers' _compute_llama3_parameters: long wavelengths divided by the factor,
+    // short ones kept, the band between interpolated.
+    const float factor = static_cast<float>(p->number("factor", 0, true));
+    const float lo = static_cast<float>(p->number("low_freq_factor", 0, true));
+    const float hi = static_cast<float>(p->number("high_freq_factor", 0, true));
+    if (!p->has("original_max_position_embeddings"))
+      p->fail("original_max_position_embeddings", "is missing");
+    if (!(factor > 0)) p->fail("factor", "must be > 0");
+    if (!(lo > 0)) p->fail("low_freq_factor", "must be > 0");
+    if (!(hi > lo)) p->fail("high_freq_factor", "must be greater than low_freq_factor");
+    const float old_len = static_cast<float>(original_max);
+    const float low_wavelen = old_len / lo, high_wavelen = old_len / hi;
+    const float two_pi = static_cast<float>(2 * M_PI);
+    for (auto& f : rope.inv_freq) {
+      const float wavelen = two_pi / f;
+      const float scaled = wavelen > low_wavelen ? f / factor : f;
+      const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+      if (medium) {
+        const float smooth = (old_len / wavelen - lo) / (hi - lo);
+        f = (1 - smooth) * scaled / factor + smooth * scaled;
+      } else {
+        f = scaled;
+      }
+    }
+    return rope;
+  }
+  // longrope (Phi-3.5, Phi-4-mini): per-frequency factors, the long ones past the original
+  // context; cos and sin times an attention factor.
+  const auto short_f = p->numbers("short_factor"), long_f = p->numbers("long_factor");
+  for (const auto* f : {&short_f, &long_f})
+    if (static_cast<int64_t>(f->size()) != half)
+      p->fail(f == &short_f ? "short_factor" : "long_factor",
+              "must have rotary_dim / 2 = " + std::to_string(half) + " entries, got " +
+                  std::to_string(f->size()));
+  if (original_max <= 0)
+    p->fail("original_max_position_embeddings", "is missing (longrope needs it)");
+  rope.inv_freq = frequencies(short_f);
+  rope.inv_freq_long = frequencies(long_f);
+  rope.long_above = original_max;
+  const double factor = static_cast<double>(max_positions) / static_cast<double>(original_max);
+  double attention = p->number("attention_factor", 0, false);
+  if (!p->has("attention_factor"))
+    attention = factor <= 1.0 ? 1.0
+                              : std::sqrt(1 + std::log(factor) /
+                                                  std::log(static_cast<double>(original_max)));
+  rope.attention_factor = static_cast<float>(attention);
+  return rope;
+}
+
+void read_layer_types(HfConfigReader& r, int64_t window, const std::vector<bool>& sliding,
+                      DecoderSpec& s) {
+  const auto types = r.strings("layer_types");
+  if (!types.empty() && static_cast<int64_t>(types.size()) != s.layers)
+    r.fail("layer_types", "has " + std::to_string(types.size()) + " entries for " +
+                              std::to_string(s.layers) + " layers");
+  for (int64_t l = 0; l < s.layers; ++l) {
+    bool slides = sliding[static_cast<size_t>(l)];
+    if (!types.empty()) {
+      const std::string& t = types[static_cast<size_t>(l)];
+      if (t != "full_attention" && t != "sliding_attention")
+        r.fail("layer_types", "entry " + std::to_string(l) + " is " + json::quote(t) +
+                                  "; supported: \"full_attention\", \"sliding_attention\"");
+      slides = t == "sliding_attention";
+    }
+    if (slides && window <= 0)
+      r.fail("sliding_window", "is missing or not positive, but layer " + std::to_string(l) +
+                                   " is a sliding-window layer");
+    s.layer[static_cast<size_t>(l)].window = slides ? window : 0;
+  }
+}
+
+void refuse_dropout(HfConfigReader& r, const char* key) {
+  r.require_neutral(key, 0.0, "kqlora trains without it (dropout must be 0)");
+}
+
+Activation read_activation(HfConfigReader& r, const char* key, const std::string& fallback,
+                           bool gelu) {
+  const std::string act = r.string(key, fallback, false);
+  if (act == "silu") return Activation::silu;
+  if (gelu && (act == "gelu_pytorch_tanh" || act == "gelu_tanh")) return Activation::gelu_tanh;
+  r.fail(key, "is " + json::quote(act) + "; supported: \"silu\"" +
+                  (gelu ? std::string(", \"gelu_pytorch_tanh\"") : std::string()));
+}
+
+}  // namespace kqlora::impl

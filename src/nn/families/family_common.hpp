@@ -1,0 +1,58 @@
+#pragma once
+// What the family files share: a family's config-class defaults, the dimensions, the
+// Llama-shaped projections and norms, rotary tables, per-layer attention types.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hf_config_reader.hpp"
+#include "kqlora/nn/decoder_spec.hpp"
+
+namespace kqlora::impl {
+
+/// A family's config-class defaults for the fields read by read_dims (0: derived:
+/// kv_heads = heads, head_dim = hidden / heads).
+struct FamilyDefaults {
+  int64_t vocab, hidden, intermediate, layers, heads, kv_heads, head_dim, max_positions;
+  double norm_eps, rope_theta;
+  bool tied;
+};
+
+/// The dimensions, eps, tie flag; absent fields take `d` with a note.
+void read_dims(HfConfigReader& r, const FamilyDefaults& d, DecoderSpec& s);
+
+/// q, k, v, o, gate, up, down (Llama's modules), with biases on q/k/v, on o, on the MLP.
+std::vector<ProjectionSpec> llama_projections(bool qkv_bias, bool o_bias, bool mlp_bias);
+
+/// input_layernorm (attention input) and post_attention_layernorm (MLP input) of a kind,
+/// and the final model.norm.
+std::vector<NormSpec> pre_norms(NormKind kind);
+
+/// A rotary table from the rope fields of `params` (rope_parameters / rope_scaling or
+/// Gemma 3's per-layer-type object; null: the default rope), base `theta` and
+/// partial_rotary_factor `partial` (-1: the family has none; a factor other than 1 in the
+/// object is refused): types default, linear, llama3, longrope (`allowed`
+/// limits them per family). `max_positions` and `original_max` serve longrope.
+RopeSpec read_rope(HfConfigReader* params, double theta, int64_t head_dim, double partial,
+                   int64_t max_positions, int64_t original_max,
+                   const std::vector<std::string>& allowed);
+
+/// The rope object of a top-level config: rope_parameters (transformers 5) or rope_scaling
+/// (older files), and the rope_theta inside it when present. Returns whether one exists.
+bool rope_object(HfConfigReader& r, const char** name);
+
+/// Per-layer windows from `layer_types` ("full_attention" | "sliding_attention"; empty:
+/// `sliding` gives each layer's default). `window` is used on the sliding ones.
+void read_layer_types(HfConfigReader& r, int64_t window, const std::vector<bool>& sliding,
+                      DecoderSpec& s);
+
+/// Refuses a non-zero dropout field (kqlora trains without them, as eval-mode PyTorch
+/// computes).
+void refuse_dropout(HfConfigReader& r, const char* key);
+
+/// The MLP activation of `key` ("silu", or "gelu_pytorch_tanh" / "gelu_tanh" where `gelu`).
+Activation read_activation(HfConfigReader& r, const char* key, const std::string& fallback,
+                           bool gelu);
+
+}  // namespace kqlora::impl

@@ -1,0 +1,50 @@
+// Llama (LlamaForCausalLM) and Mistral (MistralForCausalLM): pre-norm blocks of Llama's
+// RMSNorm, SiLU-gated MLP, optional biases, rope default / linear / llama3; Mistral's
+// sliding window on every layer.
+#include <cmath>
+
+#include "families.hpp"
+#include "family_common.hpp"
+
+namespace kqlora::impl {
+
+DecoderSpec llama_family(HfConfigReader& r, const std::string& model_type) {
+  const bool mistral = model_type == "mistral";
+  // LlamaConfig's and MistralConfig's defaults.
+  const FamilyDefaults d = mistral
+                               ? FamilyDefaults{32000, 4096, 14336, 32, 32, 8, 0, 131072, 1e-6,
+                                                10000.0, false}
+                               : FamilyDefaults{32000, 4096, 11008, 32, 32, 0, 0, 2048, 1e-6,
+                                                10000.0, false};
+  DecoderSpec s;
+  s.model_type = model_type;
+  accept_common_fields(r);
+  r.accept({"pretraining_tp"});  // (a training-time sharding hint; no effect on the numbers)
+  read_dims(r, d, s);
+  refuse_dropout(r, "attention_dropout");
+  s.mlp_activation = read_activation(r, "hidden_act", "silu", false);
+  const bool attention_bias = r.boolean("attention_bias", false);
+  const bool mlp_bias = !mistral && r.boolean("mlp_bias", false);
+  s.projections = llama_projections(attention_bias, attention_bias, mlp_bias);
+  s.norms = pre_norms(NormKind::scale);
+  s.attn_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  const double theta = r.number("rope_theta", d.rope_theta, false);
+  const char* name = nullptr;
+  if (rope_object(r, &name)) {
+    HfConfigReader p = r.object(name);
+    s.ropes.push_back(read_rope(&p, theta, s.head_dim, -1, s.max_positions, 0,
+                                {"linear", "llama3"}));
+    p.finish();
+  } else {
+    s.ropes.push_back(read_rope(nullptr, theta, s.head_dim, -1, s.max_positions, 0, {}));
+  }
+  if (mistral) {
+    // (absent: MistralConfig's 4096; null: none)
+    const int64_t window = r.present("sliding_window") ? r.integer("sliding_window", 0, false)
+                                                         : int64_t(4096);
+    for (auto& l : s.layer) l.window = window;
+  }
+  return s;
+}
+
+}  // namespace kqlora::impl

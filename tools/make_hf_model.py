@@ -1,0 +1,468 @@
+#!/usr/bin/env python3
+"""Writes a random-weight Hugging Face model directory for one decoder family, any shape.
+
+    python3 tools/make_hf_model.py OUT_DIR --family qwen2 --preset qwen2.5-7b --dtype bf16
+    python3 tools/make_hf_model.py OUT_DIR --family gemma2 --preset tiny
+    python3 tools/make_hf_model.py OUT_DIR --family llama --preset llama3.2-1b \\
+        --config '{"num_hidden_layers": 4}'
+    python3 tools/make_hf_model.py OUT_DIR --family phi3 --config my_config.json
+
+Families: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3. The shape comes from
+--preset (realistic shapes of public models, and "tiny" per family: PRESETS) with --config
+(a JSON object, inline or a file) overriding fields; neither: the family's transformers
+defaults. OUT_DIR gets:
+  config.json                       the family's transformers config class's own
+                                    save_pretrained (so every default is the family's),
+                                    with architectures and dtype set
+  model.safetensors                 or model-0000k-of-0000n.safetensors shards of at most
+                                    --shard-mb megabytes (10^6 bytes, as transformers'
+                                    max_shard_size) + model.safetensors.index.json
+The tensor names and shapes are derived from the config here, per family (tensor_specs),
+without instantiating the model: tensors are generated one at a time in fixed-size chunks
+and streamed to disk, so a 7B/8B shape needs well under a gigabyte of memory. Each tensor
+has its own generator, seeded from --seed and the tensor's name, so its values depend on
+neither the order, the sharding nor the other tensors:
+  matrices (projections, embedding, head)    normal(0, initializer_range)
+  biases                                     0.1 * randn
+  Llama-kind RMSNorm weights (w * x)         1 + 0.2 * randn   (llama, mistral, qwen2,
+                                             qwen3 incl. q_norm/k_norm, phi3)
+  Gemma-kind RMSNorm weights ((1 + w) * x)   0.2 * randn       (gemma2, gemma3_text incl.
+                                             q_norm/k_norm)
+Tied embeddings (tie_word_embeddings) write no lm_head.weight. BF16 is float32 rounded to
+nearest even (the top 16 bits). The safetensors writer is this file's own: an 8-byte
+little-endian header length, the JSON header (dtype, shape, data_offsets; metadata
+format "pt"), padded with spaces to a multiple of 8, then the tensors' bytes in order.
+
+Phi-3 presets' longrope factor lists are synthetic (smooth, deterministic), of the right
+length (rotary_dim / 2); the weights of every preset are random, never a real model's.
+"""
+import argparse
+import hashlib
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+
+FAMILIES = {
+    # family: (config class name, model class name)
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+}
+GEMMA_KIND = ("gemma2", "gemma3_text")
+
+
+def _longrope(n, long_max):
+    """Synthetic longrope factors: short ~1..1.5, long 1..long_max, geometric in the index."""
+    short = [round(1.0 + 0.5 * (i / max(n - 1, 1)) ** 2, 4) for i in range(n)]
+    long = [round(long_max ** (i / max(n - 1, 1)), 4) for i in range(n)]
+    return short, long
+
+
+_P35_S, _P35_L = _longrope(48, 64.0)   # head_dim 96, full rotary
+_P4_S, _P4_L = _longrope(48, 64.0)     # head_dim 128 * 0.75 = 96 rotary dims
+
+PRESETS = {
+    # ---- llama ----
+    "llama2-7b": ("llama", dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                                num_hidden_layers=32, num_attention_heads=32,
+                                num_key_value_heads=32, max_position_embeddings=4096,
+                                rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
+                                tie_word_embeddings=False,
+                                rope_parameters={"rope_type": "default",
+                                                 "rope_theta": 10000.0})),
+    "llama3.1-8b": ("llama", dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                                  num_hidden_layers=32, num_attention_heads=32,
+                                  num_key_value_heads=8, max_position_embeddings=131072,
+                                  rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001,
+                                  tie_word_embeddings=False,
+                                  rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0,
+                                                   "factor": 8.0, "low_freq_factor": 1.0,
+                                                   "high_freq_factor": 4.0,
+                                                   "original_max_position_embeddings": 8192})),
+    "llama3.2-1b": ("llama", dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                                  num_hidden_layers=16, num_attention_heads=32,
+                                  num_key_value_heads=8, head_dim=64,
+                                  max_position_embeddings=131072, rms_norm_eps=1e-5,
+                                  bos_token_id=128000, eos_token_id=128001,
+                                  tie_word_embeddings=True,
+                                  rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0,
+                                                   "factor": 32.0, "low_freq_factor": 1.0,
+                                                   "high_freq_factor": 4.0,
+                                                   "original_max_position_embeddings": 8192})),
+    "smollm2-135m": ("llama", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                                   num_hidden_layers=30, num_attention_heads=9,
+                                   num_key_value_heads=3, max_position_embeddings=8192,
+                                   rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
+                                   tie_word_embeddings=True, initializer_range=0.041666666666666664,
+                                   rope_parameters={"rope_type": "default",
+                                                    "rope_theta": 100000.0})),
+    # ---- mistral ----
+    "mistral-7b-v0.1": ("mistral", dict(vocab_size=32000, hidden_size=4096,
+                                        intermediate_size=14336, num_hidden_layers=32,
+                                        num_attention_heads=32, num_key_value_heads=8,
+                                        max_position_embeddings=32768, rms_norm_eps=1e-5,
+                                        sliding_window=4096, tie_word_embeddings=False,
+                                        rope_parameters={"rope_type": "default",
+                                                         "rope_theta": 10000.0})),
+    "mistral-7b-v0.3": ("mistral", dict(vocab_size=32768, hidden_size=4096,
+                                        intermediate_size=14336, num_hidden_layers=32,
+                                        num_attention_heads=32, num_key_value_heads=8,
+                                        max_position_embeddings=32768, rms_norm_eps=1e-5,
+                                        sliding_window=None, tie_word_embeddings=False,
+                                        rope_parameters={"rope_type": "default",
+                                                         "rope_theta": 1000000.0})),
+    # ---- qwen2 ----
+    "qwen2.5-0.5b": ("qwen2", dict(vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                                   num_hidden_layers=24, num_attention_heads=14,
+                                   num_key_value_heads=2, max_position_embeddings=32768,
+                                   max_window_layers=24, use_sliding_window=False,
+                                   sliding_window=32768, rms_norm_eps=1e-6,
+                                   bos_token_id=151643, eos_token_id=151643,
+                                   tie_word_embeddings=True,
+                                   rope_parameters={"rope_type": "default",
+                                                    "rope_theta": 1000000.0})),
+    "qwen2.5-7b": ("qwen2", dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+                                 num_hidden_layers=28, num_attention_heads=28,
+                                 num_key_value_heads=4, max_position_embeddings=131072,
+                                 max_window_layers=28, use_sliding_window=False,
+                                 sliding_window=131072, rms_norm_eps=1e-6,
+                                 bos_token_id=151643, eos_token_id=151643,
+                                 tie_word_embeddings=False,
+                                 rope_parameters={"rope_type": "default",
+                                                  "rope_theta": 1000000.0})),
+    # ---- qwen3 ----
+    "qwen3-0.6b": ("qwen3", dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                                 num_hidden_layers=28, num_attention_heads=16,
+                                 num_key_value_heads=8, head_dim=128,
+                                 max_position_embeddings=40960, max_window_layers=28,
+                                 use_sliding_window=False, sliding_window=None,
+                                 rms_norm_eps=1e-6, attention_bias=False,
+                                 bos_token_id=151643, eos_token_id=151645,
+                                 tie_word_embeddings=True,
+                                 rope_parameters={"rope_type": "default",
+                                                  "rope_theta": 1000000.0})),
+    "qwen3-8b": ("qwen3", dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288,
+                               num_hidden_layers=36, num_attention_heads=32,
+                               num_key_value_heads=8, head_dim=128,
+                               max_position_embeddings=40960, max_window_layers=36,
+                               use_sliding_window=False, sliding_window=None,
+                               rms_norm_eps=1e-6, attention_bias=False,
+                               bos_token_id=151643, eos_token_id=151645,
+                               tie_word_embeddings=False,
+                               rope_parameters={"rope_type": "default",
+                                                "rope_theta": 1000000.0})),
+    # ---- gemma2 ----
+    "gemma2-2b": ("gemma2", dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216,
+                                 num_hidden_layers=26, num_attention_heads=8,
+                                 num_key_value_heads=4, head_dim=256,
+                                 query_pre_attn_scalar=256, sliding_window=4096,
+                                 final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
+                                 max_position_embeddings=8192, rms_norm_eps=1e-6,
+                                 hidden_activation="gelu_pytorch_tanh",
+                                 tie_word_embeddings=True, pad_token_id=0, bos_token_id=2,
+                                 eos_token_id=1,
+                                 rope_parameters={"rope_type": "default",
+                                                  "rope_theta": 10000.0})),
+    # ---- gemma3_text ----
+    "gemma3-1b": ("gemma3_text", dict(vocab_size=262144, hidden_size=1152,
+                                      intermediate_size=6912, num_hidden_layers=26,
+                                      num_attention_heads=4, num_key_value_heads=1,
+                                      head_dim=256, query_pre_attn_scalar=256,
+                                      sliding_window=512,
+                                      layer_types=["full_attention" if (i + 1) % 6 == 0
+                                                   else "sliding_attention" for i in range(26)],
+                                      max_position_embeddings=32768, rms_norm_eps=1e-6,
+                                      final_logit_softcapping=None,
+                                      attn_logit_softcapping=None,
+                                      hidden_activation="gelu_pytorch_tanh",
+                                      tie_word_embeddings=True, pad_token_id=0, bos_token_id=2,
+                                      eos_token_id=1,
+                                      rope_parameters={
+                                          "sliding_attention": {"rope_type": "default",
+                                                                "rope_theta": 10000.0},
+                                          "full_attention": {"rope_type": "default",
+                                                             "rope_theta": 1000000.0}})),
+    # ---- phi3 ----
+    "phi3.5-mini": ("phi3", dict(vocab_size=32064, hidden_size=3072, intermediate_size=8192,
+                                 num_hidden_layers=32, num_attention_heads=32,
+                                 num_key_value_heads=32, max_position_embeddings=131072,
+                                 original_max_position_embeddings=4096, sliding_window=262144,
+                                 rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=32000,
+                                 pad_token_id=32000, tie_word_embeddings=False,
+                                 rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                                  "short_factor": _P35_S,
+                                                  "long_factor": _P35_L})),
+    "phi4-mini": ("phi3", dict(vocab_size=200064, hidden_size=3072, intermediate_size=8192,
+                               num_hidden_layers=32, num_attention_heads=24,
+                               num_key_value_heads=8, max_position_embeddings=131072,
+                               original_max_position_embeddings=4096, sliding_window=262144,
+                               partial_rotary_factor=0.75, rms_norm_eps=1e-5,
+                               bos_token_id=199999, eos_token_id=199999, pad_token_id=199999,
+                               tie_word_embeddings=True,
+                               rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                                "short_factor": _P4_S, "long_factor": _P4_L})),
+}
+
+# "tiny" per family: a few hundred kilobytes, every family feature switched on
+_TINY = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+             initializer_range=0.08)
+TINY = {
+    "llama": dict(_TINY),
+    "mistral": dict(_TINY, sliding_window=37),
+    "qwen2": dict(_TINY, num_hidden_layers=3, use_sliding_window=True, sliding_window=37,
+                  max_window_layers=1),
+    "qwen3": dict(_TINY, head_dim=24, attention_bias=True, tie_word_embeddings=True),
+    "gemma2": dict(_TINY, num_hidden_layers=4, head_dim=16, query_pre_attn_scalar=20,
+                   sliding_window=37, attn_logit_softcapping=5.0, final_logit_softcapping=5.0),
+    "gemma3_text": dict(_TINY, num_hidden_layers=4, head_dim=16, query_pre_attn_scalar=20,
+                        sliding_window=37, final_logit_softcapping=5.0,
+                        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+                        rope_parameters={"sliding_attention": {"rope_type": "default",
+                                                               "rope_theta": 10000.0},
+                                         "full_attention": {"rope_type": "linear",
+                                                            "factor": 2.0,
+                                                            "rope_theta": 1000000.0}}),
+    "phi3": dict(_TINY, pad_token_id=0, bos_token_id=1, eos_token_id=2, sliding_window=37,
+                 partial_rotary_factor=0.5, max_position_embeddings=1024,
+                 original_max_position_embeddings=256,
+                 rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                  "short_factor": [1.0, 1.25, 1.5, 2.0],
+                                  "long_factor": [1.5, 2.0, 3.0, 4.0]}),
+}
+
+CHUNK = 1 << 22  # elements generated at a time (fixed: the values do not depend on memory)
+DTYPES = {"f32": ("F32", 4, torch.float32), "bf16": ("BF16", 2, torch.bfloat16)}
+
+
+def make_config(family, fields, dtype):
+    import transformers
+    cfg_cls = getattr(transformers, FAMILIES[family][0])
+    cfg = cfg_cls(**fields)
+    cfg.architectures = [FAMILIES[family][1]]
+    cfg.dtype = DTYPES[dtype][2]
+    return cfg
+
+
+def tensor_specs(family, cfg):
+    """[(name, shape, kind)] in the model's order; kind: matrix, bias, norm, gemma_norm."""
+    H, V, I = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
+    nh = cfg.num_attention_heads
+    nkv = getattr(cfg, "num_key_value_heads", None) or nh
+    hd = getattr(cfg, "head_dim", None) or H // nh  # qwen2/phi3 have no head_dim field
+    norm = "gemma_norm" if family in GEMMA_KIND else "norm"
+    if family == "qwen2":
+        attn_bias = True   # hard-wired in Qwen2Attention (no config field)
+    elif family in ("mistral", "phi3"):
+        attn_bias = False  # hard-wired
+    else:
+        attn_bias = bool(getattr(cfg, "attention_bias", False))
+    o_bias = attn_bias and family != "qwen2"  # Qwen2: biases on q, k, v only
+    mlp_bias = family == "llama" and getattr(cfg, "mlp_bias", False)
+    specs = [("model.embed_tokens.weight", (V, H), "matrix")]
+    for i in range(cfg.num_hidden_layers):
+        p = "model.layers.%d." % i
+
+        def lin(name, out, inp, bias):
+            specs.append((p + name + ".weight", (out, inp), "matrix"))
+            if bias:
+                specs.append((p + name + ".bias", (out,), "bias"))
+        specs.append((p + "input_layernorm.weight", (H,), norm))
+        if family == "phi3":
+            lin("self_attn.qkv_proj", (nh + 2 * nkv) * hd, H, False)
+        else:
+            lin("self_attn.q_proj", nh * hd, H, attn_bias)
+            lin("self_attn.k_proj", nkv * hd, H, attn_bias)
+            lin("self_attn.v_proj", nkv * hd, H, attn_bias)
+        lin("self_attn.o_proj", H, nh * hd, o_bias)
+        if family in ("qwen3", "gemma3_text"):
+            specs.append((p + "self_attn.q_norm.weight", (hd,), norm))
+            specs.append((p + "self_attn.k_norm.weight", (hd,), norm))
+        specs.append((p + "post_attention_layernorm.weight", (H,), norm))
+        if family in GEMMA_KIND:
+            specs.append((p + "pre_feedforward_layernorm.weight", (H,), norm))
+            specs.append((p + "post_feedforward_layernorm.weight", (H,), norm))
+        if family == "phi3":
+            lin("mlp.gate_up_proj", 2 * I, H, False)
+        else:
+            lin("mlp.gate_proj", I, H, mlp_bias)
+            lin("mlp.up_proj", I, H, mlp_bias)
+        lin("mlp.down_proj", H, I, mlp_bias)
+    specs.append(("model.norm.weight", (H,), norm))
+    if not cfg.tie_word_embeddings:
+        specs.append(("lm_head.weight", (V, H), "matrix"))
+    return specs
+
+
+def tensor_seed(seed, name):
+    h = hashlib.sha256(("%d:%s" % (seed, name)).encode()).digest()
+    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
+
+
+def tensor_chunks(name, shape, kind, seed, std, dtype):
+    """The tensor's bytes, CHUNK elements at a time."""
+    gen = torch.Generator().manual_seed(tensor_seed(seed, name))
+    n = math.prod(shape)
+    for start in range(0, n, CHUNK):
+        x = torch.randn(min(CHUNK, n - start), generator=gen, dtype=torch.float32)
+        if kind == "matrix":
+            x.mul_(std)
+        elif kind == "bias":
+            x.mul_(0.1)
+        elif kind == "norm":
+            x.mul_(0.2).add_(1.0)
+        else:  # gemma_norm
+            x.mul_(0.2)
+        if dtype == "bf16":  # round to nearest even: torch's float32 -> bfloat16
+            yield x.to(torch.bfloat16).view(torch.int16).numpy().tobytes()
+        else:
+            yield x.numpy().astype("<f4", copy=False).tobytes()
+
+
+def plan_shards(specs, esize, shard_bytes):
+    """Greedy, in order: a shard closes when the next tensor would pass shard_bytes (a tensor
+    larger than that gets a shard of its own)."""
+    shards, cur, size = [], [], 0
+    for s in specs:
+        nbytes = math.prod(s[1]) * esize
+        if cur and size + nbytes > shard_bytes:
+            shards.append(cur)
+            cur, size = [], 0
+        cur.append(s)
+        size += nbytes
+    if cur:
+        shards.append(cur)
+    return shards
+
+
+def write_shard(path, specs, dtype, seed, std):
+    st_dtype, esize, _ = DTYPES[dtype]
+    header, off = {"__metadata__": {"format": "pt"}}, 0
+    for name, shape, _ in specs:
+        nbytes = math.prod(shape) * esize
+        header[name] = {"dtype": st_dtype, "shape": list(shape), "data_offsets": [off, off + nbytes]}
+        off += nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    tmp = path + ".partial"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for name, shape, kind in specs:
+            for b in tensor_chunks(name, shape, kind, seed, std, dtype):
+                f.write(b)
+    os.replace(tmp, path)
+    return off
+
+
+def load_config_arg(text):
+    if os.path.isfile(text):
+        with open(text) as f:
+            return json.load(f)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        sys.exit("--config: neither a file nor a JSON object (%s)" % e)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="presets: tiny (every family), " + ", ".join(
+            "%s (%s)" % (k, v[0]) for k, v in PRESETS.items()))
+    ap.add_argument("out_dir", help="the model directory to write (created)")
+    ap.add_argument("--family", required=True, choices=sorted(FAMILIES))
+    ap.add_argument("--preset", help="a realistic shape (see below) or 'tiny'")
+    ap.add_argument("--config", help="JSON object or a JSON file: config fields, over the preset")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
+                    help="tensor dtype in the files (default bf16)")
+    ap.add_argument("--shard-mb", type=float, default=2000.0,
+                    help="largest shard in megabytes of 10^6 bytes (default 2000)")
+    ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    ap.add_argument("--check", action="store_true",
+                    help="afterwards load the directory with transformers' "
+                         "AutoModelForCausalLM (the whole model in memory: small shapes) and "
+                         "fail on any missing, unexpected or mismatched tensor or a "
+                         "non-finite forward")
+    args = ap.parse_args(argv)
+
+    fields = {}
+    if args.preset == "tiny":
+        fields = dict(TINY[args.family])
+    elif args.preset:
+        if args.preset not in PRESETS:
+            sys.exit("unknown preset '%s' (tiny, %s)" % (args.preset, ", ".join(PRESETS)))
+        fam, preset = PRESETS[args.preset]
+        if fam != args.family:
+            sys.exit("preset %s is a %s model, not %s" % (args.preset, fam, args.family))
+        fields = json.loads(json.dumps(preset))  # a deep copy
+    if args.config:
+        over = load_config_arg(args.config)
+        if not isinstance(over, dict):
+            sys.exit("--config must be a JSON object")
+        over.pop("model_type", None)
+        over.pop("architectures", None)
+        fields.update(over)
+
+    cfg = make_config(args.family, fields, args.dtype)
+    os.makedirs(args.out_dir, exist_ok=True)
+    cfg.save_pretrained(args.out_dir)
+    specs = tensor_specs(args.family, cfg)
+    esize = DTYPES[args.dtype][1]
+    std = float(cfg.initializer_range)
+    shards = plan_shards(specs, esize, int(args.shard_mb * 1e6))
+    # no stale files of an earlier run next to the new ones
+    for fn in os.listdir(args.out_dir):
+        if fn.endswith(".safetensors") or fn == "model.safetensors.index.json":
+            os.remove(os.path.join(args.out_dir, fn))
+    total, weight_map = 0, {}
+    for k, shard in enumerate(shards):
+        fn = "model.safetensors" if len(shards) == 1 else \
+            "model-%05d-of-%05d.safetensors" % (k + 1, len(shards))
+        total += write_shard(os.path.join(args.out_dir, fn), shard, args.dtype, args.seed, std)
+        weight_map.update({name: fn for name, _, _ in shard})
+        print("wrote %s (%d tensors)" % (fn, len(shard)), flush=True)
+    if len(shards) > 1:
+        n_params = sum(math.prod(s[1]) for s in specs)
+        with open(os.path.join(args.out_dir, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total, "total_parameters": n_params},
+                       "weight_map": weight_map}, f, indent=2, sort_keys=True)
+            f.write("\n")
+    n = sum(math.prod(s[1]) for s in specs)
+    print("%s: %s %s, %d tensors, %.3f B parameters, %.2f GB in %d file(s)" % (
+        args.out_dir, args.family, args.preset or "(config)", len(specs), n / 1e9, total / 1e9,
+        len(shards)))
+    if args.check:
+        check(args.out_dir, args.family)
+
+
+def check(out_dir, family):
+    """transformers loads the directory as the family's model, every tensor accounted for,
+    and a forward gives finite logits."""
+    from transformers import AutoModelForCausalLM
+    model, info = AutoModelForCausalLM.from_pretrained(out_dir, output_loading_info=True,
+                                                       dtype="auto")
+    problems = {k: sorted(v) for k, v in info.items() if v}
+    if type(model).__name__ != FAMILIES[family][1] or problems:
+        sys.exit("check failed: %s %s" % (type(model).__name__, problems))
+    ids = torch.randint(1, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    if not torch.isfinite(logits).all():
+        sys.exit("check failed: non-finite logits")
+    print("check: %s loads with no missing/unexpected/mismatched tensors; logits %s finite" % (
+        type(model).__name__, tuple(logits.shape)))
+
+
+if __name__ == "__main__":
+    main()
