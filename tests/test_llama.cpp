@@ -33,13 +33,39 @@ std::string read_text(const std::string& path) {
 
 struct Case {
   std::string name, dir, targets;
+  bool bf16 = false;  // reference.h5 has losses_bf16
 };
-const std::vector<Case> kCases = {
-    {"gqa", ref_root + "gqa", "all-linear"},
-    {"tied_head_dim", ref_root + "tied_head_dim", "all-linear"},
-    {"llama3_qv", ref_root + "llama3_qv", "q_proj,v_proj"},
-    {"mistral", ref_root + "mistral", "all-linear"},
-};
+
+// The other families' cases (tests/data/family_reference, the same generator): their
+// case.txt names the LoRA targets and whether a bfloat16 run was recorded.
+std::vector<Case> family_cases() {
+  const std::string root = std::string(KQLORA_TEST_DATA_DIR) + "/family_reference/";
+  std::vector<Case> out;
+  for (const char* name :
+       {"qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "phi3_long", "mistral_window"}) {
+    Case c{name, root + name, "all-linear"};
+    std::ifstream f(c.dir + "/case.txt");
+    for (std::string line; std::getline(f, line);) {
+      const auto eq = line.find(" = ");
+      if (eq == std::string::npos) continue;
+      if (line.substr(0, eq) == "lora_targets") c.targets = line.substr(eq + 3);
+      if (line.substr(0, eq) == "bf16") c.bf16 = line.substr(eq + 3) == "true";
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+const std::vector<Case> kCases = [] {
+  std::vector<Case> v = {
+      {"gqa", ref_root + "gqa", "all-linear", true},
+      {"tied_head_dim", ref_root + "tied_head_dim", "all-linear"},
+      {"llama3_qv", ref_root + "llama3_qv", "q_proj,v_proj"},
+      {"mistral", ref_root + "mistral", "all-linear"},
+  };
+  for (const Case& c : family_cases()) v.push_back(c);
+  return v;
+}();
 
 kqlora::ModelConfig config_of(const Case& c, kqlora::DType dtype = kqlora::DType::float32) {
   kqlora::ModelConfig m;
@@ -273,8 +299,10 @@ TEST_P(LlamaReference, FiveAdamWStepsMatchPeft) {
   expect_matches_peft_run(c, run_train(c, "", "init_file=" + c.dir + "/init.h5"));
 }
 
-TEST(LlamaBfloat16, LossesWithinOnePercentOfPyTorchBfloat16) {
-  const Case& c = kCases[0];  // gqa
+// The cases with a bfloat16 run: gqa (Llama) and gemma2 (soft-caps, sandwich norms).
+TEST_P(LlamaReference, Bfloat16LossesWithinOnePercentOfPyTorchBfloat16) {
+  const Case& c = GetParam();
+  if (!c.bf16) GTEST_SKIP() << c.name << " has no bfloat16 reference run";
   const std::string dir =
       run_train(c, "_bf16", "dtype=bfloat16 init_file=" + c.dir + "/init_adapters.h5");
   auto ref = kqlora::h5::open_file(c.dir + "/reference.h5");

@@ -36,9 +36,9 @@ DecoderSpec gemma(HfConfigReader& r, const std::string& model_type, bool gemma3)
   if (gemma3) {
     s.norms.push_back({"self_attn.q_norm", NormRole::q, g});
     s.norms.push_back({"self_attn.k_norm", NormRole::k, g});
-    if (r.boolean("use_bidirectional_attention", false))
-      r.fail("use_bidirectional_attention", "is true; kqlora's attention is causal");
   }
+  if (r.boolean("use_bidirectional_attention", false))
+    r.fail("use_bidirectional_attention", "is true; kqlora's attention is causal");
   s.embed_scale = static_cast<float>(std::sqrt(static_cast<double>(s.hidden)));
   const double qpas = r.number("query_pre_attn_scalar", 256, false);
   if (!(qpas > 0)) r.fail("query_pre_attn_scalar", "must be > 0");
@@ -53,7 +53,10 @@ DecoderSpec gemma(HfConfigReader& r, const std::string& model_type, bool gemma3)
   const int64_t window = r.integer("sliding_window", 4096, false);
   std::vector<bool> sliding(static_cast<size_t>(s.layers));
   // Gemma 2: every other layer from the first; Gemma 3: all but every pattern-th.
-  const int64_t pattern = gemma3 ? r.integer("sliding_window_pattern", 6, false) : 2;
+  // (save_pretrained writes Gemma 3's pattern as _sliding_window_pattern)
+  const char* pattern_key = r.has("_sliding_window_pattern") ? "_sliding_window_pattern"
+                                                              : "sliding_window_pattern";
+  const int64_t pattern = gemma3 ? r.integer(pattern_key, 6, false) : 2;
   for (int64_t l = 0; l < s.layers; ++l) sliding[l] = (l + 1) % pattern != 0;
   read_layer_types(r, window, sliding, s);
 

@@ -132,7 +132,7 @@ void HfConfigReader::require_neutral(const char* key, double neutral, const std:
 
 void HfConfigReader::finish() const {
   for (const auto& [key, value] : obj_.object)
-    if (!seen_.count(key))
+    if (!seen_.count(key) && value.kind != json::Value::Kind::null)  // (null: unset)
       fail(key.c_str(), "is " + value_text(value) +
                             ": kqlora does not implement it (docs/MODELS.md lists the fields "
                             "each family reads and accepts)");

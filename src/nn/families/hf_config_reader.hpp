@@ -45,7 +45,7 @@ class HfConfigReader {
   /// A field that must be absent, null or equal to `neutral` (a number or boolean whose
   /// value kqlora implements); anything else refused with `why`.
   void require_neutral(const char* key, double neutral, const std::string& why);
-  /// Refuses the first field neither read nor accepted.
+  /// Refuses the first field neither read nor accepted (a JSON null is a field unset).
   void finish() const;
 
   const std::string& source() const { return source_; }
