@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""kqlora's Llama adapters back in the ecosystem (ctest llama_export_transformers):
+"""kqlora's adapters of a Hugging Face decoder back in the ecosystem (ctest
+llama_export_transformers, family_export_<case>):
 
     python3 tests/check_llama_export.py KQLORA_TRAIN KQLORA_EXPORT CASE_DIR WORKDIR
 
-CASE_DIR is a tests/data/llama_reference case (config.json, model.safetensors, data.h5).
+CASE_DIR is a tests/data/llama_reference or family_reference case (config.json,
+model.safetensors, data.h5). transformers runs with eager attention (its soft-caps and
+windows are the eager path's).
 Trains 5 AdamW steps with kqlora-train (LoRA dropout on, eval over data.h5 after the last
 step), exports --peft, --base and --merged, then, with transformers and PEFT in float32:
   PeftModel.from_pretrained(AutoModelForCausalLM(--base dir), --peft dir)  and
@@ -27,6 +30,15 @@ try:
 except ImportError as e:  # the suite must not need them
     print("SKIPPED: %s (pip install torch transformers peft h5py to run this test)" % e)
     sys.exit(77)
+
+
+def linear_names(case):
+    """PEFT's all-linear for the family: every Linear's module name but the LM head."""
+    from transformers import AutoConfig
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(case))
+    return sorted({n.split(".")[-1] for n, m in model.named_modules()
+                   if isinstance(m, torch.nn.Linear) and n != "lm_head"})
 
 
 def main():
@@ -54,8 +66,7 @@ def main():
     checks = [("task_type", cfg["task_type"] == "CAUSAL_LM"),
               ("r and lora_alpha", (cfg["r"], cfg["lora_alpha"]) == (4, 8)),
               ("lora_dropout", abs(cfg["lora_dropout"] - 0.1) < 1e-12),
-              ("target_modules", sorted(cfg["target_modules"]) == sorted(
-                  ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])),
+              ("target_modules", sorted(cfg["target_modules"]) == linear_names(case)),
               ("base_model_name_or_path",
                cfg["base_model_name_or_path"] == os.path.realpath(case))]
     hf_cfg = json.load(open(os.path.join(case, "config.json")))
@@ -63,7 +74,7 @@ def main():
         n = int.from_bytes(f.read(8), "little")
         names = set(json.loads(f.read(n))) - {"__metadata__"}
     checks.append(("lm_head.weight only when untied",
-                   ("lm_head.weight" in names) != hf_cfg["tie_word_embeddings"]))
+                   ("lm_head.weight" in names) != hf_cfg.get("tie_word_embeddings", False)))
 
     with h5py.File(data) as f:
         ids = torch.tensor(f["input_ids"][...], dtype=torch.long)
@@ -74,14 +85,16 @@ def main():
         with torch.no_grad():
             return model(input_ids=ids, labels=labels).loss.item()
 
-    base = AutoModelForCausalLM.from_pretrained(os.path.join(work, "base"), dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(os.path.join(work, "base"), dtype=torch.float32,
+                                                 attn_implementation="eager")
     peft_model = PeftModel.from_pretrained(base, os.path.join(work, "peft"))
     got_peft = loss_of(peft_model)
     merged = AutoModelForCausalLM.from_pretrained(os.path.join(work, "merged"),
-                                                  dtype=torch.float32)
+                                                  dtype=torch.float32,
+                                                  attn_implementation="eager")
     got_merged = loss_of(merged)
-    untrained = loss_of(AutoModelForCausalLM.from_pretrained(os.path.join(work, "base"),
-                                                             dtype=torch.float32))
+    untrained = loss_of(AutoModelForCausalLM.from_pretrained(
+        os.path.join(work, "base"), dtype=torch.float32, attn_implementation="eager"))
     # PEFT's own writer, read back by kqlora (init_file = a PEFT adapter directory; lr 0
     # leaves the adapters as loaded): the same eval loss.
     peft_model.save_pretrained(os.path.join(work, "peft_saved"))

@@ -36,6 +36,10 @@ struct Case {
   bool bf16 = false;  // reference.h5 has losses_bf16
 };
 
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
+
 // The other families' cases (tests/data/family_reference, the same generator): their
 // case.txt names the LoRA targets and whether a bfloat16 run was recorded.
 std::vector<Case> family_cases() {

@@ -217,9 +217,11 @@ template <class ExecSpace>
 void CausalLm<ExecSpace>::ensure(int64_t sequences, int64_t S) {
   const int64_t T = sequences * S;
   for (size_t i = 0; i < rope_.size(); ++i) {
-    // A table covers positions 0 .. S-1 of any row; longrope's frequencies depend on S.
+    // A table covers positions 0 .. S-1 of any row; longrope's frequencies depend on the
+    // rows' length, which transformers takes as the padded batch's: the data file's rows,
+    // not a micro-batch trimmed to its longest scored row.
     const RopeSpec& r = spec_.ropes[i];
-    const std::vector<float>& freqs = r.for_positions(S);
+    const std::vector<float>& freqs = r.for_positions(row_len_);
     if (S > rope_[i].positions() || rope_freqs_[i] != &freqs) {
       rope_[i] = RopeTable<Mem>(freqs, S, this->cfg_.bf16(), r.attention_factor);
       rope_freqs_[i] = &freqs;
@@ -518,11 +520,11 @@ double CausalLm<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool
                                     bool with_grads) {
   const ExecSpace& exec = this->exec_;
   const int64_t n = b.tokens.extent(0), S = b.tokens.extent(1);
-  ensure(n, S);
   step_ = b.step;
   first_sample_ = b.first_sample;
   global_bs_ = b.global_bs;
   row_len_ = b.row_len > 0 ? b.row_len : S;
+  ensure(n, S);
   dropout_on_ = training && this->cfg_.dropout > 0;
   const bool bf16 = this->cfg_.bf16();
   embedding_forward(exec, dense_vector(embed_), b.tokens, cache_[0][kX]);

@@ -5,10 +5,14 @@
 # last global batch leaves rank 1 an empty micro-batch), and an FSDP run of 3 steps resumed
 # to 5 equals the straight 5 steps bit for bit (parameters and optimizer state); FSDP at 3
 # ranks (shared layout, activation checkpointing), DDP at 4, and a run moved from DDP at 4
-# ranks to FSDP at 3 mid-way give the one-process run's adapters and eval losses. The model is tests/data/llama_reference/gqa (GQA, untied head).
+# ranks to FSDP at 3 mid-way give the one-process run's adapters and eval losses. The model
+# is a reference case's directory: tests/data/llama_reference/gqa (GQA, untied head), and
+# family cases (tests/data/family_reference: phi3's fused projections, gemma2's soft-caps
+# and sandwich norms, qwen3's biases and q/k norms).
 # usage: llama_parallel.sh MPIEXEC "MPIEXEC_FLAGS" KQLORA_TRAIN KQLORA_DIFF DATA_DIR WORKDIR
+#        [ONE_TARGET (a projection of the family: the lora_targets a restart refuses)]
 set -u
-mpiexec=$1 flags=$2 train=$3 diff=$4 model=$5 dir=$6
+mpiexec=$1 flags=$2 train=$3 diff=$4 model=$5 dir=$6 target=${7:-q_proj}
 rm -rf "$dir" && mkdir -p "$dir"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 echo "model = llama" > "$dir/deck.in"
@@ -59,10 +63,10 @@ refused() {  # WHAT KEYS...
   echo "refused: $* ($what)"
 }
 refused "the base quantized from" init_file=none
-mkdir -p "$dir/other" && sed 's/"rms_norm_eps": [^,]*/"rms_norm_eps": 1e-06/' \
+mkdir -p "$dir/other" && sed 's/"rms_norm_eps": [^,]*/"rms_norm_eps": 1.5e-06/' \
   "$model/config.json" > "$dir/other/config.json" && cp "$model/model.safetensors" "$dir/other/"
 refused "config.json: $dir/other/config.json differs" hf_model_dir="$dir/other"
-refused "lora_targets: checkpoint all-linear, deck q_proj" lora_targets=q_proj
+refused "lora_targets: checkpoint all-linear, deck $target" lora_targets="$target"
 same_eval() {  # REF TEST: the eval losses within rtol 1e-5
   paste <(grep -o '"eval_loss": [^,}]*' "$dir/$1.jsonl") \
     <(grep -o '"eval_loss": [^,}]*' "$dir/$2.jsonl") | awk -v ref="$1" -v test="$2" '

@@ -92,6 +92,7 @@ RopeSpec read_rope(HfConfigReader* p, double theta, int64_t head_dim, double par
     fail(p && p->has("rope_type") ? "rope_type" : "type",
          "is " + json::quote(type) + "; supported here: \"default\"" + list);
   }
+  if (type == "su" || type == "yarn") type = "longrope";  // (Phi-3's older spellings)
   RopeSpec rope;
   // transformers: dim = int(head_dim * partial_rotary_factor).
   rope.rotary_dim = static_cast<int64_t>(static_cast<double>(head_dim) * partial);
@@ -157,7 +158,9 @@ RopeSpec read_rope(HfConfigReader* p, double theta, int64_t head_dim, double par
   rope.inv_freq = frequencies(short_f);
   rope.inv_freq_long = frequencies(long_f);
   rope.long_above = original_max;
-  const double factor = static_cast<double>(max_positions) / static_cast<double>(original_max);
+  const double factor =
+      p->number("factor", static_cast<double>(max_positions) / static_cast<double>(original_max),
+                false);
   double attention = p->number("attention_factor", 0, false);
   if (!p->has("attention_factor"))
     attention = factor <= 1.0 ? 1.0

@@ -49,14 +49,19 @@ DecoderSpec gemma(HfConfigReader& r, const std::string& model_type, bool gemma3)
     return static_cast<float>(v);
   };
   s.attn_softcap = softcap("attn_logit_softcapping", gemma3 ? 0.0 : 50.0);
+  if (gemma3 && s.attn_softcap > 0)  // (transformers' Gemma 3 attention never applies it)
+    r.fail("attn_logit_softcapping",
+           "is " + std::to_string(s.attn_softcap) +
+               "; transformers' Gemma 3 does not apply it, so kqlora refuses rather than "
+               "compute other numbers (set it to null)");
   s.final_softcap = softcap("final_logit_softcapping", gemma3 ? 0.0 : 30.0);
   const int64_t window = r.integer("sliding_window", 4096, false);
   std::vector<bool> sliding(static_cast<size_t>(s.layers));
   // Gemma 2: every other layer from the first; Gemma 3: all but every pattern-th.
-  // (save_pretrained writes Gemma 3's pattern as _sliding_window_pattern)
-  const char* pattern_key = r.has("_sliding_window_pattern") ? "_sliding_window_pattern"
-                                                              : "sliding_window_pattern";
-  const int64_t pattern = gemma3 ? r.integer(pattern_key, 6, false) : 2;
+  // (save_pretrained also writes a private _sliding_window_pattern, which transformers
+  // does not read back: layer_types decides)
+  r.accept({"_sliding_window_pattern"});
+  const int64_t pattern = gemma3 ? r.integer("sliding_window_pattern", 6, false) : 2;
   for (int64_t l = 0; l < s.layers; ++l) sliding[l] = (l + 1) % pattern != 0;
   read_layer_types(r, window, sliding, s);
 

@@ -31,7 +31,7 @@ DecoderSpec phi3_family(HfConfigReader& r, const std::string& model_type) {
   if (rope_object(r, &name)) {
     HfConfigReader p = r.object(name);
     s.ropes.push_back(
-        read_rope(&p, theta, s.head_dim, partial, s.max_positions, original, {"longrope"}));
+        read_rope(&p, theta, s.head_dim, partial, s.max_positions, original, {"longrope", "su", "yarn"}));
     p.finish();
   } else {
     s.ropes.push_back(

@@ -46,7 +46,7 @@ DecoderSpec qwen(HfConfigReader& r, const std::string& model_type, bool qwen3) {
   // transformers: sliding_window = sliding_window if use_sliding_window else None; a layer
   // slides when its layer_types entry says so (default: from max_window_layers on).
   const bool use_window = r.boolean("use_sliding_window", false);
-  const int64_t window = r.integer("sliding_window", 4096, false);
+  const int64_t window = r.integer("sliding_window", 0, false);  // (default null)
   const int64_t max_window_layers = r.integer("max_window_layers", 28, false, 0);
   std::vector<bool> sliding(static_cast<size_t>(s.layers));
   for (int64_t l = 0; l < s.layers; ++l) sliding[l] = use_window && l >= max_window_layers;
