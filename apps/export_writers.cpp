@@ -15,6 +15,7 @@
 #include "kqlora/core/bfloat16.hpp"
 #include "kqlora/core/blas.hpp"
 #include "kqlora/core/json.hpp"
+#include "kqlora/io/peft_adapter.hpp"
 #include "kqlora/io/safetensors.hpp"
 #include "kqlora/nn/model_config.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
@@ -197,15 +198,14 @@ void write_peft(const CheckpointContents& c, const std::string& file, const std:
   std::vector<std::string> targets;
   std::set<std::string> seen;
   bool other_trainable = false;
-  auto add = [&](const std::string& name, const CheckpointTensor& t) {
-    tensors.push_back(
-        {"base_model.model." + name, "F32", t.shape, t.data.data(), 4 * t.data.size()});
+  auto add = [&](const std::string& key, const CheckpointTensor& t) {
+    tensors.push_back({key, "F32", t.shape, t.data.data(), 4 * t.data.size()});
   };
   for (int g = 0; g < table.num_groups(); ++g) {
     for (const auto& a : table.adapters) {
       if (table.at(a.base).group != g) continue;
-      add(a.module + ".lora_A.weight", find_param(c, a.a, file));
-      add(a.module + ".lora_B.weight", find_param(c, a.b, file));
+      add(peft::adapter_key(a.module, false), find_param(c, a.a, file));
+      add(peft::adapter_key(a.module, true), find_param(c, a.b, file));
       // Hugging Face models: the projection names (PEFT matches a module whose name ends
       // in one); every block has the same adapters.
       const std::string t = hf ? a.module.substr(a.module.rfind('.') + 1) : a.module;
@@ -213,7 +213,7 @@ void write_peft(const CheckpointContents& c, const std::string& file, const std:
     }
     for (const auto& e : table.entries) {
       if (e.group != g || e.kind != ParamKind::trainable || adapter_of(table, e.name)) continue;
-      add(e.name, find_param(c, e.name, file));
+      add(peft::tensor_key(e.name), find_param(c, e.name, file));
       other_trainable = true;
     }
   }

@@ -180,8 +180,7 @@ std::vector<Key> make_keys() {
             c.lora_targets = v;
           },
           [](const Config& c) { return c.lora_targets; },
-          "all-linear|a comma list of the family's projections, e.g. q_proj,v_proj "
-          "(all-linear)"),
+          "all-linear|projection names, e.g. q_proj,v_proj (all-linear)"),
       key(
           "activation_checkpointing", kModel,
           [](Config& c, const std::string& v, const std::string& w) {

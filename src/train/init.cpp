@@ -12,6 +12,7 @@
 #include "kqlora/build_config.hpp"
 #include "kqlora/core/json.hpp"
 #include "kqlora/core/random.hpp"
+#include "kqlora/io/peft_adapter.hpp"
 #include "kqlora/io/tensor_source.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
 #include "kqlora/train/synthetic.hpp"
@@ -106,19 +107,8 @@ struct InitFile {
     }
     const std::string weights = path + "/adapter_model.safetensors";
     source = open_tensor_source(weights);
-    const std::string prefix = "base_model.model.";
     for (const auto& e : source->entries()) {
-      KQLORA_INPUT_CHECK(e.name.compare(0, prefix.size(), prefix) == 0,
-                         weights << ": tensor '" << e.name << "' is not under " << prefix
-                                 << " (not PEFT's layout)");
-      std::string name = e.name.substr(prefix.size());
-      for (const auto& [from, to] :
-           {std::pair<std::string, std::string>{".lora_A.weight", ".lora_a.weight"},
-            {".lora_B.weight", ".lora_b.weight"}}) {
-        const size_t at = name.size() >= from.size() ? name.size() - from.size() : 0;
-        if (name.size() > from.size() && name.compare(at, from.size(), from) == 0)
-          name = name.substr(0, at) + to;
-      }
+      const std::string name = peft::kqlora_name(e.name, weights);
       stored[name] = e.name;
       names.insert(name);
     }
