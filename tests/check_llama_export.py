@@ -47,7 +47,7 @@ def main():
     os.makedirs(work)
     deck = os.path.join(work, "deck.in")
     with open(deck, "w") as f:
-        f.write("model = llama\n")
+        f.write("model = causal_lm\n")
     data = os.path.join(case, "data.h5")
     run = lambda *cmd: subprocess.run(cmd, check=True, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True).stdout

@@ -15,6 +15,7 @@
 #include "kqlora/io/hdf5_file.hpp"
 #include "kqlora/io/hdf5_params.hpp"
 #include "kqlora/nn/causal_lm.hpp"
+#include "kqlora/nn/model_registry.hpp"
 #include "kqlora/train/data.hpp"
 #include "kqlora/train/init.hpp"
 
@@ -325,6 +326,7 @@ TEST_P(LlamaReference, Bfloat16LossesWithinOnePercentOfPyTorchBfloat16) {
 #include "kqlora/core/float16.hpp"
 #include "kqlora/io/chunk_writer.hpp"
 #include "kqlora/io/safetensors.hpp"
+#include "kqlora/train/component_configs.hpp"
 #include "kqlora/train/config.hpp"
 #include "kqlora/train/trainer.hpp"
 
@@ -506,6 +508,61 @@ TEST(LlamaImport, RankAboveTheSmallerSideIsRefused) {
   } catch (const kqlora::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("k_proj [32, 64]"), std::string::npos) << e.what();
   }
+}
+
+// lora_targets are the family's projection names, checked once config.json is read: a
+// wrong one lists the valid ones (Phi-3's fused names, not Llama's).
+TEST(LlamaImport, LoraTargetsAreTheFamilysProjections) {
+  auto cfg = config_of(family_cases()[4]);  // phi3
+  ASSERT_EQ(family_cases()[4].name, "phi3");
+  cfg.lora_targets = "qkv_proj,gate_up_proj";
+  const auto table = kqlora::CausalLm<Exec>::make_table(cfg);
+  EXPECT_EQ(table.adapters.size(), 2u * 2);  // two projections, two layers
+  EXPECT_NO_THROW(table.at("model.layers.1.self_attn.qkv_proj.lora_b.weight"));
+  cfg.lora_targets = "q_proj";
+  try {
+    kqlora::CausalLm<Exec>::make_table(cfg);
+    ADD_FAILURE() << "q_proj accepted for phi3";
+  } catch (const kqlora::InputError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("'q_proj' is not a projection of phi3"), std::string::npos) << what;
+    EXPECT_NE(what.find("qkv_proj,o_proj,gate_up_proj,down_proj"), std::string::npos) << what;
+  }
+}
+
+// model = llama is an alias: the deck, the model text of checkpoints and the registry see
+// causal_lm, and a checkpoint's text written as llama reads as causal_lm.
+TEST(LlamaImport, LlamaIsAnAliasOfCausalLm) {
+  EXPECT_EQ(kqlora::ModelConfig::from_text("model = llama\n", "ckpt").kind, "causal_lm");
+  EXPECT_EQ(kqlora::canonical_model_kind("llama"), "causal_lm");
+  EXPECT_EQ(kqlora::canonical_model_kind("lora_stack"), "lora_stack");
+  const std::string dir = tmp_dir("alias");
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  std::ofstream(dir + "/deck.in") << "model = llama\nhf_model_dir = " << kCases[0].dir
+                                  << "\ndata_file = " << kCases[0].dir << "/data.h5\n";
+  const kqlora::Config c = kqlora::parse_deck(dir + "/deck.in", {});
+  EXPECT_EQ(c.model, "causal_lm");
+  EXPECT_EQ(kqlora::model_config(c).kind, "causal_lm");
+}
+
+// The model FLOPs count each query's visible keys: min(position + 1, window) on sliding
+// layers (mistral_window: every layer, window 37), position + 1 on full ones.
+TEST(LlamaImport, TrainFlopsCountTheWindowsScores) {
+  const Case c = family_cases().back();
+  ASSERT_EQ(c.name, "mistral_window");
+  const auto cfg = config_of(c);
+  const kqlora::DecoderSpec s = kqlora::decoder_spec_of(cfg);
+  ASSERT_EQ(s.layer[0].window, 37);
+  auto full = s;
+  for (auto& l : full.layer) l.window = 0;
+  const std::vector<bool> all(s.projections.size(), true);
+  const int64_t n = 3, T = 136;
+  double saved_pairs = 0;  // per sequence: the keys a window hides
+  for (int64_t p = 0; p < T; ++p) saved_pairs += static_cast<double>(p + 1 - std::min<int64_t>(p + 1, 37));
+  const double per_pair = static_cast<double>(s.layers * s.heads) * 12.0 * s.head_dim * n;
+  EXPECT_DOUBLE_EQ(kqlora::decoder_train_flops(full, 4, all, n, T) -
+                       kqlora::decoder_train_flops(s, 4, all, n, T),
+                   per_pair * saved_pairs);
 }
 
 TEST(LlamaImport, Bfloat16Float16AndShardedSourcesGiveTheSameWeights) {

@@ -92,25 +92,36 @@ D rope_ref(const D& x, int64_t heads, int64_t Dh, const std::vector<float>& freq
   return y;
 }
 
+// What sets a family's attention apart (attention_ref's defaults: Llama's).
+struct AttentionOptions {
+  double scale = 1.0 / std::sqrt(static_cast<double>(kDim));
+  double softcap = 0;                 // c tanh(z / c) on the scaled scores
+  int64_t window = 0;                 // key j visible to query i iff i - j < window
+  std::vector<int32_t> doc_start;     // [kSeqs * kS]: the position i's document starts at
+};
+
 // Causal GQA attention in double; q [T, H*Dh], k, v [T, KV*Dh].
-D attention_ref(const D& q, const D& k, const D& v) {
+D attention_ref(const D& q, const D& k, const D& v, const AttentionOptions& a = {}) {
   const int64_t Q = kHeads * kDim, KV = kKv * kDim, group = kHeads / kKv;
   D o(q.size(), 0.0);
   for (int64_t s = 0; s < kSeqs; ++s)
     for (int64_t h = 0; h < kHeads; ++h) {
       const int64_t g = h / group;
       for (int64_t i = 0; i < kS; ++i) {
-        D p(static_cast<size_t>(i + 1));
+        int64_t first = a.window > 0 ? std::max<int64_t>(0, i - a.window + 1) : 0;
+        if (!a.doc_start.empty()) first = std::max<int64_t>(first, a.doc_start[s * kS + i]);
+        D p(static_cast<size_t>(i + 1), 0.0);
         double m = -1e300, z = 0;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = first; j <= i; ++j) {
           double sc = 0;
           for (int64_t d = 0; d < kDim; ++d)
             sc += q[(s * kS + i) * Q + h * kDim + d] * k[(s * kS + j) * KV + g * kDim + d];
-          p[j] = sc / std::sqrt(static_cast<double>(kDim));
+          p[j] = sc * a.scale;
+          if (a.softcap > 0) p[j] = a.softcap * std::tanh(p[j] / a.softcap);
           m = std::max(m, p[j]);
         }
-        for (auto& x : p) z += (x = std::exp(x - m));
-        for (int64_t j = 0; j <= i; ++j)
+        for (int64_t j = first; j <= i; ++j) z += (p[j] = std::exp(p[j] - m));
+        for (int64_t j = first; j <= i; ++j)
           for (int64_t d = 0; d < kDim; ++d)
             o[(s * kS + i) * Q + h * kDim + d] += p[j] / z * v[(s * kS + j) * KV + g * kDim + d];
       }
@@ -164,6 +175,87 @@ TYPED_TEST(LlamaOps, CausalGroupedQueryAttentionForwardAndBackward) {
                1e-5, "dv");
 }
 
+// Gemma's and Mistral's attention: another scale, a soft-cap that bends (scores of a few
+// units, cap 0.9), a window of 5 (the second row block's keys start at 60, not 0) and,
+// in the first sequence, a document boundary at position 30 (a packed row).
+TYPED_TEST(LlamaOps, WindowedSoftCappedAttentionWithDocumentsForwardAndBackward) {
+  using M = typename TypeParam::memory_space;
+  const int64_t T = kSeqs * kS, Q = kHeads * kDim, KV = kKv * kDim;
+  const auto qf = nf4test::randn(T * Q, 25, 2.0f), kf = nf4test::randn(T * KV, 26, 2.0f),
+             vf = nf4test::randn(T * KV, 27), gf = nf4test::randn(T * Q, 28);
+  auto q = matrix<M>(qf, T, Q), k = matrix<M>(kf, T, KV), v = matrix<M>(vf, T, KV);
+  auto go = matrix<M>(gf, T, Q);
+  AttentionOptions opt;
+  opt.scale = 0.8;
+  opt.softcap = 0.9;
+  opt.window = 5;
+  opt.doc_start.assign(static_cast<size_t>(T), 0);
+  for (int64_t i = 30; i < kS; ++i) opt.doc_start[i] = 30;
+  kqlora::DocStarts<M> docs;
+  {
+    Kokkos::View<int32_t**, Kokkos::LayoutRight, M> d("docs", kSeqs, kS);
+    auto hd = Kokkos::create_mirror_view(d);
+    for (int64_t t = 0; t < T; ++t) hd(t / kS, t % kS) = opt.doc_start[t];
+    Kokkos::deep_copy(d, hd);
+    docs = d;
+  }
+  for (bool with_docs : {false, true}) {
+    AttentionOptions o_ref = opt;
+    if (!with_docs) o_ref.doc_start.clear();
+    const kqlora::DocStarts<M> d = with_docs ? docs : kqlora::DocStarts<M>();
+    kqlora::Matrix<M> o("o", T, Q), gq("gq", T, Q), gk("gk", T, KV), gv("gv", T, KV);
+    Kokkos::View<float*, M> lse("lse", kSeqs * kHeads * kS);
+    kqlora::AttentionWorkspace<M> ws;
+    kqlora::AttentionShape shape{kSeqs, kS, kHeads, kKv, kDim};
+    shape.attn_scale = static_cast<float>(opt.scale);
+    shape.softcap = static_cast<float>(opt.softcap);
+    shape.window = opt.window;
+    kqlora::causal_attention_forward(TypeParam(), shape, q, k, v, false, ws, o, lse, d);
+    kqlora::causal_attention_backward(TypeParam(), shape, q, k, v, o, lse, go, false, ws, gq, gk,
+                                      gv, d);
+    const D q64 = widen(qf), k64 = widen(kf), v64 = widen(vf), g64 = widen(gf);
+    const std::string tag = with_docs ? " (documents)" : "";
+    expect_close(host(o), attention_ref(q64, k64, v64, o_ref), 1e-6, "forward" + tag);
+    auto f = [&](const D& x, int which) {
+      return attention_ref(which == 0 ? x : q64, which == 1 ? x : k64, which == 2 ? x : v64,
+                           o_ref);
+    };
+    expect_close(host(gq), finite_difference([&](const D& x) { return f(x, 0); }, q64, g64), 1e-5,
+                 "dq" + tag);
+    expect_close(host(gk), finite_difference([&](const D& x) { return f(x, 1); }, k64, g64), 1e-5,
+                 "dk" + tag);
+    expect_close(host(gv), finite_difference([&](const D& x) { return f(x, 2); }, v64, g64), 1e-5,
+                 "dv" + tag);
+  }
+}
+
+// Gemma's GeGLU: PyTorch's gelu(approximate="tanh") times up.
+TYPED_TEST(LlamaOps, GeluTanhGatedMlpForwardAndBackward) {
+  using M = typename TypeParam::memory_space;
+  const int64_t T = 5, I = 9;
+  const auto gf = nf4test::randn(T * I, 35, 2.0f), uf = nf4test::randn(T * I, 36),
+             af = nf4test::randn(T * I, 37);
+  auto g = matrix<M>(gf, T, I), u = matrix<M>(uf, T, I), ga = matrix<M>(af, T, I);
+  kqlora::Matrix<M> a("a", T, I), gg("gg", T, I), gu("gu", T, I);
+  kqlora::gated_mlp_forward(TypeParam(), kqlora::Activation::gelu_tanh, g, u, false, a);
+  kqlora::gated_mlp_backward(TypeParam(), kqlora::Activation::gelu_tanh, g, u, ga, false, gg, gu);
+  auto ref = [](const D& gate, const D& up) {
+    D y(gate.size());
+    const double c = std::sqrt(2.0 / M_PI);
+    for (size_t i = 0; i < y.size(); ++i) {
+      const double x = gate[i];
+      y[i] = 0.5 * x * (1 + std::tanh(c * (x + 0.044715 * x * x * x))) * up[i];
+    }
+    return y;
+  };
+  const D g64 = widen(gf), u64 = widen(uf), a64 = widen(af);
+  expect_close(host(a), ref(g64, u64), 1e-6, "geglu forward");
+  expect_close(host(gg), finite_difference([&](const D& x) { return ref(x, u64); }, g64, a64), 1e-5,
+               "d gate");
+  expect_close(host(gu), finite_difference([&](const D& x) { return ref(g64, x); }, u64, a64), 1e-5,
+               "d up");
+}
+
 TYPED_TEST(LlamaOps, SwigluForwardAndBackward) {
   using M = typename TypeParam::memory_space;
   const int64_t T = 7, I = 13;
@@ -205,7 +297,9 @@ TYPED_TEST(LlamaOps, FusedLmHeadCrossEntropyInChunks) {
   kqlora::Matrix<M> gh("gh", T, H);
   kqlora::CrossEntropyWorkspace<M> ws;
   ws.chunk_bytes = 4 * 4 * V;  // chunks of 4 tokens: 4 chunks, the last partial
-  const double loss = kqlora::lm_head_cross_entropy(TypeParam(), h, W, lab, count, false, gh, ws);
+  for (const double cap : {0.0, 1.5}) {  // none, and Gemma's final-logit soft-cap (bending)
+  const double loss = kqlora::lm_head_cross_entropy(TypeParam(), h, W, lab, count, false, gh, ws,
+                                                    static_cast<float>(cap));
   // Float64: logits at t scored against labels[t + 1] within each sequence.
   const D W64 = widen(wf);
   auto ref_loss = [&](const D& x) {
@@ -216,6 +310,7 @@ TYPED_TEST(LlamaOps, FusedLmHeadCrossEntropyInChunks) {
       double m = -1e300, e = 0;
       for (int64_t v = 0; v < V; ++v) {
         for (int64_t f = 0; f < H; ++f) z[v] += x[t * H + f] * W64[v * H + f];
+        if (cap > 0) z[v] = cap * std::tanh(z[v] / cap);
         m = std::max(m, z[v]);
       }
       for (double zv : z) e += std::exp(zv - m);
@@ -223,12 +318,14 @@ TYPED_TEST(LlamaOps, FusedLmHeadCrossEntropyInChunks) {
     }
     return D{sum / count};
   };
-  EXPECT_NEAR(loss, ref_loss(widen(hf))[0], 1e-6 * std::fabs(loss));
-  expect_close(host(gh), finite_difference(ref_loss, widen(hf), D{1.0}), 1e-5, "d hidden");
+  EXPECT_NEAR(loss, ref_loss(widen(hf))[0], 1e-6 * std::fabs(loss)) << "cap " << cap;
+  expect_close(host(gh), finite_difference(ref_loss, widen(hf), D{1.0}), 1e-5,
+               "d hidden, cap " + std::to_string(cap));
   // Without gradients: the same loss.
-  const double again =
-      kqlora::lm_head_cross_entropy(TypeParam(), h, W, lab, count, false, kqlora::Matrix<M>(), ws);
+  const double again = kqlora::lm_head_cross_entropy(TypeParam(), h, W, lab, count, false,
+                                                     kqlora::Matrix<M>(), ws, static_cast<float>(cap));
   EXPECT_EQ(again, loss);
+  }
 }
 
 TYPED_TEST(LlamaOps, LoraProjectionWithDropoutForwardAndBackward) {

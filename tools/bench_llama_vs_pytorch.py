@@ -88,7 +88,7 @@ def kqlora_steps(bin_dir, model_dir, data, batch, steps, ranks, work, tag):
     """Median seconds of a kqlora-train step after the first (from its metrics file)."""
     deck = os.path.join(work, "bench.in")
     with open(deck, "w") as f:
-        f.write("model = llama\n")
+        f.write("model = causal_lm\n")
     metrics = os.path.join(work, tag + ".jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)

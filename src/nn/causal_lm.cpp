@@ -76,6 +76,8 @@ double decoder_train_flops(const DecoderSpec& s, int64_t rank, const std::vector
 
 namespace {
 
+using B = DecoderBuffers;
+
 std::string layer_prefix(int l) {
   return "model.layers." + std::to_string(l);
 }
@@ -205,6 +207,13 @@ CausalLm<ExecSpace>::CausalLm(const ExecSpace& exec, const ModelConfig& cfg, boo
 }
 
 template <class ExecSpace>
+std::vector<std::string> CausalLm<ExecSpace>::notes() const {
+  std::vector<std::string> out;
+  for (const auto& n : spec_.notes) out.push_back(this->cfg_.arch_source + ": " + n);
+  return out;
+}
+
+template <class ExecSpace>
 InputSpec CausalLm<ExecSpace>::input() const {
   InputSpec s;
   s.tokens = true;
@@ -238,32 +247,33 @@ void CausalLm<ExecSpace>::ensure(int64_t sequences, int64_t S) {
     work_store_.clear();
     buf_store_.clear();
   }
+  // Buffers [first, count) of a list (the shared block buffers skip x: each layer's own).
   auto rows = [&](const std::vector<ActivationBuffer>& list, Buffers& store, Buffers& view,
-                  size_t count) {
+                  size_t first, size_t count) {
     if (grow || store.empty()) {
       store.assign(count, Matrix<Mem>());
-      for (size_t i = 0; i < count; ++i)
+      for (size_t i = first; i < count; ++i)
         if (list[i].width > 0)
           store[i] = Matrix<Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing,
                                                     "kqlora::CausalLm::" + list[i].name),
                                  capacity_, list[i].width);
     }
     view.assign(count, Matrix<Mem>());
-    for (size_t i = 0; i < count; ++i)
+    for (size_t i = first; i < count; ++i)
       if (list[i].width > 0) view[i] = Matrix<Mem>(store[i].data(), T, list[i].width);
   };
   const auto& block = table_of_buffers_.block;
   if (this->cfg_.activation_checkpointing) {
     // Each block keeps its input; one block's worth of activations serves the forward and
     // each block's recomputation in the backward.
-    for (size_t l = 0; l < cache_.size(); ++l) rows(block, store_[l], cache_[l], kX + 1);
-    rows(block, work_store_, work_, block.size());
+    for (size_t l = 0; l < cache_.size(); ++l) rows(block, store_[l], cache_[l], 0, B::kX + 1);
+    rows(block, work_store_, work_, B::kX + 1, block.size());
   } else {
-    for (size_t l = 0; l < cache_.size(); ++l) rows(block, store_[l], cache_[l], block.size());
+    for (size_t l = 0; l < cache_.size(); ++l) rows(block, store_[l], cache_[l], 0, block.size());
   }
-  rows(table_of_buffers_.shared, buf_store_, buf_, table_of_buffers_.shared.size());
-  lora_.gh = buf_[kGH];
-  lora_.tmp = buf_[kTmp];
+  rows(table_of_buffers_.shared, buf_store_, buf_, 0, table_of_buffers_.shared.size());
+  lora_.gh = buf_[B::kGH];
+  lora_.tmp = buf_[B::kTmp];
   tokens_ = T;
   seq_len_ = S;
 }
@@ -316,19 +326,19 @@ auto CausalLm<ExecSpace>::slot_output(Buffers& c, Slot s) -> Matrix<Mem> {
   const bool qk_norm = spec_.norm(NormRole::q) != nullptr;
   switch (s) {
     case Slot::q:
-      return qk_norm ? c[kQRaw] : c[kQ];
+      return qk_norm ? c[B::kQRaw] : c[B::kQ];
     case Slot::k:
-      return qk_norm ? c[kKRaw] : c[kK];
+      return qk_norm ? c[B::kKRaw] : c[B::kK];
     case Slot::v:
-      return c[kV];
+      return c[B::kV];
     case Slot::o:
-      return spec_.norm(NormRole::attn_out) ? c[kORaw] : buf_[kProjOut];
+      return spec_.norm(NormRole::attn_out) ? c[B::kORaw] : buf_[B::kProjOut];
     case Slot::gate:
-      return c[kGate];
+      return c[B::kGate];
     case Slot::up:
-      return c[kUp];
+      return c[B::kUp];
     default:
-      return spec_.norm(NormRole::mlp_out) ? c[kDRaw] : buf_[kProjOut];
+      return spec_.norm(NormRole::mlp_out) ? c[B::kDRaw] : buf_[B::kProjOut];
   }
 }
 
@@ -336,15 +346,15 @@ template <class ExecSpace>
 auto CausalLm<ExecSpace>::slot_gradient(Slot s) -> Matrix<Mem> {
   switch (s) {
     case Slot::q:
-      return buf_[kGQ];
+      return buf_[B::kGQ];
     case Slot::k:
-      return buf_[kGK];
+      return buf_[B::kGK];
     case Slot::v:
-      return buf_[kGV];
+      return buf_[B::kGV];
     case Slot::gate:
-      return buf_[kGGate];
+      return buf_[B::kGGate];
     default:
-      return buf_[kGUp];
+      return buf_[B::kGUp];
   }
 }
 
@@ -352,13 +362,13 @@ template <class ExecSpace>
 auto CausalLm<ExecSpace>::projection_input(const Buffers& c, int p) const -> Matrix<Mem> {
   switch (spec_.projections[p].input) {
     case ProjectionInput::attn_norm:
-      return c[kN1];
+      return c[B::kN1];
     case ProjectionInput::attn_out:
-      return c[kAtt];
+      return c[B::kAtt];
     case ProjectionInput::mlp_norm:
-      return c[kN2];
+      return c[B::kN2];
     default:
-      return c[kAct];
+      return c[B::kAct];
   }
 }
 
@@ -370,7 +380,7 @@ void CausalLm<ExecSpace>::project(int l, int p, Buffers& c) {
   const Matrix<Mem> x = projection_input(c, p);
   const bool fused = spec.slots.size() > 1;
   const Matrix<Mem> y =
-      fused ? Matrix<Mem>(buf_[kFused].data(), tokens_, spec_.out_features(spec))
+      fused ? Matrix<Mem>(buf_[B::kFused].data(), tokens_, spec_.out_features(spec))
             : slot_output(c, spec.slots[0]);
   const Kokkos::View<const float*, Mem> bias =
       P.bias ? dense_vector(P.bias) : Kokkos::View<const float*, Mem>();
@@ -427,7 +437,7 @@ void CausalLm<ExecSpace>::project_back_all(int l, ProjectionInput in, const Buff
     if (spec.input != in) continue;
     Matrix<Mem> gy = slot_gradient(spec.slots[0]);
     if (spec.slots.size() > 1) {  // gather the slots' gradients into the fused one's
-      gy = Matrix<Mem>(buf_[kGFused].data(), tokens_, spec_.out_features(spec));
+      gy = Matrix<Mem>(buf_[B::kGFused].data(), tokens_, spec_.out_features(spec));
       int64_t col = 0;
       for (Slot s : spec.slots) {
         put_columns(this->exec_, slot_gradient(s), col, gy);
@@ -468,7 +478,7 @@ AttentionShape CausalLm<ExecSpace>::attention_shape(int l) const {
 template <class ExecSpace>
 auto CausalLm<ExecSpace>::block_cache(int l) -> Buffers& {
   if (!this->cfg_.activation_checkpointing) return cache_[l];
-  work_[kX] = cache_[l][kX];  // (the block's own input; the rest is shared)
+  work_[B::kX] = cache_[l][B::kX];  // (the block's own input; the rest is shared)
   return work_;
 }
 
@@ -484,35 +494,35 @@ void CausalLm<ExecSpace>::block_forward(int l, Buffers& c, const Matrix<Mem>& ne
     for (int p = 0; p < P; ++p)
       if (spec_.projections[p].input == in) project(l, p, c);
   };
-  norm_forward(norm_of(NormRole::attn_in), NormRole::attn_in, c[kX], c[kN1], c[kInv1]);
+  norm_forward(norm_of(NormRole::attn_in), NormRole::attn_in, c[B::kX], c[B::kN1], c[B::kInv1]);
   project_all(ProjectionInput::attn_norm);
   if (norm_of(NormRole::q)) {  // per-head q and k norms, before the rotary
-    norm_forward(norm_of(NormRole::q), NormRole::q, per_head(c[kQRaw], D), per_head(c[kQ], D),
-                 c[kInvQ]);
-    norm_forward(norm_of(NormRole::k), NormRole::k, per_head(c[kKRaw], D), per_head(c[kK], D),
-                 c[kInvK]);
+    norm_forward(norm_of(NormRole::q), NormRole::q, per_head(c[B::kQRaw], D), per_head(c[B::kQ], D),
+                 c[B::kInvQ]);
+    norm_forward(norm_of(NormRole::k), NormRole::k, per_head(c[B::kKRaw], D), per_head(c[B::kK], D),
+                 c[B::kInvK]);
   }
   const RopeTable<Mem>& rope = rope_[spec_.layer[l].rope];
-  rope_apply(exec, rope, S, D, false, bf16, c[kQ]);
-  rope_apply(exec, rope, S, D, false, bf16, c[kK]);
-  causal_attention_forward(exec, attention_shape(l), c[kQ], c[kK], c[kV], bf16, att_ws_, c[kAtt],
-                           flat(c[kLse]));
+  rope_apply(exec, rope, S, D, false, bf16, c[B::kQ]);
+  rope_apply(exec, rope, S, D, false, bf16, c[B::kK]);
+  causal_attention_forward(exec, attention_shape(l), c[B::kQ], c[B::kK], c[B::kV], bf16, att_ws_, c[B::kAtt],
+                           flat(c[B::kLse]));
   project_all(ProjectionInput::attn_out);
   if (norm_of(NormRole::attn_out))
-    norm_forward(norm_of(NormRole::attn_out), NormRole::attn_out, c[kORaw], buf_[kProjOut],
-                 c[kInvO]);
-  Kokkos::deep_copy(exec, c[kMid], c[kX]);
-  residual_add(exec, buf_[kProjOut], bf16, c[kMid]);
-  norm_forward(norm_of(NormRole::mlp_in), NormRole::mlp_in, c[kMid], c[kN2], c[kInv2]);
+    norm_forward(norm_of(NormRole::attn_out), NormRole::attn_out, c[B::kORaw], buf_[B::kProjOut],
+                 c[B::kInvO]);
+  Kokkos::deep_copy(exec, c[B::kMid], c[B::kX]);
+  residual_add(exec, buf_[B::kProjOut], bf16, c[B::kMid]);
+  norm_forward(norm_of(NormRole::mlp_in), NormRole::mlp_in, c[B::kMid], c[B::kN2], c[B::kInv2]);
   project_all(ProjectionInput::mlp_norm);
-  gated_mlp_forward(exec, spec_.mlp_activation, c[kGate], c[kUp], bf16, c[kAct]);
+  gated_mlp_forward(exec, spec_.mlp_activation, c[B::kGate], c[B::kUp], bf16, c[B::kAct]);
   project_all(ProjectionInput::mlp_act);  // (its adapter's h and dropout mask too)
   if (norm_of(NormRole::mlp_out))
-    norm_forward(norm_of(NormRole::mlp_out), NormRole::mlp_out, c[kDRaw], buf_[kProjOut],
-                 c[kInvD]);
+    norm_forward(norm_of(NormRole::mlp_out), NormRole::mlp_out, c[B::kDRaw], buf_[B::kProjOut],
+                 c[B::kInvD]);
   if (!next.data()) return;  // a recomputation: the backward needs no block output
-  Kokkos::deep_copy(exec, next, c[kMid]);
-  residual_add(exec, buf_[kProjOut], bf16, next);
+  Kokkos::deep_copy(exec, next, c[B::kMid]);
+  residual_add(exec, buf_[B::kProjOut], bf16, next);
 }
 
 template <class ExecSpace>
@@ -527,18 +537,18 @@ double CausalLm<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool
   ensure(n, S);
   dropout_on_ = training && this->cfg_.dropout > 0;
   const bool bf16 = this->cfg_.bf16();
-  embedding_forward(exec, dense_vector(embed_), b.tokens, cache_[0][kX]);
-  if (spec_.embed_scale > 0) embedding_scale(exec, spec_.embed_scale, bf16, cache_[0][kX]);
+  embedding_forward(exec, dense_vector(embed_), b.tokens, cache_[0][B::kX]);
+  if (spec_.embed_scale > 0) embedding_scale(exec, spec_.embed_scale, bf16, cache_[0][B::kX]);
   for (int l = 0; l < spec_.layers; ++l) {
-    const Matrix<Mem>& next = l + 1 < spec_.layers ? cache_[l + 1][kX] : buf_[kXOut];
+    const Matrix<Mem>& next = l + 1 < spec_.layers ? cache_[l + 1][B::kX] : buf_[B::kXOut];
     const int group = blocks_[l].proj[0].w->group;
     this->acquire(group);
     block_forward(l, block_cache(l), next);
     this->release(group);
   }
-  norm_forward(norm_, NormRole::final, buf_[kXOut], buf_[kNf], buf_[kInvF]);
-  return lm_head_cross_entropy(exec, buf_[kNf], dense_matrix(head_), b.labels, normaliser, bf16,
-                               with_grads ? buf_[kGN] : Matrix<Mem>(), ce_ws_,
+  norm_forward(norm_, NormRole::final, buf_[B::kXOut], buf_[B::kNf], buf_[B::kInvF]);
+  return lm_head_cross_entropy(exec, buf_[B::kNf], dense_matrix(head_), b.labels, normaliser, bf16,
+                               with_grads ? buf_[B::kGN] : Matrix<Mem>(), ce_ws_,
                                spec_.final_softcap);
 }
 
@@ -548,16 +558,9 @@ void CausalLm<ExecSpace>::backward(bool accumulate) {
   const bool bf16 = this->cfg_.bf16();
   const int64_t S = seq_len_, D = spec_.head_dim;
   Buffers& s = buf_;
-  norm_backward(norm_, NormRole::final, s[kXOut], s[kInvF], s[kGN], s[kG]);
-  if (bf16) round_bf16(exec, s[kG]);
-  const int P = static_cast<int>(spec_.projections.size());
-  auto writer_of = [&](Slot slot) {
-    for (int p = 0; p < P; ++p)
-      for (Slot x : spec_.projections[p].slots)
-        if (x == slot) return p;
-    return 0;
-  };
-  const int o_proj = writer_of(Slot::o), down_proj = writer_of(Slot::down);
+  norm_backward(norm_, NormRole::final, s[B::kXOut], s[B::kInvF], s[B::kGN], s[B::kG]);
+  if (bf16) round_bf16(exec, s[B::kG]);
+  const int o_proj = spec_.writer(Slot::o), down_proj = spec_.writer(Slot::down);
   for (int l = spec_.layers - 1; l >= 0; --l) {
     const Block& B = blocks_[l];
     const auto norm_of = [&](NormRole r) { return B.norm[static_cast<int>(r)]; };
@@ -566,50 +569,50 @@ void CausalLm<ExecSpace>::backward(bool accumulate) {
     Buffers& c = block_cache(l);
     if (this->cfg_.activation_checkpointing) block_forward(l, c, Matrix<Mem>());
     // MLP: g is the gradient of the block's output (and of mid, through the residual).
-    Matrix<Mem> g_down = s[kG];
+    Matrix<Mem> g_down = s[B::kG];
     if (norm_of(NormRole::mlp_out)) {
-      norm_backward(norm_of(NormRole::mlp_out), NormRole::mlp_out, c[kDRaw], c[kInvD], s[kG],
-                    s[kGTmp]);
-      if (bf16) round_bf16(exec, s[kGTmp]);
-      g_down = s[kGTmp];
+      norm_backward(norm_of(NormRole::mlp_out), NormRole::mlp_out, c[B::kDRaw], c[B::kInvD], s[B::kG],
+                    s[B::kGTmp]);
+      if (bf16) round_bf16(exec, s[B::kGTmp]);
+      g_down = s[B::kGTmp];
     }
-    project_back(l, down_proj, c, g_down, accumulate, 0.0f, s[kGAct]);
-    gated_mlp_backward(exec, spec_.mlp_activation, c[kGate], c[kUp], s[kGAct], bf16, s[kGGate],
-                       s[kGUp]);
-    project_back_all(l, ProjectionInput::mlp_norm, c, accumulate, s[kGN]);
-    norm_backward(norm_of(NormRole::mlp_in), NormRole::mlp_in, c[kMid], c[kInv2], s[kGN],
-                  s[kGTmp]);
-    residual_add(exec, s[kGTmp], bf16, s[kG]);
+    project_back(l, down_proj, c, g_down, accumulate, 0.0f, s[B::kGAct]);
+    gated_mlp_backward(exec, spec_.mlp_activation, c[B::kGate], c[B::kUp], s[B::kGAct], bf16, s[B::kGGate],
+                       s[B::kGUp]);
+    project_back_all(l, ProjectionInput::mlp_norm, c, accumulate, s[B::kGN]);
+    norm_backward(norm_of(NormRole::mlp_in), NormRole::mlp_in, c[B::kMid], c[B::kInv2], s[B::kGN],
+                  s[B::kGTmp]);
+    residual_add(exec, s[B::kGTmp], bf16, s[B::kG]);
     // Attention: g is now the gradient of mid (and of the block's input).
-    Matrix<Mem> g_o = s[kG];
+    Matrix<Mem> g_o = s[B::kG];
     if (norm_of(NormRole::attn_out)) {
-      norm_backward(norm_of(NormRole::attn_out), NormRole::attn_out, c[kORaw], c[kInvO], s[kG],
-                    s[kGTmp]);
-      if (bf16) round_bf16(exec, s[kGTmp]);
-      g_o = s[kGTmp];
+      norm_backward(norm_of(NormRole::attn_out), NormRole::attn_out, c[B::kORaw], c[B::kInvO], s[B::kG],
+                    s[B::kGTmp]);
+      if (bf16) round_bf16(exec, s[B::kGTmp]);
+      g_o = s[B::kGTmp];
     }
-    project_back(l, o_proj, c, g_o, accumulate, 0.0f, s[kGAtt]);
-    causal_attention_backward(exec, attention_shape(l), c[kQ], c[kK], c[kV], c[kAtt],
-                              flat(c[kLse]), s[kGAtt], bf16, att_ws_, s[kGQ], s[kGK], s[kGV]);
+    project_back(l, o_proj, c, g_o, accumulate, 0.0f, s[B::kGAtt]);
+    causal_attention_backward(exec, attention_shape(l), c[B::kQ], c[B::kK], c[B::kV], c[B::kAtt],
+                              flat(c[B::kLse]), s[B::kGAtt], bf16, att_ws_, s[B::kGQ], s[B::kGK], s[B::kGV]);
     const RopeTable<Mem>& rope = rope_[spec_.layer[l].rope];
-    rope_apply(exec, rope, S, D, true, bf16, s[kGQ]);
-    rope_apply(exec, rope, S, D, true, bf16, s[kGK]);
+    rope_apply(exec, rope, S, D, true, bf16, s[B::kGQ]);
+    rope_apply(exec, rope, S, D, true, bf16, s[B::kGK]);
     if (norm_of(NormRole::q)) {  // (in place: the norm's backward reads a row, then writes it)
-      norm_backward(norm_of(NormRole::q), NormRole::q, per_head(c[kQRaw], D), c[kInvQ],
-                    per_head(s[kGQ], D), per_head(s[kGQ], D));
-      norm_backward(norm_of(NormRole::k), NormRole::k, per_head(c[kKRaw], D), c[kInvK],
-                    per_head(s[kGK], D), per_head(s[kGK], D));
+      norm_backward(norm_of(NormRole::q), NormRole::q, per_head(c[B::kQRaw], D), c[B::kInvQ],
+                    per_head(s[B::kGQ], D), per_head(s[B::kGQ], D));
+      norm_backward(norm_of(NormRole::k), NormRole::k, per_head(c[B::kKRaw], D), c[B::kInvK],
+                    per_head(s[B::kGK], D), per_head(s[B::kGK], D));
       if (bf16) {
-        round_bf16(exec, s[kGQ]);
-        round_bf16(exec, s[kGK]);
+        round_bf16(exec, s[B::kGQ]);
+        round_bf16(exec, s[B::kGK]);
       }
     }
-    const Matrix<Mem> gx = l > 0 ? s[kGN] : Matrix<Mem>();  // layer 0: no input gradient
+    const Matrix<Mem> gx = l > 0 ? s[B::kGN] : Matrix<Mem>();  // layer 0: no input gradient
     project_back_all(l, ProjectionInput::attn_norm, c, accumulate, gx);
     if (l > 0) {
-      norm_backward(norm_of(NormRole::attn_in), NormRole::attn_in, c[kX], c[kInv1], s[kGN],
-                    s[kGTmp]);
-      residual_add(exec, s[kGTmp], bf16, s[kG]);
+      norm_backward(norm_of(NormRole::attn_in), NormRole::attn_in, c[B::kX], c[B::kInv1], s[B::kGN],
+                    s[B::kGTmp]);
+      residual_add(exec, s[B::kGTmp], bf16, s[B::kG]);
     }
     this->release(group);
     this->group_done(group);
@@ -633,14 +636,14 @@ template <class ExecSpace>
 auto CausalLm<ExecSpace>::logits(const Batch<Mem>& b) -> Matrix<Mem> {
   forward(b, 1.0, false, false);
   Matrix<Mem> out("kqlora::CausalLm::logits", tokens_, spec_.vocab);
-  gemm(this->exec_, "N", "T", 1.0f, buf_[kNf], dense_matrix(head_), 0.0f, out);
+  gemm(this->exec_, "N", "T", 1.0f, buf_[B::kNf], dense_matrix(head_), 0.0f, out);
   const bool bf16 = this->cfg_.bf16();
   if (bf16) round_bf16(this->exec_, out);
   const float cap = spec_.final_softcap;
   if (cap > 0)
     Kokkos::parallel_for(
         "kqlora::CausalLm::soft_cap", over(this->exec_, out.extent(0), out.extent(1)),
-        KOKKOS_LAMBDA(int64_t t, int64_t v) { out(t, v) = impl::soft_cap(out(t, v), cap, bf16); });
+        KOKKOS_LAMBDA(int64_t t, int64_t v) { out(t, v) = soft_cap(out(t, v), cap, bf16); });
   return out;
 }
 

@@ -60,7 +60,9 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
               {"fused", widest_fused},
               {"gfused", widest_fused},
               {"gh", r},
-              {"tmp", std::max({H, Q, I, widest_in, widest_fused})}};
+              // (read by the LoRA products in bfloat16 or with dropout only)
+              {"tmp", cfg.bf16() || cfg.dropout > 0 ? std::max({H, Q, I, widest_in, widest_fused})
+                                                    : 0}};
   return b;
 }
 

@@ -48,8 +48,11 @@ int64_t causal_lm_activations(const ModelConfig& c, int64_t rows, int64_t seq_le
   int64_t block = 0, shared = 0;
   for (const auto& x : b.block) block = add(block, x.width);
   for (const auto& x : b.shared) shared = add(shared, x.width);
-  const int64_t kept = c.activation_checkpointing ? add(mul(s.layers, b.block[kX].width), block)
-                                                  : mul(s.layers, block);
+  // (with activation checkpointing each layer keeps its input x, and the one block's
+  // buffers are the rest)
+  const int64_t x = b.block[DecoderBuffers::kX].width;
+  const int64_t kept =
+      c.activation_checkpointing ? add(mul(s.layers, x), block - x) : mul(s.layers, block);
   const int64_t chunk = std::max<int64_t>(
       1, std::min<int64_t>(tokens, CrossEntropyWorkspace<Kokkos::HostSpace>().chunk_bytes /
                                        mul(4, s.vocab)));

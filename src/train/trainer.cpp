@@ -50,6 +50,7 @@ std::string describe_model(const Model<Exec>& m) {
   os << "model: " << m.config().kind << ", " << m.table().entries.size() << " tensors in "
      << m.table().num_groups() << " group(s), " << m.num_params() << " trainable parameters, NF4 "
      << human_bytes(static_cast<double>(m.nf4_bytes()));
+  for (const auto& n : m.notes()) os << "\nnote: " << n;
   return os.str();
 }
 

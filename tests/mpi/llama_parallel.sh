@@ -15,7 +15,7 @@ set -u
 mpiexec=$1 flags=$2 train=$3 diff=$4 model=$5 dir=$6 target=${7:-q_proj}
 rm -rf "$dir" && mkdir -p "$dir"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-echo "model = llama" > "$dir/deck.in"
+echo "model = causal_lm" > "$dir/deck.in"
 keys="hf_model_dir=$model init_file=$model/init.h5 data_file=$model/data.h5 lora_rank=4
   lora_alpha=8 block_size=32 scaler_block_size=32 global_bs=2 micro_bs=1 optimizer=adamw
   lr=1e-2 log_every=100 shuffle=true eval_file=$model/data.h5 eval_every=2"

@@ -119,13 +119,9 @@ void causal_softmax(const ExecSpace& exec, const Matrix<M>& p, const Kokkos::Vie
         const int64_t lo = first > j0 ? first - j0 : 0, hi = i - j0 + 1;
         if (cap > 0.0f) {
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, lo, hi), [&](int64_t j) {
-            float z = p(r, j) / cap;  // transformers: (z / c).tanh() * c in the dtype
-            if (bf16) z = round_to_bf16(z);
-            float t = tanhf(z);
-            if (bf16) t = round_to_bf16(t);
+            float t = 0.0f;
+            p(r, j) = soft_cap(p(r, j), cap, bf16, &t);
             tanh_of(r, j) = t;
-            const float v = t * cap;
-            p(r, j) = bf16 ? round_to_bf16(v) : v;
           });
           team.team_barrier();
         }
@@ -178,9 +174,14 @@ void softmax_backward(const ExecSpace& exec, const Matrix<M>& p, const OView& o,
         Kokkos::parallel_reduce(
             Kokkos::TeamThreadRange(team, D),
             [&](int64_t c, float& acc) { acc += go(r, c) * o(r, c); }, d);
+        if (!capped) {  // (two loops: the common one stays a plain vectorisable pass)
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cols),
+                               [&](int64_t j) { dp(r, j) = p(r, j) * (dp(r, j) - d); });
+          return;
+        }
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cols), [&](int64_t j) {
           const float ds = p(r, j) * (dp(r, j) - d);
-          dp(r, j) = capped && p(r, j) != 0.0f ? ds * (1.0f - tanh_of(r, j) * tanh_of(r, j)) : ds;
+          dp(r, j) = p(r, j) != 0.0f ? ds * (1.0f - tanh_of(r, j) * tanh_of(r, j)) : ds;
         });
       });
 }

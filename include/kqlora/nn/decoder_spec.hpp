@@ -92,8 +92,8 @@ struct DecoderSpec {
   int64_t out_features(const ProjectionSpec& p) const;
   /// The norm in a role, or null.
   const NormSpec* norm(NormRole r) const;
-  /// The projection writing slot s.
-  const ProjectionSpec& writer(Slot s) const;
+  /// The index of the projection writing slot s.
+  int writer(Slot s) const;
 };
 
 /// Parses config.json's text into a spec through the family its model_type names;

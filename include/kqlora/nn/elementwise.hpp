@@ -54,6 +54,18 @@ KOKKOS_INLINE_FUNCTION float activation_derivative(Activation a, float z) {
   }
 }
 
+/// A soft-cap s = c tanh(x / c) as transformers computes it in the activations' dtype
+/// (bfloat16: each of its three operations rounded); `tanh_out` receives the tanh.
+KOKKOS_INLINE_FUNCTION float soft_cap(float x, float c, bool bf16, float* tanh_out = nullptr) {
+  float z = x / c;
+  if (bf16) z = round_to_bf16(z);
+  float t = tanhf(z);
+  if (bf16) t = round_to_bf16(t);
+  if (tanh_out) *tanh_out = t;
+  const float v = t * c;
+  return bf16 ? round_to_bf16(v) : v;
+}
+
 template <class ExecSpace>
 using Policy2 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2, Kokkos::Iterate::Right>,
                                       Kokkos::IndexType<int64_t>>;

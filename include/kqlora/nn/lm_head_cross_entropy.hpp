@@ -49,16 +49,6 @@ struct CrossEntropyWorkspace {
 
 namespace impl {
 
-/// s = c tanh(l / c) as transformers computes it in the logits' dtype.
-KOKKOS_INLINE_FUNCTION float soft_cap(float l, float c, bool bf16) {
-  float z = l / c;
-  if (bf16) z = round_to_bf16(z);
-  float t = tanhf(z);
-  if (bf16) t = round_to_bf16(t);
-  const float v = t * c;
-  return bf16 ? round_to_bf16(v) : v;
-}
-
 /// The cross-entropy of one chunk's logits lg [n, vocab] (tokens t0 .. t0 + n - 1): each
 /// row's loss into row_loss(t), and with `grad` its gradient in place of its logits.
 /// `cap` > 0: the logits are soft-capped first.
@@ -68,6 +58,7 @@ void cross_entropy_rows(const ExecSpace& exec, const L& lg, const TokenMatrix<M>
                         const Kokkos::View<double*, M>& row_loss, float cap = 0.0f) {
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const int64_t V = lg.extent(1), S = labels.extent(1);
+  const bool keep_exp = grad && cap == 0.0f;  // (capped: the gradient needs the logit)
   Kokkos::parallel_for(
       "kqlora::cross_entropy",
       Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(lg.extent(0)), Kokkos::AUTO),
@@ -103,7 +94,7 @@ void cross_entropy_rows(const ExecSpace& exec, const L& lg, const TokenMatrix<M>
             Kokkos::TeamThreadRange(team, V),
             [&](int64_t v, float& acc) {
               const float e = expf(lg(r, v) - m);
-              if (grad && cap == 0.0f) lg(r, v) = e;
+              if (keep_exp) lg(r, v) = e;
               acc += e;
             },
             z);
@@ -114,8 +105,8 @@ void cross_entropy_rows(const ExecSpace& exec, const L& lg, const TokenMatrix<M>
           team.team_barrier();
           const float scale = inv / z;
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V), [&](int64_t v) {
-            const float s = lg(r, v), t = s / cap;
-            const float d = (expf(s - m) * scale - (v == label ? inv : 0.0f)) * (1.0f - t * t);
+            const float s = lg(r, v), th = s / cap;  // (tanh of the capped logit)
+            const float d = (expf(s - m) * scale - (v == label ? inv : 0.0f)) * (1.0f - th * th);
             lg(r, v) = bf16 ? round_to_bf16(d) : d;
           });
         } else if (grad) {

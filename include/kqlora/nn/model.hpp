@@ -71,6 +71,8 @@ class Model {
 
   /// Bytes of the NF4 tensors held now.
   int64_t nf4_bytes() const;
+  /// What the log should say about the model (e.g. defaults its configuration took).
+  virtual std::vector<std::string> notes() const { return {}; }
 
  protected:
   Model(const ExecSpace& exec, const ModelConfig& cfg, ParamTable table, bool zeroed);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "kqlora/core/error.hpp"
 
@@ -30,7 +31,7 @@ void read_dims(HfConfigReader& r, const FamilyDefaults& d, DecoderSpec& s) {
   if (s.head_dim % 2 != 0)
     r.fail("head_dim", "must be even (rotary pairs), got " + std::to_string(s.head_dim));
   s.norm_eps = r.number("rms_norm_eps", d.norm_eps, false);
-  if (!(s.norm_eps > 0)) r.fail("rms_norm_eps", "must be > 0");
+  if (!(s.norm_eps > 0)) r.fail("rms_norm_eps", "must be > 0, got " + std::to_string(s.norm_eps));
   s.max_positions = r.integer("max_position_embeddings", d.max_positions, false, 0);
   s.tied = r.boolean("tie_word_embeddings", d.tied);
   s.layer.assign(static_cast<size_t>(s.layers), LayerSpec{});
@@ -62,30 +63,36 @@ bool rope_object(HfConfigReader& r, const char** name) {
   return false;
 }
 
-RopeSpec read_rope(HfConfigReader* p, double theta, int64_t head_dim, double partial,
-                   int64_t max_positions, int64_t original_max,
-                   const std::vector<std::string>& allowed) {
+RopeSpec read_rope(HfConfigReader& top, HfConfigReader* p, double theta, int64_t head_dim,
+                   std::optional<double> partial_factor, int64_t max_positions,
+                   int64_t original_max, const std::vector<std::string>& allowed) {
   std::string type = "default";
+  double partial = partial_factor.value_or(1.0);
   if (p) {
     theta = p->number("rope_theta", theta, false);
-    type = p->has("rope_type") ? p->string("rope_type", "default", true)
-                               : p->string("type", "default", false);
-    if (partial > 0) {
+    // (re-saved older files carry both spellings)
+    const std::string a = p->string("rope_type", "", false), b = p->string("type", "", false);
+    if (!a.empty() && !b.empty() && a != b)
+      p->fail("type", "is " + json::quote(b) + " but rope_type is " + json::quote(a));
+    type = !a.empty() ? a : !b.empty() ? b : "default";
+    if (partial_factor) {
       partial = p->number("partial_rotary_factor", partial, false);
     } else if (p->has("partial_rotary_factor") && p->number("partial_rotary_factor", 1, true) != 1) {
       p->fail("partial_rotary_factor",
               "must be 1 for this family (partial rotary embeddings are Phi-3's), got " +
                   value_text(*p->get("partial_rotary_factor")));
     }
-    original_max = p->integer("original_max_position_embeddings", original_max, false, 0);
+    // (a top-level value wins: transformers copies it into the rope object)
+    const int64_t inner = p->integer("original_max_position_embeddings", 0, false, 0);
+    if (original_max <= 0) original_max = inner;
   }
   auto fail = [&](const char* key, const std::string& what) {
     if (p) p->fail(key, what);
-    KQLORA_INPUT_CHECK(false, "rope: " << key << " " << what);
+    top.fail(key, what);
   };
-  if (!(theta > 0)) fail("rope_theta", "must be > 0");
-  if (partial < 0) partial = 1.0;
-  if (!(partial > 0 && partial <= 1)) fail("partial_rotary_factor", "must be in (0, 1]");
+  if (!(theta > 0)) fail("rope_theta", "must be > 0, got " + std::to_string(theta));
+  if (!(partial > 0 && partial <= 1))
+    fail("partial_rotary_factor", "must be in (0, 1], got " + std::to_string(partial));
   if (type != "default" && std::find(allowed.begin(), allowed.end(), type) == allowed.end()) {
     std::string list;
     for (const auto& a : allowed) list += ", \"" + a + "\"";
@@ -114,7 +121,7 @@ RopeSpec read_rope(HfConfigReader* p, double theta, int64_t head_dim, double par
   if (type == "default") return rope;
   if (type == "linear") {
     const double factor = p->number("factor", 0, true);
-    if (!(factor > 0)) p->fail("factor", "must be > 0");
+    if (!(factor > 0)) p->fail("factor", "must be > 0, got " + std::to_string(factor));
     for (auto& f : rope.inv_freq) f /= static_cast<float>(factor);
     return rope;
   }
@@ -126,8 +133,8 @@ RopeSpec read_rope(HfConfigReader* p, double theta, int64_t head_dim, double par
     const float hi = static_cast<float>(p->number("high_freq_factor", 0, true));
     if (!p->has("original_max_position_embeddings"))
       p->fail("original_max_position_embeddings", "is missing");
-    if (!(factor > 0)) p->fail("factor", "must be > 0");
-    if (!(lo > 0)) p->fail("low_freq_factor", "must be > 0");
+    if (!(factor > 0)) p->fail("factor", "must be > 0, got " + std::to_string(factor));
+    if (!(lo > 0)) p->fail("low_freq_factor", "must be > 0, got " + std::to_string(lo));
     if (!(hi > lo)) p->fail("high_freq_factor", "must be greater than low_freq_factor");
     const float old_len = static_cast<float>(original_max);
     const float low_wavelen = old_len / lo, high_wavelen = old_len / hi;
@@ -200,7 +207,7 @@ Activation read_activation(HfConfigReader& r, const char* key, const std::string
                            bool gelu) {
   const std::string act = r.string(key, fallback, false);
   if (act == "silu") return Activation::silu;
-  if (gelu && (act == "gelu_pytorch_tanh" || act == "gelu_tanh")) return Activation::gelu_tanh;
+  if (gelu && act == "gelu_pytorch_tanh") return Activation::gelu_tanh;
   r.fail(key, "is " + json::quote(act) + "; supported: \"silu\"" +
                   (gelu ? std::string(", \"gelu_pytorch_tanh\"") : std::string()));
 }

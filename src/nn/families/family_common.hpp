@@ -3,6 +3,7 @@
 // Llama-shaped projections and norms, rotary tables, per-layer attention types.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,11 +32,13 @@ std::vector<NormSpec> pre_norms(NormKind kind);
 
 /// A rotary table from the rope fields of `params` (rope_parameters / rope_scaling or
 /// Gemma 3's per-layer-type object; null: the default rope), base `theta` and
-/// partial_rotary_factor `partial` (-1: the family has none; a factor other than 1 in the
-/// object is refused): types default, linear, llama3, longrope (`allowed`
-/// limits them per family). `max_positions` and `original_max` serve longrope.
-RopeSpec read_rope(HfConfigReader* params, double theta, int64_t head_dim, double partial,
-                   int64_t max_positions, int64_t original_max,
+/// partial_rotary_factor `partial` (none: the family has no partial rotary, and a factor
+/// other than 1 in the object is refused): types default, linear, llama3, longrope
+/// (`allowed` limits them per family). `max_positions` and `original_max` (a top-level
+/// value, which wins over the object's; 0: none) serve longrope. Errors without a rope
+/// object name `top`'s file.
+RopeSpec read_rope(HfConfigReader& top, HfConfigReader* params, double theta, int64_t head_dim,
+                   std::optional<double> partial, int64_t max_positions, int64_t original_max,
                    const std::vector<std::string>& allowed);
 
 /// The rope object of a top-level config: rope_parameters (transformers 5) or rope_scaling

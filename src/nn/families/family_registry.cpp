@@ -1,5 +1,6 @@
 // The families by config.json's model_type, and the spec's derived sizes.
 #include <algorithm>
+#include <array>
 #include <utility>
 
 #include "families.hpp"
@@ -30,6 +31,40 @@ std::string family_list() {
   return list;
 }
 
+// What the decoder relies on (a family file's mistake, caught before it computes): every
+// slot written once; o and down unfused; a fused projection's slots read one input; q and
+// k norms together; a layer entry per layer, each rope index in range.
+void validate(const DecoderSpec& s) {
+  std::array<int, kSlots> writers{};
+  for (const auto& p : s.projections) {
+    KQLORA_CHECK(!p.slots.empty(), s.model_type << ": projection " << p.name << " has no slot");
+    for (Slot slot : p.slots) ++writers[static_cast<int>(slot)];
+    for (Slot slot : {Slot::o, Slot::down})
+      KQLORA_CHECK(p.slots.size() == 1 || std::find(p.slots.begin(), p.slots.end(), slot) ==
+                                              p.slots.end(),
+                   s.model_type << ": " << p.name << " fuses o or down");
+    const auto input_of = [](Slot x) {
+      return x == Slot::q || x == Slot::k || x == Slot::v ? ProjectionInput::attn_norm
+             : x == Slot::o                               ? ProjectionInput::attn_out
+             : x == Slot::down                            ? ProjectionInput::mlp_act
+                                                          : ProjectionInput::mlp_norm;
+    };
+    for (Slot slot : p.slots)
+      KQLORA_CHECK(input_of(slot) == p.input,
+                   s.model_type << ": " << p.name << " writes a slot of another input");
+  }
+  for (int w : writers) KQLORA_CHECK(w == 1, s.model_type << ": a slot is not written once");
+  KQLORA_CHECK((s.norm(NormRole::q) == nullptr) == (s.norm(NormRole::k) == nullptr),
+               s.model_type << ": q and k norms come together");
+  for (NormRole r : {NormRole::attn_in, NormRole::mlp_in, NormRole::final})
+    KQLORA_CHECK(s.norm(r) != nullptr, s.model_type << ": a required norm is missing");
+  KQLORA_CHECK(static_cast<int64_t>(s.layer.size()) == s.layers,
+               s.model_type << ": one LayerSpec per layer");
+  for (const auto& l : s.layer)
+    KQLORA_CHECK(l.rope >= 0 && l.rope < static_cast<int>(s.ropes.size()),
+                 s.model_type << ": a layer's rope is out of range");
+}
+
 }  // namespace
 
 std::vector<std::string> decoder_families() {
@@ -56,6 +91,7 @@ DecoderSpec parse_decoder_config(const std::string& text, const std::string& sou
     r.fail("model_type", "is " + json::quote(type) + "; supported: " + family_list());
   DecoderSpec s = it->second(r, type);
   r.finish();
+  validate(s);
   return s;
 }
 
@@ -97,11 +133,13 @@ const NormSpec* DecoderSpec::norm(NormRole r) const {
   return nullptr;
 }
 
-const ProjectionSpec& DecoderSpec::writer(Slot s) const {
-  for (const auto& p : projections)
-    if (std::find(p.slots.begin(), p.slots.end(), s) != p.slots.end()) return p;
+int DecoderSpec::writer(Slot s) const {
+  for (size_t p = 0; p < projections.size(); ++p)
+    if (std::find(projections[p].slots.begin(), projections[p].slots.end(), s) !=
+        projections[p].slots.end())
+      return static_cast<int>(p);
   KQLORA_CHECK(false, "no projection writes a slot");
-  return projections.front();
+  return 0;
 }
 
 }  // namespace kqlora

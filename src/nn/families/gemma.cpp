@@ -51,11 +51,15 @@ DecoderSpec gemma(HfConfigReader& r, const std::string& model_type, bool gemma3)
   s.attn_softcap = softcap("attn_logit_softcapping", gemma3 ? 0.0 : 50.0);
   if (gemma3 && s.attn_softcap > 0)  // (transformers' Gemma 3 attention never applies it)
     r.fail("attn_logit_softcapping",
-           "is " + std::to_string(s.attn_softcap) +
+           "is " + value_text(*r.get("attn_logit_softcapping")) +
                "; transformers' Gemma 3 does not apply it, so kqlora refuses rather than "
                "compute other numbers (set it to null)");
   s.final_softcap = softcap("final_logit_softcapping", gemma3 ? 0.0 : 30.0);
   const int64_t window = r.integer("sliding_window", 4096, false);
+  // (Gemma 2 9B's config.json repeats it; transformers reads sliding_window only)
+  if (r.has("sliding_window_size") && r.integer("sliding_window_size", 0, true) != window)
+    r.fail("sliding_window_size", "is " + value_text(*r.get("sliding_window_size")) +
+                                      " but sliding_window is " + std::to_string(window));
   std::vector<bool> sliding(static_cast<size_t>(s.layers));
   // Gemma 2: every other layer from the first; Gemma 3: all but every pattern-th.
   // (save_pretrained also writes a private _sliding_window_pattern, which transformers
@@ -71,10 +75,10 @@ DecoderSpec gemma(HfConfigReader& r, const std::string& model_type, bool gemma3)
   if (!gemma3) {
     if (has_rope) {
       HfConfigReader p = r.object(name);
-      s.ropes.push_back(read_rope(&p, theta, s.head_dim, -1, s.max_positions, 0, {"linear"}));
+      s.ropes.push_back(read_rope(r, &p, theta, s.head_dim, std::nullopt, s.max_positions, 0, {"linear"}));
       p.finish();
     } else {
-      s.ropes.push_back(read_rope(nullptr, theta, s.head_dim, -1, s.max_positions, 0, {}));
+      s.ropes.push_back(read_rope(r, nullptr, theta, s.head_dim, std::nullopt, s.max_positions, 0, {}));
     }
     return s;
   }
@@ -86,12 +90,12 @@ DecoderSpec gemma(HfConfigReader& r, const std::string& model_type, bool gemma3)
     HfConfigReader p = r.object(name);
     for (const char* type : {"full_attention", "sliding_attention"}) {
       if (!p.has(type)) {
-        s.ropes.push_back(read_rope(none, type[0] == 'f' ? theta : local, s.head_dim, -1,
+        s.ropes.push_back(read_rope(r, none, type[0] == 'f' ? theta : local, s.head_dim, std::nullopt,
                                     s.max_positions, 0, {}));
         continue;
       }
       HfConfigReader q = p.object(type);
-      s.ropes.push_back(read_rope(&q, type[0] == 'f' ? theta : local, s.head_dim, -1,
+      s.ropes.push_back(read_rope(r, &q, type[0] == 'f' ? theta : local, s.head_dim, std::nullopt,
                                   s.max_positions, 0, {"linear"}));
       q.finish();
     }
@@ -99,12 +103,12 @@ DecoderSpec gemma(HfConfigReader& r, const std::string& model_type, bool gemma3)
   } else {
     if (has_rope) {
       HfConfigReader p = r.object(name);
-      s.ropes.push_back(read_rope(&p, theta, s.head_dim, -1, s.max_positions, 0, {"linear"}));
+      s.ropes.push_back(read_rope(r, &p, theta, s.head_dim, std::nullopt, s.max_positions, 0, {"linear"}));
       p.finish();
     } else {
-      s.ropes.push_back(read_rope(none, theta, s.head_dim, -1, s.max_positions, 0, {}));
+      s.ropes.push_back(read_rope(r, none, theta, s.head_dim, std::nullopt, s.max_positions, 0, {}));
     }
-    s.ropes.push_back(read_rope(none, local, s.head_dim, -1, s.max_positions, 0, {}));
+    s.ropes.push_back(read_rope(r, none, local, s.head_dim, std::nullopt, s.max_positions, 0, {}));
   }
   for (auto& l : s.layer) l.rope = l.window > 0 ? 1 : 0;
   return s;

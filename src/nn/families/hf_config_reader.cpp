@@ -132,7 +132,9 @@ void HfConfigReader::require_neutral(const char* key, double neutral, const std:
 
 void HfConfigReader::finish() const {
   for (const auto& [key, value] : obj_.object)
-    if (!seen_.count(key) && value.kind != json::Value::Kind::null)  // (null: unset)
+    // (null: unset; a leading underscore: transformers' private bookkeeping, e.g.
+    // _attn_implementation_autoset, never read back into the model)
+    if (!seen_.count(key) && value.kind != json::Value::Kind::null && key.rfind('_', 0) != 0)
       fail(key.c_str(), "is " + value_text(value) +
                             ": kqlora does not implement it (docs/MODELS.md lists the fields "
                             "each family reads and accepts)");

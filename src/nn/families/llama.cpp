@@ -19,11 +19,15 @@ DecoderSpec llama_family(HfConfigReader& r, const std::string& model_type) {
   DecoderSpec s;
   s.model_type = model_type;
   accept_common_fields(r);
-  r.accept({"pretraining_tp"});  // (a training-time sharding hint; no effect on the numbers)
+  // (a training-time sharding hint; SmolLM2's markers and transformers.js settings)
+  r.accept({"pretraining_tp", "is_llama_config", "transformers.js_config"});
+  r.require_neutral("rope_interleaved", 0, "kqlora's rotary is Hugging Face's rotate-half");
   read_dims(r, d, s);
   refuse_dropout(r, "attention_dropout");
   s.mlp_activation = read_activation(r, "hidden_act", "silu", false);
-  const bool attention_bias = r.boolean("attention_bias", false);
+  // (MistralAttention has no biases whatever the config says)
+  if (mistral) r.require_neutral("attention_bias", 0, "MistralForCausalLM has no biases");
+  const bool attention_bias = !mistral && r.boolean("attention_bias", false);
   const bool mlp_bias = !mistral && r.boolean("mlp_bias", false);
   s.projections = llama_projections(attention_bias, attention_bias, mlp_bias);
   s.norms = pre_norms(NormKind::scale);
@@ -32,11 +36,11 @@ DecoderSpec llama_family(HfConfigReader& r, const std::string& model_type) {
   const char* name = nullptr;
   if (rope_object(r, &name)) {
     HfConfigReader p = r.object(name);
-    s.ropes.push_back(read_rope(&p, theta, s.head_dim, -1, s.max_positions, 0,
+    s.ropes.push_back(read_rope(r, &p, theta, s.head_dim, std::nullopt, s.max_positions, 0,
                                 {"linear", "llama3"}));
     p.finish();
   } else {
-    s.ropes.push_back(read_rope(nullptr, theta, s.head_dim, -1, s.max_positions, 0, {}));
+    s.ropes.push_back(read_rope(r, nullptr, theta, s.head_dim, std::nullopt, s.max_positions, 0, {}));
   }
   if (mistral) {
     // (absent: MistralConfig's 4096; null: none)

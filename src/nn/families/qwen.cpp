@@ -38,15 +38,15 @@ DecoderSpec qwen(HfConfigReader& r, const std::string& model_type, bool qwen3) {
   if (rope_object(r, &name)) {
     HfConfigReader p = r.object(name);
     s.ropes.push_back(
-        read_rope(&p, theta, s.head_dim, -1, s.max_positions, 0, {"linear", "llama3"}));
+        read_rope(r, &p, theta, s.head_dim, std::nullopt, s.max_positions, 0, {"linear", "llama3"}));
     p.finish();
   } else {
-    s.ropes.push_back(read_rope(nullptr, theta, s.head_dim, -1, s.max_positions, 0, {}));
+    s.ropes.push_back(read_rope(r, nullptr, theta, s.head_dim, std::nullopt, s.max_positions, 0, {}));
   }
   // transformers: sliding_window = sliding_window if use_sliding_window else None; a layer
   // slides when its layer_types entry says so (default: from max_window_layers on).
   const bool use_window = r.boolean("use_sliding_window", false);
-  const int64_t window = r.integer("sliding_window", 0, false);  // (default null)
+  const int64_t window = r.integer("sliding_window", 4096, false);  // (Qwen2Config's)
   const int64_t max_window_layers = r.integer("max_window_layers", 28, false, 0);
   std::vector<bool> sliding(static_cast<size_t>(s.layers));
   for (int64_t l = 0; l < s.layers; ++l) sliding[l] = use_window && l >= max_window_layers;
