@@ -147,7 +147,7 @@ FAMILY_CASES = {
                             max_window_layers=1)),
     # head_dim 24 != hidden / heads, biases on q, k, v and o, q_norm / k_norm (w * x), GQA,
     # tied head (as Qwen3's small models)
-    "qwen3": dict(family="qwen3", seed=1002,
+    "qwen3": dict(family="qwen3", seed=1002, bf16=True,
                   arch=dict(FAM, head_dim=24, attention_bias=True, tie_word_embeddings=True)),
     # hidden 32 (sqrt 32 is not a bfloat16: the embedding normalizer rounds) with 4 heads of
     # 16 (heads * head_dim != hidden), query_pre_attn_scalar 20 != head_dim, soft-caps of 5
@@ -177,7 +177,7 @@ FAMILY_CASES = {
                         scale={"embed_tokens.weight": 6.0}),
     # fused qkv_proj / gate_up_proj, partial rotary 0.5, a window of 37 on every layer,
     # longrope with original_max_position_embeddings 256 > 136: the short factors
-    "phi3": dict(family="phi3", seed=1005, arch=dict(PHI3)),
+    "phi3": dict(family="phi3", seed=1005, bf16=True, arch=dict(PHI3)),
     # longrope with original_max_position_embeddings 64 < 136: the long factors, no window
     "phi3_long": dict(family="phi3", seed=1006,
                       arch=dict(PHI3, original_max_position_embeddings=64,
