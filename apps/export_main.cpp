@@ -21,7 +21,7 @@ const char* usage =
     "CHECKPOINT is a checkpoint file, a step directory or a save_dir (its latest).\n"
     "  --merged OUT    every NF4 weight dequantized, plus (alpha/rank) * B A where a LoRA\n"
     "                  adapter targets it, and the other tensors (biases, frozen dense) as\n"
-    "                  they are. A model imported from a Hugging Face directory (llama):\n"
+    "                  they are. A model imported from a Hugging Face directory (causal_lm):\n"
     "                  OUT is a Hugging Face model directory (model.safetensors with HF\n"
     "                  names, lm_head.weight only when untied; config.json from the\n"
     "                  checkpoint; tokenizer and generation files copied from hf_model_dir\n"
@@ -33,7 +33,7 @@ const char* usage =
     "  --dtype T       float32 (default) or bfloat16 (rounded to nearest even)\n"
     "  --peft DIR      DIR/adapter_model.safetensors (base_model.model.<module>.lora_A.weight,\n"
     "                  lora_B.weight, e.g. base_model.model.model.layers.0.self_attn.q_proj.\n"
-    "                  lora_A.weight) and DIR/adapter_config.json (peft_type LORA; llama:\n"
+    "                  lora_A.weight) and DIR/adapter_config.json (peft_type LORA; causal_lm:\n"
     "                  task_type CAUSAL_LM, base_model_name_or_path the run's hf_model_dir)\n"
     "  --version       version and build configuration\n"
     "Exit codes: 0 done, 2 bad input, 1 other failure.\n";

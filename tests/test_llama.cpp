@@ -1,5 +1,6 @@
-// The Llama model (nn/llama.hpp) against transformers + PEFT + torchao (float32, CPU):
-// tests/data/llama_reference, written once by tools/gen_llama_reference.py. Each case is a
+// The decoder (nn/causal_lm.hpp) against transformers + PEFT + torchao (float32, CPU), for
+// every family: tests/data/llama_reference and tests/data/family_reference, written once by
+// tools/gen_llama_reference.py. Each case is a
 // random-initialised Hugging Face model directory; both sides use the NF4 dequantization
 // of its projections (init.h5 holds torchao's NF4 components, which take precedence over
 // model.safetensors; the dense tensors come from the model directory). Tolerances per
@@ -508,6 +509,61 @@ TEST(LlamaImport, RankAboveTheSmallerSideIsRefused) {
   } catch (const kqlora::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("k_proj [32, 64]"), std::string::npos) << e.what();
   }
+}
+
+// Public models' config.json spellings, as their model cards ship them (shapes cut down):
+// Phi-4-mini's extra neutral fields and its rope_scaling with "type"; SmolLM2's
+// transformers.js settings; Gemma 2 9B's sliding_window_size; transformers 4.48's
+// _attn_implementation_autoset. Each is read, and a non-neutral value is refused.
+TEST(LlamaImport, PublicModelsConfigSpellingsAreRead) {
+  std::string factors;
+  for (int i = 0; i < 48; ++i) factors += (i ? ", " : "") + std::to_string(1.0 + 0.01 * i);
+  const std::string phi4 =
+      "{\"architectures\": [\"Phi3ForCausalLM\"], \"attention_bias\": false, "
+      "\"attention_dropout\": 0.0, \"auto_map\": {\"AutoConfig\": \"x\"}, "
+      "\"bos_token_id\": 199999, \"embd_pdrop\": 0.0, \"eos_token_id\": 199999, "
+      "\"full_attn_mod\": 1, \"hidden_act\": \"silu\", \"hidden_size\": 3072, "
+      "\"initializer_range\": 0.02, \"intermediate_size\": 8192, \"interpolate_factor\": 1, "
+      "\"lm_head_bias\": false, \"max_position_embeddings\": 131072, \"mlp_bias\": false, "
+      "\"model_type\": \"phi3\", \"num_attention_heads\": 24, \"num_hidden_layers\": 2, "
+      "\"num_key_value_heads\": 8, \"original_max_position_embeddings\": 4096, "
+      "\"pad_token_id\": 199999, \"partial_rotary_factor\": 0.75, \"resid_pdrop\": 0.0, "
+      "\"rms_norm_eps\": 1e-05, \"rope_scaling\": {\"long_factor\": [" +
+      factors + "], \"short_factor\": [" + factors +
+      "], \"type\": \"longrope\"}, \"rope_theta\": 10000.0, \"sliding_window\": 262144, "
+      "\"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\", "
+      "\"transformers_version\": \"4.45.0\", \"use_cache\": true, \"vocab_size\": 200064, "
+      "\"_attn_implementation_autoset\": true}";
+  const auto p = kqlora::parse_decoder_config(phi4, "phi4/config.json");
+  EXPECT_EQ(p.head_dim, 128);
+  EXPECT_EQ(p.ropes.at(0).rotary_dim, 96);
+  EXPECT_EQ(p.ropes[0].long_above, 4096);
+  EXPECT_FLOAT_EQ(p.ropes[0].attention_factor,
+                  static_cast<float>(std::sqrt(1 + std::log(32.0) / std::log(4096.0))));
+  EXPECT_TRUE(p.tied);
+  EXPECT_EQ(p.projections.size(), 4u);
+  expect_config_error(with_field(phi4, "lm_head_bias", "true"),
+                      {"'lm_head_bias'", "true", "no biases"});
+  expect_config_error(with_field(phi4, "full_attn_mod", "2"), {"'full_attn_mod'", "2"});
+
+  const std::string smollm2 = with_field(
+      with_field(with_field(read_text(kCases[0].dir + "/config.json"), "is_llama_config", "true"),
+                 "rope_interleaved", "false"),
+      "transformers.js_config", "{\"kv_cache_dtype\": {\"q4f16\": \"float16\"}}");
+  EXPECT_NO_THROW(kqlora::parse_decoder_config(smollm2, "c"));
+  expect_config_error(with_field(smollm2, "rope_interleaved", "true"), {"'rope_interleaved'"});
+
+  const std::string gemma = read_text(family_cases()[2].dir + "/config.json");
+  ASSERT_NE(gemma.find("\"gemma2\""), std::string::npos);
+  EXPECT_NO_THROW(
+      kqlora::parse_decoder_config(with_field(gemma, "sliding_window_size", "37"), "c"));
+  expect_config_error(with_field(gemma, "sliding_window_size", "4096"),
+                      {"'sliding_window_size'", "4096", "sliding_window is 37"});
+  // Both rope spellings must agree.
+  expect_config_error(
+      with_field(phi4, "rope_scaling",
+                 "{\"type\": \"longrope\", \"rope_type\": \"default\"}"),
+      {"'rope_scaling.type'", "\"longrope\"", "rope_type is \"default\""});
 }
 
 // lora_targets are the family's projection names, checked once config.json is read: a

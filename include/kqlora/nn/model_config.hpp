@@ -24,13 +24,13 @@ struct ModelConfig {
   uint64_t seed = 42;
   bool lora_b_zeros = false;
   LossKind loss = LossKind::sum;
-  // Hugging Face models (llama): the projections with adapters, the model directory, and
+  // Hugging Face models (causal_lm): the projections with adapters, the model directory, and
   // config.json's text (checkpoints store it, so readers need no directory).
   std::string lora_targets = "all-linear";
   std::string hf_model_dir;
   std::string arch_text;
   std::string arch_source = "config.json";  // where arch_text came from (for messages)
-  // llama: recompute each block's forward in its backward (the same numbers, less memory;
+  // causal_lm: recompute each block's forward in its backward (the same numbers, less memory;
   // not part of the text form: a restart may change it).
   bool activation_checkpointing = false;
 

@@ -39,12 +39,14 @@ void rms_norm_forward(const ExecSpace& exec, const Matrix<M>& x,
             [&](int64_t f, float& acc) { acc += x(t, f) * x(t, f); }, ss);
         const float r = 1.0f / sqrtf(ss / static_cast<float>(F) + eps);
         Kokkos::single(Kokkos::PerTeam(team), [&] { inv(t) = r; });
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, F), [&](int64_t f) {
-          if (one_plus) {  // (1 + w) * n in float32, one rounding
+        if (one_plus) {  // (1 + w) * n in float32, one rounding
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, F), [&](int64_t f) {
             const float v = (1.0f + w(f)) * (x(t, f) * r);
             y(t, f) = bf16 ? round_to_bf16(v) : v;
-            return;
-          }
+          });
+          return;
+        }
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, F), [&](int64_t f) {
           const float n = bf16 ? round_to_bf16(x(t, f) * r) : x(t, f) * r;
           const float v = w(f) * n;
           y(t, f) = bf16 ? round_to_bf16(v) : v;
