@@ -141,9 +141,18 @@ void HfConfigReader::finish() const {
 }
 
 void accept_common_fields(HfConfigReader& r) {
-  // Names, token ids, dtypes, generation and bookkeeping fields of PretrainedConfig.
+  // Names, token ids, dtypes, generation and bookkeeping fields of PretrainedConfig (older
+  // transformers wrote its generation defaults into config.json too).
   r.accept({"architectures", "_name_or_path", "transformers_version", "dtype", "torch_dtype",
             "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
+            "unk_token_id", "mask_token_id", "cls_token_id", "forced_bos_token_id",
+            "forced_eos_token_id", "suppress_tokens", "begin_suppress_tokens", "bad_words_ids",
+            "max_length", "min_length", "do_sample", "early_stopping", "num_beams",
+            "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p",
+            "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+            "encoder_no_repeat_ngram_size", "num_return_sequences", "output_scores",
+            "return_dict_in_generate", "remove_invalid_values",
+            "exponential_decay_length_penalty", "gradient_checkpointing",
             "decoder_start_token_id", "initializer_range", "output_attentions",
             "output_hidden_states", "return_dict", "id2label", "label2id", "problem_type",
             "tokenizer_class", "prefix", "task_specific_params", "finetuning_task",
