@@ -338,9 +338,9 @@ std::string with_field(std::string json, const std::string& field, const std::st
   const auto at = json.find(key);
   if (at == std::string::npos) return "{" + key + value + ", " + json.substr(json.find('{') + 1);
   size_t end = at + key.size();
-  if (json[end] == '{') {  // an object: up to its closing brace
+  if (json[end] == '{' || json[end] == '[') {  // an object or array: up to its close
     for (int depth = 0; end < json.size(); ++end) {
-      depth += json[end] == '{' ? 1 : json[end] == '}' ? -1 : 0;
+      depth += json[end] == '{' || json[end] == '[' ? 1 : json[end] == '}' || json[end] == ']' ? -1 : 0;
       if (depth == 0) break;
     }
     ++end;
@@ -564,6 +564,45 @@ TEST(LlamaImport, PublicModelsConfigSpellingsAreRead) {
       with_field(phi4, "rope_scaling",
                  "{\"type\": \"longrope\", \"rope_type\": \"default\"}"),
       {"'rope_scaling.type'", "\"longrope\"", "rope_type is \"default\""});
+}
+
+// The spellings the references do not use give the same spec: Qwen2's sliding layers from
+// use_sliding_window and max_window_layers instead of layer_types, Gemma 2's alternating
+// default, Gemma 3's older rope_theta / rope_local_base_freq / rope_scaling instead of
+// rope_parameters keyed by layer type.
+TEST(LlamaImport, DefaultRulesAndOlderSpellingsGiveTheReferencesSpecs) {
+  const auto cases = family_cases();
+  auto spec_of = [](const std::string& text) { return kqlora::parse_decoder_config(text, "c"); };
+  auto windows = [](const kqlora::DecoderSpec& s) {
+    std::vector<int64_t> w;
+    for (const auto& l : s.layer) w.push_back(l.window);
+    return w;
+  };
+  const std::string qwen2 = read_text(cases[0].dir + "/config.json");
+  const auto q_ref = spec_of(qwen2), q_old = spec_of(with_field(qwen2, "layer_types", "null"));
+  EXPECT_EQ(windows(q_old), windows(q_ref));
+  EXPECT_EQ(windows(q_ref), (std::vector<int64_t>{0, 37}));
+  // use_sliding_window false: every layer full, whatever max_window_layers says.
+  EXPECT_EQ(windows(spec_of(with_field(with_field(qwen2, "layer_types", "null"),
+                                       "use_sliding_window", "false"))),
+            (std::vector<int64_t>{0, 0}));
+
+  const std::string gemma2 = read_text(cases[2].dir + "/config.json");
+  EXPECT_EQ(windows(spec_of(with_field(gemma2, "layer_types", "null"))),
+            windows(spec_of(gemma2)));
+
+  const std::string gemma3 = read_text(cases[3].dir + "/config.json");
+  std::string old = with_field(gemma3, "rope_parameters", "null");
+  old = with_field(old, "rope_theta", "1000000.0");
+  old = with_field(old, "rope_local_base_freq", "10000.0");
+  old = with_field(old, "rope_scaling", "{\"rope_type\": \"linear\", \"factor\": 2.0}");
+  const auto g_ref = spec_of(gemma3), g_old = spec_of(old);
+  ASSERT_EQ(g_ref.ropes.size(), 2u);
+  ASSERT_EQ(g_old.ropes.size(), 2u);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(g_old.ropes[i].inv_freq, g_ref.ropes[i].inv_freq) << i;
+  EXPECT_NE(g_ref.ropes[0].inv_freq, g_ref.ropes[1].inv_freq);  // global scaled, local not
+  for (size_t l = 0; l < g_ref.layer.size(); ++l)
+    EXPECT_EQ(g_ref.layer[l].rope, g_ref.layer[l].window > 0 ? 1 : 0) << l;
 }
 
 // lora_targets are the family's projection names, checked once config.json is read: a

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""kqlora-train against PyTorch + PEFT + torchao on a SmolLM2-135M-shaped Llama, one
-thread per rank, side by side (docs/BENCHMARKS.md, "Llama fine-tuning speed").
+"""kqlora-train against PyTorch + PEFT + torchao on a SmolLM2-135M-shaped Llama (or any
+family and shape tools/make_hf_model.py writes), one thread per rank, side by side
+(docs/BENCHMARKS.md, "Llama fine-tuning speed").
 
-    python3 tools/bench_llama_vs_pytorch.py [--model DIR] [--steps 6] [--bin build/bin]
+    python3 tools/bench_llama_vs_pytorch.py [--model DIR | --family F --preset P]
+                                            [--steps 6] [--bin build/bin]
 
 Both sides train QLoRA on full rows of 256 tokens whose every label is scored: all seven
 projections of every block in NF4 (torchao's to_nf4, block 64, scaler_block_size 64; the
@@ -10,7 +12,9 @@ same sizes for kqlora), LoRA rank 8, alpha 16 on all seven (PEFT on the PyTorch 
 whose base linears hold the NF4 weights: torchao dequantizes each weight in every
 forward and backward), AdamW, float32, torch.set_num_threads(1). --model is a Hugging
 Face directory (default models/SmolLM2-135M-Instruct when it is there, else a random
-model of SmolLM2-135M's shape written under run/). Measured, in one run:
+model of --family / --preset, default llama / smollm2-135m, written under run/ by
+tools/make_hf_model.py). Every linear but the LM head is NF4 and a LoRA target on both
+sides (PEFT's all-linear). Measured, in one run:
   1 x 256 and 4 x 256 tokens per step: the median step time after the first, each side
   DDP at 2 ranks against 1 with global_bs 2 (kqlora): the tokens/s ratio
 Prints a table and one JSON line (--json FILE writes it too).
@@ -26,18 +30,12 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def smol_shape_dir(path):
-    """A random model of SmolLM2-135M's shape (tied embeddings) as an HF directory."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-    if os.path.exists(os.path.join(path, "model.safetensors")):
-        return path
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                      num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                      head_dim=64, rope_theta=100000.0, rms_norm_eps=1e-5,
-                      tie_word_embeddings=True, max_position_embeddings=8192)
-    LlamaForCausalLM(cfg).save_pretrained(path)
+def random_model_dir(path, family, preset):
+    """A random model of the family and preset (tools/make_hf_model.py, float32)."""
+    if not os.path.exists(os.path.join(path, "config.json")):
+        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_hf_model.py"), path,
+                        "--family", family, "--preset", preset, "--dtype", "f32"], check=True)
+    return path
     return path
 
 
@@ -61,16 +59,13 @@ def torch_steps(model_dir, ids, batch, steps):
     from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    names = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    for mod in model.modules():
-        for n in names:
-            lin = getattr(mod, n, None)
-            if isinstance(lin, torch.nn.Linear):
-                lin.weight = torch.nn.Parameter(
-                    to_nf4(lin.weight.detach(), block_size=64, scaler_block_size=64),
-                    requires_grad=False)
+    for name, lin in model.named_modules():
+        if isinstance(lin, torch.nn.Linear) and name != "lm_head":
+            lin.weight = torch.nn.Parameter(
+                to_nf4(lin.weight.detach(), block_size=64, scaler_block_size=64),
+                requires_grad=False)
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
-                                             target_modules=names))
+                                             target_modules="all-linear"))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     x = torch.tensor(ids[:batch], dtype=torch.long)
     times = []
@@ -108,6 +103,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     default = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct")
     ap.add_argument("--model", default=default if os.path.isdir(default) else None)
+    ap.add_argument("--family", default="llama", help="for a random model (make_hf_model.py)")
+    ap.add_argument("--preset", default="smollm2-135m", help="for a random model")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     ap.add_argument("--json", default=None)
@@ -118,7 +115,8 @@ def main():
     os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     work = os.path.join(ROOT, "run", "bench_llama")
     os.makedirs(work, exist_ok=True)
-    model_dir = args.model or smol_shape_dir(os.path.join(work, "smol_shape"))
+    model_dir = args.model or random_model_dir(
+        os.path.join(work, "%s_%s" % (args.family, args.preset)), args.family, args.preset)
     vocab = json.load(open(os.path.join(model_dir, "config.json")))["vocab_size"]
     data = os.path.join(work, "tokens.h5")
     ids = token_file(data, 8, 256, vocab)

@@ -153,11 +153,12 @@ FAMILY_CASES = {
     # 16 (heads * head_dim != hidden), query_pre_attn_scalar 20 != head_dim, soft-caps of 5
     # on attention scores and logits (q/k and the tied embedding scaled up so both bend),
     # layer_types as Gemma2Config derives them (sliding, full, sliding, full), tied head;
-    # also a bfloat16 run
+    # biases on q, k, v and o (attention_bias); also a bfloat16 run
     "gemma2": dict(family="gemma2", seed=1003, bf16=True,
                    arch=dict(FAM, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
                              head_dim=16, query_pre_attn_scalar=20, sliding_window=WINDOW,
-                             attn_logit_softcapping=5.0, final_logit_softcapping=5.0),
+                             attn_logit_softcapping=5.0, final_logit_softcapping=5.0,
+                             attention_bias=True),
                    scale={"embed_tokens.weight": 8.0, "q_proj.weight": 5.0,
                           "k_proj.weight": 5.0}),
     # q_norm / k_norm ((1 + w) * x), 3 sliding layers (local rope base 10000) then a full one
