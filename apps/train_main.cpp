@@ -61,7 +61,8 @@ int train_main(std::vector<std::string>& args) {
   const kqlora::Config cfg = kqlora::parse_deck_text(text, deck, overrides, kqlora::world_size());
   if (dry_run) {  // the effective configuration and the memory estimate; nothing else
     const int node = std::max(1, std::min(kqlora::world_size(), kqlora::ranks_on_this_node()));
-    const int64_t seq = kqlora::model_kind(cfg.model).tokens ? kqlora::token_file_seq_len(cfg.data_file) : 0;
+    const int64_t seq =
+        kqlora::model_kind(cfg.model).tokens ? kqlora::token_file_seq_len(cfg.data_file) : 0;
     kqlora::check_memory(cfg, kqlora::world_size(), node, seq, deck);
     if (kqlora::world_rank() == 0)
       std::cout << cfg.to_deck_text()

@@ -126,7 +126,7 @@ Data read_data(const std::string& dir) {
 }
 
 std::unique_ptr<kqlora::CausalLm<Exec>> load(const Case& c,
-                                          kqlora::DType dtype = kqlora::DType::float32) {
+                                             kqlora::DType dtype = kqlora::DType::float32) {
   auto model = std::make_unique<kqlora::CausalLm<Exec>>(Exec(), config_of(c, dtype));
   std::ostringstream log;
   kqlora::initialize_model(Exec(), *model, c.dir + "/init.h5", log);
@@ -340,7 +340,9 @@ std::string with_field(std::string json, const std::string& field, const std::st
   size_t end = at + key.size();
   if (json[end] == '{' || json[end] == '[') {  // an object or array: up to its close
     for (int depth = 0; end < json.size(); ++end) {
-      depth += json[end] == '{' || json[end] == '[' ? 1 : json[end] == '}' || json[end] == ']' ? -1 : 0;
+      depth += json[end] == '{' || json[end] == '['   ? 1
+               : json[end] == '}' || json[end] == ']' ? -1
+                                                      : 0;
       if (depth == 0) break;
     }
     ++end;
@@ -415,7 +417,8 @@ std::string model_copy(const std::string& name) {
   return dir;
 }
 
-std::unique_ptr<kqlora::CausalLm<Exec>> load_dir(const std::string& dir, std::string* log = nullptr) {
+std::unique_ptr<kqlora::CausalLm<Exec>> load_dir(const std::string& dir,
+                                                 std::string* log = nullptr) {
   Case c{"x", dir, "all-linear"};
   auto model = std::make_unique<kqlora::CausalLm<Exec>>(Exec(), config_of(c));
   std::ostringstream os;
@@ -561,8 +564,7 @@ TEST(LlamaImport, PublicModelsConfigSpellingsAreRead) {
                       {"'sliding_window_size'", "4096", "sliding_window is 37"});
   // Both rope spellings must agree.
   expect_config_error(
-      with_field(phi4, "rope_scaling",
-                 "{\"type\": \"longrope\", \"rope_type\": \"default\"}"),
+      with_field(phi4, "rope_scaling", "{\"type\": \"longrope\", \"rope_type\": \"default\"}"),
       {"'rope_scaling.type'", "\"longrope\"", "rope_type is \"default\""});
 }
 
@@ -588,8 +590,7 @@ TEST(LlamaImport, DefaultRulesAndOlderSpellingsGiveTheReferencesSpecs) {
             (std::vector<int64_t>{0, 0}));
 
   const std::string gemma2 = read_text(cases[2].dir + "/config.json");
-  EXPECT_EQ(windows(spec_of(with_field(gemma2, "layer_types", "null"))),
-            windows(spec_of(gemma2)));
+  EXPECT_EQ(windows(spec_of(with_field(gemma2, "layer_types", "null"))), windows(spec_of(gemma2)));
 
   const std::string gemma3 = read_text(cases[3].dir + "/config.json");
   std::string old = with_field(gemma3, "rope_parameters", "null");
@@ -653,7 +654,8 @@ TEST(LlamaImport, TrainFlopsCountTheWindowsScores) {
   const std::vector<bool> all(s.projections.size(), true);
   const int64_t n = 3, T = 136;
   double saved_pairs = 0;  // per sequence: the keys a window hides
-  for (int64_t p = 0; p < T; ++p) saved_pairs += static_cast<double>(p + 1 - std::min<int64_t>(p + 1, 37));
+  for (int64_t p = 0; p < T; ++p)
+    saved_pairs += static_cast<double>(p + 1 - std::min<int64_t>(p + 1, 37));
   const double per_pair = static_cast<double>(s.layers * s.heads) * 12.0 * s.head_dim * n;
   EXPECT_DOUBLE_EQ(kqlora::decoder_train_flops(full, 4, all, n, T) -
                        kqlora::decoder_train_flops(s, 4, all, n, T),

@@ -11,10 +11,10 @@
 #include "exec_spaces.hpp"
 #include "kqlora/nn/attention.hpp"
 #include "kqlora/nn/embedding.hpp"
+#include "kqlora/nn/gated_mlp.hpp"
 #include "kqlora/nn/lm_head_cross_entropy.hpp"
 #include "kqlora/nn/lora_projection.hpp"
 #include "kqlora/nn/rotary.hpp"
-#include "kqlora/nn/gated_mlp.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
 #include "matrix_util.hpp"
 #include "nf4_test_util.hpp"
@@ -95,9 +95,9 @@ D rope_ref(const D& x, int64_t heads, int64_t Dh, const std::vector<float>& freq
 // What sets a family's attention apart (attention_ref's defaults: Llama's).
 struct AttentionOptions {
   double scale = 1.0 / std::sqrt(static_cast<double>(kDim));
-  double softcap = 0;                 // c tanh(z / c) on the scaled scores
-  int64_t window = 0;                 // key j visible to query i iff i - j < window
-  std::vector<int32_t> doc_start;     // [kSeqs * kS]: the position i's document starts at
+  double softcap = 0;              // c tanh(z / c) on the scaled scores
+  int64_t window = 0;              // key j visible to query i iff i - j < window
+  std::vector<int32_t> doc_start;  // [kSeqs * kS]: the position i's document starts at
 };
 
 // Causal GQA attention in double; q [T, H*Dh], k, v [T, KV*Dh].
@@ -217,8 +217,7 @@ TYPED_TEST(LlamaOps, WindowedSoftCappedAttentionWithDocumentsForwardAndBackward)
     const std::string tag = with_docs ? " (documents)" : "";
     expect_close(host(o), attention_ref(q64, k64, v64, o_ref), 1e-6, "forward" + tag);
     auto f = [&](const D& x, int which) {
-      return attention_ref(which == 0 ? x : q64, which == 1 ? x : k64, which == 2 ? x : v64,
-                           o_ref);
+      return attention_ref(which == 0 ? x : q64, which == 1 ? x : k64, which == 2 ? x : v64, o_ref);
     };
     expect_close(host(gq), finite_difference([&](const D& x) { return f(x, 0); }, q64, g64), 1e-5,
                  "dq" + tag);
@@ -296,35 +295,35 @@ TYPED_TEST(LlamaOps, FusedLmHeadCrossEntropyInChunks) {
   auto h = matrix<M>(hf, T, H), W = matrix<M>(wf, V, H);
   kqlora::Matrix<M> gh("gh", T, H);
   kqlora::CrossEntropyWorkspace<M> ws;
-  ws.chunk_bytes = 4 * 4 * V;  // chunks of 4 tokens: 4 chunks, the last partial
+  ws.chunk_bytes = 4 * 4 * V;            // chunks of 4 tokens: 4 chunks, the last partial
   for (const double cap : {0.0, 1.5}) {  // none, and Gemma's final-logit soft-cap (bending)
-  const double loss = kqlora::lm_head_cross_entropy(TypeParam(), h, W, lab, count, false, gh, ws,
-                                                    static_cast<float>(cap));
-  // Float64: logits at t scored against labels[t + 1] within each sequence.
-  const D W64 = widen(wf);
-  auto ref_loss = [&](const D& x) {
-    double sum = 0;
-    for (int64_t t = 0; t < T; ++t) {
-      if (t % S + 1 >= S || labels[t + 1] == kqlora::kIgnoreLabel) continue;
-      D z(static_cast<size_t>(V), 0.0);
-      double m = -1e300, e = 0;
-      for (int64_t v = 0; v < V; ++v) {
-        for (int64_t f = 0; f < H; ++f) z[v] += x[t * H + f] * W64[v * H + f];
-        if (cap > 0) z[v] = cap * std::tanh(z[v] / cap);
-        m = std::max(m, z[v]);
+    const double loss = kqlora::lm_head_cross_entropy(TypeParam(), h, W, lab, count, false, gh, ws,
+                                                      static_cast<float>(cap));
+    // Float64: logits at t scored against labels[t + 1] within each sequence.
+    const D W64 = widen(wf);
+    auto ref_loss = [&](const D& x) {
+      double sum = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        if (t % S + 1 >= S || labels[t + 1] == kqlora::kIgnoreLabel) continue;
+        D z(static_cast<size_t>(V), 0.0);
+        double m = -1e300, e = 0;
+        for (int64_t v = 0; v < V; ++v) {
+          for (int64_t f = 0; f < H; ++f) z[v] += x[t * H + f] * W64[v * H + f];
+          if (cap > 0) z[v] = cap * std::tanh(z[v] / cap);
+          m = std::max(m, z[v]);
+        }
+        for (double zv : z) e += std::exp(zv - m);
+        sum += std::log(e) + m - z[labels[t + 1]];
       }
-      for (double zv : z) e += std::exp(zv - m);
-      sum += std::log(e) + m - z[labels[t + 1]];
-    }
-    return D{sum / count};
-  };
-  EXPECT_NEAR(loss, ref_loss(widen(hf))[0], 1e-6 * std::fabs(loss)) << "cap " << cap;
-  expect_close(host(gh), finite_difference(ref_loss, widen(hf), D{1.0}), 1e-5,
-               "d hidden, cap " + std::to_string(cap));
-  // Without gradients: the same loss.
-  const double again = kqlora::lm_head_cross_entropy(TypeParam(), h, W, lab, count, false,
-                                                     kqlora::Matrix<M>(), ws, static_cast<float>(cap));
-  EXPECT_EQ(again, loss);
+      return D{sum / count};
+    };
+    EXPECT_NEAR(loss, ref_loss(widen(hf))[0], 1e-6 * std::fabs(loss)) << "cap " << cap;
+    expect_close(host(gh), finite_difference(ref_loss, widen(hf), D{1.0}), 1e-5,
+                 "d hidden, cap " + std::to_string(cap));
+    // Without gradients: the same loss.
+    const double again = kqlora::lm_head_cross_entropy(
+        TypeParam(), h, W, lab, count, false, kqlora::Matrix<M>(), ws, static_cast<float>(cap));
+    EXPECT_EQ(again, loss);
   }
 }
 

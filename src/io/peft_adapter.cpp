@@ -16,12 +16,13 @@ std::string tensor_key(const std::string& name) {
 
 std::string kqlora_name(const std::string& key, const std::string& where) {
   const std::string prefix = kPrefix;
-  KQLORA_INPUT_CHECK(key.compare(0, prefix.size(), prefix) == 0,
-                     where << ": tensor '" << key << "' is not under " << prefix
-                           << " (not PEFT's layout)");
+  KQLORA_INPUT_CHECK(
+      key.compare(0, prefix.size(), prefix) == 0,
+      where << ": tensor '" << key << "' is not under " << prefix << " (not PEFT's layout)");
   std::string name = key.substr(prefix.size());
-  for (const auto& [from, to] : {std::pair<std::string, std::string>{".lora_A.weight", ".lora_a.weight"},
-                                 {".lora_B.weight", ".lora_b.weight"}}) {
+  for (const auto& [from, to] :
+       {std::pair<std::string, std::string>{".lora_A.weight", ".lora_a.weight"},
+        {".lora_B.weight", ".lora_b.weight"}}) {
     const size_t at = name.size() >= from.size() ? name.size() - from.size() : 0;
     if (name.size() > from.size() && name.compare(at, from.size(), from) == 0)
       return name.substr(0, at) + to;

@@ -14,8 +14,9 @@
 namespace kqlora {
 
 DecoderSpec decoder_spec_of(const ModelConfig& cfg) {
-  KQLORA_INPUT_CHECK(!cfg.arch_text.empty(),
-                     "model = " << cfg.kind << " needs hf_model_dir (a directory with config.json)");
+  KQLORA_INPUT_CHECK(
+      !cfg.arch_text.empty(),
+      "model = " << cfg.kind << " needs hf_model_dir (a directory with config.json)");
   return parse_decoder_config(cfg.arch_text, cfg.arch_source);
 }
 
@@ -54,8 +55,7 @@ double decoder_train_flops(const DecoderSpec& s, int64_t rank, const std::vector
     const double n = static_cast<double>(s.out_features(proj) * s.in_features(proj));
     weights += n;
     if (proj.input == ProjectionInput::attn_norm) first_inputs += n;
-    if (targets[p])
-      lora_io += static_cast<double>(s.out_features(proj) + s.in_features(proj));
+    if (targets[p]) lora_io += static_cast<double>(s.out_features(proj) + s.in_features(proj));
   }
   // Forward and input gradient of every projection (none into layer 0's input) and of the
   // LM head; 6 rank-r products per adapter; the attention's computed scores (3 forward-
@@ -127,9 +127,9 @@ ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
       const int64_t out = s.out_features(proj), in = s.in_features(proj);
       const std::string m = g + "." + proj.module;
       KQLORA_INPUT_CHECK(cfg.rank >= 1 && cfg.rank <= std::min(out, in),
-                         "lora_rank " << cfg.rank << " must be between 1 and "
-                                      << std::min(out, in) << " (the smaller side of " << m
-                                      << " [" << out << ", " << in << "])");
+                         "lora_rank " << cfg.rank << " must be between 1 and " << std::min(out, in)
+                                      << " (the smaller side of " << m << " [" << out << ", " << in
+                                      << "])");
       const uint64_t stream = static_cast<uint64_t>(l) * P + p;
       ParamEntry e;
       e.name = m + ".lora_a.weight";
@@ -254,9 +254,9 @@ void CausalLm<ExecSpace>::ensure(int64_t sequences, int64_t S) {
       store.assign(count, Matrix<Mem>());
       for (size_t i = first; i < count; ++i)
         if (list[i].width > 0)
-          store[i] = Matrix<Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing,
-                                                    "kqlora::CausalLm::" + list[i].name),
-                                 capacity_, list[i].width);
+          store[i] = Matrix<Mem>(
+              Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::CausalLm::" + list[i].name),
+              capacity_, list[i].width);
     }
     view.assign(count, Matrix<Mem>());
     for (size_t i = first; i < count; ++i)
@@ -379,9 +379,9 @@ void CausalLm<ExecSpace>::project(int l, int p, Buffers& c) {
   const Projection& P = blocks_[l].proj[p];
   const Matrix<Mem> x = projection_input(c, p);
   const bool fused = spec.slots.size() > 1;
-  const Matrix<Mem> y =
-      fused ? Matrix<Mem>(buf_[B::kFused].data(), tokens_, spec_.out_features(spec))
-            : slot_output(c, spec.slots[0]);
+  const Matrix<Mem> y = fused
+                            ? Matrix<Mem>(buf_[B::kFused].data(), tokens_, spec_.out_features(spec))
+                            : slot_output(c, spec.slots[0]);
   const Kokkos::View<const float*, Mem> bias =
       P.bias ? dense_vector(P.bias) : Kokkos::View<const float*, Mem>();
   if (!P.a) {
@@ -414,18 +414,16 @@ void CausalLm<ExecSpace>::project_back(int l, int p, const Buffers& c, const Mat
   if (!P.a) {
     if (gx.data())
       lora_projection_backward<ExecSpace, Mem>(this->exec_, W, nullptr, gy, Matrix<Mem>(),
-                                               Matrix<Mem>(), accumulate, nullptr, bf16, lora_,
-                                               ws_, gx_beta, gx);
+                                               Matrix<Mem>(), accumulate, nullptr, bf16, lora_, ws_,
+                                               gx_beta, gx);
     return;
   }
   const auto lora = adapter(l, p);
-  const DropoutKey key =
-      dropout_key(l, p, spec_.in_features(spec_.projections[p]));
+  const DropoutKey key = dropout_key(l, p, spec_.in_features(spec_.projections[p]));
   // The input this projection read: its dropped-out copy, or the shared input itself.
   const Matrix<Mem> x_read = dropout_on_ ? c[DecoderBuffers::xd(p)] : projection_input(c, p);
-  lora_projection_backward(this->exec_, W, &lora, gy, x_read, c[DecoderBuffers::h(p)],
-                           accumulate, dropout_on_ ? &key : nullptr, bf16, lora_, ws_, gx_beta,
-                           gx);
+  lora_projection_backward(this->exec_, W, &lora, gy, x_read, c[DecoderBuffers::h(p)], accumulate,
+                           dropout_on_ ? &key : nullptr, bf16, lora_, ws_, gx_beta, gx);
 }
 
 template <class ExecSpace>
@@ -462,8 +460,8 @@ void CausalLm<ExecSpace>::norm_backward(const ParamEntry* w, NormRole role, cons
                                         const Matrix<Mem>& inv, const Matrix<Mem>& gy,
                                         const Matrix<Mem>& gx) {
   const NormSpec* n = spec_.norm(role);
-  rms_norm_backward(this->exec_, x, dense_vector(w), Kokkos::View<const float*, Mem>(flat(inv)),
-                    gy, gx, n->kind);
+  rms_norm_backward(this->exec_, x, dense_vector(w), Kokkos::View<const float*, Mem>(flat(inv)), gy,
+                    gx, n->kind);
 }
 
 template <class ExecSpace>
@@ -505,8 +503,8 @@ void CausalLm<ExecSpace>::block_forward(int l, Buffers& c, const Matrix<Mem>& ne
   const RopeTable<Mem>& rope = rope_[spec_.layer[l].rope];
   rope_apply(exec, rope, S, D, false, bf16, c[B::kQ]);
   rope_apply(exec, rope, S, D, false, bf16, c[B::kK]);
-  causal_attention_forward(exec, attention_shape(l), c[B::kQ], c[B::kK], c[B::kV], bf16, att_ws_, c[B::kAtt],
-                           flat(c[B::kLse]));
+  causal_attention_forward(exec, attention_shape(l), c[B::kQ], c[B::kK], c[B::kV], bf16, att_ws_,
+                           c[B::kAtt], flat(c[B::kLse]));
   project_all(ProjectionInput::attn_out);
   if (norm_of(NormRole::attn_out))
     norm_forward(norm_of(NormRole::attn_out), NormRole::attn_out, c[B::kORaw], buf_[B::kProjOut],
@@ -571,14 +569,14 @@ void CausalLm<ExecSpace>::backward(bool accumulate) {
     // MLP: g is the gradient of the block's output (and of mid, through the residual).
     Matrix<Mem> g_down = s[B::kG];
     if (norm_of(NormRole::mlp_out)) {
-      norm_backward(norm_of(NormRole::mlp_out), NormRole::mlp_out, c[B::kDRaw], c[B::kInvD], s[B::kG],
-                    s[B::kGTmp]);
+      norm_backward(norm_of(NormRole::mlp_out), NormRole::mlp_out, c[B::kDRaw], c[B::kInvD],
+                    s[B::kG], s[B::kGTmp]);
       if (bf16) round_bf16(exec, s[B::kGTmp]);
       g_down = s[B::kGTmp];
     }
     project_back(l, down_proj, c, g_down, accumulate, 0.0f, s[B::kGAct]);
-    gated_mlp_backward(exec, spec_.mlp_activation, c[B::kGate], c[B::kUp], s[B::kGAct], bf16, s[B::kGGate],
-                       s[B::kGUp]);
+    gated_mlp_backward(exec, spec_.mlp_activation, c[B::kGate], c[B::kUp], s[B::kGAct], bf16,
+                       s[B::kGGate], s[B::kGUp]);
     project_back_all(l, ProjectionInput::mlp_norm, c, accumulate, s[B::kGN]);
     norm_backward(norm_of(NormRole::mlp_in), NormRole::mlp_in, c[B::kMid], c[B::kInv2], s[B::kGN],
                   s[B::kGTmp]);
@@ -586,14 +584,15 @@ void CausalLm<ExecSpace>::backward(bool accumulate) {
     // Attention: g is now the gradient of mid (and of the block's input).
     Matrix<Mem> g_o = s[B::kG];
     if (norm_of(NormRole::attn_out)) {
-      norm_backward(norm_of(NormRole::attn_out), NormRole::attn_out, c[B::kORaw], c[B::kInvO], s[B::kG],
-                    s[B::kGTmp]);
+      norm_backward(norm_of(NormRole::attn_out), NormRole::attn_out, c[B::kORaw], c[B::kInvO],
+                    s[B::kG], s[B::kGTmp]);
       if (bf16) round_bf16(exec, s[B::kGTmp]);
       g_o = s[B::kGTmp];
     }
     project_back(l, o_proj, c, g_o, accumulate, 0.0f, s[B::kGAtt]);
     causal_attention_backward(exec, attention_shape(l), c[B::kQ], c[B::kK], c[B::kV], c[B::kAtt],
-                              flat(c[B::kLse]), s[B::kGAtt], bf16, att_ws_, s[B::kGQ], s[B::kGK], s[B::kGV]);
+                              flat(c[B::kLse]), s[B::kGAtt], bf16, att_ws_, s[B::kGQ], s[B::kGK],
+                              s[B::kGV]);
     const RopeTable<Mem>& rope = rope_[spec_.layer[l].rope];
     rope_apply(exec, rope, S, D, true, bf16, s[B::kGQ]);
     rope_apply(exec, rope, S, D, true, bf16, s[B::kGK]);

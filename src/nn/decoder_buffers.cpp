@@ -43,26 +43,26 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
     widest_in = std::max(widest_in, s.in_features(proj));
     if (proj.slots.size() > 1) widest_fused = std::max(widest_fused, s.out_features(proj));
   }
-  b.shared = {{"x_out", H},
-              {"nf", H},
-              {"invf", 1},
-              {"g", H},
-              {"gtmp", H},
-              {"gn", H},
-              {"gatt", Q},
-              {"gq", Q},
-              {"gk", KV},
-              {"gv", KV},
-              {"gact", I},
-              {"ggate", I},
-              {"gup", I},
-              {"proj_out", H},
-              {"fused", widest_fused},
-              {"gfused", widest_fused},
-              {"gh", r},
-              // (read by the LoRA products in bfloat16 or with dropout only)
-              {"tmp", cfg.bf16() || cfg.dropout > 0 ? std::max({H, Q, I, widest_in, widest_fused})
-                                                    : 0}};
+  b.shared = {
+      {"x_out", H},
+      {"nf", H},
+      {"invf", 1},
+      {"g", H},
+      {"gtmp", H},
+      {"gn", H},
+      {"gatt", Q},
+      {"gq", Q},
+      {"gk", KV},
+      {"gv", KV},
+      {"gact", I},
+      {"ggate", I},
+      {"gup", I},
+      {"proj_out", H},
+      {"fused", widest_fused},
+      {"gfused", widest_fused},
+      {"gh", r},
+      // (read by the LoRA products in bfloat16 or with dropout only)
+      {"tmp", cfg.bf16() || cfg.dropout > 0 ? std::max({H, Q, I, widest_in, widest_fused}) : 0}};
   return b;
 }
 

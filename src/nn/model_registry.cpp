@@ -43,7 +43,8 @@ int64_t lora_stack_activations(const ModelConfig& c, int64_t rows, int64_t) {
 // per-token losses, the NF4 products' dequantized panel.
 int64_t causal_lm_activations(const ModelConfig& c, int64_t rows, int64_t seq_len) {
   const DecoderSpec s = decoder_spec_of(c);
-  const DecoderBuffers b = decoder_buffers(s, c, parse_lora_targets(c.lora_targets, s, "lora_targets"));
+  const DecoderBuffers b =
+      decoder_buffers(s, c, parse_lora_targets(c.lora_targets, s, "lora_targets"));
   const int64_t S = std::max<int64_t>(seq_len, 1), tokens = mul(rows, S);
   int64_t block = 0, shared = 0;
   for (const auto& x : b.block) block = add(block, x.width);
@@ -54,12 +55,12 @@ int64_t causal_lm_activations(const ModelConfig& c, int64_t rows, int64_t seq_le
   const int64_t kept =
       c.activation_checkpointing ? add(mul(s.layers, x), block - x) : mul(s.layers, block);
   const int64_t chunk = std::max<int64_t>(
-      1, std::min<int64_t>(tokens, CrossEntropyWorkspace<Kokkos::HostSpace>().chunk_bytes /
-                                       mul(4, s.vocab)));
+      1, std::min<int64_t>(
+             tokens, CrossEntropyWorkspace<Kokkos::HostSpace>().chunk_bytes / mul(4, s.vocab)));
   const int64_t workspaces =
       add(add(AttentionWorkspace<Kokkos::HostSpace>::floats(S, s.attn_softcap > 0),
               mul(chunk, s.vocab)),
-          mul(2, tokens));  // (the per-token losses are doubles)
+          mul(2, tokens));                 // (the per-token losses are doubles)
   const int64_t panel = int64_t(8) << 20;  // linear_nf4's dequantized panel (its default)
   return add(mul(4, add(mul(tokens, add(kept, shared)), workspaces)), panel);
 }

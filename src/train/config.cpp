@@ -458,12 +458,12 @@ Config parse_deck_text(const std::string& text, const std::string& source,
     if (k.model && k.name != "model" && set(k.name.c_str()) && !model_reads(c, k.name))
       KQLORA_INPUT_CHECK(false,
                          where[k.name] << ": " << k.name << " does not apply to model " << c.model);
-  KQLORA_INPUT_CHECK(tokens == (c.loss == "cross_entropy"),
-                     at("loss") << ": loss " << c.loss
-                                << (tokens ? " does not apply to model " + c.model +
-                                                 " (its loss is cross_entropy)"
-                                           : std::string(": cross_entropy is the loss of "
-                                                         "token models (model = causal_lm)")));
+  KQLORA_INPUT_CHECK(
+      tokens == (c.loss == "cross_entropy"),
+      at("loss") << ": loss " << c.loss
+                 << (tokens ? " does not apply to model " + c.model + " (its loss is cross_entropy)"
+                            : std::string(": cross_entropy is the loss of "
+                                          "token models (model = causal_lm)")));
   KQLORA_INPUT_CHECK(!tokens || !c.hf_model_dir.empty(),
                      at("model") << ": model = " << c.model
                                  << " needs hf_model_dir (a Hugging Face model "
@@ -519,10 +519,10 @@ Config parse_deck_text(const std::string& text, const std::string& source,
   // Every NF4 tensor of the chosen model is made of whole blocks (the model's table says
   // which tensors, and their shapes).
   // (A causal_lm's table needs its config.json: read unless the files are not checked.)
-  KQLORA_INPUT_CHECK(!tokens || !c.data_file.empty(),
-                     at("data_file") << ": model = " << c.model
-                                     << " needs a data_file of token ids "
-                                        "(input_ids, labels; docs/MODELS.md)");
+  KQLORA_INPUT_CHECK(!tokens || !c.data_file.empty(), at("data_file")
+                                                          << ": model = " << c.model
+                                                          << " needs a data_file of token ids "
+                                                             "(input_ids, labels; docs/MODELS.md)");
   // (The memory check first: its footprint needs no table, and a huge deck's table alone
   // would not fit. Here each rank counts as a node of its own; the trainer checks again
   // with the ranks sharing this node.)

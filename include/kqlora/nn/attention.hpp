@@ -211,9 +211,10 @@ void causal_attention_forward(const ExecSpace& exec, const AttentionShape& a, co
   impl::for_each_block(a, [&](int64_t s, int64_t h, int64_t g, int64_t i0, int64_t rows) {
     const int64_t j0 = a.first_key(i0), cols = i0 + rows - j0;  // keys j0 .. the last query
     const Matrix<M> P(ws.scores.data(), rows, cols);
-    const impl::SoftmaxRows<M> b{s,         i0,   j0, a.window, a.softcap,
-                                 a.softcap > 0 ? Matrix<M>(ws.tanh.data(), rows, cols) : Matrix<M>(),
-                                 docs};
+    const impl::SoftmaxRows<M> b{
+        s,        i0,        j0,
+        a.window, a.softcap, a.softcap > 0 ? Matrix<M>(ws.tanh.data(), rows, cols) : Matrix<M>(),
+        docs};
     gemm(exec, "N", "T", a.scale(), impl::head_block(q, s, S, i0, rows, h, D),
          impl::head_block(k, s, S, j0, cols, g, D), 0.0f, P);
     if (bf16) round_bf16(exec, P);

@@ -90,8 +90,8 @@ class CausalLm : public Model<ExecSpace> {
   std::vector<RopeTable<Mem>> rope_;
   std::vector<const std::vector<float>*> rope_freqs_;  // the set each table was built from
   std::vector<Buffers> cache_, store_;  // [layer]: views of the first tokens_ rows; storage
-  Buffers work_, work_store_;  // activation checkpointing: the one block's activations
-  Buffers buf_, buf_store_;    // shared
+  Buffers work_, work_store_;           // activation checkpointing: the one block's activations
+  Buffers buf_, buf_store_;             // shared
   LoraScratch<Mem> lora_;
   int64_t capacity_ = 0;
   LinearNf4Workspace<Mem> ws_;
@@ -126,8 +126,8 @@ class CausalLm : public Model<ExecSpace> {
   /// The projections reading `in`, backward: their slots' gradients into gx (summed).
   void project_back_all(int layer, ProjectionInput in, const Buffers& c, bool accumulate,
                         const Matrix<Mem>& gx);
-  void norm_forward(const ParamEntry* w, NormRole role, const Matrix<Mem>& x,
-                    const Matrix<Mem>& y, const Matrix<Mem>& inv);
+  void norm_forward(const ParamEntry* w, NormRole role, const Matrix<Mem>& x, const Matrix<Mem>& y,
+                    const Matrix<Mem>& inv);
   void norm_backward(const ParamEntry* w, NormRole role, const Matrix<Mem>& x,
                      const Matrix<Mem>& inv, const Matrix<Mem>& gy, const Matrix<Mem>& gx);
   AttentionShape attention_shape(int layer) const;

@@ -22,51 +22,51 @@ struct ActivationBuffer {
 struct DecoderBuffers {
   /// Block buffers, in table order. inv*: 1/rms per row; lse: per head.
   enum BlockBuffer : int {
-    kX,      // the block's input
-    kN1,     // attention-norm output
-    kQ,      // queries after their norm and the rotary
-    kK,      // keys, the same
-    kV,      // values
-    kQRaw,   // queries before their per-head norm (q/k norms only)
-    kKRaw,   // keys before theirs
-    kInvQ,   // 1/rms of each (token, head) of the q norm
-    kInvK,   // and of the k norm
-    kAtt,    // attention output
-    kLse,    // its log-sum-exp per (token, head)
-    kORaw,   // o projection's output before the sandwich norm
-    kInvO,   // its 1/rms
-    kMid,    // x + attention branch
-    kN2,     // MLP-norm output
-    kGate,   // gate slot
-    kUp,     // up slot
-    kAct,    // act(gate) * up
-    kDRaw,   // down projection's output before the sandwich norm
-    kInvD,   // its 1/rms
-    kInv1,   // attention norm's 1/rms
-    kInv2,   // MLP norm's 1/rms
+    kX,     // the block's input
+    kN1,    // attention-norm output
+    kQ,     // queries after their norm and the rotary
+    kK,     // keys, the same
+    kV,     // values
+    kQRaw,  // queries before their per-head norm (q/k norms only)
+    kKRaw,  // keys before theirs
+    kInvQ,  // 1/rms of each (token, head) of the q norm
+    kInvK,  // and of the k norm
+    kAtt,   // attention output
+    kLse,   // its log-sum-exp per (token, head)
+    kORaw,  // o projection's output before the sandwich norm
+    kInvO,  // its 1/rms
+    kMid,   // x + attention branch
+    kN2,    // MLP-norm output
+    kGate,  // gate slot
+    kUp,    // up slot
+    kAct,   // act(gate) * up
+    kDRaw,  // down projection's output before the sandwich norm
+    kInvD,  // its 1/rms
+    kInv1,  // attention norm's 1/rms
+    kInv2,  // MLP norm's 1/rms
     kBlockBuffers
   };
 
   /// Shared buffers (one pass's gradients and scratch), in table order.
   enum SharedBuffer : int {
-    kXOut,      // the last block's output
-    kNf,        // final-norm output
-    kInvF,      // its 1/rms
-    kG,         // gradient of the residual stream
-    kGTmp,      // a norm's input gradient
-    kGN,        // gradient of a norm's output
-    kGAtt,      // of the attention output
-    kGQ,        // of q, k, v
+    kXOut,  // the last block's output
+    kNf,    // final-norm output
+    kInvF,  // its 1/rms
+    kG,     // gradient of the residual stream
+    kGTmp,  // a norm's input gradient
+    kGN,    // gradient of a norm's output
+    kGAtt,  // of the attention output
+    kGQ,    // of q, k, v
     kGK,
     kGV,
-    kGAct,      // of act
-    kGGate,     // of gate, up
+    kGAct,   // of act
+    kGGate,  // of gate, up
     kGUp,
-    kProjOut,   // o / down output on its way into the residual
-    kFused,     // a fused projection's output before its split
-    kGFused,    // its gathered gradient
-    kGH,        // LoRA scratch: gy B
-    kTmp,       // LoRA scratch: bfloat16 and dropout products
+    kProjOut,  // o / down output on its way into the residual
+    kFused,    // a fused projection's output before its split
+    kGFused,   // its gathered gradient
+    kGH,       // LoRA scratch: gy B
+    kTmp,      // LoRA scratch: bfloat16 and dropout products
     kSharedBuffers
   };
 

@@ -82,7 +82,7 @@ struct DecoderSpec {
   float final_softcap = 0;  // the same on the logits
   bool tied = false;
   std::vector<RopeSpec> ropes;
-  std::vector<LayerSpec> layer;  // one per layer
+  std::vector<LayerSpec> layer;    // one per layer
   std::vector<std::string> notes;  // for the log (defaults taken)
 
   int64_t q_features() const { return heads * head_dim; }

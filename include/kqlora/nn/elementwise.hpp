@@ -25,8 +25,7 @@ KOKKOS_INLINE_FUNCTION float activation_value(Activation a, float z) {
     case Activation::silu:
       return z / (1.0f + expf(-z));
     case Activation::gelu_tanh:  // PyTorch's gelu(approximate="tanh")
-      return 0.5f * z *
-             (1.0f + tanhf(0.79788456080286536f * (z + 0.044715f * z * z * z)));
+      return 0.5f * z * (1.0f + tanhf(0.79788456080286536f * (z + 0.044715f * z * z * z)));
     default:
       return z;
   }

@@ -39,8 +39,7 @@ template <class ExecSpace, class M>
 void lora_projection_forward(const ExecSpace& exec, const Nf4Tensor<M>& W,
                              const LoraAdapterViews<M>* lora, const Matrix<M>& x,
                              const Matrix<M>& xd, bool bf16, const Matrix<M>& h,
-                             LoraScratch<M>& scratch, LinearNf4Workspace<M>& ws,
-                             const Matrix<M>& y,
+                             LoraScratch<M>& scratch, LinearNf4Workspace<M>& ws, const Matrix<M>& y,
                              const Kokkos::View<const float*, M>& bias = {}) {
   linear_nf4_forward(exec, W, x, y, ws);
   if (bias.data()) {

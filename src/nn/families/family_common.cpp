@@ -77,7 +77,8 @@ RopeSpec read_rope(HfConfigReader& top, HfConfigReader* p, double theta, int64_t
     type = !a.empty() ? a : !b.empty() ? b : "default";
     if (partial_factor) {
       partial = p->number("partial_rotary_factor", partial, false);
-    } else if (p->has("partial_rotary_factor") && p->number("partial_rotary_factor", 1, true) != 1) {
+    } else if (p->has("partial_rotary_factor") &&
+               p->number("partial_rotary_factor", 1, true) != 1) {
       p->fail("partial_rotary_factor",
               "must be 1 for this family (partial rotary embeddings are Phi-3's), got " +
                   value_text(*p->get("partial_rotary_factor")));
@@ -165,14 +166,13 @@ RopeSpec read_rope(HfConfigReader& top, HfConfigReader* p, double theta, int64_t
   rope.inv_freq = frequencies(short_f);
   rope.inv_freq_long = frequencies(long_f);
   rope.long_above = original_max;
-  const double factor =
-      p->number("factor", static_cast<double>(max_positions) / static_cast<double>(original_max),
-                false);
+  const double factor = p->number(
+      "factor", static_cast<double>(max_positions) / static_cast<double>(original_max), false);
   double attention = p->number("attention_factor", 0, false);
   if (!p->has("attention_factor"))
-    attention = factor <= 1.0 ? 1.0
-                              : std::sqrt(1 + std::log(factor) /
-                                                  std::log(static_cast<double>(original_max)));
+    attention = factor <= 1.0
+                    ? 1.0
+                    : std::sqrt(1 + std::log(factor) / std::log(static_cast<double>(original_max)));
   rope.attention_factor = static_cast<float>(attention);
   return rope;
 }

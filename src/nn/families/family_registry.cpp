@@ -40,9 +40,9 @@ void validate(const DecoderSpec& s) {
     KQLORA_CHECK(!p.slots.empty(), s.model_type << ": projection " << p.name << " has no slot");
     for (Slot slot : p.slots) ++writers[static_cast<int>(slot)];
     for (Slot slot : {Slot::o, Slot::down})
-      KQLORA_CHECK(p.slots.size() == 1 || std::find(p.slots.begin(), p.slots.end(), slot) ==
-                                              p.slots.end(),
-                   s.model_type << ": " << p.name << " fuses o or down");
+      KQLORA_CHECK(
+          p.slots.size() == 1 || std::find(p.slots.begin(), p.slots.end(), slot) == p.slots.end(),
+          s.model_type << ": " << p.name << " fuses o or down");
     const auto input_of = [](Slot x) {
       return x == Slot::q || x == Slot::k || x == Slot::v ? ProjectionInput::attn_norm
              : x == Slot::o                               ? ProjectionInput::attn_out
@@ -85,8 +85,8 @@ DecoderSpec parse_decoder_config(const std::string& text, const std::string& sou
            "model only from a directory whose config.json is the text_config, model_type "
            "\"gemma3_text\", with the language model's weights (docs/MODELS.md)");
   const auto& table = families();
-  const auto it = std::find_if(table.begin(), table.end(),
-                               [&](const auto& f) { return f.first == type; });
+  const auto it =
+      std::find_if(table.begin(), table.end(), [&](const auto& f) { return f.first == type; });
   if (it == table.end())
     r.fail("model_type", "is " + json::quote(type) + "; supported: " + family_list());
   DecoderSpec s = it->second(r, type);

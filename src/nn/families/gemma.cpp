@@ -14,10 +14,9 @@ namespace {
 
 DecoderSpec gemma(HfConfigReader& r, const std::string& model_type, bool gemma3) {
   // Gemma2Config's and Gemma3TextConfig's defaults.
-  const FamilyDefaults d = gemma3 ? FamilyDefaults{262208, 2304, 9216, 26, 8, 4, 256, 131072,
-                                                   1e-6, 1000000.0, true}
-                                  : FamilyDefaults{256000, 2304, 9216, 26, 8, 4, 256, 8192,
-                                                   1e-6, 10000.0, true};
+  const FamilyDefaults d =
+      gemma3 ? FamilyDefaults{262208, 2304, 9216, 26, 8, 4, 256, 131072, 1e-6, 1000000.0, true}
+             : FamilyDefaults{256000, 2304, 9216, 26, 8, 4, 256, 8192, 1e-6, 10000.0, true};
   DecoderSpec s;
   s.model_type = model_type;
   accept_common_fields(r);
@@ -75,10 +74,12 @@ DecoderSpec gemma(HfConfigReader& r, const std::string& model_type, bool gemma3)
   if (!gemma3) {
     if (has_rope) {
       HfConfigReader p = r.object(name);
-      s.ropes.push_back(read_rope(r, &p, theta, s.head_dim, std::nullopt, s.max_positions, 0, {"linear"}));
+      s.ropes.push_back(
+          read_rope(r, &p, theta, s.head_dim, std::nullopt, s.max_positions, 0, {"linear"}));
       p.finish();
     } else {
-      s.ropes.push_back(read_rope(r, nullptr, theta, s.head_dim, std::nullopt, s.max_positions, 0, {}));
+      s.ropes.push_back(
+          read_rope(r, nullptr, theta, s.head_dim, std::nullopt, s.max_positions, 0, {}));
     }
     return s;
   }
@@ -90,8 +91,8 @@ DecoderSpec gemma(HfConfigReader& r, const std::string& model_type, bool gemma3)
     HfConfigReader p = r.object(name);
     for (const char* type : {"full_attention", "sliding_attention"}) {
       if (!p.has(type)) {
-        s.ropes.push_back(read_rope(r, none, type[0] == 'f' ? theta : local, s.head_dim, std::nullopt,
-                                    s.max_positions, 0, {}));
+        s.ropes.push_back(read_rope(r, none, type[0] == 'f' ? theta : local, s.head_dim,
+                                    std::nullopt, s.max_positions, 0, {}));
         continue;
       }
       HfConfigReader q = p.object(type);
@@ -103,10 +104,12 @@ DecoderSpec gemma(HfConfigReader& r, const std::string& model_type, bool gemma3)
   } else {
     if (has_rope) {
       HfConfigReader p = r.object(name);
-      s.ropes.push_back(read_rope(r, &p, theta, s.head_dim, std::nullopt, s.max_positions, 0, {"linear"}));
+      s.ropes.push_back(
+          read_rope(r, &p, theta, s.head_dim, std::nullopt, s.max_positions, 0, {"linear"}));
       p.finish();
     } else {
-      s.ropes.push_back(read_rope(r, none, theta, s.head_dim, std::nullopt, s.max_positions, 0, {}));
+      s.ropes.push_back(
+          read_rope(r, none, theta, s.head_dim, std::nullopt, s.max_positions, 0, {}));
     }
     s.ropes.push_back(read_rope(r, none, local, s.head_dim, std::nullopt, s.max_positions, 0, {}));
   }

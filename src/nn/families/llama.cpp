@@ -11,11 +11,9 @@ namespace kqlora::impl {
 DecoderSpec llama_family(HfConfigReader& r, const std::string& model_type) {
   const bool mistral = model_type == "mistral";
   // LlamaConfig's and MistralConfig's defaults.
-  const FamilyDefaults d = mistral
-                               ? FamilyDefaults{32000, 4096, 14336, 32, 32, 8, 0, 131072, 1e-6,
-                                                10000.0, false}
-                               : FamilyDefaults{32000, 4096, 11008, 32, 32, 0, 0, 2048, 1e-6,
-                                                10000.0, false};
+  const FamilyDefaults d =
+      mistral ? FamilyDefaults{32000, 4096, 14336, 32, 32, 8, 0, 131072, 1e-6, 10000.0, false}
+              : FamilyDefaults{32000, 4096, 11008, 32, 32, 0, 0, 2048, 1e-6, 10000.0, false};
   DecoderSpec s;
   s.model_type = model_type;
   accept_common_fields(r);
@@ -40,12 +38,13 @@ DecoderSpec llama_family(HfConfigReader& r, const std::string& model_type) {
                                 {"linear", "llama3"}));
     p.finish();
   } else {
-    s.ropes.push_back(read_rope(r, nullptr, theta, s.head_dim, std::nullopt, s.max_positions, 0, {}));
+    s.ropes.push_back(
+        read_rope(r, nullptr, theta, s.head_dim, std::nullopt, s.max_positions, 0, {}));
   }
   if (mistral) {
     // (absent: MistralConfig's 4096; null: none)
-    const int64_t window = r.present("sliding_window") ? r.integer("sliding_window", 0, false)
-                                                         : int64_t(4096);
+    const int64_t window =
+        r.present("sliding_window") ? r.integer("sliding_window", 0, false) : int64_t(4096);
     for (auto& l : s.layer) l.window = window;
   }
   return s;

@@ -14,8 +14,7 @@ DecoderSpec phi3_family(HfConfigReader& r, const std::string& model_type) {
   s.model_type = model_type;
   accept_common_fields(r);
   read_dims(r, d, s);
-  for (const char* key : {"attention_dropout", "resid_pdrop", "embd_pdrop"})
-    refuse_dropout(r, key);
+  for (const char* key : {"attention_dropout", "resid_pdrop", "embd_pdrop"}) refuse_dropout(r, key);
   // Phi-4-mini's config.json spells out what Phi3ForCausalLM hard-codes: no biases, every
   // layer full (full_attn_mod 1), no interpolation.
   for (const char* key : {"attention_bias", "mlp_bias", "lm_head_bias"})
@@ -39,8 +38,8 @@ DecoderSpec phi3_family(HfConfigReader& r, const std::string& model_type) {
   const char* name = nullptr;
   if (rope_object(r, &name)) {
     HfConfigReader p = r.object(name);
-    s.ropes.push_back(
-        read_rope(r, &p, theta, s.head_dim, partial, s.max_positions, original, {"longrope", "su", "yarn"}));
+    s.ropes.push_back(read_rope(r, &p, theta, s.head_dim, partial, s.max_positions, original,
+                                {"longrope", "su", "yarn"}));
     p.finish();
   } else {
     s.ropes.push_back(

@@ -13,8 +13,8 @@ namespace {
 
 DecoderSpec qwen(HfConfigReader& r, const std::string& model_type, bool qwen3) {
   // Qwen2Config's and Qwen3Config's defaults (Qwen3: head_dim 128).
-  const FamilyDefaults d{151936, 4096, 22016, 32, 32, 32, qwen3 ? 128 : 0, 32768, 1e-6,
-                         10000.0, false};
+  const FamilyDefaults d{151936,          4096,  22016, 32,      32,   32,
+                         qwen3 ? 128 : 0, 32768, 1e-6,  10000.0, false};
   DecoderSpec s;
   s.model_type = model_type;
   accept_common_fields(r);
@@ -37,11 +37,12 @@ DecoderSpec qwen(HfConfigReader& r, const std::string& model_type, bool qwen3) {
   const char* name = nullptr;
   if (rope_object(r, &name)) {
     HfConfigReader p = r.object(name);
-    s.ropes.push_back(
-        read_rope(r, &p, theta, s.head_dim, std::nullopt, s.max_positions, 0, {"linear", "llama3"}));
+    s.ropes.push_back(read_rope(r, &p, theta, s.head_dim, std::nullopt, s.max_positions, 0,
+                                {"linear", "llama3"}));
     p.finish();
   } else {
-    s.ropes.push_back(read_rope(r, nullptr, theta, s.head_dim, std::nullopt, s.max_positions, 0, {}));
+    s.ropes.push_back(
+        read_rope(r, nullptr, theta, s.head_dim, std::nullopt, s.max_positions, 0, {}));
   }
   // transformers: sliding_window = sliding_window if use_sliding_window else None; a layer
   // slides when its layer_types entry says so (default: from max_window_layers on).
