@@ -177,6 +177,18 @@ RopeSpec read_rope(HfConfigReader& top, HfConfigReader* p, double theta, int64_t
   return rope;
 }
 
+RopeSpec read_config_rope(HfConfigReader& r, double theta, int64_t head_dim,
+                          std::optional<double> partial, int64_t max_positions,
+                          int64_t original_max, const std::vector<std::string>& allowed) {
+  const char* name = nullptr;
+  if (!rope_object(r, &name))
+    return read_rope(r, nullptr, theta, head_dim, partial, max_positions, original_max, {});
+  HfConfigReader p = r.object(name);
+  RopeSpec rope = read_rope(r, &p, theta, head_dim, partial, max_positions, original_max, allowed);
+  p.finish();
+  return rope;
+}
+
 void read_layer_types(HfConfigReader& r, int64_t window, const std::vector<bool>& sliding,
                       DecoderSpec& s) {
   const auto types = r.strings("layer_types");

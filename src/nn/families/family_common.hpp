@@ -42,8 +42,14 @@ RopeSpec read_rope(HfConfigReader& top, HfConfigReader* params, double theta, in
                    const std::vector<std::string>& allowed);
 
 /// The rope object of a top-level config: rope_parameters (transformers 5) or rope_scaling
-/// (older files), and the rope_theta inside it when present. Returns whether one exists.
+/// (older files). Returns whether one exists.
 bool rope_object(HfConfigReader& r, const char** name);
+
+/// read_rope over the config's rope object when it has one (its fields checked), else
+/// the default rope of `theta`.
+RopeSpec read_config_rope(HfConfigReader& r, double theta, int64_t head_dim,
+                          std::optional<double> partial, int64_t max_positions,
+                          int64_t original_max, const std::vector<std::string>& allowed);
 
 /// Per-layer windows from `layer_types` ("full_attention" | "sliding_attention"; empty:
 /// `sliding` gives each layer's default). `window` is used on the sliding ones.

@@ -69,49 +69,31 @@ DecoderSpec gemma(HfConfigReader& r, const std::string& model_type, bool gemma3)
   read_layer_types(r, window, sliding, s);
 
   const double theta = r.number("rope_theta", d.rope_theta, false);
-  const char* name = nullptr;
-  const bool has_rope = rope_object(r, &name);
-  if (!gemma3) {
-    if (has_rope) {
-      HfConfigReader p = r.object(name);
-      s.ropes.push_back(
-          read_rope(r, &p, theta, s.head_dim, std::nullopt, s.max_positions, 0, {"linear"}));
-      p.finish();
-    } else {
-      s.ropes.push_back(
-          read_rope(r, nullptr, theta, s.head_dim, std::nullopt, s.max_positions, 0, {}));
-    }
-    return s;
-  }
   // Gemma 3: ropes[0] for full-attention layers (rope_theta, rope_scaling), ropes[1] for
   // sliding ones (rope_local_base_freq, unscaled); or rope_parameters keyed by layer type.
-  const double local = r.number("rope_local_base_freq", 10000.0, false);
-  HfConfigReader* none = nullptr;
-  if (has_rope && r.object(name).has("full_attention")) {
+  const double local = gemma3 ? r.number("rope_local_base_freq", 10000.0, false) : 0.0;
+  const char* name = nullptr;
+  if (!gemma3 || !rope_object(r, &name) || !r.object(name).has("full_attention")) {
+    s.ropes.push_back(
+        read_config_rope(r, theta, s.head_dim, std::nullopt, s.max_positions, 0, {"linear"}));
+    if (!gemma3) return s;
+    s.ropes.push_back(
+        read_rope(r, nullptr, local, s.head_dim, std::nullopt, s.max_positions, 0, {}));
+  } else {
     HfConfigReader p = r.object(name);
     for (const char* type : {"full_attention", "sliding_attention"}) {
+      const double base = type[0] == 'f' ? theta : local;
       if (!p.has(type)) {
-        s.ropes.push_back(read_rope(r, none, type[0] == 'f' ? theta : local, s.head_dim,
-                                    std::nullopt, s.max_positions, 0, {}));
+        s.ropes.push_back(
+            read_rope(r, nullptr, base, s.head_dim, std::nullopt, s.max_positions, 0, {}));
         continue;
       }
       HfConfigReader q = p.object(type);
-      s.ropes.push_back(read_rope(r, &q, type[0] == 'f' ? theta : local, s.head_dim, std::nullopt,
-                                  s.max_positions, 0, {"linear"}));
+      s.ropes.push_back(
+          read_rope(r, &q, base, s.head_dim, std::nullopt, s.max_positions, 0, {"linear"}));
       q.finish();
     }
     p.finish();
-  } else {
-    if (has_rope) {
-      HfConfigReader p = r.object(name);
-      s.ropes.push_back(
-          read_rope(r, &p, theta, s.head_dim, std::nullopt, s.max_positions, 0, {"linear"}));
-      p.finish();
-    } else {
-      s.ropes.push_back(
-          read_rope(r, none, theta, s.head_dim, std::nullopt, s.max_positions, 0, {}));
-    }
-    s.ropes.push_back(read_rope(r, none, local, s.head_dim, std::nullopt, s.max_positions, 0, {}));
   }
   for (auto& l : s.layer) l.rope = l.window > 0 ? 1 : 0;
   return s;

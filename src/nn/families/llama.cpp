@@ -31,16 +31,8 @@ DecoderSpec llama_family(HfConfigReader& r, const std::string& model_type) {
   s.norms = pre_norms(NormKind::scale);
   s.attn_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   const double theta = r.number("rope_theta", d.rope_theta, false);
-  const char* name = nullptr;
-  if (rope_object(r, &name)) {
-    HfConfigReader p = r.object(name);
-    s.ropes.push_back(read_rope(r, &p, theta, s.head_dim, std::nullopt, s.max_positions, 0,
-                                {"linear", "llama3"}));
-    p.finish();
-  } else {
-    s.ropes.push_back(
-        read_rope(r, nullptr, theta, s.head_dim, std::nullopt, s.max_positions, 0, {}));
-  }
+  s.ropes.push_back(read_config_rope(r, theta, s.head_dim, std::nullopt, s.max_positions, 0,
+                                     {"linear", "llama3"}));
   if (mistral) {
     // (absent: MistralConfig's 4096; null: none)
     const int64_t window =

@@ -35,16 +35,8 @@ DecoderSpec phi3_family(HfConfigReader& r, const std::string& model_type) {
     r.fail("partial_rotary_factor", "must be in (0, 1], got " + std::to_string(partial));
   // (transformers copies the top-level value into the rope object: it wins)
   const int64_t original = r.integer("original_max_position_embeddings", 4096, false);
-  const char* name = nullptr;
-  if (rope_object(r, &name)) {
-    HfConfigReader p = r.object(name);
-    s.ropes.push_back(read_rope(r, &p, theta, s.head_dim, partial, s.max_positions, original,
-                                {"longrope", "su", "yarn"}));
-    p.finish();
-  } else {
-    s.ropes.push_back(
-        read_rope(r, nullptr, theta, s.head_dim, partial, s.max_positions, original, {}));
-  }
+  s.ropes.push_back(read_config_rope(r, theta, s.head_dim, partial, s.max_positions, original,
+                                     {"longrope", "su", "yarn"}));
   const int64_t window = r.integer("sliding_window", 0, false);
   for (auto& l : s.layer) l.window = window;
   return s;

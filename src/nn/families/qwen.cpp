@@ -34,16 +34,8 @@ DecoderSpec qwen(HfConfigReader& r, const std::string& model_type, bool qwen3) {
   }
   s.attn_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   const double theta = r.number("rope_theta", d.rope_theta, false);
-  const char* name = nullptr;
-  if (rope_object(r, &name)) {
-    HfConfigReader p = r.object(name);
-    s.ropes.push_back(read_rope(r, &p, theta, s.head_dim, std::nullopt, s.max_positions, 0,
-                                {"linear", "llama3"}));
-    p.finish();
-  } else {
-    s.ropes.push_back(
-        read_rope(r, nullptr, theta, s.head_dim, std::nullopt, s.max_positions, 0, {}));
-  }
+  s.ropes.push_back(read_config_rope(r, theta, s.head_dim, std::nullopt, s.max_positions, 0,
+                                     {"linear", "llama3"}));
   // transformers: sliding_window = sliding_window if use_sliding_window else None; a layer
   // slides when its layer_types entry says so (default: from max_window_layers on).
   const bool use_window = r.boolean("use_sliding_window", false);
