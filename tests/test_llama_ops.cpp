@@ -228,53 +228,45 @@ TYPED_TEST(LlamaOps, WindowedSoftCappedAttentionWithDocumentsForwardAndBackward)
   }
 }
 
-// Gemma's GeGLU: PyTorch's gelu(approximate="tanh") times up.
-TYPED_TEST(LlamaOps, GeluTanhGatedMlpForwardAndBackward) {
-  using M = typename TypeParam::memory_space;
-  const int64_t T = 5, I = 9;
-  const auto gf = nf4test::randn(T * I, 35, 2.0f), uf = nf4test::randn(T * I, 36),
-             af = nf4test::randn(T * I, 37);
+// The gated MLP a = act(g) * u of `act` against `act_ref` in double: the forward, and both
+// input gradients against central differences.
+template <class E>
+void check_gated_mlp(kqlora::Activation act, double (*act_ref)(double), int64_t T, int64_t I,
+                     unsigned seed, const std::string& tag) {
+  using M = typename E::memory_space;
+  const auto gf = nf4test::randn(T * I, seed, 2.0f), uf = nf4test::randn(T * I, seed + 1),
+             af = nf4test::randn(T * I, seed + 2);
   auto g = matrix<M>(gf, T, I), u = matrix<M>(uf, T, I), ga = matrix<M>(af, T, I);
   kqlora::Matrix<M> a("a", T, I), gg("gg", T, I), gu("gu", T, I);
-  kqlora::gated_mlp_forward(TypeParam(), kqlora::Activation::gelu_tanh, g, u, false, a);
-  kqlora::gated_mlp_backward(TypeParam(), kqlora::Activation::gelu_tanh, g, u, ga, false, gg, gu);
-  auto ref = [](const D& gate, const D& up) {
+  kqlora::gated_mlp_forward(E(), act, g, u, false, a);
+  kqlora::gated_mlp_backward(E(), act, g, u, ga, false, gg, gu);
+  auto ref = [&](const D& gate, const D& up) {
     D y(gate.size());
-    const double c = std::sqrt(2.0 / M_PI);
-    for (size_t i = 0; i < y.size(); ++i) {
-      const double x = gate[i];
-      y[i] = 0.5 * x * (1 + std::tanh(c * (x + 0.044715 * x * x * x))) * up[i];
-    }
+    for (size_t i = 0; i < y.size(); ++i) y[i] = act_ref(gate[i]) * up[i];
     return y;
   };
   const D g64 = widen(gf), u64 = widen(uf), a64 = widen(af);
-  expect_close(host(a), ref(g64, u64), 1e-6, "geglu forward");
+  expect_close(host(a), ref(g64, u64), 1e-6, tag + " forward");
   expect_close(host(gg), finite_difference([&](const D& x) { return ref(x, u64); }, g64, a64), 1e-5,
-               "d gate");
+               tag + " d gate");
   expect_close(host(gu), finite_difference([&](const D& x) { return ref(g64, x); }, u64, a64), 1e-5,
-               "d up");
+               tag + " d up");
+}
+
+// Gemma's GeGLU: PyTorch's gelu(approximate="tanh") times up.
+TYPED_TEST(LlamaOps, GeluTanhGatedMlpForwardAndBackward) {
+  check_gated_mlp<TypeParam>(
+      kqlora::Activation::gelu_tanh,
+      [](double x) {
+        return 0.5 * x * (1 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+      },
+      5, 9, 35, "geglu");
 }
 
 TYPED_TEST(LlamaOps, SwigluForwardAndBackward) {
-  using M = typename TypeParam::memory_space;
-  const int64_t T = 7, I = 13;
-  const auto gf = nf4test::randn(T * I, 31, 2.0f), uf = nf4test::randn(T * I, 32),
-             af = nf4test::randn(T * I, 33);
-  auto g = matrix<M>(gf, T, I), u = matrix<M>(uf, T, I), ga = matrix<M>(af, T, I);
-  kqlora::Matrix<M> a("a", T, I), gg("gg", T, I), gu("gu", T, I);
-  kqlora::gated_mlp_forward(TypeParam(), kqlora::Activation::silu, g, u, false, a);
-  kqlora::gated_mlp_backward(TypeParam(), kqlora::Activation::silu, g, u, ga, false, gg, gu);
-  auto ref = [](const D& gate, const D& up) {
-    D y(gate.size());
-    for (size_t i = 0; i < y.size(); ++i) y[i] = gate[i] / (1 + std::exp(-gate[i])) * up[i];
-    return y;
-  };
-  const D g64 = widen(gf), u64 = widen(uf), a64 = widen(af);
-  expect_close(host(a), ref(g64, u64), 1e-6, "swiglu forward");
-  expect_close(host(gg), finite_difference([&](const D& x) { return ref(x, u64); }, g64, a64), 1e-5,
-               "d gate");
-  expect_close(host(gu), finite_difference([&](const D& x) { return ref(g64, x); }, u64, a64), 1e-5,
-               "d up");
+  check_gated_mlp<TypeParam>(
+      kqlora::Activation::silu, [](double x) { return x / (1 + std::exp(-x)); }, 7, 13, 31,
+      "swiglu");
 }
 
 TYPED_TEST(LlamaOps, FusedLmHeadCrossEntropyInChunks) {
