@@ -8,6 +8,7 @@
 #include "kqlora/core/blas_selection.hpp"
 #include "kqlora/core/build_info.hpp"
 #include "kqlora/core/error.hpp"
+#include "kqlora/core/gemm_engine.hpp"
 #include "kqlora/core/runtime.hpp"
 #include "kqlora/parallel/world.hpp"
 
@@ -31,6 +32,7 @@ int run(int argc, char** argv, const std::string& name, const std::string& usage
   }
   // The runtime outlives the handlers below: they may still talk to MPI.
   try {
+    select_gemm_engine();  // (KQLORA_GEMM; a bad value is an input error)
     for (const auto& a : args) {
       if (a == "--version") {
         std::cout << build_configuration();
@@ -39,7 +41,8 @@ int run(int argc, char** argv, const std::string& name, const std::string& usage
     }
     // The first line of every log: dense products run at the speed of this kernel.
     if (world_rank() == 0)
-      std::cout << name << " " << version() << ": BLAS " << describe_blas() << "\n";
+      std::cout << name << " " << version() << ": BLAS " << describe_blas() << "; GEMM engine "
+                << describe_gemm_engine() << "\n";
     return body(args);
   } catch (const InputError& e) {
     // Input is mostly checked identically on every rank (decks, files, sizes), so every

@@ -78,6 +78,26 @@ if(KQLORA_ENABLE_NCCL)
   message(STATUS "NCCL: ${NCCL_LIBRARY}")
 endif()
 
+# oneDNN: the host GEMM engine where it is installed (docs/BLAS.md, "The GEMM engine"; on
+# Debian libdnnl-dev). ON requires it, OFF leaves the BLAS as the only engine, AUTO (the
+# default) uses it when found.
+set(KQLORA_ENABLE_ONEDNN AUTO CACHE STRING "Use oneDNN as the host GEMM engine (AUTO, ON, OFF)")
+set(KQLORA_HAVE_ONEDNN 0)
+if(NOT KQLORA_ENABLE_ONEDNN STREQUAL "OFF")
+  find_path(ONEDNN_INCLUDE_DIR oneapi/dnnl/dnnl.h HINTS ${DNNL_ROOT} ENV DNNL_ROOT
+            PATH_SUFFIXES include)
+  find_library(ONEDNN_LIBRARY dnnl HINTS ${DNNL_ROOT} ENV DNNL_ROOT PATH_SUFFIXES lib lib64)
+  if(ONEDNN_INCLUDE_DIR AND ONEDNN_LIBRARY)
+    set(KQLORA_HAVE_ONEDNN 1)
+    message(STATUS "oneDNN: ${ONEDNN_LIBRARY}")
+  elseif(KQLORA_ENABLE_ONEDNN)
+    message(FATAL_ERROR "KQLORA_ENABLE_ONEDNN=ON: oneapi/dnnl/dnnl.h or libdnnl not found "
+                        "(Debian: apt-get install libdnnl-dev; elsewhere set DNNL_ROOT)")
+  else()
+    message(STATUS "oneDNN: not found; host products through the BLAS only")
+  endif()
+endif()
+
 if(KQLORA_ENABLE_HDF5)
   # FindHDF5 probes HDF5's C compiler wrapper, which needs the C language enabled.
   get_property(_kqlora_langs GLOBAL PROPERTY ENABLED_LANGUAGES)

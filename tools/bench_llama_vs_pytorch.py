@@ -4,7 +4,8 @@ family and shape tools/make_hf_model.py writes), one thread per rank, side by si
 (docs/BENCHMARKS.md, "Llama fine-tuning speed").
 
     python3 tools/bench_llama_vs_pytorch.py [--model DIR | --family F --preset P]
-                                            [--steps 6] [--bin build/bin]
+                                            [--steps 6] [--pairs 5] [--batches 1,4]
+                                            [--no-ddp] [--bin build/bin]
 
 Both sides train QLoRA on full rows of 256 tokens whose every label is scored: all seven
 projections of every block in NF4 (torchao's to_nf4, block 64, scaler_block_size 64; the
@@ -15,8 +16,11 @@ Face directory (default models/SmolLM2-135M-Instruct when it is there, else a ra
 model of --family / --preset, default llama / smollm2-135m, written under run/ by
 tools/make_hf_model.py). Every linear but the LM head is NF4 and a LoRA target on both
 sides (PEFT's all-linear). Measured, in one run:
-  1 x 256 and 4 x 256 tokens per step: the median step time after the first, each side
-  DDP at 2 ranks against 1 with global_bs 2 (kqlora): the tokens/s ratio
+  B x 256 tokens per step (--batches, default 1 and 4): --pairs interleaved pairs of whole
+    runs (kqlora, then PyTorch), each run's median step time after the first; printed:
+    the median of each side's times and the median of the per-pair ratios (this VM's speed
+    drifts over minutes, so only ratios measured side by side are compared)
+  DDP at 2 ranks against 1 with global_bs 2 (kqlora): the tokens/s ratio (not with --no-ddp)
 Prints a table and one JSON line (--json FILE writes it too).
 """
 import argparse
@@ -35,7 +39,6 @@ def random_model_dir(path, family, preset):
     if not os.path.exists(os.path.join(path, "config.json")):
         subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_hf_model.py"), path,
                         "--family", family, "--preset", preset, "--dtype", "f32"], check=True)
-    return path
     return path
 
 
@@ -106,6 +109,9 @@ def main():
     ap.add_argument("--family", default="llama", help="for a random model (make_hf_model.py)")
     ap.add_argument("--preset", default="smollm2-135m", help="for a random model")
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--batches", default="1,4")
+    ap.add_argument("--no-ddp", action="store_true")
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -124,13 +130,31 @@ def main():
                          stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()[0])
     print("model: %s; %d steps per measurement, medians after the first" % (model_dir, args.steps))
     result = {"model": model_dir}
-    for batch in (1, 4):
-        k = kqlora_steps(args.bin, model_dir, data, batch, args.steps, 1, work, "k%d" % batch)
-        t = torch_steps(model_dir, ids, batch, args.steps)
-        result["%dx256" % batch] = {"kqlora_s": k, "pytorch_s": t, "speedup": t / k}
-        print("%d x 256: kqlora-train %.3f s/step (%.0f tokens/s), PyTorch+PEFT+torchao %.3f "
-              "s/step (%.0f tokens/s): %.2fx" % (batch, k, 256 * batch / k, t, 256 * batch / t,
-                                                 t / k), flush=True)
+    batches = [int(b) for b in args.batches.split(",")]
+    runs = {b: [] for b in batches}
+    for pair in range(args.pairs):
+        for batch in batches:
+            k = kqlora_steps(args.bin, model_dir, data, batch, args.steps, 1, work, "k%d" % batch)
+            t = torch_steps(model_dir, ids, batch, args.steps)
+            runs[batch].append((k, t))
+            print("pair %d, %d x 256: kqlora-train %.3f s/step, PyTorch+PEFT+torchao %.3f s/step:"
+                  " %.2fx" % (pair + 1, batch, k, t, t / k), flush=True)
+    for batch in batches:
+        k = statistics.median(r[0] for r in runs[batch])
+        t = statistics.median(r[1] for r in runs[batch])
+        ratio = statistics.median(r[1] / r[0] for r in runs[batch])
+        result["%dx256" % batch] = {"kqlora_s": k, "pytorch_s": t, "speedup": ratio,
+                                    "pairs": [list(r) for r in runs[batch]]}
+        print("%d x 256 (median of %d pairs): kqlora-train %.3f s/step (%.0f tokens/s), "
+              "PyTorch+PEFT+torchao %.3f s/step (%.0f tokens/s); median ratio %.2fx"
+              % (batch, len(runs[batch]), k, 256 * batch / k, t, 256 * batch / t, ratio),
+              flush=True)
+    if args.no_ddp:
+        print(json.dumps(result))
+        if args.json:
+            with open(args.json, "w") as f:
+                f.write(json.dumps(result) + "\n")
+        return 0
     one = kqlora_steps(args.bin, model_dir, data, 2, args.steps, 1, work, "ddp1")
     two = kqlora_steps(args.bin, model_dir, data, 2, args.steps, 2, work, "ddp2")
     result["ddp_np2_over_np1_tokens_per_s"] = one / two

@@ -8,7 +8,7 @@ packages=(
   libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev
   libopenmpi-dev openmpi-bin
   libhdf5-openmpi-dev hdf5-tools
-  libopenblas-dev
+  libopenblas-dev libdnnl-dev
   libgtest-dev
   python3 python3-numpy python3-h5py
 )

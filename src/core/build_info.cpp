@@ -7,6 +7,7 @@
 #include "kqlora/build_config.hpp"
 #include "kqlora/core/blas_selection.hpp"
 #include "kqlora/core/cpu_features.hpp"
+#include "kqlora/core/gemm_engine.hpp"
 #if KQLORA_HAVE_MPI
 #include <mpi.h>
 #endif
@@ -71,6 +72,7 @@ std::string build_configuration() {
 #endif
   os << "  CPU: " << cpu_features().describe() << "\n";
   os << "  BLAS: " << describe_blas() << "\n";
+  os << "  GEMM engine: " << describe_gemm_engine() << "\n";
   os << "  compiler: " << KQLORA_CXX_COMPILER << "\n";
   os << "  flags: " << KQLORA_CXX_FLAGS << "\n";
   return os.str();

@@ -1,6 +1,7 @@
 #pragma once
-// Dense matrix products. Host float matrices go straight to the Fortran BLAS (any strides
-// with one of them 1, so a column block of a row-major matrix needs no copy); other
+// Dense matrix products. Host float matrices go straight to the host GEMM engine
+// (core/gemm_engine.hpp: oneDNN or the Fortran BLAS; any strides with one of them 1, so a
+// column block of a row-major matrix needs no copy); other
 // memory spaces through Kokkos Kernels (cuBLAS for CUDA views where the layouts allow, its
 // own kernels otherwise). The Kokkos Kernels version difference lives here: 3.7 added the
 // execution-space argument; remove the 3.4 branch when the floor moves past Debian 12.
@@ -11,6 +12,8 @@
 #include <climits>
 #include <cstdint>
 #include <type_traits>
+
+#include "kqlora/core/gemm_engine.hpp"
 
 #if defined(KOKKOSKERNELS_ENABLE_TPL_BLAS)
 extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n,
@@ -66,6 +69,18 @@ void gemm(const ExecSpace& exec, const char* ta, const char* tb, float alpha, co
     const int64_t m = C.extent(0), n = C.extent(1), k = tA ? A.extent(0) : A.extent(1);
     if (a.ok && b.ok && c.ok && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX) {
       if (m == 0 || n == 0) return;
+      if (k > 0 && host_gemm_engine() == GemmEngine::onednn) {
+        // oneDNN is row-major: an operand stored column-major is its transpose there (its
+        // flag flips), and a column-major C is computed as C^T = op(B)^T op(A)^T.
+        const bool swap = !c.row_major;
+        const impl::BlasOperand& o1 = swap ? b : a;
+        const impl::BlasOperand& o2 = swap ? a : b;
+        const bool t1 = swap ? !tB : tA, t2 = swap ? !tA : tB;
+        impl::onednn_sgemm(t1 == o1.row_major ? 'T' : 'N', t2 == o2.row_major ? 'T' : 'N',
+                           swap ? n : m, swap ? m : n, k, alpha, swap ? B.data() : A.data(), o1.ld,
+                           swap ? A.data() : B.data(), o2.ld, beta, C.data(), c.ld);
+        return;
+      }
       // In column-major terms: C row-major is C^T = op(B)^T op(A)^T; an operand stored
       // row-major is its transpose in column-major memory, so its flag flips.
       const bool swap = c.row_major;

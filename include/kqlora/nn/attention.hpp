@@ -24,7 +24,9 @@
 #include <string>
 
 #include "kqlora/core/blas.hpp"
+#include "kqlora/core/fast_exp.hpp"
 #include "kqlora/nn/elementwise.hpp"
+#include "kqlora/nn/row_loops.hpp"
 
 namespace kqlora {
 
@@ -118,7 +120,7 @@ void causal_softmax(const ExecSpace& exec, const Matrix<M>& p, const Kokkos::Vie
         if (has_docs && docs(seq, i) > first) first = docs(seq, i);
         const int64_t lo = first > j0 ? first - j0 : 0, hi = i - j0 + 1;
         if (cap > 0.0f) {
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, lo, hi), [&](int64_t j) {
+          row_for(team, lo, hi, [&](int64_t j) {
             float t = 0.0f;
             p(r, j) = soft_cap(p(r, j), cap, bf16, &t);
             tanh_of(r, j) = t;
@@ -129,29 +131,22 @@ void causal_softmax(const ExecSpace& exec, const Matrix<M>& p, const Kokkos::Vie
         if (recompute) {
           l = lse(lse0 + r);
         } else {
-          float m = -INFINITY, z = 0.0f;
-          Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(team, lo, hi),
-              [&](int64_t j, float& acc) { acc = p(r, j) > acc ? p(r, j) : acc; },
-              Kokkos::Max<float>(m));
-          Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(team, lo, hi),
-              [&](int64_t j, float& acc) {
-                const float e = expf(p(r, j) - m);  // one exp per score, kept
-                p(r, j) = e;
-                acc += e;
-              },
-              z);
+          const float m = row_max(team, lo, hi, [&](int64_t j) { return p(r, j); });
+          const float z = row_sum(team, lo, hi, [&](int64_t j) {
+            const float e = fast_exp(p(r, j) - m);  // one exp per score, kept
+            p(r, j) = e;
+            return e;
+          });
           Kokkos::single(Kokkos::PerTeam(team), [&] { lse(lse0 + r) = m + logf(z); });
           const float inv = 1.0f / z;
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cols), [&](int64_t j) {
+          row_for(team, 0, cols, [&](int64_t j) {
             const float v = j >= lo && j < hi ? p(r, j) * inv : 0.0f;
             p(r, j) = bf16 ? round_to_bf16(v) : v;
           });
           return;
         }
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cols), [&](int64_t j) {
-          const float v = j >= lo && j < hi ? expf(p(r, j) - l) : 0.0f;
+        row_for(team, 0, cols, [&](int64_t j) {
+          const float v = j >= lo && j < hi ? fast_exp(p(r, j) - l) : 0.0f;
           p(r, j) = bf16 ? round_to_bf16(v) : v;
         });
       });
@@ -170,16 +165,12 @@ void softmax_backward(const ExecSpace& exec, const Matrix<M>& p, const OView& o,
       Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(p.extent(0)), Kokkos::AUTO),
       KOKKOS_LAMBDA(const Team& team) {
         const int64_t r = team.league_rank();
-        float d = 0.0f;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, D),
-            [&](int64_t c, float& acc) { acc += go(r, c) * o(r, c); }, d);
+        const float d = row_sum(team, 0, D, [&](int64_t c) { return go(r, c) * o(r, c); });
         if (!capped) {  // (two loops: the common one stays a plain vectorisable pass)
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cols),
-                               [&](int64_t j) { dp(r, j) = p(r, j) * (dp(r, j) - d); });
+          row_for(team, 0, cols, [&](int64_t j) { dp(r, j) = p(r, j) * (dp(r, j) - d); });
           return;
         }
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cols), [&](int64_t j) {
+        row_for(team, 0, cols, [&](int64_t j) {
           const float ds = p(r, j) * (dp(r, j) - d);
           dp(r, j) = p(r, j) != 0.0f ? ds * (1.0f - tanh_of(r, j) * tanh_of(r, j)) : ds;
         });

@@ -20,8 +20,10 @@
 #include <cmath>
 
 #include "kqlora/core/blas.hpp"
+#include "kqlora/core/fast_exp.hpp"
 #include "kqlora/nn/batch.hpp"
 #include "kqlora/nn/elementwise.hpp"
+#include "kqlora/nn/row_loops.hpp"
 
 namespace kqlora {
 
@@ -29,13 +31,21 @@ template <class M>
 struct CrossEntropyWorkspace {
   Matrix<M> logits;                   // [chunk, vocab]
   Kokkos::View<double*, M> row_loss;  // [tokens]
-  /// Bytes of one chunk's logits: 16 MiB (85 tokens of a 49152-word vocabulary) keeps a
-  /// chunk's gemm efficient and its logits in the cache before the softmax reads them.
-  int64_t chunk_bytes = int64_t(16) << 20;
+  /// At most this many bytes of logits, and at most kMaxChunkTokens tokens, per chunk: the
+  /// head W is read once per chunk by each product, so the products run faster with more
+  /// tokens a chunk (oneDNN on an AVX-512 Xeon, a 49152 x 576 head: 116 and 154 GFLOP/s at
+  /// 85 tokens, 145 and 163 at 256, 148 and 167 at 512; docs/BENCHMARKS.md), while the
+  /// softmax's passes over a chunk's logits are a small share either way.
+  int64_t chunk_bytes = int64_t(64) << 20;
+  static constexpr int64_t kMaxChunkTokens = 256;
+
+  /// Tokens per chunk for a call over `tokens` (the memory estimate uses it too).
+  int64_t chunk_tokens(int64_t tokens, int64_t vocab) const {
+    return std::max<int64_t>(1, std::min({tokens, kMaxChunkTokens, chunk_bytes / (4 * vocab)}));
+  }
 
   int64_t reserve(int64_t tokens, int64_t vocab) {
-    const int64_t chunk =
-        std::max<int64_t>(1, std::min<int64_t>(tokens, chunk_bytes / (4 * vocab)));
+    const int64_t chunk = chunk_tokens(tokens, vocab);
     if (static_cast<int64_t>(logits.extent(0)) < chunk ||
         static_cast<int64_t>(logits.extent(1)) != vocab)
       logits = Matrix<M>(
@@ -67,51 +77,40 @@ void cross_entropy_rows(const ExecSpace& exec, const L& lg, const TokenMatrix<M>
         const int32_t label = p + 1 < S ? labels(t / S, p + 1) : kIgnoreLabel;
         if (label == kIgnoreLabel) {
           Kokkos::single(Kokkos::PerTeam(team), [&] { row_loss(t) = 0.0; });
-          if (grad)
-            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V),
-                                 [&](int64_t v) { lg(r, v) = 0.0f; });
+          if (grad) row_for(team, 0, V, [&](int64_t v) { lg(r, v) = 0.0f; });
           return;
         }
-        if (bf16)
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V),
-                               [&](int64_t v) { lg(r, v) = round_to_bf16(lg(r, v)); });
+        if (bf16) row_for(team, 0, V, [&](int64_t v) { lg(r, v) = round_to_bf16(lg(r, v)); });
         if (cap > 0.0f) {
           team.team_barrier();
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V),
-                               [&](int64_t v) { lg(r, v) = soft_cap(lg(r, v), cap, bf16); });
+          row_for(team, 0, V, [&](int64_t v) { lg(r, v) = soft_cap(lg(r, v), cap, bf16); });
         }
         team.team_barrier();
-        float m = -INFINITY, z = 0.0f;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, V),
-            [&](int64_t v, float& acc) { acc = lg(r, v) > acc ? lg(r, v) : acc; },
-            Kokkos::Max<float>(m));
+        const float m = row_max(team, 0, V, [&](int64_t v) { return lg(r, v); });
         const float target = lg(r, label);
         team.team_barrier();  // (everyone has read lg(r, label) before it changes)
         // One exp per logit, kept in place for the gradient (under a soft-cap the capped
         // logit is kept instead: the cap's derivative needs it).
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, V),
-            [&](int64_t v, float& acc) {
-              const float e = expf(lg(r, v) - m);
-              if (keep_exp) lg(r, v) = e;
-              acc += e;
-            },
-            z);
+        const float z = row_sum(team, 0, V, [&](int64_t v) {
+          const float e = fast_exp(lg(r, v) - m);
+          if (keep_exp) lg(r, v) = e;
+          return e;
+        });
         Kokkos::single(Kokkos::PerTeam(team), [&] {
           row_loss(t) = static_cast<double>(logf(z)) + static_cast<double>(m) - target;
         });
         if (grad && cap > 0.0f) {
           team.team_barrier();
           const float scale = inv / z;
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V), [&](int64_t v) {
+          row_for(team, 0, V, [&](int64_t v) {
             const float s = lg(r, v), th = s / cap;  // (tanh of the capped logit)
-            const float d = (expf(s - m) * scale - (v == label ? inv : 0.0f)) * (1.0f - th * th);
+            const float d =
+                (fast_exp(s - m) * scale - (v == label ? inv : 0.0f)) * (1.0f - th * th);
             lg(r, v) = bf16 ? round_to_bf16(d) : d;
           });
         } else if (grad) {
           const float scale = inv / z;
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V), [&](int64_t v) {
+          row_for(team, 0, V, [&](int64_t v) {
             const float d = lg(r, v) * scale - (v == label ? inv : 0.0f);
             lg(r, v) = bf16 ? round_to_bf16(d) : d;
           });

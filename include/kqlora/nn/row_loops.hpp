@@ -1,0 +1,77 @@
+#pragma once
+// Loops over one row inside a team kernel (a team per row: the softmaxes and the
+// cross-entropy). A team of one thread (the host backends) runs plain loops the compiler
+// vectorises, a sum or a max in kLanes interleaved partial results folded in a fixed
+// order; Kokkos's team ranges step by a run-time stride, which keeps GCC from vectorising
+// them (the 135M step's softmax passes ran 3-5x slower so, docs/BENCHMARKS.md). Larger
+// teams (GPUs) use the team ranges.
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+
+namespace kqlora {
+
+constexpr int kRowLanes = 16;  // one AVX-512 register of floats
+
+/// f(j) for j in [lo, hi), by the team.
+template <class Team, class F>
+KOKKOS_INLINE_FUNCTION void row_for(const Team& team, int64_t lo, int64_t hi, const F& f) {
+  if (team.team_size() == 1) {
+    for (int64_t j = lo; j < hi; ++j) f(j);
+  } else {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, lo, hi), f);
+  }
+}
+
+/// The sum of f(j) over j in [lo, hi) (f may also store, e.g. an exponential kept).
+template <class Team, class F>
+KOKKOS_INLINE_FUNCTION float row_sum(const Team& team, int64_t lo, int64_t hi, const F& f) {
+  float s = 0.0f;
+  if (team.team_size() == 1) {
+    float acc[kRowLanes] = {};
+    int64_t j = lo;
+    for (; j + kRowLanes <= hi; j += kRowLanes)
+      for (int l = 0; l < kRowLanes; ++l) acc[l] += f(j + l);
+    for (int l = 0; j + l < hi; ++l) acc[l] += f(j + l);
+    for (int w = kRowLanes / 2; w > 0; w /= 2)
+      for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+    s = acc[0];
+  } else {
+    Kokkos::parallel_reduce(
+        Kokkos::TeamThreadRange(team, lo, hi), [&](int64_t j, float& a) { a += f(j); }, s);
+  }
+  return s;
+}
+
+/// The largest f(j) over j in [lo, hi); -INFINITY for an empty range.
+template <class Team, class F>
+KOKKOS_INLINE_FUNCTION float row_max(const Team& team, int64_t lo, int64_t hi, const F& f) {
+  float m = -INFINITY;
+  if (team.team_size() == 1) {
+    float acc[kRowLanes];
+    for (int l = 0; l < kRowLanes; ++l) acc[l] = -INFINITY;
+    int64_t j = lo;
+    for (; j + kRowLanes <= hi; j += kRowLanes)
+      for (int l = 0; l < kRowLanes; ++l) {
+        const float v = f(j + l);
+        acc[l] = v > acc[l] ? v : acc[l];
+      }
+    for (int l = 0; j + l < hi; ++l) {
+      const float v = f(j + l);
+      acc[l] = v > acc[l] ? v : acc[l];
+    }
+    for (int l = 0; l < kRowLanes; ++l) m = acc[l] > m ? acc[l] : m;
+  } else {
+    Kokkos::parallel_reduce(
+        Kokkos::TeamThreadRange(team, lo, hi),
+        [&](int64_t j, float& a) {
+          const float v = f(j);
+          a = v > a ? v : a;
+        },
+        Kokkos::Max<float>(m));
+  }
+  return m;
+}
+
+}  // namespace kqlora
