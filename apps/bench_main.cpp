@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "app_main.hpp"
+#include "bench_gemm_engines.hpp"
 #include "bench_llama.hpp"
 #include "bench_record.hpp"
 #include "kqlora/core/build_info.hpp"
@@ -34,7 +35,7 @@ const char* usage =
     "  fma_peak_f32             one core's float32 FMA peak: a register-only loop at the\n"
     "                           widest vector FMA this CPU has (chosen at run time)\n"
     "  gemm_f32_N               C = A B^T, N x N x N float32 (--gemm-size), through kqlora's\n"
-    "                           gemm (the BLAS); its share of fma_peak_f32 is printed\n"
+    "                           gemm (the host GEMM engine); its share of fma_peak_f32 is printed\n"
     "For each size N (--sizes), an N x N weight:\n"
     "  memcpy_NxN_f32           std::memcpy of the float32 output size (bandwidth reference)\n"
     "  nf4_dequant_NxN_f32|bf16 NF4 -> float32 / bfloat16 (the NF4 dtype's own)\n"
@@ -54,6 +55,10 @@ const char* usage =
     "  llama_lm_head_products_..., llama_cross_entropy_...  its parts: every layer's\n"
     "                           attention, the fused LM head and cross-entropy, its two\n"
     "                           products alone, its softmax, loss and gradient alone\n"
+    "  gemm_engine_PRODUCT_SHAPE_tN_blas|onednn  the step's products at N = B x T tokens\n"
+    "                           (projections, LM head chunk, attention block, LoRA) through\n"
+    "                           each host GEMM engine, as --pairs interleaved pairs; the\n"
+    "                           median per-pair ratio is printed (oneDNN builds)\n"
     "Bytes count what a kernel reads plus what it writes.\n"
     "\n"
     "  --json FILE     also write the records as a JSON list\n"
@@ -389,6 +394,10 @@ int bench_main(std::vector<std::string>& args) {
   for (int64_t t : tokens) lora_linear_records(linear_dim, 16, t, pairs, filter, records);
   for (int64_t t : tokens) nf4_product_records(linear_dim, t, pairs, filter, records);
   std::ostringstream llama_report;
+  if (llama != "none")
+    for (int64_t b : llama_batches)
+      kqlora::bench::gemm_engine_records(kqlora::bench::llama_shape(llama), b * llama_seq, pairs,
+                                         filter, records, llama_report);
   if (llama != "none")
     kqlora::bench::llama_records(kqlora::bench::llama_shape(llama), llama_batches, llama_seq,
                                  repeats, filter, records, llama_report);

@@ -14,6 +14,7 @@
 
 #include "kqlora/core/bfloat16.hpp"
 #include "kqlora/core/blas.hpp"
+#include "kqlora/nn/row_loops.hpp"
 
 namespace kqlora {
 
@@ -33,20 +34,17 @@ void rms_norm_forward(const ExecSpace& exec, const Matrix<M>& x,
       Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(x.extent(0)), Kokkos::AUTO),
       KOKKOS_LAMBDA(const Team& team) {
         const int64_t t = team.league_rank();
-        float ss = 0.0f;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, F),
-            [&](int64_t f, float& acc) { acc += x(t, f) * x(t, f); }, ss);
+        const float ss = row_sum(team, 0, F, [&](int64_t f) { return x(t, f) * x(t, f); });
         const float r = 1.0f / sqrtf(ss / static_cast<float>(F) + eps);
         Kokkos::single(Kokkos::PerTeam(team), [&] { inv(t) = r; });
         if (one_plus) {  // (1 + w) * n in float32, one rounding
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, F), [&](int64_t f) {
+          row_for(team, 0, F, [&](int64_t f) {
             const float v = (1.0f + w(f)) * (x(t, f) * r);
             y(t, f) = bf16 ? round_to_bf16(v) : v;
           });
           return;
         }
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, F), [&](int64_t f) {
+        row_for(team, 0, F, [&](int64_t f) {
           const float n = bf16 ? round_to_bf16(x(t, f) * r) : x(t, f) * r;
           const float v = w(f) * n;
           y(t, f) = bf16 ? round_to_bf16(v) : v;
@@ -69,16 +67,12 @@ void rms_norm_backward(const ExecSpace& exec, const Matrix<M>& x,
       KOKKOS_LAMBDA(const Team& team) {
         const int64_t t = team.league_rank();
         const float r = inv(t);
-        float dot = 0.0f;  // sum_f w gy n
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, F),
-            [&](int64_t f, float& acc) {
-              const float wf = one_plus ? 1.0f + w(f) : w(f);
-              acc += wf * gy(t, f) * x(t, f) * r;
-            },
-            dot);
+        const float dot = row_sum(team, 0, F, [&](int64_t f) {  // sum_f w gy n
+          const float wf = one_plus ? 1.0f + w(f) : w(f);
+          return wf * gy(t, f) * x(t, f) * r;
+        });
         const float mean = dot / static_cast<float>(F);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, F), [&](int64_t f) {
+        row_for(team, 0, F, [&](int64_t f) {
           const float wf = one_plus ? 1.0f + w(f) : w(f);
           gx(t, f) = r * (wf * gy(t, f) - x(t, f) * r * mean);
         });

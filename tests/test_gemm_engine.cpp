@@ -1,0 +1,127 @@
+// The host GEMM engines (core/gemm_engine.hpp) against float64 products, for every
+// transpose and every operand layout gemm() accepts (row-major, column-major, a column
+// block of a row-major matrix); and KQLORA_GEMM as the apps read it.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <cstdio>
+#include <random>
+#include <string>
+
+#include "kqlora/core/blas.hpp"
+#include "kqlora/core/gemm_engine.hpp"
+
+namespace {
+
+using Host = Kokkos::DefaultHostExecutionSpace;
+using RowMajor = Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace>;
+using ColMajor = Kokkos::View<float**, Kokkos::LayoutLeft, Kokkos::HostSpace>;
+
+// op(X)(i, j) for a view X.
+template <class V>
+double at(const V& x, bool t, int64_t i, int64_t j) {
+  return t ? x(j, i) : x(i, j);
+}
+
+/// gemm into c (holding `c0` first) against float64: alpha op(a) op(b) + beta c0.
+template <class A, class B, class C>
+void expect_product(bool ta, bool tb, const A& a, const B& b, const C& c, const std::string& what) {
+  const int64_t m = c.extent(0), n = c.extent(1), k = ta ? a.extent(0) : a.extent(1);
+  std::vector<double> c0(m * n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) c0[i * n + j] = c(i, j);
+  const float alpha = 0.75f, beta = -0.5f;
+  kqlora::gemm(Host(), ta ? "T" : "N", tb ? "T" : "N", alpha, a, b, beta, c);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0, mag = 0;
+      for (int64_t l = 0; l < k; ++l) {
+        s += at(a, ta, i, l) * at(b, tb, l, j);
+        mag += std::fabs(at(a, ta, i, l) * at(b, tb, l, j));
+      }
+      const double want = alpha * s + beta * c0[i * n + j];
+      ASSERT_NEAR(c(i, j), want, 1e-5 * (mag + std::fabs(c0[i * n + j])) + 1e-6)
+          << what << " (" << i << ", " << j << ")";
+    }
+}
+
+template <class V>
+void fill(const V& v, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (size_t i = 0; i < v.extent(0); ++i)
+    for (size_t j = 0; j < v.extent(1); ++j) v(i, j) = u(rng);
+}
+
+class GemmEngines : public ::testing::TestWithParam<kqlora::GemmEngine> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == kqlora::GemmEngine::onednn && !kqlora::onednn_available())
+      GTEST_SKIP() << "built without oneDNN";
+    was_ = kqlora::host_gemm_engine();
+    kqlora::set_host_gemm_engine(GetParam());
+  }
+  void TearDown() override { kqlora::set_host_gemm_engine(was_); }
+  kqlora::GemmEngine was_ = kqlora::GemmEngine::blas;
+};
+
+TEST_P(GemmEngines, EveryTransposeAndLayoutMatchesFloat64) {
+  std::mt19937 rng(7);
+  const int64_t m = 13, n = 9, k = 21;  // (no multiple of a vector width)
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const std::string ops = std::string(ta ? "T" : "N") + (tb ? "T" : "N");
+      // Row-major operands.
+      RowMajor a("a", ta ? k : m, ta ? m : k), b("b", tb ? n : k, tb ? k : n), c("c", m, n);
+      fill(a, rng), fill(b, rng), fill(c, rng);
+      expect_product(ta, tb, a, b, c, ops + " row-major");
+      // Column-major operands and result.
+      ColMajor al("al", a.extent(0), a.extent(1)), bl("bl", b.extent(0), b.extent(1)),
+          cl("cl", m, n);
+      fill(al, rng), fill(bl, rng), fill(cl, rng);
+      expect_product(ta, tb, al, bl, cl, ops + " column-major");
+      expect_product(ta, tb, a, bl, cl, ops + " row-major A, column-major B and C");
+      // Column blocks of wider row-major matrices (leading dimension past the width).
+      RowMajor aw("aw", a.extent(0), a.extent(1) + 5), bw("bw", b.extent(0), b.extent(1) + 3),
+          cw("cw", m, n + 4);
+      fill(aw, rng), fill(bw, rng), fill(cw, rng);
+      const auto as = Kokkos::subview(aw, Kokkos::ALL, std::make_pair(size_t(2), 2 + a.extent(1)));
+      const auto bs = Kokkos::subview(bw, Kokkos::ALL, std::make_pair(size_t(1), 1 + b.extent(1)));
+      const auto cs = Kokkos::subview(cw, Kokkos::ALL, std::make_pair(int64_t(3), 3 + n));
+      expect_product(ta, tb, as, bs, cs, ops + " column blocks");
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Host, GemmEngines,
+                         ::testing::Values(kqlora::GemmEngine::blas, kqlora::GemmEngine::onednn),
+                         [](const auto& info) {
+                           return info.param == kqlora::GemmEngine::blas ? "blas" : "onednn";
+                         });
+
+/// Runs a shell command: its exit status and output.
+std::pair<int, std::string> run_app(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  char buf[4096];
+  while (size_t got = fread(buf, 1, sizeof buf, p)) out.append(buf, got);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+TEST(GemmEngineChoice, TheAppsNameItAndRefuseAnUnknownOne) {
+  const std::string app = std::string(KQLORA_TEST_BIN_DIR) + "/kqlora-bench --version";
+  auto [rc, out] = run_app("KQLORA_GEMM=blas " + app);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("GEMM engine: BLAS"), std::string::npos) << out;
+  EXPECT_NE(out.find("KQLORA_GEMM=blas"), std::string::npos) << out;
+  std::tie(rc, out) = run_app("KQLORA_GEMM=mkl " + app);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("KQLORA_GEMM=mkl: expected blas or onednn"), std::string::npos) << out;
+  std::tie(rc, out) = run_app("env -u KQLORA_GEMM " + app);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find(kqlora::onednn_available() ? "GEMM engine: oneDNN" : "GEMM engine: BLAS"),
+            std::string::npos)
+      << out;
+}
+
+}  // namespace
