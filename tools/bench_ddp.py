@@ -56,7 +56,7 @@ def run(np, shared=True, overlap=False):
                               f"metrics_file={metrics}", f"save_dir={tmp}/ck"] + keys +
                              ([f"num_steps={args.steps}"] if args.steps else []),
                              env=env, check=True, capture_output=True, text=True).stdout
-        t = [json.loads(l)["elapsed_s"] for l in open(metrics)]
+        t = [json.loads(l)["elapsed_s"] for l in open(metrics) if '"loss"' in l]
     steps = [b - a for a, b in zip(t, t[1:])]
     ddp = re.search(r"^DDP: .*$", out, re.M)
     return statistics.median(steps), (ddp.group(0) if ddp else "")

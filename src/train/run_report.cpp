@@ -111,17 +111,21 @@ void RunReport::finish(const std::string& parallel_stats) {
   enter(Phase::data);
   // Every rank's phase times and total on every rank, then min / sum / max.
   const int n = comm_.size();
-  double mine[kPhases + 1];
+  // Each rank's phase times, total, and its peak memory: tracked and RSS above start-up.
+  constexpr int kFields = kPhases + 3;
+  double mine[kFields];
   for (int p = 0; p < kPhases; ++p) mine[p] = total_[p];
   mine[kPhases] = seconds(Clock::now() - start_);
-  std::vector<double> all(static_cast<size_t>((kPhases + 1) * n));
+  mine[kPhases + 1] = static_cast<double>(tracked_peak_bytes());
+  mine[kPhases + 2] = static_cast<double>(peak_rss_bytes() - rss_start_);
+  std::vector<double> all(static_cast<size_t>(kFields * n));
   comm_.wait(comm_.allgather(mine, all.data(), sizeof(mine)));
   double mn[kPhases + 1], sum[kPhases + 1], mx[kPhases + 1];
   for (int p = 0; p <= kPhases; ++p) {
     mn[p] = mx[p] = all[p];
     sum[p] = 0;
     for (int r = 0; r < n; ++r) {
-      const double v = all[r * (kPhases + 1) + p];
+      const double v = all[r * kFields + p];
       mn[p] = std::min(mn[p], v);
       mx[p] = std::max(mx[p], v);
       sum[p] += v;
@@ -146,9 +150,31 @@ void RunReport::finish(const std::string& parallel_stats) {
   row("setup", avg_total - phases_avg, avg_total - phases_avg, avg_total - phases_avg);
   row("total", mn[kPhases], avg_total, mx[kPhases]);
   log_ << "(setup: initialisation, quantization and file reading, on average)\n"
-       << parallel_stats << "peak memory (rank 0): tracked allocations "
-       << human_bytes(static_cast<double>(tracked_peak_bytes())) << ", RSS above start-up "
-       << human_bytes(static_cast<double>(peak_rss_bytes() - rss_start_)) << "\n";
+       << parallel_stats;
+  // Rank 0's line first (its form is what scripts read), then the others'; each rank's peak
+  // (the larger of the two) against the estimate the memory check used.
+  double largest = 0;
+  for (int r = 0; r < n; ++r) {
+    const double tracked = all[r * kFields + kPhases + 1], rss = all[r * kFields + kPhases + 2];
+    largest = std::max({largest, tracked, rss});
+    log_ << "peak memory (rank " << r << "): tracked allocations " << human_bytes(tracked)
+         << ", RSS above start-up " << human_bytes(rss) << "\n";
+  }
+  if (estimate_ > 0)
+    log_ << "memory estimate per rank " << human_bytes(static_cast<double>(estimate_))
+         << ": the largest rank's peak is " << std::fixed << std::setprecision(0)
+         << 100.0 * largest / static_cast<double>(estimate_) << "% of it\n"
+         << std::defaultfloat;
+  if (metrics_.is_open()) {
+    metrics_ << "{\"memory_estimate_bytes\": " << estimate_ << ", \"peak_tracked_bytes\": [";
+    for (int r = 0; r < n; ++r)
+      metrics_ << (r ? ", " : "") << static_cast<int64_t>(all[r * kFields + kPhases + 1]);
+    metrics_ << "], \"peak_rss_above_start_bytes\": [";
+    for (int r = 0; r < n; ++r)
+      metrics_ << (r ? ", " : "") << static_cast<int64_t>(all[r * kFields + kPhases + 2]);
+    metrics_ << "]}\n";
+    metrics_.flush();
+  }
 }
 
 }  // namespace kqlora

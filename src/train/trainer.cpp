@@ -120,7 +120,11 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   const int node_ranks = std::max(1, std::min(comm.size(), ranks_on_this_node()));
   const int64_t seq_len = model_kind(cfg.model).tokens ? token_file_seq_len(cfg.data_file) : 0;
   check_memory(cfg, comm.size(), node_ranks, seq_len, "the deck");
-  if (report.root()) log << estimate_memory(cfg, comm.size(), node_ranks, seq_len).report() << "\n";
+  {
+    const MemoryEstimate e = estimate_memory(cfg, comm.size(), node_ranks, seq_len);
+    report.set_memory_estimate(e.per_rank);
+    if (report.root()) log << e.report() << "\n";
+  }
   auto checkpoints = make_run_checkpoints<Exec>(cfg, comm, log);
   // The weights are written once, by the initialisation or the restart (and, with
   // node-shared DDP, only into the shared memory): no zeros to write first. A restart

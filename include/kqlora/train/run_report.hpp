@@ -34,6 +34,8 @@ class RunReport {
   /// The FMA peak (FLOP/s) of every core of the run, which MFU is measured against (0:
   /// not known, no MFU).
   void set_peak_flops(double peak) { peak_ = peak; }
+  /// The memory check's estimate per rank (finish() sets each rank's peak beside it).
+  void set_memory_estimate(int64_t bytes) { estimate_ = bytes; }
   void eval(int64_t step, double loss);
   /// Collective: the timing table over every rank, `parallel_stats` (lines), the peak
   /// memory.
@@ -54,6 +56,7 @@ class RunReport {
   Phase current_ = Phase::data;
   Clock::time_point since_, start_, loop_;
   int64_t rss_start_ = 0;
+  int64_t estimate_ = 0;
   bool loop_started_ = false;
   int64_t first_step_ = -1;
   double peak_ = 0, tokens_ = 0, flops_ = 0;  // (sums over the run's steps)
