@@ -7,8 +7,10 @@
 #include <set>
 #include <sstream>
 
+#include "kqlora/core/bit_cast.hpp"
 #include "kqlora/core/checked_size.hpp"
 #include "kqlora/core/error.hpp"
+#include "kqlora/core/float16.hpp"
 #include "kqlora/core/input_file.hpp"
 #include "kqlora/core/json.hpp"
 #include "kqlora/io/tensor_name.hpp"
@@ -158,6 +160,33 @@ std::vector<uint8_t> read_bytes(const Header& h, const TensorInfo& t) {
   KQLORA_INPUT_CHECK(f.good() || out.empty(),
                      h.path << ": tensor '" << t.name << "': short read (file changed?)");
   return out;
+}
+
+void read_f32_into(const Header& h, const TensorInfo& t, float* dst) {
+  const int64_t width = t.dtype == "F32" ? 4 : (t.dtype == "BF16" || t.dtype == "F16") ? 2 : 0;
+  KQLORA_INPUT_CHECK(width > 0, h.path << ": tensor '" << t.name << "' is " << t.dtype
+                                       << ", expected F32, BF16 or F16");
+  const int64_t n = t.numel();
+  std::ifstream f(h.path, std::ios::binary);
+  KQLORA_INPUT_CHECK(f.good(), h.path << ": cannot open: " << std::strerror(errno));
+  f.seekg(static_cast<std::streamoff>(h.data_start + t.begin));
+  constexpr int64_t kPiece = int64_t(1) << 21;  // elements per read (4 - 8 MiB)
+  std::vector<uint8_t> piece(static_cast<size_t>(std::min(n, kPiece) * width));
+  for (int64_t i0 = 0; i0 < n; i0 += kPiece) {
+    const int64_t m = std::min(kPiece, n - i0);
+    if (width == 4) {  // (little-endian in the file, as on x86 and Arm)
+      f.read(reinterpret_cast<char*>(dst + i0), static_cast<std::streamsize>(4 * m));
+    } else {
+      f.read(reinterpret_cast<char*>(piece.data()), static_cast<std::streamsize>(2 * m));
+      for (int64_t i = 0; i < m; ++i) {
+        uint16_t v;
+        std::memcpy(&v, piece.data() + 2 * i, 2);
+        dst[i0 + i] = t.dtype == "BF16" ? bit_cast<float>(static_cast<uint32_t>(v) << 16)
+                                        : half_to_float(v);
+      }
+    }
+    KQLORA_INPUT_CHECK(f.good(), h.path << ": tensor '" << t.name << "': short read (file changed?)");
+  }
 }
 
 void write(const std::string& path, const std::vector<TensorToWrite>& tensors,

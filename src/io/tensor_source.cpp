@@ -1,5 +1,7 @@
 #include "kqlora/io/tensor_source.hpp"
 
+#include <algorithm>
+
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -72,6 +74,13 @@ class SafetensorsSource : public TensorSource {
     return t;
   }
 
+  void load_f32(const std::string& name, float* dst) const override {
+    const auto it = where_.find(name);
+    KQLORA_INPUT_CHECK(it != where_.end(), "no tensor '" << name << "'");
+    const safetensors::Header& h = headers_[it->second];
+    safetensors::read_f32_into(h, *h.find(name), dst);
+  }
+
  private:
   std::vector<safetensors::Header> headers_;
   std::map<std::string, size_t> where_;
@@ -139,6 +148,14 @@ class Hdf5Source : public TensorSource {
 #endif
 
 }  // namespace
+
+void TensorSource::load_f32(const std::string& name, float* dst) const {
+  const HostTensor t = load(name);
+  if (t.is_bf16)
+    std::transform(t.bf16.begin(), t.bf16.end(), dst, [](bfloat16 b) { return static_cast<float>(b); });
+  else
+    std::copy(t.f32.begin(), t.f32.end(), dst);
+}
 
 std::unique_ptr<TensorSource> open_tensor_source(const std::string& path) {
   check_input_file(path, "a tensor file (safetensors or HDF5)");

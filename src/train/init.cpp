@@ -151,6 +151,26 @@ struct InitFile {
     return out;
   }
 
+  /// floats() into dst [numel of shape], streamed from a model file (set-up then holds no
+  /// second copy of a large tensor, docs/TRAINING.md "The memory check").
+  void floats_into(const std::string& name, const std::vector<int64_t>& shape, float* dst) {
+    if (!source) {
+      const auto v = floats(name, shape);
+      std::copy(v.begin(), v.end(), dst);
+      return;
+    }
+    used.insert(name);
+    const std::string stored = stored_name(name);
+    std::vector<int64_t> got;
+    for (const auto& e : source->entries())
+      if (e.name == stored) got = e.shape;
+    KQLORA_INPUT_CHECK(got == shape, path + ": tensor '" + name + "'" << " has shape "
+                                                                    << shape_text(got)
+                                                                    << ", expected "
+                                                                    << shape_text(shape));
+    source->load_f32(stored, dst);
+  }
+
   static std::string shape_text(const std::vector<int64_t>& s) {
     std::string t = "[";
     for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
@@ -207,7 +227,9 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
     Kokkos::View<float*, Mem> w32(
         Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kqlora::init::w")), e.numel());
     InitFile* f = file_of(e);
-    if (f) {
+    if (f && std::is_same<Mem, Kokkos::HostSpace>::value) {
+      f->floats_into(e.name, e.shape, w32.data());
+    } else if (f) {
       const auto w = f->floats(e.name, e.shape);
       Kokkos::deep_copy(w32, Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
                                  w.data(), w.size()));

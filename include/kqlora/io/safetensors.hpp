@@ -36,6 +36,12 @@ Header read_header(const std::string& path);
 /// The raw bytes of one tensor.
 std::vector<uint8_t> read_bytes(const Header& h, const TensorInfo& t);
 
+/// A float tensor (F32, BF16, F16) widened to float32 into dst [t.numel()], read in pieces
+/// of a few MiB: no copy of the whole tensor's bytes exists besides dst (reading a model's
+/// largest tensors this way keeps set-up's memory at the model's own size). InputError for
+/// other dtypes.
+void read_f32_into(const Header& h, const TensorInfo& t, float* dst);
+
 struct TensorToWrite {
   std::string name, dtype;
   std::vector<int64_t> shape;

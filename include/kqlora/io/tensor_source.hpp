@@ -34,6 +34,9 @@ class TensorSource {
   virtual const std::vector<Entry>& entries() const = 0;
   /// Loads one float tensor (F32, BF16 or F16); InputError for other dtypes.
   virtual HostTensor load(const std::string& name) const = 0;
+  /// The same widened to float32 into dst [numel]: no copy of the tensor besides dst
+  /// where the source can stream it (safetensors), through load() otherwise.
+  virtual void load_f32(const std::string& name, float* dst) const;
 };
 
 /// Opens `path` by its content: HDF5 signature, safetensors header, or JSON index.
