@@ -181,11 +181,12 @@ void read_f32_into(const Header& h, const TensorInfo& t, float* dst) {
       for (int64_t i = 0; i < m; ++i) {
         uint16_t v;
         std::memcpy(&v, piece.data() + 2 * i, 2);
-        dst[i0 + i] = t.dtype == "BF16" ? bit_cast<float>(static_cast<uint32_t>(v) << 16)
-                                        : half_to_float(v);
+        dst[i0 + i] =
+            t.dtype == "BF16" ? bit_cast<float>(static_cast<uint32_t>(v) << 16) : half_to_float(v);
       }
     }
-    KQLORA_INPUT_CHECK(f.good(), h.path << ": tensor '" << t.name << "': short read (file changed?)");
+    KQLORA_INPUT_CHECK(f.good(),
+                       h.path << ": tensor '" << t.name << "': short read (file changed?)");
   }
 }
 

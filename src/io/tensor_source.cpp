@@ -152,7 +152,8 @@ class Hdf5Source : public TensorSource {
 void TensorSource::load_f32(const std::string& name, float* dst) const {
   const HostTensor t = load(name);
   if (t.is_bf16)
-    std::transform(t.bf16.begin(), t.bf16.end(), dst, [](bfloat16 b) { return static_cast<float>(b); });
+    std::transform(t.bf16.begin(), t.bf16.end(), dst,
+                   [](bfloat16 b) { return static_cast<float>(b); });
   else
     std::copy(t.f32.begin(), t.f32.end(), dst);
 }

@@ -26,6 +26,7 @@ ModelFootprint lora_stack_footprint(const ModelConfig& c) {
   ModelFootprint f;
   f.tensors = mul(L, c.bias ? 4 : 3);
   f.nf4_elements = mul(L, mul(d, d));
+  f.largest_nf4_elements = mul(d, d);
   f.trainable_elements = mul(L, add(mul(2, mul(d, r)), c.bias ? d : 0));
   return f;
 }
@@ -102,8 +103,10 @@ ModelFootprint footprint_of(const ParamTable& t) {
   for (const auto& e : t.entries) {
     f.tensors += 1;
     const int64_t n = e.numel();
-    if (e.kind == ParamKind::nf4)
+    if (e.kind == ParamKind::nf4) {
       f.nf4_elements = checked_add(f.nf4_elements, n, "the model's size");
+      f.largest_nf4_elements = std::max(f.largest_nf4_elements, n);
+    }
     if (e.kind == ParamKind::dense)
       f.dense_elements = checked_add(f.dense_elements, n, "the model's size");
     if (e.kind == ParamKind::trainable)

@@ -164,10 +164,9 @@ struct InitFile {
     std::vector<int64_t> got;
     for (const auto& e : source->entries())
       if (e.name == stored) got = e.shape;
-    KQLORA_INPUT_CHECK(got == shape, path + ": tensor '" + name + "'" << " has shape "
-                                                                    << shape_text(got)
-                                                                    << ", expected "
-                                                                    << shape_text(shape));
+    KQLORA_INPUT_CHECK(got == shape, path + ": tensor '" + name + "'"
+                                         << " has shape " << shape_text(got) << ", expected "
+                                         << shape_text(shape));
     source->load_f32(stored, dst);
   }
 

@@ -149,8 +149,7 @@ void RunReport::finish(const std::string& parallel_stats) {
   }
   row("setup", avg_total - phases_avg, avg_total - phases_avg, avg_total - phases_avg);
   row("total", mn[kPhases], avg_total, mx[kPhases]);
-  log_ << "(setup: initialisation, quantization and file reading, on average)\n"
-       << parallel_stats;
+  log_ << "(setup: initialisation, quantization and file reading, on average)\n" << parallel_stats;
   // Rank 0's line first (its form is what scripts read), then the others'; each rank's peak
   // (the larger of the two) against the estimate the memory check used.
   double largest = 0;

@@ -17,7 +17,13 @@ namespace kqlora {
 
 struct MemoryEstimate {
   std::vector<std::pair<std::string, int64_t>> parts;  // bytes per rank, by what holds them
+  /// The most a rank's memory reaches (an upper bound of its tracked allocations and of its
+  /// RSS above start-up, docs/TRAINING.md): the larger of set-up and training, with memory
+  /// it maps from a node-shared copy counted in full, plus an allowance for what no
+  /// allocation of kqlora's holds (GEMM packing, MPI, libraries).
   int64_t per_rank = 0;
+  /// Of per_rank, what is node-shared (counted once per node by the check).
+  int64_t node_shared = 0;
   int64_t budget_per_rank = 0;  // 0: the node's memory is unknown
   std::string budget_source;    // how the budget was found
   int ranks_per_node = 1;
@@ -31,7 +37,8 @@ struct MemoryEstimate {
 MemoryEstimate estimate_memory(const Config& c, int world_size, int ranks_per_node,
                                int64_t seq_len);
 /// InputError (naming `where`, the keys that size the run and the estimate) when the
-/// estimate exceeds the rank's share, unless memory_check = off.
+/// estimate, its node-shared part counted once per node, exceeds the rank's share, unless
+/// memory_check = off.
 void check_memory(const Config& c, int world_size, int ranks_per_node, int64_t seq_len,
                   const std::string& where);
 
