@@ -22,27 +22,18 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from bench_llama_vs_pytorch import token_file  # noqa: E402  (random ids, labels = ids)
 
 
 def model_dir(work, preset):
     path = os.path.join(work, preset)
     if not os.path.exists(os.path.join(path, "config.json")):
-        sys.path.insert(0, os.path.join(ROOT, "tools"))
         from make_hf_model import PRESETS
         family = PRESETS[preset][0] if preset in PRESETS else "llama"
         subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_hf_model.py"), path,
                         "--family", family, "--preset", preset, "--dtype", "bf16"], check=True)
     return path
-
-
-def token_file(path, rows, seq, vocab):
-    import h5py
-    import numpy as np
-    ids = np.random.default_rng(0).integers(0, vocab, size=(rows, seq), dtype=np.int32)
-    with h5py.File(path, "w", libver=("v110", "v110")) as f:
-        f.create_dataset("input_ids", data=ids)
-        f.create_dataset("labels", data=ids)
-        f.attrs["vocab_size"] = np.int64(vocab)
 
 
 def run(args, model, data, np_, parallel, ac, work):
