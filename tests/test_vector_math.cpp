@@ -80,6 +80,30 @@ void run_row_loops(const X& x, const L& len, const O& out) {
       });
 }
 
+// The pointer passes of a row: out = (max, sum of exp(x - max)) over [lo, hi), the range
+// replaced by exp(x - max) / sum, 7 before it and -1 after it.
+template <class Exec, class X, class L, class O>
+void run_row_passes(const X& x, const L& len, const O& out) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  Kokkos::parallel_for(
+      Kokkos::TeamPolicy<Exec>(static_cast<int>(x.extent(0)), Kokkos::AUTO),
+      KOKKOS_LAMBDA(const Team& t) {
+        const int64_t r = t.league_rank(), lo = r % 5, hi = lo + len(r);
+        float* p = &x(r, 0);
+        const float m = kqlora::row_max(t, p, lo, hi);
+        kqlora::row_exp(t, p, lo, hi, m);
+        t.team_barrier();
+        const float z = kqlora::row_sum(t, p, lo, hi);
+        kqlora::row_scale(t, p, lo, hi, 1.0f / z);
+        kqlora::row_fill(t, p, 0, lo, 7.0f);
+        kqlora::row_fill(t, p, hi, static_cast<int64_t>(x.extent(1)), -1.0f);
+        Kokkos::single(Kokkos::PerTeam(t), [&] {
+          out(r, 0) = m;
+          out(r, 1) = z;
+        });
+      });
+}
+
 template <class Space>
 class RowLoops : public ::testing::Test {};
 TYPED_TEST_SUITE(RowLoops, kqlora_test::EnabledSpaces, kqlora_test::SpaceName);
@@ -119,6 +143,48 @@ TYPED_TEST(RowLoops, SumAndMaxOfEachRowMatchFloat64) {
     EXPECT_EQ(ho(r, 1), m) << "row " << r;
     for (int64_t j = 0; j < W; ++j)
       EXPECT_EQ(hx2(r, j), (j >= lo && j < hi ? 2.0f : 1.0f) * hx(r, j)) << r << ", " << j;
+  }
+}
+
+TYPED_TEST(RowLoops, SoftmaxPassesOverARowPointerMatchFloat64) {
+  using Exec = TypeParam;
+  using Mem = typename Exec::memory_space;
+  // Lengths around the 16-lane blocks; one row holds -inf (a masked score) and the largest
+  // value in its tail.
+  const std::vector<int64_t> lens = {1, 7, 15, 16, 17, 31, 33, 100, 257};
+  const int64_t R = static_cast<int64_t>(lens.size()), W = 264;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 4.0f);
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> x("x", R, W);
+  Kokkos::View<int64_t*, Mem> len("len", R);
+  auto hx = Kokkos::create_mirror(x);
+  auto hl = Kokkos::create_mirror_view(len);
+  for (int64_t r = 0; r < R; ++r) {
+    hl(r) = lens[r];
+    for (int64_t j = 0; j < W; ++j) hx(r, j) = nd(rng);
+  }
+  hx(7, 2 + 3) = -INFINITY;
+  hx(7, 2 + 99) = 40.0f;
+  Kokkos::deep_copy(x, hx);
+  Kokkos::deep_copy(len, hl);
+  Kokkos::View<float* [2], Mem> out("out", R);
+  run_row_passes<Exec>(x, len, out);
+  auto ho = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+  auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t lo = r % 5, hi = lo + lens[r];
+    double m = -INFINITY, z = 0;
+    for (int64_t j = lo; j < hi; ++j) m = std::max<double>(m, hx(r, j));
+    for (int64_t j = lo; j < hi; ++j) z += std::exp(static_cast<double>(hx(r, j)) - m);
+    EXPECT_EQ(ho(r, 0), static_cast<float>(m)) << "row " << r;
+    EXPECT_NEAR(ho(r, 1), z, 1e-6 * z) << "row " << r;
+    for (int64_t j = 0; j < W; ++j) {
+      const double d = j >= lo && j < hi ? static_cast<double>(hx(r, j)) - m : 0.0;
+      const double want = j < lo ? 7.0 : j >= hi ? -1.0 : std::exp(d) / z;
+      // (x - max is rounded to float first: a relative error of |x - max| ulp(1) / 2)
+      const double tol = want == 0.0 ? 0.0 : (2e-6 + 6e-8 * std::fabs(d)) * std::fabs(want);
+      EXPECT_NEAR(hp(r, j), want, tol + 1e-37) << r << ", " << j;
+    }
   }
 }
 

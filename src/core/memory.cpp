@@ -2,6 +2,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <sys/resource.h>
 #include <unistd.h>
 #include <atomic>
 #include <fstream>
@@ -53,6 +54,11 @@ int64_t rss_bytes() {
 }
 int64_t peak_rss_bytes() {
   return status_kb("VmHWM:");
+}
+
+int64_t minor_page_faults() {
+  struct rusage u {};
+  return ::getrusage(RUSAGE_SELF, &u) == 0 ? static_cast<int64_t>(u.ru_minflt) : 0;
 }
 
 }  // namespace kqlora

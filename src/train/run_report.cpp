@@ -56,7 +56,12 @@ void RunReport::enter(Phase p) {
 
 void RunReport::step(int64_t step, double loss, double lr, double norm, bool finite, double tokens,
                      double flops) {
-  if (first_step_ < 0) first_step_ = step;
+  if (first_step_ < 0) {
+    first_step_ = step;
+    faults_after_first_ = minor_page_faults();
+  } else {
+    ++steps_after_first_;
+  }
   tokens_ += tokens;
   flops_ += flops;
   const bool due = (step + 1) % cfg_.log_every == 0 || step + 1 == cfg_.num_steps;
@@ -111,13 +116,18 @@ void RunReport::finish(const std::string& parallel_stats) {
   enter(Phase::data);
   // Every rank's phase times and total on every rank, then min / sum / max.
   const int n = comm_.size();
-  // Each rank's phase times, total, and its peak memory: tracked and RSS above start-up.
-  constexpr int kFields = kPhases + 3;
+  // Each rank's phase times, total, its peak memory (tracked and RSS above start-up) and
+  // its minor page faults a step after the first (fresh pages: memory allocated again).
+  constexpr int kFields = kPhases + 4;
   double mine[kFields];
   for (int p = 0; p < kPhases; ++p) mine[p] = total_[p];
   mine[kPhases] = seconds(Clock::now() - start_);
   mine[kPhases + 1] = static_cast<double>(tracked_peak_bytes());
   mine[kPhases + 2] = static_cast<double>(peak_rss_bytes() - rss_start_);
+  mine[kPhases + 3] = steps_after_first_ > 0
+                          ? static_cast<double>(minor_page_faults() - faults_after_first_) /
+                                static_cast<double>(steps_after_first_)
+                          : -1.0;
   std::vector<double> all(static_cast<size_t>(kFields * n));
   comm_.wait(comm_.allgather(mine, all.data(), sizeof(mine)));
   double mn[kPhases + 1], sum[kPhases + 1], mx[kPhases + 1];
@@ -159,6 +169,12 @@ void RunReport::finish(const std::string& parallel_stats) {
     log_ << "peak memory (rank " << r << "): tracked allocations " << human_bytes(tracked)
          << ", RSS above start-up " << human_bytes(rss) << "\n";
   }
+  double faults = -1;
+  for (int r = 0; r < n; ++r) faults = std::max(faults, all[r * kFields + kPhases + 3]);
+  if (faults >= 0)  // (evaluations and checkpoints between steps count too)
+    log_ << "minor page faults a step after the first (the most of any rank): " << std::fixed
+         << std::setprecision(1) << faults << "\n"
+         << std::defaultfloat;
   if (estimate_ > 0)
     log_ << "memory estimate per rank " << human_bytes(static_cast<double>(estimate_))
          << ": the largest rank's peak is " << std::fixed << std::setprecision(0)
@@ -171,6 +187,9 @@ void RunReport::finish(const std::string& parallel_stats) {
     metrics_ << "], \"peak_rss_above_start_bytes\": [";
     for (int r = 0; r < n; ++r)
       metrics_ << (r ? ", " : "") << static_cast<int64_t>(all[r * kFields + kPhases + 2]);
+    metrics_ << "], \"minor_page_faults_per_step\": [";
+    for (int r = 0; r < n; ++r)
+      metrics_ << (r ? ", " : "") << std::setprecision(6) << all[r * kFields + kPhases + 3];
     metrics_ << "]}\n";
     metrics_.flush();
   }

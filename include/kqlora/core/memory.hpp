@@ -14,5 +14,8 @@ int64_t tracked_peak_bytes();
 /// Resident set size now, and the process's peak (VmHWM), in bytes; 0 where unknown.
 int64_t rss_bytes();
 int64_t peak_rss_bytes();
+/// Minor page faults of the process so far (pages first touched or mapped again: fresh
+/// allocations the kernel zero-fills); 0 where unknown.
+int64_t minor_page_faults();
 
 }  // namespace kqlora

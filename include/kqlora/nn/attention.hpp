@@ -127,28 +127,20 @@ void causal_softmax(const ExecSpace& exec, const Matrix<M>& p, const Kokkos::Vie
           });
           team.team_barrier();
         }
-        float l = 0.0f;
+        float* x = &p(r, 0);
         if (recompute) {
-          l = lse(lse0 + r);
+          row_exp(team, x, lo, hi, lse(lse0 + r));
         } else {
-          const float m = row_max(team, lo, hi, [&](int64_t j) { return p(r, j); });
-          const float z = row_sum(team, lo, hi, [&](int64_t j) {
-            const float e = fast_exp(p(r, j) - m);  // one exp per score, kept
-            p(r, j) = e;
-            return e;
-          });
+          const float m = row_max(team, x, lo, hi);
+          row_exp(team, x, lo, hi, m);  // one exp per score, kept
+          team.team_barrier();
+          const float z = row_sum(team, x, lo, hi);
           Kokkos::single(Kokkos::PerTeam(team), [&] { lse(lse0 + r) = m + logf(z); });
-          const float inv = 1.0f / z;
-          row_for(team, 0, cols, [&](int64_t j) {
-            const float v = j >= lo && j < hi ? p(r, j) * inv : 0.0f;
-            p(r, j) = bf16 ? round_to_bf16(v) : v;
-          });
-          return;
+          row_scale(team, x, lo, hi, 1.0f / z);
         }
-        row_for(team, 0, cols, [&](int64_t j) {
-          const float v = j >= lo && j < hi ? fast_exp(p(r, j) - l) : 0.0f;
-          p(r, j) = bf16 ? round_to_bf16(v) : v;
-        });
+        row_fill(team, x, 0, lo, 0.0f);
+        row_fill(team, x, hi, cols, 0.0f);
+        if (bf16) row_for(team, lo, hi, [&](int64_t j) { x[j] = round_to_bf16(x[j]); });
       });
 }
 
@@ -167,7 +159,9 @@ void softmax_backward(const ExecSpace& exec, const Matrix<M>& p, const OView& o,
         const int64_t r = team.league_rank();
         const float d = row_sum(team, 0, D, [&](int64_t c) { return go(r, c) * o(r, c); });
         if (!capped) {  // (two loops: the common one stays a plain vectorisable pass)
-          row_for(team, 0, cols, [&](int64_t j) { dp(r, j) = p(r, j) * (dp(r, j) - d); });
+          const float* pr = &p(r, 0);
+          float* dr = &dp(r, 0);
+          row_for(team, 0, cols, [&](int64_t j) { dr[j] = pr[j] * (dr[j] - d); });
           return;
         }
         row_for(team, 0, cols, [&](int64_t j) {

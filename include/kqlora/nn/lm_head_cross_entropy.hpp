@@ -68,52 +68,62 @@ void cross_entropy_rows(const ExecSpace& exec, const L& lg, const TokenMatrix<M>
                         const Kokkos::View<double*, M>& row_loss, float cap = 0.0f) {
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const int64_t V = lg.extent(1), S = labels.extent(1);
-  const bool keep_exp = grad && cap == 0.0f;  // (capped: the gradient needs the logit)
   Kokkos::parallel_for(
       "kqlora::cross_entropy",
       Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(lg.extent(0)), Kokkos::AUTO),
       KOKKOS_LAMBDA(const Team& team) {
         const int64_t r = team.league_rank(), t = t0 + r, p = t % S;
         const int32_t label = p + 1 < S ? labels(t / S, p + 1) : kIgnoreLabel;
+        float* x = &lg(r, 0);
         if (label == kIgnoreLabel) {
           Kokkos::single(Kokkos::PerTeam(team), [&] { row_loss(t) = 0.0; });
-          if (grad) row_for(team, 0, V, [&](int64_t v) { lg(r, v) = 0.0f; });
+          if (grad) row_fill(team, x, 0, V, 0.0f);
           return;
         }
-        if (bf16) row_for(team, 0, V, [&](int64_t v) { lg(r, v) = round_to_bf16(lg(r, v)); });
+        if (bf16) row_for(team, 0, V, [&](int64_t v) { x[v] = round_to_bf16(x[v]); });
         if (cap > 0.0f) {
           team.team_barrier();
-          row_for(team, 0, V, [&](int64_t v) { lg(r, v) = soft_cap(lg(r, v), cap, bf16); });
+          row_for(team, 0, V, [&](int64_t v) { x[v] = soft_cap(x[v], cap, bf16); });
         }
         team.team_barrier();
-        const float m = row_max(team, 0, V, [&](int64_t v) { return lg(r, v); });
-        const float target = lg(r, label);
-        team.team_barrier();  // (everyone has read lg(r, label) before it changes)
-        // One exp per logit, kept in place for the gradient (under a soft-cap the capped
-        // logit is kept instead: the cap's derivative needs it).
-        const float z = row_sum(team, 0, V, [&](int64_t v) {
-          const float e = fast_exp(lg(r, v) - m);
-          if (keep_exp) lg(r, v) = e;
-          return e;
-        });
+        const float m = row_max(team, x, 0, V);
+        const float target = x[label];
+        team.team_barrier();  // (everyone has read x[label] before it changes)
+        // One exp per logit, kept in place (the chunk's logits are scratch) for the gradient;
+        // under a soft-cap the capped logit is kept instead: the cap's derivative needs it.
+        float z = 0.0f;
+        if (cap > 0.0f) {
+          z = row_sum(team, 0, V, [&](int64_t v) { return fast_exp(x[v] - m); });
+        } else {
+          row_exp(team, x, 0, V, m);
+          team.team_barrier();
+          z = row_sum(team, x, 0, V);
+        }
         Kokkos::single(Kokkos::PerTeam(team), [&] {
           row_loss(t) = static_cast<double>(logf(z)) + static_cast<double>(m) - target;
         });
-        if (grad && cap > 0.0f) {
+        if (!grad) return;
+        const float scale = inv / z;
+        if (cap > 0.0f) {
           team.team_barrier();
-          const float scale = inv / z;
           row_for(team, 0, V, [&](int64_t v) {
-            const float s = lg(r, v), th = s / cap;  // (tanh of the capped logit)
+            const float s = x[v], th = s / cap;  // (tanh of the capped logit)
             const float d =
                 (fast_exp(s - m) * scale - (v == label ? inv : 0.0f)) * (1.0f - th * th);
-            lg(r, v) = bf16 ? round_to_bf16(d) : d;
+            x[v] = bf16 ? round_to_bf16(d) : d;
           });
-        } else if (grad) {
-          const float scale = inv / z;
-          row_for(team, 0, V, [&](int64_t v) {
-            const float d = lg(r, v) * scale - (v == label ? inv : 0.0f);
-            lg(r, v) = bf16 ? round_to_bf16(d) : d;
-          });
+          return;
+        }
+        // softmax - onehot(label), over the normaliser: every exp scaled, the label's then
+        // set from its own (unscaled) exp.
+        const float d_label = x[label] * scale - inv;
+        team.team_barrier();
+        row_scale(team, x, 0, V, scale);
+        team.team_barrier();
+        Kokkos::single(Kokkos::PerTeam(team), [&] { x[label] = d_label; });
+        if (bf16) {
+          team.team_barrier();
+          row_for(team, 0, V, [&](int64_t v) { x[v] = round_to_bf16(x[v]); });
         }
       });
 }

@@ -5,10 +5,18 @@
 // order; Kokkos's team ranges step by a run-time stride, which keeps GCC from vectorising
 // them (the 135M step's softmax passes ran 3-5x slower so, docs/BENCHMARKS.md). Larger
 // teams (GPUs) use the team ranges.
+//
+// The passes over a contiguous row x[lo, hi) (the softmaxes' and the cross-entropy's) take
+// the row's pointer instead of a function: inlined into a large kernel, GCC 12 left the
+// function forms of some of them scalar (the attention softmax of the 135M step ran at
+// about 5 ns a score so), and a float maximum vectorises only as explicit vectors (the
+// scalar form's NaN and signed-zero rules forbid it otherwise).
 
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
+
+#include "kqlora/core/fast_exp.hpp"
 
 namespace kqlora {
 
@@ -72,6 +80,62 @@ KOKKOS_INLINE_FUNCTION float row_max(const Team& team, int64_t lo, int64_t hi, c
         Kokkos::Max<float>(m));
   }
   return m;
+}
+
+// Host vectors of kRowLanes floats (GCC and Clang vector extensions; lowered to what the
+// target has).
+#if defined(__GNUC__) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
+#define KQLORA_ROW_VECTORS 1
+typedef float RowLanes __attribute__((vector_size(4 * kRowLanes)));
+#endif
+
+/// The largest x[j] over j in [lo, hi); -INFINITY for an empty range.
+template <class Team>
+KOKKOS_INLINE_FUNCTION float row_max(const Team& team, const float* x, int64_t lo, int64_t hi) {
+  if (team.team_size() != 1) return row_max(team, lo, hi, [&](int64_t j) { return x[j]; });
+  float m = -INFINITY;
+  int64_t j = lo;
+#ifdef KQLORA_ROW_VECTORS
+  RowLanes acc;
+  for (int l = 0; l < kRowLanes; ++l) acc[l] = -INFINITY;
+  for (; j + kRowLanes <= hi; j += kRowLanes) {
+    RowLanes v;
+    __builtin_memcpy(&v, x + j, sizeof v);
+    acc = v > acc ? v : acc;
+  }
+  for (int l = 0; l < kRowLanes; ++l) m = acc[l] > m ? acc[l] : m;
+#endif
+  for (; j < hi; ++j) m = x[j] > m ? x[j] : m;
+  return m;
+}
+
+/// The sum of x[j] over j in [lo, hi), in kRowLanes partial sums on the host.
+template <class Team>
+KOKKOS_INLINE_FUNCTION float row_sum(const Team& team, const float* x, int64_t lo, int64_t hi) {
+  return row_sum(team, lo, hi, [&](int64_t j) { return x[j]; });
+}
+
+/// x[j] = exp(x[j] - shift) for j in [lo, hi) (core/fast_exp.hpp).
+template <class Team>
+KOKKOS_INLINE_FUNCTION void row_exp(const Team& team, float* x, int64_t lo, int64_t hi,
+                                    float shift) {
+  if (team.team_size() != 1)
+    return row_for(team, lo, hi, [&](int64_t j) { x[j] = fast_exp(x[j] - shift); });
+  for (int64_t j = lo; j < hi; ++j) x[j] = fast_exp(x[j] - shift);
+}
+
+/// x[j] *= s for j in [lo, hi).
+template <class Team>
+KOKKOS_INLINE_FUNCTION void row_scale(const Team& team, float* x, int64_t lo, int64_t hi, float s) {
+  if (team.team_size() != 1) return row_for(team, lo, hi, [&](int64_t j) { x[j] *= s; });
+  for (int64_t j = lo; j < hi; ++j) x[j] *= s;
+}
+
+/// x[j] = v for j in [lo, hi).
+template <class Team>
+KOKKOS_INLINE_FUNCTION void row_fill(const Team& team, float* x, int64_t lo, int64_t hi, float v) {
+  if (team.team_size() != 1) return row_for(team, lo, hi, [&](int64_t j) { x[j] = v; });
+  for (int64_t j = lo; j < hi; ++j) x[j] = v;
 }
 
 }  // namespace kqlora
