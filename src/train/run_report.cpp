@@ -61,6 +61,7 @@ void RunReport::step(int64_t step, double loss, double lr, double norm, bool fin
     faults_after_first_ = minor_page_faults();
   } else {
     ++steps_after_first_;
+    faults_at_last_ = minor_page_faults();
   }
   tokens_ += tokens;
   flops_ += flops;
@@ -125,7 +126,7 @@ void RunReport::finish(const std::string& parallel_stats) {
   mine[kPhases + 1] = static_cast<double>(tracked_peak_bytes());
   mine[kPhases + 2] = static_cast<double>(peak_rss_bytes() - rss_start_);
   mine[kPhases + 3] = steps_after_first_ > 0
-                          ? static_cast<double>(minor_page_faults() - faults_after_first_) /
+                          ? static_cast<double>(faults_at_last_ - faults_after_first_) /
                                 static_cast<double>(steps_after_first_)
                           : -1.0;
   std::vector<double> all(static_cast<size_t>(kFields * n));

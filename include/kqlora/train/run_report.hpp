@@ -59,8 +59,9 @@ class RunReport {
   int64_t estimate_ = 0;
   bool loop_started_ = false;
   int64_t first_step_ = -1;
-  // Minor page faults when the run's first step ended, and the steps done since.
-  int64_t faults_after_first_ = 0, steps_after_first_ = 0;
+  // Minor page faults when the run's first step ended and when its last step did, and the
+  // steps between.
+  int64_t faults_after_first_ = 0, faults_at_last_ = 0, steps_after_first_ = 0;
   double peak_ = 0, tokens_ = 0, flops_ = 0;  // (sums over the run's steps)
 };
 
