@@ -453,17 +453,18 @@ TEST_F(Reliability, RunsThatCannotFitAreRefusedBeforeTheFirstAllocation) {
   const int64_t fsetup = part["frozen NF4 base"] + 4 * 64 * 64 + 16 * trainable +
                          fpart["data_file and eval_file (read whole)"];
   EXPECT_EQ(fpart["set-up's excess over training"], std::max<int64_t>(0, fsetup - ftraining));
-  // The untracked allowance: a sixteenth of the larger phase and 32 MiB.
+  // The untracked allowance: an eighth of the larger phase and 64 MiB.
   int64_t tracked_parts = 0;
   for (const auto& p : e.parts)
     if (p.first != "untracked (libraries, packing)") tracked_parts += p.second;
-  EXPECT_EQ(part["untracked (libraries, packing)"], tracked_parts / 16 + (int64_t(32) << 20));
+  EXPECT_EQ(part["untracked (libraries, packing)"], tracked_parts / 8 + (int64_t(64) << 20));
   EXPECT_EQ(e.per_rank, tracked_parts + part["untracked (libraries, packing)"]);
-  // Node-shared DDP: every rank maps the whole base; the check counts it once per node.
+  // Node-shared DDP: every rank maps the whole of the trainable weights, one copy per node;
+  // the check counts it once per node. The base is each rank's own.
   const auto n = kqlora::estimate_memory(deck("num_linears=3 global_bs=4"), 4, 4, 0);
   std::map<std::string, int64_t> npart(n.parts.begin(), n.parts.end());
   EXPECT_EQ(npart["frozen NF4 base"], part["frozen NF4 base"]);
-  EXPECT_EQ(n.node_shared, part["frozen NF4 base"] - part["frozen NF4 base"] / 4);
+  EXPECT_EQ(n.node_shared, 4 * trainable - 4 * trainable / 4);
   // A budget below the estimate refuses the run; memory_check = off runs it; --dry-run
   // prints the configuration and the estimate and trains nothing.
   const std::string limit = "KQLORA_MEMORY_LIMIT=" + std::to_string(e.per_rank / 2) + " ";

@@ -1,6 +1,7 @@
 #pragma once
 // Rank 0's model on every rank: the NF4 components byte for byte, the frozen dense tensors
-// and the flat float parameters, in one broadcast (so all ranks hold rank 0's exact bytes).
+// and the flat float parameters, tensor by tensor in place (so all ranks hold rank 0's exact
+// bytes).
 
 #include "kqlora/nn/model.hpp"
 #include "kqlora/parallel/communicator.hpp"

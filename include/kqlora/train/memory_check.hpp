@@ -19,8 +19,9 @@ struct MemoryEstimate {
   std::vector<std::pair<std::string, int64_t>> parts;  // bytes per rank, by what holds them
   /// The most a rank's memory reaches (an upper bound of its tracked allocations and of its
   /// RSS above start-up, docs/TRAINING.md): the larger of set-up and training, with memory
-  /// it maps from a node-shared copy counted in full, plus an allowance for what no
-  /// allocation of kqlora's holds (GEMM packing, MPI, libraries).
+  /// it maps from a node-shared copy (node-shared DDP's trainable weights) counted in full,
+  /// plus an allowance for what no allocation of kqlora's holds (GEMM packing, MPI,
+  /// libraries).
   int64_t per_rank = 0;
   /// Of per_rank, what is node-shared (counted once per node by the check).
   int64_t node_shared = 0;
