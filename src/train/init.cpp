@@ -1,11 +1,13 @@
 #include "kqlora/train/init.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
 #include <ostream>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include <sys/stat.h>
 
@@ -221,10 +223,9 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
     return nullptr;
   };
   auto count = [&](const InitFile* f) { ++(f == &init ? from_file : f ? from_base : from_seed); };
-  // The float32 values of a frozen tensor: from a file, or N(0, 1) generated in place.
-  auto frozen_values = [&](const ParamEntry& e) {
-    Kokkos::View<float*, Mem> w32(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kqlora::init::w")), e.numel());
+  // The float32 values of a frozen tensor into w32: from a file, or N(0, 1) generated in
+  // place.
+  auto frozen_values_into = [&](const ParamEntry& e, const Kokkos::View<float*, Mem>& w32) {
     InitFile* f = file_of(e);
     if (f && std::is_same<Mem, Kokkos::HostSpace>::value) {
       f->floats_into(e.name, e.shape, w32.data());
@@ -238,8 +239,15 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
       Kokkos::deep_copy(w32, 0.0f);
     }
     count(f);
-    return w32;
   };
+  // The NF4 weights pass through one float32 (and bfloat16) staging buffer of the largest's
+  // size: a buffer per weight was the 7B shape's set-up mostly in the kernel, faulting in
+  // and zeroing 27 GB of fresh pages per rank (docs/BENCHMARKS.md).
+  int64_t largest = 0;
+  for (const ParamEntry* ep : model.table().of_kind(ParamKind::nf4))
+    largest = std::max(largest, ep->numel());
+  Kokkos::View<float*, Mem> w32_staging;
+  Kokkos::View<bfloat16*, Mem> w16_staging;
 
   for (const ParamEntry* ep : model.table().of_kind(ParamKind::nf4)) {
     const ParamEntry& e = *ep;
@@ -262,11 +270,17 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
     }
 #endif
     // The float32 weight, then NF4 in the dtype.
-    auto w32 = frozen_values(e);
+    if (w32_staging.extent(0) == 0)
+      w32_staging = Kokkos::View<float*, Mem>(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kqlora::init::w")), largest);
+    const auto w32 = Kokkos::subview(w32_staging, std::make_pair(int64_t(0), e.numel()));
+    frozen_values_into(e, w32);
     if (layout.dtype == DType::bfloat16) {
-      Kokkos::View<bfloat16*, Mem> w16(
-          Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kqlora::init::w_bf16")),
-          layout.numel());
+      if (w16_staging.extent(0) == 0)
+        w16_staging = Kokkos::View<bfloat16*, Mem>(
+            Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kqlora::init::w_bf16")),
+            largest);
+      const auto w16 = Kokkos::subview(w16_staging, std::make_pair(int64_t(0), layout.numel()));
       Kokkos::parallel_for(
           "kqlora::init::to_bf16",
           Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, layout.numel()),
@@ -278,8 +292,13 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
           nf4_quantize<float>(exec, Kokkos::View<const float*, Mem>(w32), layout, e.name);
     }
   }
+  w32_staging = Kokkos::View<float*, Mem>();  // (gone before the dense tensors come)
+  w16_staging = Kokkos::View<bfloat16*, Mem>();
   for (const ParamEntry* ep : model.table().of_kind(ParamKind::dense)) {
-    auto w = frozen_values(*ep);
+    Kokkos::View<float*, Mem> w(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kqlora::init::w")),
+        ep->numel());
+    frozen_values_into(*ep, w);
     if (ep->dtype == DType::bfloat16)  // the values of its dtype, held as float32
       Kokkos::parallel_for(
           "kqlora::init::round_bf16",
