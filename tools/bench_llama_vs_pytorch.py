@@ -6,6 +6,7 @@ family and shape tools/make_hf_model.py writes), one thread per rank, side by si
     python3 tools/bench_llama_vs_pytorch.py [--model DIR | --family F --preset P]
                                             [--steps 6] [--pairs 5] [--batches 1,4]
                                             [--no-ddp] [--bin build/bin]
+                                            [--dtype float32|bfloat16]
 
 Both sides train QLoRA on full rows of 256 tokens whose every label is scored: all seven
 projections of every block in NF4 (torchao's to_nf4, block 64, scaler_block_size 64; the
@@ -21,6 +22,8 @@ sides (PEFT's all-linear). Measured, in one run:
     the median of each side's times and the median of the per-pair ratios (this VM's speed
     drifts over minutes, so only ratios measured side by side are compared)
   DDP at 2 ranks against 1 with global_bs 2 (kqlora): the tokens/s ratio (not with --no-ddp)
+--dtype bfloat16: both sides train in bfloat16 (kqlora's dtype = bfloat16; the PyTorch model
+loaded in torch.bfloat16, NF4 of its bfloat16 weights).
 Prints a table and one JSON line (--json FILE writes it too).
 """
 import argparse
@@ -54,14 +57,14 @@ def token_file(path, rows, seq, vocab):
     return ids
 
 
-def torch_steps(model_dir, ids, batch, steps):
+def torch_steps(model_dir, ids, batch, steps, dtype="float32"):
     """Median seconds of a PyTorch + PEFT + torchao QLoRA step after the first."""
     import torch
     torch.set_num_threads(1)
     from peft import LoraConfig, get_peft_model
     from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
     for name, lin in model.named_modules():
         if isinstance(lin, torch.nn.Linear) and name != "lm_head":
             lin.weight = torch.nn.Parameter(
@@ -82,7 +85,7 @@ def torch_steps(model_dir, ids, batch, steps):
     return statistics.median(times[1:])
 
 
-def kqlora_steps(bin_dir, model_dir, data, batch, steps, ranks, work, tag):
+def kqlora_steps(bin_dir, model_dir, data, batch, steps, ranks, work, tag, dtype="float32"):
     """Median seconds of a kqlora-train step after the first (from its metrics file)."""
     deck = os.path.join(work, "bench.in")
     with open(deck, "w") as f:
@@ -94,7 +97,7 @@ def kqlora_steps(bin_dir, model_dir, data, batch, steps, ranks, work, tag):
            "data_file=" + data, "global_bs=%d" % batch, "micro_bs=%d" % batch,
            "num_steps=%d" % steps, "optimizer=adamw", "lr=1e-4", "lora_rank=8",
            "lora_alpha=16", "block_size=64", "scaler_block_size=64", "checkpoint_every=0",
-           "save_dir=" + os.path.join(work, tag), "metrics_file=" + metrics]
+           "save_dir=" + os.path.join(work, tag), "metrics_file=" + metrics, "dtype=" + dtype]
     if ranks > 1:
         cmd = ["mpirun", "-np", str(ranks), "--oversubscribe"] + cmd
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -114,6 +117,7 @@ def main():
     ap.add_argument("--no-ddp", action="store_true")
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = ap.parse_args()
     for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[v] = "1"
@@ -129,13 +133,14 @@ def main():
     print(subprocess.run([os.path.join(args.bin, "kqlora-train"), "--version"],
                          stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()[0])
     print("model: %s; %d steps per measurement, medians after the first" % (model_dir, args.steps))
-    result = {"model": model_dir}
+    result = {"model": model_dir, "dtype": args.dtype}
     batches = [int(b) for b in args.batches.split(",")]
     runs = {b: [] for b in batches}
     for pair in range(args.pairs):
         for batch in batches:
-            k = kqlora_steps(args.bin, model_dir, data, batch, args.steps, 1, work, "k%d" % batch)
-            t = torch_steps(model_dir, ids, batch, args.steps)
+            k = kqlora_steps(args.bin, model_dir, data, batch, args.steps, 1, work, "k%d" % batch,
+                             args.dtype)
+            t = torch_steps(model_dir, ids, batch, args.steps, args.dtype)
             runs[batch].append((k, t))
             print("pair %d, %d x 256: kqlora-train %.3f s/step, PyTorch+PEFT+torchao %.3f s/step:"
                   " %.2fx" % (pair + 1, batch, k, t, t / k), flush=True)

@@ -3,9 +3,11 @@
 //
 // Blocking as in BLIS/GotoBLAS, with W as the "B" operand: for each block of kc (the
 // summed index) and mc rows of A, A's block is packed once into mr-row micro-panels (L2);
-// for each 32-column strip of op(W), its kc x 32 micro-panel is decoded from the NF4 bytes
-// onto the stack (64 KiB at kc = 512: L1 and L2) and multiplied with every micro-panel of
-// A by a 14 x 32 register tile (28 accumulators). The strips are independent: they are
+// for each 48-column strip of op(W), its kc x 48 micro-panel is decoded from the NF4 bytes
+// onto the stack (96 KiB at kc = 512: L1 and L2) and multiplied with every micro-panel of
+// A by an 8 x 48 register tile (24 accumulators; 8 broadcasts and 3 loads a step, and 8
+// rows and 48 columns divide the usual 256-token calls and 192-, 576- and 1536-wide weights
+// exactly, where 14 x 32 padded 256 rows to 266). The strips are independent: they are
 // the Kokkos work items. The block sizes were chosen by measurement (docs/BENCHMARKS.md,
 // "The fused NF4 GEMM").
 //
@@ -31,36 +33,38 @@ namespace {
 
 using Host = Kokkos::DefaultHostExecutionSpace;
 
-constexpr int kMr = 14;       // rows of the register tile (A, broadcast)
-constexpr int kNr = 32;       // columns of the register tile (op(W), two vectors)
-constexpr int64_t kKc = 512;  // the summed index per block (C is rewritten k / kc times)
+constexpr int kMr = 8;         // rows of the register tile (A, broadcast)
+constexpr int kNv = 3;         // vectors of 16 columns in the register tile (op(W))
+constexpr int kNr = 16 * kNv;  // columns of the register tile
+constexpr int64_t kKc = 512;   // the summed index per block (C is rewritten k / kc times)
 constexpr int64_t kMc = (int64_t(1) << 20) / (4 * kKc) / kMr * kMr;  // a 1 MiB packed A block
 
 /// What the register tile does with C's tile.
 enum class Update { assign, scale_add, add };
 
-/// C[rows, 32] (op) = A_p[kc, kMr] B_p[kc, 32]; A_p and B_p packed, zero-padded. The
+/// C[rows, kNr] (op) = A_p[kc, kMr] B_p[kc, kNr]; A_p and B_p packed, zero-padded. The
 /// next tile's C rows (`c_next`, null if none) are fetched during the first steps: C
 /// is read again once per block of kc, from beyond L2 at a few hundred tokens, each row a
 /// page of its own, and the fetches overlap the products.
 inline void micro_kernel(int64_t kc, const float* __restrict ap, const float* __restrict bp,
-                         float* c, int64_t ldc, int rows, __mmask16 m0, __mmask16 m1, Update u,
-                         float beta, const float* c_next) {
-  __m512 c0[kMr], c1[kMr];
-  for (int i = 0; i < kMr; ++i) c0[i] = c1[i] = _mm512_setzero_ps();
+                         float* c, int64_t ldc, int rows, const __mmask16* m, Update u, float beta,
+                         const float* c_next) {
+  __m512 acc[kMr][kNv];
+  for (int i = 0; i < kMr; ++i)
+    for (int v = 0; v < kNv; ++v) acc[i][v] = _mm512_setzero_ps();
   auto step = [&](int64_t k) {
-    const __m512 b0 = _mm512_load_ps(bp + kNr * k), b1 = _mm512_load_ps(bp + kNr * k + 16);
+    __m512 b[kNv];
+    for (int v = 0; v < kNv; ++v) b[v] = _mm512_load_ps(bp + kNr * k + 16 * v);
     for (int i = 0; i < kMr; ++i) {
       const __m512 a = _mm512_set1_ps(ap[kMr * k + i]);
-      c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
-      c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
+      for (int v = 0; v < kNv; ++v) acc[i][v] = _mm512_fmadd_ps(a, b[v], acc[i][v]);
     }
   };
   int64_t k = 0;
   if (c_next != nullptr) {
-    // One line a step: a burst of all 28 would fill the core's miss buffers.
-    for (; k < 2 * kMr && k < kc; ++k) {
-      _mm_prefetch(reinterpret_cast<const char*>(c_next + (k >> 1) * ldc + (k & 1) * 31),
+    // One line a step: a burst of all of them would fill the core's miss buffers.
+    for (; k < kNv * kMr && k < kc; ++k) {
+      _mm_prefetch(reinterpret_cast<const char*>(c_next + (k / kNv) * ldc + (k % kNv) * 16),
                    _MM_HINT_T0);
       step(k);
     }
@@ -70,15 +74,14 @@ inline void micro_kernel(int64_t kc, const float* __restrict ap, const float* __
   for (int i = 0; i < kMr; ++i) {
     if (i >= rows) break;
     float* ci = c + i * ldc;
-    if (u == Update::add) {
-      c0[i] = _mm512_add_ps(c0[i], _mm512_maskz_loadu_ps(m0, ci));
-      c1[i] = _mm512_add_ps(c1[i], _mm512_maskz_loadu_ps(m1, ci + 16));
-    } else if (u == Update::scale_add) {
-      c0[i] = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, ci), c0[i]);
-      c1[i] = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, ci + 16), c1[i]);
+    for (int v = 0; v < kNv; ++v) {
+      if (u == Update::add) {
+        acc[i][v] = _mm512_add_ps(acc[i][v], _mm512_maskz_loadu_ps(m[v], ci + 16 * v));
+      } else if (u == Update::scale_add) {
+        acc[i][v] = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m[v], ci + 16 * v), acc[i][v]);
+      }
+      _mm512_mask_storeu_ps(ci + 16 * v, m[v], acc[i][v]);
     }
-    _mm512_mask_storeu_ps(ci, m0, c0[i]);
-    _mm512_mask_storeu_ps(ci + 16, m1, c1[i]);
   }
 }
 
@@ -144,16 +147,17 @@ struct Nf4Parts {
   }
 };
 
-/// Input gradient strip: bp[kk][j] = W[k0 + kk][n0 + j] for kk < kc, j < 32 (0 past in).
+/// Input gradient strip: bp[kk][j] = W[k0 + kk][n0 + j] for kk < kc, j < kNr (0 past in).
 void decode_rows(const Nf4Parts& w, int64_t k0, int64_t kc, int64_t n0, float* bp) {
-  alignas(64) float scale[2][kKc];            // per half: the scale of each row's block
-  const int halves = n0 + 16 < w.in ? 2 : 1;  // in is a multiple of 16: all 16 or none
-  for (int h = 0; h < halves; ++h) {
-    const bool shared = h == 1 && (n0 + 16) / w.block_size == n0 / w.block_size;
+  alignas(64) float scale[kNv][kKc];  // per 16 columns: the scale of each row's block
+  // in is a multiple of 16: each group of 16 columns is all in or all out.
+  const int groups = static_cast<int>(std::min<int64_t>(kNv, (w.in - n0) / 16));
+  for (int h = 0; h < groups; ++h) {
+    const bool shared = h > 0 && (n0 + 16 * h) / w.block_size == (n0 + 16 * (h - 1)) / w.block_size;
     for (int64_t kk = 0; kk < kc; kk += 16) {
       const int valid = static_cast<int>(std::min<int64_t>(16, kc - kk));
       if (shared) {
-        _mm512_store_ps(scale[1] + kk, _mm512_load_ps(scale[0] + kk));
+        _mm512_store_ps(scale[h] + kk, _mm512_load_ps(scale[h - 1] + kk));
       } else {
         _mm512_store_ps(scale[h] + kk, w.row_scales(k0 + kk, n0 + 16 * h, valid));
       }
@@ -161,8 +165,8 @@ void decode_rows(const Nf4Parts& w, int64_t k0, int64_t kc, int64_t n0, float* b
   }
   for (int64_t kk = 0; kk < kc; ++kk) {
     const uint8_t* row = w.data + ((k0 + kk) * w.in + n0) / 2;
-    for (int h = 0; h < 2; ++h) {
-      const __m512 v = h < halves
+    for (int h = 0; h < kNv; ++h) {
+      const __m512 v = h < groups
                            ? w.values(nf4_lane_codes(row + 8 * h), _mm512_set1_ps(scale[h][kk]))
                            : _mm512_setzero_ps();
       _mm512_store_ps(bp + kNr * kk + 16 * h, v);
@@ -170,11 +174,11 @@ void decode_rows(const Nf4Parts& w, int64_t k0, int64_t kc, int64_t n0, float* b
   }
 }
 
-/// Forward strip: bp[kk][j] = W[n0 + j][k0 + kk] for kk < kc, j < 32 (0 past out). k0 and
+/// Forward strip: bp[kk][j] = W[n0 + j][k0 + kk] for kk < kc, j < kNr (0 past out). k0 and
 /// kc are multiples of block_size, so each lane's scale changes at block boundaries only.
 void decode_columns(const Nf4Parts& w, int64_t k0, int64_t kc, int64_t n0, float* bp) {
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < kNv; ++h) {
     const int64_t r0 = n0 + 16 * h;
     const int valid = static_cast<int>(std::clamp<int64_t>(w.out - r0, 0, 16));
     const __mmask16 live = static_cast<__mmask16>((1u << valid) - 1u);
@@ -203,7 +207,7 @@ void decode_columns(const Nf4Parts& w, int64_t k0, int64_t kc, int64_t n0, float
   }
 }
 
-/// One block of kc and mc: every 32-column strip of op(W) against the packed A block.
+/// One block of kc and mc: every kNr-column strip of op(W) against the packed A block.
 struct Nf4GemmStrips {
   Nf4Parts w;
   bool forward;
@@ -223,10 +227,11 @@ struct Nf4GemmStrips {
       decode_rows(w, k0, kc, n0, bp);
     }
     const int cols = static_cast<int>(std::min<int64_t>(kNr, n - n0));
-    const __mmask16 m0 = static_cast<__mmask16>(cols >= 16 ? 0xffffu : (1u << cols) - 1u);
-    const __mmask16 m1 = static_cast<__mmask16>(cols >= 32   ? 0xffffu
-                                                : cols <= 16 ? 0u
-                                                             : (1u << (cols - 16)) - 1u);
+    __mmask16 m[kNv];
+    for (int v = 0; v < kNv; ++v) {
+      const int live = std::clamp(cols - 16 * v, 0, 16);
+      m[v] = static_cast<__mmask16>(live == 16 ? 0xffffu : (1u << live) - 1u);
+    }
     // Rows of C past `rows` are never touched; the prefetch stops a tile short of them.
     const bool fetch = update != Update::assign;
     for (int64_t p = 0; p < mc; p += kMr) {
@@ -234,7 +239,7 @@ struct Nf4GemmStrips {
       if (r <= 0) break;
       float* c = C + (r0 + p) * ldc + n0;
       const bool next_full = fetch && p + kMr < mc && r0 + p + 2 * kMr <= rows;
-      micro_kernel(kc, ap + p * kc, bp, c, ldc, r, m0, m1, update, beta,
+      micro_kernel(kc, ap + p * kc, bp, c, ldc, r, m, update, beta,
                    next_full ? c + kMr * ldc : nullptr);
     }
   }
