@@ -13,7 +13,9 @@ step), exports --peft, --base and --merged, then, with transformers and PEFT in 
   AutoModelForCausalLM(--merged dir)
 each give kqlora's eval loss on data.h5 (rtol 1e-4); adapter_config.json says what PEFT
 needs; PEFT's save_pretrained of the loaded adapters, as kqlora-train's init_file, gives
-the same eval loss again. Exit 77 (ctest: skipped) with a message when torch, transformers, peft or h5py
+the same eval loss again; the rows packed into one (position_ids) give kqlora the same
+eval loss, and transformers too, given position_ids and no attention mask (its
+packed-sequence masking). Exit 77 (ctest: skipped) with a message when torch, transformers, peft or h5py
 cannot be imported.
 """
 import json
@@ -105,12 +107,41 @@ def main():
         "metrics_file=" + os.path.join(work, "again.jsonl"))
     again = [json.loads(l)["eval_loss"] for l in open(os.path.join(work, "again.jsonl"))
              if "eval_loss" in l][-1]
+    # The same rows packed into one (position_ids; each row's first label -100): kqlora's
+    # eval loss is the unpacked one, and so is transformers' given position_ids and no
+    # attention mask (its packed-sequence masking).
+    packed = os.path.join(work, "packed.h5")
+    rows = []
+    for i in range(ids.shape[0]):
+        n = int((labels[i] != -100).nonzero().max()) + 1
+        rows.append((ids[i, :n], labels[i, :n].clone()))
+    p_ids = torch.cat([r[0] for r in rows])[None]
+    p_pos = torch.cat([torch.arange(len(r[0])) for r in rows])[None]
+    p_labels = torch.cat([torch.cat([torch.tensor([-100]), r[1][1:]]) for r in rows])[None]
+    with h5py.File(packed, "w", libver=("v110", "v110")) as f:
+        f["input_ids"] = p_ids.numpy().astype("int32")
+        f["labels"] = p_labels.numpy().astype("int32")
+        f["position_ids"] = p_pos.numpy().astype("int32")
+    run(train, deck, "hf_model_dir=" + case, "data_file=" + data, "eval_file=" + packed,
+        "eval_every=1", "num_steps=1", "global_bs=3", "lora_rank=4", "lora_alpha=8",
+        "block_size=32", "scaler_block_size=32", "optimizer=adamw", "lr=0",
+        "init_file=" + os.path.join(work, "peft_saved"), "save_dir=" + os.path.join(work, "packed"),
+        "metrics_file=" + os.path.join(work, "packed.jsonl"))
+    kq_packed = [json.loads(l)["eval_loss"] for l in open(os.path.join(work, "packed.jsonl"))
+                 if "eval_loss" in l][-1]
+    with torch.no_grad():
+        hf_packed = merged(input_ids=p_ids, position_ids=p_pos, labels=p_labels,
+                           use_cache=False).loss.item()  # (a cache turns its detection off)
     checks += [("PEFT on --base: loss %.7f vs kqlora's %.7f" % (got_peft, want),
                 abs(got_peft - want) <= 1e-4 * abs(want)),
                ("--merged: loss %.7f vs kqlora's %.7f" % (got_merged, want),
                 abs(got_merged - want) <= 1e-4 * abs(want)),
                ("init_file = PEFT's save_pretrained directory: eval loss %.7f" % again,
                 abs(again - want) <= 1e-5 * abs(want)),
+               ("packed eval rows: kqlora %.7f vs unpacked %.7f" % (kq_packed, want),
+                abs(kq_packed - want) <= 1e-5 * abs(want)),
+               ("packed rows in transformers (position_ids, no mask): %.7f vs kqlora's %.7f"
+                % (hf_packed, kq_packed), abs(hf_packed - kq_packed) <= 1e-4 * abs(kq_packed)),
                ("the adapters matter: --base alone %.7f" % untrained,
                 abs(untrained - want) > 1e-3 * abs(want))]
     ok = True

@@ -19,6 +19,7 @@
 #include "kqlora/nn/model_registry.hpp"
 #include "kqlora/train/data.hpp"
 #include "kqlora/train/init.hpp"
+#include "reference_case.hpp"
 
 namespace {
 
@@ -26,12 +27,8 @@ using Exec = Kokkos::DefaultExecutionSpace;
 using Mem = Exec::memory_space;
 const std::string ref_root = std::string(KQLORA_TEST_DATA_DIR) + "/llama_reference/";
 
-std::string read_text(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using kqlora_test::max_abs;
+using kqlora_test::read_text;
 
 struct Case {
   std::string name, dir, targets;
@@ -74,20 +71,7 @@ const std::vector<Case> kCases = [] {
 }();
 
 kqlora::ModelConfig config_of(const Case& c, kqlora::DType dtype = kqlora::DType::float32) {
-  kqlora::ModelConfig m;
-  m.kind = "causal_lm";
-  m.hf_model_dir = c.dir;
-  m.arch_text = read_text(c.dir + "/config.json");
-  m.arch_source = c.dir + "/config.json";
-  m.lora_targets = c.targets;
-  m.rank = 4;
-  m.alpha = 8;
-  m.block_size = 32;
-  m.scaler_block_size = 32;
-  m.dtype = dtype;
-  m.loss = kqlora::LossKind::cross_entropy;
-  m.lora_b_zeros = true;
-  return m;
+  return kqlora_test::reference_config(c.dir, c.targets, dtype);
 }
 
 using kqlora_test::read_doubles;
@@ -131,12 +115,6 @@ std::unique_ptr<kqlora::CausalLm<Exec>> load(const Case& c,
   std::ostringstream log;
   kqlora::initialize_model(Exec(), *model, c.dir + "/init.h5", log);
   return model;
-}
-
-double max_abs(const std::vector<double>& v) {
-  double m = 0;
-  for (double x : v) m = std::max(m, std::fabs(x));
-  return m;
 }
 
 }  // namespace

@@ -228,9 +228,10 @@ void CausalLm<ExecSpace>::ensure(int64_t sequences, int64_t S) {
   for (size_t i = 0; i < rope_.size(); ++i) {
     // A table covers positions 0 .. S-1 of any row; longrope's frequencies depend on the
     // rows' length, which transformers takes as the padded batch's: the data file's rows,
-    // not a micro-batch trimmed to its longest scored row.
+    // not a micro-batch trimmed to its longest scored row (packed rows: max(position_ids)
+    // + 1, set_documents).
     const RopeSpec& r = spec_.ropes[i];
-    const std::vector<float>& freqs = r.for_positions(row_len_);
+    const std::vector<float>& freqs = r.for_positions(rope_len_);
     if (S > rope_[i].positions() || rope_freqs_[i] != &freqs) {
       rope_[i] = RopeTable<Mem>(freqs, S, this->cfg_.bf16(), r.attention_factor);
       rope_freqs_[i] = &freqs;
@@ -501,10 +502,10 @@ void CausalLm<ExecSpace>::block_forward(int l, Buffers& c, const Matrix<Mem>& ne
                  c[B::kInvK]);
   }
   const RopeTable<Mem>& rope = rope_[spec_.layer[l].rope];
-  rope_apply(exec, rope, S, D, false, bf16, c[B::kQ]);
-  rope_apply(exec, rope, S, D, false, bf16, c[B::kK]);
+  rope_apply(exec, rope, S, D, false, bf16, c[B::kQ], positions_);
+  rope_apply(exec, rope, S, D, false, bf16, c[B::kK], positions_);
   causal_attention_forward(exec, attention_shape(l), c[B::kQ], c[B::kK], c[B::kV], bf16, att_ws_,
-                           c[B::kAtt], flat(c[B::kLse]));
+                           c[B::kAtt], flat(c[B::kLse]), docs_);
   project_all(ProjectionInput::attn_out);
   if (norm_of(NormRole::attn_out))
     norm_forward(norm_of(NormRole::attn_out), NormRole::attn_out, c[B::kORaw], buf_[B::kProjOut],
@@ -524,6 +525,31 @@ void CausalLm<ExecSpace>::block_forward(int l, Buffers& c, const Matrix<Mem>& ne
 }
 
 template <class ExecSpace>
+void CausalLm<ExecSpace>::set_documents(const TokenMatrix<Mem>& positions) {
+  positions_ = positions;
+  docs_ = DocStarts<Mem>();
+  rope_len_ = row_len_;
+  if (!positions.data()) return;
+  const int64_t n = positions.extent(0), S = positions.extent(1);
+  if (static_cast<int64_t>(doc_store_.extent(0)) < n * S) {
+    doc_store_ = Kokkos::View<int32_t*, Mem>();
+    doc_store_ = Kokkos::View<int32_t*, Mem>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::CausalLm::doc_start"), n * S);
+  }
+  const TokenMatrix<Mem> docs(doc_store_.data(), n, S);
+  int32_t most = 0;
+  Kokkos::parallel_reduce(
+      "kqlora::CausalLm::documents", over(this->exec_, n, S),
+      KOKKOS_LAMBDA(int64_t i, int64_t t, int32_t & m) {
+        docs(i, t) = static_cast<int32_t>(t) - positions(i, t);
+        if (positions(i, t) > m) m = positions(i, t);
+      },
+      Kokkos::Max<int32_t>(most));
+  docs_ = docs;
+  rope_len_ = most + 1;
+}
+
+template <class ExecSpace>
 double CausalLm<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool training,
                                     bool with_grads) {
   const ExecSpace& exec = this->exec_;
@@ -532,6 +558,7 @@ double CausalLm<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool
   first_sample_ = b.first_sample;
   global_bs_ = b.global_bs;
   row_len_ = b.row_len > 0 ? b.row_len : S;
+  set_documents(b.positions);
   ensure(n, S);
   dropout_on_ = training && this->cfg_.dropout > 0;
   const bool bf16 = this->cfg_.bf16();
@@ -592,10 +619,10 @@ void CausalLm<ExecSpace>::backward(bool accumulate) {
     project_back(l, o_proj, c, g_o, accumulate, 0.0f, s[B::kGAtt]);
     causal_attention_backward(exec, attention_shape(l), c[B::kQ], c[B::kK], c[B::kV], c[B::kAtt],
                               flat(c[B::kLse]), s[B::kGAtt], bf16, att_ws_, s[B::kGQ], s[B::kGK],
-                              s[B::kGV]);
+                              s[B::kGV], docs_);
     const RopeTable<Mem>& rope = rope_[spec_.layer[l].rope];
-    rope_apply(exec, rope, S, D, true, bf16, s[B::kGQ]);
-    rope_apply(exec, rope, S, D, true, bf16, s[B::kGK]);
+    rope_apply(exec, rope, S, D, true, bf16, s[B::kGQ], positions_);
+    rope_apply(exec, rope, S, D, true, bf16, s[B::kGK], positions_);
     if (norm_of(NormRole::q)) {  // (in place: the norm's backward reads a row, then writes it)
       norm_backward(norm_of(NormRole::q), NormRole::q, per_head(c[B::kQRaw], D), c[B::kInvQ],
                     per_head(s[B::kGQ], D), per_head(s[B::kGQ], D));

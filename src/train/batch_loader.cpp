@@ -38,6 +38,7 @@ BatchLoader<ExecSpace>::BatchLoader(const ExecSpace& exec, const Config& cfg, co
     buf_.labels = TokenMatrix<Mem>("kqlora::train::labels", mb_, spec.seq_len);
     ids_.resize(static_cast<size_t>(mb_ * spec.seq_len));
     labels_.resize(ids_.size());
+    // (Whether a file is packed is known once it is read: the buffer comes with the first.)
   } else {
     buf_.inputs = Matrix<Mem>("kqlora::train::x", mb_, spec.features);
     rows_.resize(static_cast<size_t>(mb_ * spec.features));
@@ -58,20 +59,33 @@ Batch<typename ExecSpace::memory_space> BatchLoader<ExecSpace>::load(const DataS
   b.global_bs = global_bs_;
   if (spec_.tokens) {
     const int64_t T = spec_.seq_len;
-    src.tokens(step, b.first_sample, n, ids_.data(), labels_.data());
+    const bool packed = src.packed();
+    if (packed && !buf_.positions.data()) {
+      buf_.positions = TokenMatrix<Mem>("kqlora::train::positions", mb_, T);
+      positions_.resize(ids_.size());
+    }
+    src.tokens(step, b.first_sample, n, ids_.data(), labels_.data(),
+               packed ? positions_.data() : nullptr);
     // Trimmed to the longest row's last scored label: the positions after it score
-    // nothing and, attention being causal, change nothing before them.
+    // nothing and, attention being causal, change nothing before them. A row's real
+    // tokens are those up to its own last scored label (padding, packed or not, is after).
     int64_t width = 1;
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t t = T - 1; t >= width; --t)
+    real_tokens_ = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t row = 1;
+      for (int64_t t = T - 1; t >= 1; --t)
         if (labels_[i * T + t] != kIgnoreLabel) {
-          width = t + 1;
+          row = t + 1;
           break;
         }
+      width = std::max(width, row);
+      real_tokens_ += static_cast<double>(row);
+    }
     if (width < T) {
       for (int64_t i = 1; i < n; ++i) {  // (rows in place, to stride `width`)
         std::copy_n(ids_.begin() + i * T, width, ids_.begin() + i * width);
         std::copy_n(labels_.begin() + i * T, width, labels_.begin() + i * width);
+        if (packed) std::copy_n(positions_.begin() + i * T, width, positions_.begin() + i * width);
       }
       b.row_len = T;
     }
@@ -79,6 +93,10 @@ Batch<typename ExecSpace::memory_space> BatchLoader<ExecSpace>::load(const DataS
     b.labels = TokenMatrix<Mem>(buf_.labels.data(), n, width);
     upload(ids_, b.tokens);
     upload(labels_, b.labels);
+    if (packed) {
+      b.positions = TokenMatrix<Mem>(buf_.positions.data(), n, width);
+      upload(positions_, b.positions);
+    }
     return b;
   }
   b.inputs = Matrix<Mem>(buf_.inputs.data(), n, spec_.features);
@@ -131,9 +149,8 @@ double BatchLoader<ExecSpace>::pass(Model<ExecSpace>& model, DataParallel<ExecSp
     if (report) report->enter(Phase::forward_backward);
     if (dp) {
       if (spec_.tokens) {
-        const int64_t width = b.tokens.extent(1);
-        tokens_ += static_cast<double>(n * width);
-        flops_ += model.train_flops(n, width);
+        tokens_ += real_tokens_;
+        flops_ += model.train_flops(n, b.tokens.extent(1));
       }
       if (k + 1 == micro_batches_) dp->before_last_backward();  // the last one reduces
       loss += model.forward_backward(b, normaliser, k > 0);     // the first writes the grads

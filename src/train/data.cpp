@@ -24,6 +24,38 @@ void check_fits(int64_t bytes, const std::string& where) {
                            << ", more than this node's memory (" << b.source << ")");
 }
 
+#if KQLORA_HAVE_HDF5
+/// A packed file's position_ids [rows, T], checked: each row's documents are runs of
+/// positions 0, 1, 2, ... (padding after the last one: positions 0). The label at each
+/// position 0 becomes -100: it would be scored by the previous document's last token
+/// (docs/MODELS.md, "Data files"), whatever the file says.
+std::vector<int32_t> read_positions(const h5::Handle& f, const std::string& path,
+                                    const std::string& where, int64_t rows, int64_t T,
+                                    std::vector<int32_t>& labels) {
+  const auto d = h5::dataset_dims(f, "position_ids", path);
+  KQLORA_INPUT_CHECK(d == (std::vector<int64_t>{rows, T}),
+                     where << ": dataset 'position_ids' must be [" << rows << ", " << T
+                           << "] as input_ids, got "
+                           << (d.size() == 2 ? std::to_string(d[0]) + " x " + std::to_string(d[1])
+                                             : std::to_string(d.size()) + " dimensions"));
+  std::vector<int32_t> positions(static_cast<size_t>(rows * T));
+  h5::read_dataset(f, "position_ids", H5T_NATIVE_INT32, rows * T, positions.data(), path);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t* p = positions.data() + r * T;
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t next = t == 0 ? 0 : p[t - 1] + 1;
+      KQLORA_INPUT_CHECK(p[t] == 0 || p[t] == next,
+                         where << ": position_ids[" << r << ", " << t << "] = " << p[t]
+                               << " where 0 (a document's first token, or padding) or " << next
+                               << " (the next position of its document) was expected: a "
+                                  "document is a run of positions 0, 1, 2, ...");
+      if (p[t] == 0) labels[r * T + t] = kIgnoreLabel;
+    }
+  }
+  return positions;
+}
+#endif
+
 }  // namespace
 
 int64_t token_file_seq_len(const std::string& path) {
@@ -83,6 +115,8 @@ DataSource::DataSource(const std::string& path, const InputSpec& spec, int64_t g
     labels_.resize(ids_.size());
     h5::read_dataset(f, "input_ids", H5T_NATIVE_INT32, rows_ * T, ids_.data(), path);
     h5::read_dataset(f, "labels", H5T_NATIVE_INT32, rows_ * T, labels_.data(), path);
+    if (h5::exists(f, "position_ids"))
+      positions_ = read_positions(f, path, where, rows_, T, labels_);
     for (size_t i = 0; i < ids_.size(); ++i) {
       KQLORA_INPUT_CHECK(ids_[i] >= 0 && ids_[i] < spec.vocab,
                          where << ": input_ids[" << i / T << ", " << i % T << "] = " << ids_[i]
@@ -155,12 +189,13 @@ void DataSource::targets(int64_t step, int64_t first, int64_t n, float* out) con
   fill(targets_, spec_.target_features, step, first, n, out);
 }
 
-void DataSource::tokens(int64_t step, int64_t first, int64_t n, int32_t* ids,
-                        int32_t* labels) const {
+void DataSource::tokens(int64_t step, int64_t first, int64_t n, int32_t* ids, int32_t* labels,
+                        int32_t* positions) const {
   const int64_t T = spec_.seq_len;
   if (!synthetic()) {
     fill(ids_, T, step, first, n, ids);
     fill(labels_, T, step, first, n, labels);
+    if (positions != nullptr && packed()) fill(positions_, T, step, first, n, positions);
     return;
   }
   for (int64_t i = 0; i < n * T; ++i) {

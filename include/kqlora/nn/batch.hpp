@@ -29,6 +29,8 @@ template <class MemSpace>
 struct Batch {
   Matrix<MemSpace> inputs, targets;      // float rows [n, features], [n, target_features]
   TokenMatrix<MemSpace> tokens, labels;  // token ids [n, seq_len]
+  TokenMatrix<MemSpace> positions;       // tokens: position_ids [n, seq_len] of packed rows, whose
+                                         //   documents never see each other (empty: one a row)
   int64_t step = 0, first_sample = 0;    // dropout keys: the step and the global index
   int64_t global_bs = 1;                 //   of the first sample, the global batch size
   int64_t row_len = 0;  // tokens: the data file's row length, when the batch's rows are

@@ -98,8 +98,17 @@ class CausalLm : public Model<ExecSpace> {
   AttentionWorkspace<Mem> att_ws_;
   CrossEntropyWorkspace<Mem> ce_ws_;
   int64_t tokens_ = 0, seq_len_ = 0, row_len_ = 0, step_ = 0, first_sample_ = 0, global_bs_ = 1;
+  // Packed rows (a batch with position_ids): each token's position, and the position its
+  // document starts at in its row (the attention's mask); empty otherwise.
+  TokenPositions<Mem> positions_;
+  DocStarts<Mem> docs_;
+  Kokkos::View<int32_t*, Mem> doc_store_;
+  int64_t rope_len_ = 0;  // the rows' length longrope's choice of factors takes
   bool dropout_on_ = false;
 
+  /// positions_ and docs_ from a batch's position_ids (empty: none), and rope_len_ as
+  /// transformers' longrope takes it: max(position_ids) + 1, else the data file's rows.
+  void set_documents(const TokenMatrix<Mem>& positions);
   /// Views of the first sequences * S rows of buffers that grow as needed; rope tables.
   void ensure(int64_t sequences, int64_t S);
   double forward(const Batch<Mem>& b, double normaliser, bool training, bool with_grads);

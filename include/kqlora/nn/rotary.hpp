@@ -1,9 +1,9 @@
 #pragma once
 // Rotary position embeddings in Hugging Face's rotate-half convention, in place on the
 // [tokens, heads * head_dim] queries or keys (tokens row-major over [sequences, S], each
-// sequence at positions 0 .. S-1): with half = rotary_dim / 2 (the table's width; rotary_dim
-// = head_dim unless partial), for each head and i < half, the pair
-// (a, b) = (x[i], x[i + half]) becomes
+// sequence at positions 0 .. S-1, or a packed row's position_ids): with half = rotary_dim / 2 (the
+// table's width; rotary_dim = head_dim unless partial), for each head and i < half, the pair (a, b)
+// = (x[i], x[i + half]) becomes
 //   a' = a cos - b sin,   b' = b cos + a sin,
 // with cos and sin of position * inv_freq_i (times an attention factor: longrope); the
 // dims from rotary_dim on pass through. The backward is the transposed rotation (the same
@@ -48,6 +48,10 @@ struct RopeTable {
   int64_t positions() const { return cos.extent(0); }
 };
 
+/// Per token of [sequences, S]: its position (a packed row's position_ids; int32).
+template <class M>
+using TokenPositions = Kokkos::View<const int32_t**, Kokkos::LayoutRight, M>;
+
 namespace impl {
 
 /// A team per token row, the heads in turn, each head's pairs by row_for: on the host a
@@ -55,15 +59,17 @@ namespace impl {
 /// kept the pass scalar, 1.7% of the 135M step).
 template <bool BF16, class ExecSpace, class M>
 void rope_rows(const ExecSpace& exec, const RopeTable<M>& rope, int64_t S, int64_t head_dim,
-               float sign, const Matrix<M>& x) {
+               float sign, const Matrix<M>& x, const TokenPositions<M>& positions) {
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const int64_t half = rope.cos.extent(1), heads = x.extent(1) / head_dim;
   const auto c = rope.cos, s = rope.sin;
+  const bool given = positions.data() != nullptr;
   Kokkos::parallel_for(
       "kqlora::rope_apply",
       Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(x.extent(0)), Kokkos::AUTO),
       KOKKOS_LAMBDA(const Team& team) {
-        const int64_t t = team.league_rank(), p = t % S;
+        const int64_t t = team.league_rank();
+        const int64_t p = given ? positions(t / S, t % S) : t % S;
         for (int64_t h = 0; h < heads; ++h) {
           const int64_t ia = h * head_dim, ib = ia + half;
           row_for(team, 0, half, [&](int64_t i) {
@@ -84,15 +90,17 @@ void rope_rows(const ExecSpace& exec, const RopeTable<M>& rope, int64_t S, int64
 
 /// Rotates x in place; `backward`: applies the transpose (x holds a gradient). S is the
 /// sequence length (x's rows are sequences of S tokens); the table's width is half the
-/// rotated dims of each head.
+/// rotated dims of each head. `positions` (packed rows; each below the table's
+/// positions()): each token's position, else its place in its sequence.
 template <class ExecSpace, class M>
 void rope_apply(const ExecSpace& exec, const RopeTable<M>& rope, int64_t S, int64_t head_dim,
-                bool backward, bool bf16, const Matrix<M>& x) {
+                bool backward, bool bf16, const Matrix<M>& x,
+                const TokenPositions<M>& positions = TokenPositions<M>()) {
   const float sign = backward ? -1.0f : 1.0f;
   if (bf16)
-    impl::rope_rows<true>(exec, rope, S, head_dim, sign, x);
+    impl::rope_rows<true>(exec, rope, S, head_dim, sign, x, positions);
   else
-    impl::rope_rows<false>(exec, rope, S, head_dim, sign, x);
+    impl::rope_rows<false>(exec, rope, S, head_dim, sign, x, positions);
 }
 
 }  // namespace kqlora

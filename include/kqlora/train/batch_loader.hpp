@@ -41,8 +41,9 @@ class BatchLoader {
   /// global batches, each split across ranks as a step's, the last one short; this rank's
   /// share of it (the ranks' shares add up to the loss).
   double evaluate(Model<ExecSpace>& model, const DataSource& src);
-  /// The last run()'s tokens on this rank (rows x trimmed width of each micro-batch) and
-  /// its model FLOPs (Model::train_flops).
+  /// The last run()'s real tokens on this rank (each row's up to its last scored label:
+  /// not the padding, packed rows' or a micro-batch's trimmed to its longest row) and its
+  /// model FLOPs (Model::train_flops over the micro-batches as run).
   double tokens() const { return tokens_; }
   double flops() const { return flops_; }
 
@@ -50,11 +51,11 @@ class BatchLoader {
   ExecSpace exec_;
   InputSpec spec_;
   uint64_t seed_;
-  double tokens_ = 0, flops_ = 0;
+  double tokens_ = 0, flops_ = 0, real_tokens_ = 0;  // (real_tokens_: the last load()'s)
   int64_t global_bs_, first_ = 0, count_ = 0, mb_ = 1, micro_batches_ = 1;
   Batch<Mem> buf_;
   std::vector<float> rows_, trows_;
-  std::vector<int32_t> ids_, labels_;
+  std::vector<int32_t> ids_, labels_, positions_;
 
   /// Micro-batches of this rank's slice of global batch `step`, only its samples below
   /// `valid` (the global batch's first `valid` exist), the loss divided by `normaliser`.

@@ -33,8 +33,14 @@ class DataSource {
   /// file (synthetic rows come from fill_normal_rows, keyed by global_sample).
   void inputs(int64_t step, int64_t first, int64_t n, float* out) const;
   void targets(int64_t step, int64_t first, int64_t n, float* out) const;
-  /// Token ids and labels [n, seq_len] of those samples (file or synthetic).
-  void tokens(int64_t step, int64_t first, int64_t n, int32_t* ids, int32_t* labels) const;
+  /// Token ids and labels [n, seq_len] of those samples (file or synthetic), and their
+  /// position_ids where the file has them (packed(); `positions` may be null).
+  void tokens(int64_t step, int64_t first, int64_t n, int32_t* ids, int32_t* labels,
+              int32_t* positions = nullptr) const;
+  /// Whether the file's rows are packed: it has position_ids, each row documents that are
+  /// runs of positions 0, 1, 2, ... (checked when read; the label at a document's first
+  /// position is ignored, whatever the file says).
+  bool packed() const { return !positions_.empty(); }
   /// The count the loss of `step`'s global batch is divided by: mse, its elements; sum, 1;
   /// tokens, its labels that are scored (not -100, past position 0). Every rank computes
   /// it alone.
@@ -66,7 +72,7 @@ class DataSource {
   // The permutations of the epochs in use (a step may straddle two).
   mutable std::vector<std::pair<int64_t, std::vector<int64_t>>> perms_;
   std::vector<float> inputs_, targets_;
-  std::vector<int32_t> ids_, labels_;
+  std::vector<int32_t> ids_, labels_, positions_;
   /// The file row of global sample g.
   int64_t row_of(int64_t g) const;
   template <class T>
