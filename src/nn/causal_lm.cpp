@@ -471,6 +471,7 @@ AttentionShape CausalLm<ExecSpace>::attention_shape(int l) const {
   a.attn_scale = spec_.attn_scale;
   a.softcap = spec_.attn_softcap;
   a.window = spec_.layer[l].window;
+  if (docs_.data()) a.host_doc_start = host_docs_.data();
   return a;
 }
 
@@ -536,15 +537,20 @@ void CausalLm<ExecSpace>::set_documents(const TokenMatrix<Mem>& positions) {
     doc_store_ = Kokkos::View<int32_t*, Mem>(
         Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::CausalLm::doc_start"), n * S);
   }
-  const TokenMatrix<Mem> docs(doc_store_.data(), n, S);
+  // On the host (the attention plans its blocks there), then on the device.
+  const auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), positions);
+  host_docs_.resize(static_cast<size_t>(n * S));
   int32_t most = 0;
-  Kokkos::parallel_reduce(
-      "kqlora::CausalLm::documents", over(this->exec_, n, S),
-      KOKKOS_LAMBDA(int64_t i, int64_t t, int32_t & m) {
-        docs(i, t) = static_cast<int32_t>(t) - positions(i, t);
-        if (positions(i, t) > m) m = positions(i, t);
-      },
-      Kokkos::Max<int32_t>(most));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t t = 0; t < S; ++t) {
+      host_docs_[i * S + t] = static_cast<int32_t>(t) - hp(i, t);
+      most = std::max(most, hp(i, t));
+    }
+  const TokenMatrix<Mem> docs(doc_store_.data(), n, S);
+  Kokkos::deep_copy(this->exec_, docs,
+                    Kokkos::View<const int32_t**, Kokkos::LayoutRight, Kokkos::HostSpace,
+                                 Kokkos::MemoryTraits<Kokkos::Unmanaged>>(host_docs_.data(), n, S));
+  this->exec_.fence();  // (host_docs_ is rewritten by the next batch)
   docs_ = docs;
   rope_len_ = most + 1;
 }

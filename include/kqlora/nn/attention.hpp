@@ -8,7 +8,7 @@
 // k <= q, q - k < window (a sliding-window layer; 0: none) and k is in q's document (a
 // packed row holds several: doc_start[s, q] is the position its document starts at; no
 // view: the row is one document). Keys before a row block's first visible key under the
-// window are not computed at all.
+// window, or before its first row's document (packed rows), are not computed at all.
 //
 // The forward keeps only each row's log-sum-exp; the backward recomputes P from it (the
 // [S, S] probabilities of every head never exist at once, as in FlashAttention):
@@ -35,12 +35,17 @@ struct AttentionShape {
   float attn_scale = 0;  // 0: 1 / sqrt(head_dim)
   float softcap = 0;     // 0: none
   int64_t window = 0;    // 0: full causal attention
+  // Packed rows: each token's document start, [sequences * S] in host memory (the
+  // attention's DocStarts, read where the blocks are planned); null: a document a row.
+  const int32_t* host_doc_start = nullptr;
   float scale() const {
     return attn_scale > 0 ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
   }
-  /// The first key any query of rows [i0, ...) may see.
-  int64_t first_key(int64_t i0) const {
-    return window > 0 ? std::max<int64_t>(0, i0 - window + 1) : 0;
+  /// The first key any query of rows [i0, ...) of sequence s may see: a row's document
+  /// starts no earlier than the one of the row before it.
+  int64_t first_key(int64_t s, int64_t i0) const {
+    const int64_t by_window = window > 0 ? std::max<int64_t>(0, i0 - window + 1) : 0;
+    return host_doc_start ? std::max<int64_t>(by_window, host_doc_start[s * S + i0]) : by_window;
   }
 };
 
@@ -194,7 +199,7 @@ void causal_attention_forward(const ExecSpace& exec, const AttentionShape& a, co
   const int64_t S = a.S, D = a.head_dim;
   ws.reserve(S, a.softcap > 0);
   impl::for_each_block(a, [&](int64_t s, int64_t h, int64_t g, int64_t i0, int64_t rows) {
-    const int64_t j0 = a.first_key(i0), cols = i0 + rows - j0;  // keys j0 .. the last query
+    const int64_t j0 = a.first_key(s, i0), cols = i0 + rows - j0;  // keys j0 .. the last query
     const Matrix<M> P(ws.scores.data(), rows, cols);
     const impl::SoftmaxRows<M> b{
         s,        i0,        j0,
@@ -223,7 +228,7 @@ void causal_attention_backward(const ExecSpace& exec, const AttentionShape& a, c
   Kokkos::deep_copy(exec, gk, 0.0f);  // (summed over query blocks and the heads of a group)
   Kokkos::deep_copy(exec, gv, 0.0f);
   impl::for_each_block(a, [&](int64_t s, int64_t h, int64_t g, int64_t i0, int64_t rows) {
-    const int64_t j0 = a.first_key(i0), cols = i0 + rows - j0;
+    const int64_t j0 = a.first_key(s, i0), cols = i0 + rows - j0;
     const auto Q = impl::head_block(q, s, S, i0, rows, h, D);
     const auto K = impl::head_block(k, s, S, j0, cols, g, D);
     const auto V = impl::head_block(v, s, S, j0, cols, g, D);

@@ -103,7 +103,8 @@ class CausalLm : public Model<ExecSpace> {
   TokenPositions<Mem> positions_;
   DocStarts<Mem> docs_;
   Kokkos::View<int32_t*, Mem> doc_store_;
-  int64_t rope_len_ = 0;  // the rows' length longrope's choice of factors takes
+  std::vector<int32_t> host_docs_;  // docs_ on the host
+  int64_t rope_len_ = 0;            // the rows' length longrope's choice of factors takes
   bool dropout_on_ = false;
 
   /// positions_ and docs_ from a batch's position_ids (empty: none), and rope_len_ as
