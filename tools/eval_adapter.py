@@ -2,7 +2,7 @@
 """A base model and kqlora's adapters, evaluated with transformers and PEFT: before and after.
 
     python3 tools/eval_adapter.py --base BASE_DIR --adapter PEFT_DIR \\
-        --eval-jsonl eval.jsonl --eval-h5 eval.h5 [--system TEXT] [--batch 50]
+        [--eval-jsonl eval.jsonl] --eval-h5 eval.h5 [--system TEXT] [--batch 50]
 
 BASE_DIR is a Hugging Face model directory (`kqlora-export CKPT --base BASE_DIR`: the
 dequantized NF4 base the adapters were trained on, with the tokenizer); PEFT_DIR is
@@ -13,6 +13,7 @@ adapters ("after", PeftModel.from_pretrained), in float32:
   exact match   the greedy reply (the chat template's generation prompt, as tokenize_sft.py
                 renders it; up to --max-new-tokens, stopping at the end-of-turn token),
                 stripped, equal to the item's "response", over every item of eval.jsonl
+                (only with --eval-jsonl: chats have no single reply to match)
 Prints both, their changes, and one line of JSON (--json FILE writes it too);
 --require-loss-drop and --require-gain make it a check (exit 1 when not met).
 """
@@ -75,7 +76,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base", required=True, help="Hugging Face model directory")
     ap.add_argument("--adapter", required=True, help="PEFT adapter directory")
-    ap.add_argument("--eval-jsonl", required=True, help="instruction/response JSON lines")
+    ap.add_argument("--eval-jsonl", default=None,
+                    help="instruction/response JSON lines (without: the eval loss only)")
     ap.add_argument("--eval-h5", required=True, help="the same items as a token file")
     ap.add_argument("--system", default=None, help="the system message tokenize_sft.py used")
     ap.add_argument("--batch", type=int, default=50)
@@ -86,9 +88,12 @@ def main():
     ap.add_argument("--require-gain", type=float, default=None, metavar="POINTS",
                     help="exit 1 unless the exact match rises by at least this much")
     args = ap.parse_args()
-    items = [json.loads(l) for l in open(args.eval_jsonl) if l.strip()]
-    if not items:
+    items = [json.loads(l) for l in open(args.eval_jsonl) if l.strip()] if args.eval_jsonl \
+        else None
+    if items == []:
         sys.exit("eval_adapter: %s has no items" % args.eval_jsonl)
+    if items is None and args.require_gain is not None:
+        sys.exit("eval_adapter: --require-gain needs --eval-jsonl")
     tok = AutoTokenizer.from_pretrained(args.base)
     eot = tok.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tok.get_vocab() \
         else tok.eos_token_id
@@ -98,23 +103,28 @@ def main():
     result = {}
     for when in ("before", "after"):
         t0 = time.time()
-        if when == "before":
-            with model.disable_adapter():
-                loss = eval_loss(model, args.eval_h5, args.batch)
-                em = exact_match(model, tok, items, args.system, args.batch,
-                                 args.max_new_tokens, eot)
-        else:
+        def measure():
             loss = eval_loss(model, args.eval_h5, args.batch)
             em = exact_match(model, tok, items, args.system, args.batch, args.max_new_tokens,
-                             eot)
+                             eot) if items else None
+            return loss, em
+        if when == "before":
+            with model.disable_adapter():
+                loss, em = measure()
+        else:
+            loss, em = measure()
         result[when] = {"eval_loss": loss, "exact_match": em}
-        print("eval_adapter: %-6s eval loss %.4f, exact match %5.1f%% of %d (%.0f s)"
-              % (when, loss, em, len(items), time.time() - t0), flush=True)
+        print("eval_adapter: %-6s eval loss %.4f%s (%.0f s)"
+              % (when, loss, ", exact match %5.1f%% of %d" % (em, len(items)) if items else "",
+                 time.time() - t0), flush=True)
     b, a = result["before"], result["after"]
     result["loss_drop_percent"] = 100.0 * (b["eval_loss"] - a["eval_loss"]) / b["eval_loss"]
-    result["exact_match_gain_points"] = a["exact_match"] - b["exact_match"]
-    print("eval_adapter: eval loss down %.1f%%, exact match up %.1f points"
-          % (result["loss_drop_percent"], result["exact_match_gain_points"]))
+    if items:
+        result["exact_match_gain_points"] = a["exact_match"] - b["exact_match"]
+        print("eval_adapter: eval loss down %.1f%%, exact match up %.1f points"
+              % (result["loss_drop_percent"], result["exact_match_gain_points"]))
+    else:
+        print("eval_adapter: eval loss down %.1f%%" % result["loss_drop_percent"])
     line = json.dumps(result)
     print(line)
     if args.json:

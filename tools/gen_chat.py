@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""A seeded multi-turn chat task whose learning can be measured, as JSON lines of
+{"messages": [...]} for tools/tokenize_sft.py (docs/FINETUNING.md, the chat example).
+
+    python3 tools/gen_chat.py OUT_DIR [--train 600] [--eval 100] [--seed 11]
+
+Each chat is a short running calculation: the user gives a 3-digit addition, the
+assistant answers with the number only, then the user asks one to three follow-ups
+("Now subtract 17.", "Now double it.", "Now add 250.") and each answer is the new number.
+About half the chats open with a system message ("You are a calculator. Reply with the
+number only."), the rest rely on the template's default. Every assistant turn is scored,
+so the eval loss falls as the model learns the format and the arithmetic. The splits
+share no opening pair; the same seed gives the same files.
+"""
+import argparse
+import json
+import os
+import random
+
+SYSTEM = "You are a calculator. Reply with the number only."
+
+
+def chat(rng, a, b):
+    value = a + b
+    msgs = []
+    if rng.random() < 0.5:
+        msgs.append({"role": "system", "content": SYSTEM})
+    msgs += [{"role": "user", "content": "What is %d + %d?" % (a, b)},
+             {"role": "assistant", "content": str(value)}]
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.choice(("add", "subtract", "double"))
+        if kind == "double":
+            value, ask = 2 * value, "Now double it."
+        else:
+            n = rng.randint(10, 299)
+            value = value + n if kind == "add" else value - n
+            ask = "Now %s %d." % (kind, n)
+        msgs += [{"role": "user", "content": ask},
+                 {"role": "assistant", "content": str(value)}]
+    return {"messages": msgs}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("--train", type=int, default=600)
+    ap.add_argument("--eval", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=11)
+    args = ap.parse_args()
+    if args.train < 1 or args.eval < 1:
+        raise SystemExit("gen_chat: --train and --eval must be positive")
+    rng = random.Random(args.seed)
+    seen, pairs = set(), []
+    while len(pairs) < args.train + args.eval:
+        p = (rng.randint(100, 999), rng.randint(100, 999))
+        if p not in seen:
+            seen.add(p)
+            pairs.append(p)
+    os.makedirs(args.out, exist_ok=True)
+    for name, part in (("train", pairs[:args.train]), ("eval", pairs[args.train:])):
+        with open(os.path.join(args.out, name + ".jsonl"), "w") as f:
+            for a, b in part:
+                f.write(json.dumps(chat(rng, a, b)) + "\n")
+    print("gen_chat: %s: %d train, %d eval chats (seed %d)"
+          % (args.out, args.train, args.eval, args.seed))
+
+
+if __name__ == "__main__":
+    main()
