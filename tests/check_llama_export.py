@@ -100,13 +100,17 @@ def main():
     # PEFT's own writer, read back by kqlora (init_file = a PEFT adapter directory; lr 0
     # leaves the adapters as loaded): the same eval loss.
     peft_model.save_pretrained(os.path.join(work, "peft_saved"))
-    run(train, deck, "hf_model_dir=" + case, "data_file=" + data, "eval_file=" + data,
-        "eval_every=1", "num_steps=1", "global_bs=3", "lora_rank=4", "lora_alpha=8",
-        "block_size=32", "scaler_block_size=32", "optimizer=adamw", "lr=0",
-        "init_file=" + os.path.join(work, "peft_saved"), "save_dir=" + os.path.join(work, "again"),
-        "metrics_file=" + os.path.join(work, "again.jsonl"))
-    again = [json.loads(l)["eval_loss"] for l in open(os.path.join(work, "again.jsonl"))
-             if "eval_loss" in l][-1]
+
+    def kqlora_eval(name, eval_file):
+        """kqlora's eval loss of the PEFT-saved adapters over eval_file."""
+        run(train, deck, "hf_model_dir=" + case, "data_file=" + data, "eval_file=" + eval_file,
+            "eval_every=1", "num_steps=1", "global_bs=3", "lora_rank=4", "lora_alpha=8",
+            "block_size=32", "scaler_block_size=32", "optimizer=adamw", "lr=0",
+            "init_file=" + os.path.join(work, "peft_saved"), "save_dir=" + os.path.join(work, name),
+            "metrics_file=" + os.path.join(work, name + ".jsonl"))
+        return [json.loads(l)["eval_loss"] for l in open(os.path.join(work, name + ".jsonl"))
+                if "eval_loss" in l][-1]
+    again = kqlora_eval("again", data)
     # The same rows packed into one (position_ids; each row's first label -100): kqlora's
     # eval loss is the unpacked one, and so is transformers' given position_ids and no
     # attention mask (its packed-sequence masking).
@@ -122,13 +126,7 @@ def main():
         f["input_ids"] = p_ids.numpy().astype("int32")
         f["labels"] = p_labels.numpy().astype("int32")
         f["position_ids"] = p_pos.numpy().astype("int32")
-    run(train, deck, "hf_model_dir=" + case, "data_file=" + data, "eval_file=" + packed,
-        "eval_every=1", "num_steps=1", "global_bs=3", "lora_rank=4", "lora_alpha=8",
-        "block_size=32", "scaler_block_size=32", "optimizer=adamw", "lr=0",
-        "init_file=" + os.path.join(work, "peft_saved"), "save_dir=" + os.path.join(work, "packed"),
-        "metrics_file=" + os.path.join(work, "packed.jsonl"))
-    kq_packed = [json.loads(l)["eval_loss"] for l in open(os.path.join(work, "packed.jsonl"))
-                 if "eval_loss" in l][-1]
+    kq_packed = kqlora_eval("packed", packed)
     with torch.no_grad():
         hf_packed = merged(input_ids=p_ids, position_ids=p_pos, labels=p_labels,
                            use_cache=False).loss.item()  # (a cache turns its detection off)

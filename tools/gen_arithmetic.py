@@ -15,6 +15,23 @@ import os
 import random
 
 
+def distinct_pairs(rng, lo, hi, n):
+    """n distinct (a, b) pairs of integers in [lo, hi], in the order drawn."""
+    seen, pairs = set(), []
+    while len(pairs) < n:
+        p = (rng.randint(lo, hi), rng.randint(lo, hi))
+        if p not in seen:
+            seen.add(p)
+            pairs.append(p)
+    return pairs
+
+
+def write_jsonl(path, items):
+    with open(path, "w") as f:
+        for item in items:
+            f.write(json.dumps(item) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out")
@@ -28,19 +45,12 @@ def main():
     lo, hi = 10 ** (args.digits - 1), 10 ** args.digits - 1
     if (hi - lo + 1) ** 2 < args.train + args.eval:
         raise SystemExit("gen_arithmetic: not enough distinct pairs at %d digits" % args.digits)
-    rng = random.Random(args.seed)
-    seen, pairs = set(), []
-    while len(pairs) < args.train + args.eval:
-        p = (rng.randint(lo, hi), rng.randint(lo, hi))
-        if p not in seen:
-            seen.add(p)
-            pairs.append(p)
+    pairs = distinct_pairs(random.Random(args.seed), lo, hi, args.train + args.eval)
     os.makedirs(args.out, exist_ok=True)
     for name, part in (("train", pairs[:args.train]), ("eval", pairs[args.train:])):
-        with open(os.path.join(args.out, name + ".jsonl"), "w") as f:
-            for a, b in part:
-                f.write(json.dumps({"instruction": "What is %d + %d? Answer with the number only."
-                                    % (a, b), "response": str(a + b)}) + "\n")
+        write_jsonl(os.path.join(args.out, name + ".jsonl"),
+                    [{"instruction": "What is %d + %d? Answer with the number only." % (a, b),
+                      "response": str(a + b)} for a, b in part])
     print("gen_arithmetic: %s: %d train, %d eval items (%d digits, seed %d)"
           % (args.out, args.train, args.eval, args.digits, args.seed))
 

@@ -13,9 +13,10 @@ so the eval loss falls as the model learns the format and the arithmetic. The sp
 share no opening pair; the same seed gives the same files.
 """
 import argparse
-import json
 import os
 import random
+
+from gen_arithmetic import distinct_pairs, write_jsonl
 
 SYSTEM = "You are a calculator. Reply with the number only."
 
@@ -50,17 +51,10 @@ def main():
     if args.train < 1 or args.eval < 1:
         raise SystemExit("gen_chat: --train and --eval must be positive")
     rng = random.Random(args.seed)
-    seen, pairs = set(), []
-    while len(pairs) < args.train + args.eval:
-        p = (rng.randint(100, 999), rng.randint(100, 999))
-        if p not in seen:
-            seen.add(p)
-            pairs.append(p)
+    pairs = distinct_pairs(rng, 100, 999, args.train + args.eval)
     os.makedirs(args.out, exist_ok=True)
     for name, part in (("train", pairs[:args.train]), ("eval", pairs[args.train:])):
-        with open(os.path.join(args.out, name + ".jsonl"), "w") as f:
-            for a, b in part:
-                f.write(json.dumps(chat(rng, a, b)) + "\n")
+        write_jsonl(os.path.join(args.out, name + ".jsonl"), [chat(rng, a, b) for a, b in part])
     print("gen_chat: %s: %d train, %d eval chats (seed %d)"
           % (args.out, args.train, args.eval, args.seed))
 
