@@ -46,4 +46,25 @@ float half_to_float(uint16_t h) {
   return f;
 }
 
+uint16_t float_to_half(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // 65520 and up: Inf
+  if (a >= 0x38800000u) {  // a normal half: rebias the exponent, round the mantissa to 10 bits
+    const uint32_t r = a - 0x38000000u;
+    return static_cast<uint16_t>(sign | ((r + 0x0fffu + ((r >> 13) & 1u)) >> 13));
+  }
+  const uint32_t e = a >> 23;
+  if (e < 102) return static_cast<uint16_t>(sign);  // below half the smallest subnormal
+  // A subnormal half: units of 2^-24, rounded to nearest even (may carry into the
+  // smallest normal, whose bits follow on).
+  const uint32_t m = (a & 0x7fffffu) | 0x800000u, shift = 126 - e;
+  uint32_t q = m >> shift;
+  const uint32_t rest = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
+  if (rest > half || (rest == half && (q & 1u))) ++q;
+  return static_cast<uint16_t>(sign | q);
+}
+
 }  // namespace kqlora
