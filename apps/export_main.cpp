@@ -17,6 +17,8 @@ const char* usage =
     "usage: kqlora-export CHECKPOINT --merged OUT [--dtype float32|bfloat16]\n"
     "       kqlora-export CHECKPOINT --base OUT [--dtype float32|bfloat16]\n"
     "       kqlora-export CHECKPOINT --peft DIR\n"
+    "       kqlora-export CHECKPOINT --gguf OUT.gguf [--gguf-of merged|base]\n"
+    "                     [--gguf-type f32|f16|bf16|q8_0]\n"
     "\n"
     "CHECKPOINT is a checkpoint file, a step directory or a save_dir (its latest).\n"
     "  --merged OUT    every NF4 weight dequantized, plus (alpha/rank) * B A where a LoRA\n"
@@ -35,20 +37,35 @@ const char* usage =
     "                  lora_B.weight, e.g. base_model.model.model.layers.0.self_attn.q_proj.\n"
     "                  lora_A.weight) and DIR/adapter_config.json (peft_type LORA; causal_lm:\n"
     "                  task_type CAUSAL_LM, base_model_name_or_path the run's hf_model_dir)\n"
+    "  --gguf OUT      a GGUF file for llama.cpp (docs/GGUF.md): the merged weights\n"
+    "                  (--gguf-of base: the dequantized NF4 base alone), matrices as\n"
+    "                  --gguf-type (default bf16; q8_0 as the gguf package's Q8_0), vectors\n"
+    "                  f32, llama.cpp's names and Q/K row order; the llama architecture so\n"
+    "                  far, no tokenizer yet\n"
     "  --version       version and build configuration\n"
     "Exit codes: 0 done, 2 bad input, 1 other failure.\n";
 
 int export_main(std::vector<std::string>& args) {
-  std::string merged, base, peft, dtype = "float32";
+  std::string merged, base, peft, dtype = "float32", gguf_out, gguf_of = "merged",
+                                  gguf_type = "bf16";
   const bool has_merged = kqlora::app::take_option(args, "--merged", &merged);
   const bool has_base = kqlora::app::take_option(args, "--base", &base);
   const bool has_peft = kqlora::app::take_option(args, "--peft", &peft);
   const bool has_dtype = kqlora::app::take_option(args, "--dtype", &dtype);
+  const bool has_gguf = kqlora::app::take_option(args, "--gguf", &gguf_out);
+  const bool has_gguf_of = kqlora::app::take_option(args, "--gguf-of", &gguf_of);
+  const bool has_gguf_type = kqlora::app::take_option(args, "--gguf-type", &gguf_type);
   for (const auto& a : args)
     KQLORA_INPUT_CHECK(a.empty() || a[0] != '-', "unknown option '" << a << "' (see --help)");
   KQLORA_INPUT_CHECK(args.size() == 1, "expected one CHECKPOINT (see --help)");
-  KQLORA_INPUT_CHECK(int(has_merged) + int(has_base) + int(has_peft) == 1,
-                     "give exactly one of --merged OUT, --base OUT and --peft DIR");
+  KQLORA_INPUT_CHECK(int(has_merged) + int(has_base) + int(has_peft) + int(has_gguf) == 1,
+                     "give exactly one of --merged OUT, --base OUT, --peft DIR and --gguf OUT");
+  KQLORA_INPUT_CHECK(has_gguf || (!has_gguf_of && !has_gguf_type),
+                     "--gguf-of and --gguf-type go with --gguf OUT");
+  KQLORA_INPUT_CHECK(gguf_of == "merged" || gguf_of == "base",
+                     "--gguf-of: expected merged or base, got '" << gguf_of << "'");
+  const auto gguf_tensor_type = kqlora::gguf::tensor_type_from_name(gguf_type, "--gguf-type");
+  KQLORA_INPUT_CHECK(!has_dtype || !has_gguf, "--dtype: use --gguf-type with --gguf");
   KQLORA_INPUT_CHECK(dtype == "float32" || dtype == "bfloat16",
                      "--dtype: expected float32 or bfloat16, got '" << dtype << "'");
   KQLORA_INPUT_CHECK(!has_dtype || !has_peft, "--dtype: the adapters are always float32");
@@ -64,6 +81,8 @@ int export_main(std::vector<std::string>& args) {
   const bool bf16 = dtype == "bfloat16";
   if (has_peft) {
     kqlora::exporter::write_peft(c, file, peft);
+  } else if (has_gguf) {
+    kqlora::exporter::write_gguf(c, file, gguf_out, gguf_tensor_type, gguf_of == "merged");
   } else {
     const std::string& out = has_merged ? merged : base;
     if (c.arch_text.empty())

@@ -100,6 +100,43 @@ std::string exported_config(const std::string& text, const std::string& file, bo
 
 }  // namespace
 
+std::vector<float> weight_values(const CheckpointContents& c, const ParamEntry& e,
+                                 const std::string& file, bool merge, bool* merged) {
+  const ParamTable& table = c.table;
+  const auto& base = find_nf4(c, e.name, file);
+  KQLORA_INPUT_CHECK(base.layout.shape == e.shape,
+                     file << ": '" << e.name << "' has shape " << base.layout.shape_string());
+  const int64_t out_f = e.shape.at(0), in_f = e.shape.at(1);
+  Kokkos::View<float*, Kokkos::HostSpace> w("kqlora::export::w", out_f * in_f);
+  nf4_dequantize(Host(), base, w);
+  const LoraAdapter* ad = merge ? adapter_of(table, e.name) : nullptr;
+  if (merged) *merged = ad != nullptr;
+  if (ad) {
+    const int64_t r = ad->rank;
+    const auto& A = find_param(c, ad->a, file);
+    const auto& B = find_param(c, ad->b, file);
+    KQLORA_INPUT_CHECK(A.data.size() == size_t(r * in_f) && B.data.size() == size_t(out_f * r),
+                       file << ": " << ad->module << ": adapters do not match rank " << r);
+    // W [out, in] += scale * B [out, r] A [r, in] (all row-major).
+    const float scale = static_cast<float>(ad->alpha / static_cast<double>(r));
+    Matrix<Kokkos::HostSpace> Wm(w.data(), out_f, in_f);
+    Matrix<Kokkos::HostSpace> Am(const_cast<float*>(A.data.data()), r, in_f);
+    Matrix<Kokkos::HostSpace> Bm(const_cast<float*>(B.data.data()), out_f, r);
+    gemm(Host(), "N", "N", scale, Bm, Am, 1.0f, Wm);
+  }
+  return std::vector<float>(w.data(), w.data() + w.extent(0));
+}
+
+const std::vector<float>& dense_values(const CheckpointContents& c, const std::string& name,
+                                       const std::string& file) {
+  return find_param(c, name, file).data;
+}
+
+bool is_adapter_tensor(const CheckpointContents& c, const std::string& name) {
+  const LoraAdapter* ad = adapter_of(c.table, name);
+  return ad && (ad->a == name || ad->b == name);
+}
+
 void write_weights(const CheckpointContents& c, const std::string& file, const std::string& out,
                    bool bf16, bool merge) {
   const ParamTable& table = c.table;
@@ -120,37 +157,17 @@ void write_weights(const CheckpointContents& c, const std::string& file, const s
   };
   int merged = 0;
   auto weight = [&](const ParamEntry& e) {
-    const auto& base = find_nf4(c, e.name, file);
-    KQLORA_INPUT_CHECK(base.layout.shape == e.shape,
-                       file << ": '" << e.name << "' has shape " << base.layout.shape_string());
-    const int64_t out_f = e.shape.at(0), in_f = e.shape.at(1);
-    Kokkos::View<float*, Kokkos::HostSpace> w("kqlora::export::w", out_f * in_f);
-    nf4_dequantize(Host(), base, w);
-    const LoraAdapter* ad = merge ? adapter_of(table, e.name) : nullptr;
-    if (ad) {
-      const int64_t r = ad->rank;
-      const auto& A = find_param(c, ad->a, file);
-      const auto& B = find_param(c, ad->b, file);
-      KQLORA_INPUT_CHECK(A.data.size() == size_t(r * in_f) && B.data.size() == size_t(out_f * r),
-                         file << ": " << ad->module << ": adapters do not match rank " << r);
-      // W [out, in] += scale * B [out, r] A [r, in] (all row-major).
-      const float scale = static_cast<float>(ad->alpha / static_cast<double>(r));
-      Matrix<Kokkos::HostSpace> Wm(w.data(), out_f, in_f);
-      Matrix<Kokkos::HostSpace> Am(const_cast<float*>(A.data.data()), r, in_f);
-      Matrix<Kokkos::HostSpace> Bm(const_cast<float*>(B.data.data()), out_f, r);
-      gemm(Host(), "N", "N", scale, Bm, Am, 1.0f, Wm);
-      ++merged;
-    }
-    add(e.name, e.shape, std::vector<float>(w.data(), w.data() + w.extent(0)));
+    bool with_adapter = false;
+    add(e.name, e.shape, weight_values(c, e, file, merge, &with_adapter));
+    merged += with_adapter;
   };
   for (int g = 0; g < table.num_groups(); ++g) {
     for (const auto& e : table.entries)
       if (e.group == g && e.kind == ParamKind::nf4) weight(e);
     for (const auto& e : table.entries) {
       if (e.group != g || e.kind == ParamKind::nf4 || !e.tied_to.empty()) continue;
-      const LoraAdapter* ad = adapter_of(table, e.name);
-      if (ad && (ad->a == e.name || ad->b == e.name)) continue;
-      add(e.name, e.shape, find_param(c, e.name, file).data);
+      if (is_adapter_tensor(c, e.name)) continue;
+      add(e.name, e.shape, dense_values(c, e.name, file));
     }
   }
   safetensors::write(

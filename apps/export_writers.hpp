@@ -5,10 +5,22 @@
 // PEFT's layout.
 
 #include <string>
+#include <vector>
 
 #include "kqlora/io/checkpoint.hpp"
+#include "kqlora/io/gguf_writer.hpp"
 
 namespace kqlora::exporter {
+
+/// NF4 weight e dequantized, plus (alpha / rank) * B A where an adapter targets it when
+/// `merge` (*merged: whether one did), row-major [out, in].
+std::vector<float> weight_values(const CheckpointContents& c, const ParamEntry& e,
+                                 const std::string& file, bool merge, bool* merged = nullptr);
+/// A dense (not NF4) tensor's values; InputError naming `file` when it is missing.
+const std::vector<float>& dense_values(const CheckpointContents& c, const std::string& name,
+                                       const std::string& file);
+/// Whether `name` is a LoRA adapter's A or B.
+bool is_adapter_tensor(const CheckpointContents& c, const std::string& name);
 
 /// Every tensor of the checkpoint's table as safetensors `out`: each NF4 weight dequantized
 /// -- plus (alpha / rank) * B A where an adapter targets it when `merge` -- and the other
@@ -23,6 +35,12 @@ void write_weights(const CheckpointContents& c, const std::string& file, const s
 /// and the tokenizer and generation files of the run's hf_model_dir where it is there.
 void write_hf_directory(const CheckpointContents& c, const std::string& file,
                         const std::string& dir, bool bf16, bool merge);
+
+/// A GGUF file `out` for llama.cpp (docs/GGUF.md, "The export"): the weights as
+/// write_weights makes them (merged when `merge`), matrices as `type` and vectors as F32,
+/// under llama.cpp's names and metadata; the llama architecture only so far.
+void write_gguf(const CheckpointContents& c, const std::string& file, const std::string& out,
+                gguf::TensorType type, bool merge);
 
 /// The adapters in PEFT's layout: dir/adapter_model.safetensors
 /// (base_model.model.<module>.lora_A.weight, lora_B.weight; other trainable tensors under
