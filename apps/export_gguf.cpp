@@ -80,7 +80,18 @@ void write_gguf(const CheckpointContents& c, const std::string& file, const std:
                        file << ": --gguf: config.json's " << unsupported << " = " << json::write(*v)
                             << " is not yet written (docs/GGUF.md)");
   }
+  // rope_theta at the top (transformers 4) or in rope_parameters (5), whose rope_type must
+  // be the default one: llama.cpp's other ropes need tensors and keys not written yet.
   const json::Value* theta = field(cfg, "rope_theta");
+  const json::Value* params = field(cfg, "rope_parameters");
+  if (params && params->kind == json::Value::Kind::object) {
+    const json::Value* kind = field(*params, "rope_type");
+    KQLORA_INPUT_CHECK(
+        !kind || (kind->kind == json::Value::Kind::string && kind->string == "default"),
+        file << ": --gguf: config.json's rope_parameters.rope_type = " << json::write(*kind)
+             << " is not yet written (docs/GGUF.md)");
+    if (!theta) theta = field(*params, "rope_theta");
+  }
   const float rope_base = theta && theta->kind == json::Value::Kind::number
                               ? static_cast<float>(theta->number)
                               : 10000.0f;

@@ -144,6 +144,28 @@ def main():
                                                      dtype=torch.float32,
                                                      attn_implementation="eager")
             got = loss_of(g)
+            if gtype == "f32":  # the hyperparameters llama.cpp reads (transformers took config=)
+                from gguf import GGUFReader
+                fields = GGUFReader(os.path.join(work, name)).fields
+                rope = hf_cfg.get("rope_parameters") or {}
+                theta = hf_cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+                head_dim = hf_cfg.get("head_dim") or \
+                    hf_cfg["hidden_size"] // hf_cfg["num_attention_heads"]
+                meta = {"llama.rope.freq_base": float(theta),
+                        "llama.attention.head_count": hf_cfg["num_attention_heads"],
+                        "llama.attention.head_count_kv": hf_cfg["num_key_value_heads"],
+                        "llama.attention.key_length": head_dim,
+                        "llama.block_count": hf_cfg["num_hidden_layers"],
+                        "llama.embedding_length": hf_cfg["hidden_size"],
+                        "llama.feed_forward_length": hf_cfg["intermediate_size"],
+                        "llama.context_length": hf_cfg["max_position_embeddings"]}
+                for k, v in meta.items():
+                    checks.append(("--gguf %s = %r (config.json %r)"
+                                   % (k, fields[k].contents(), v),
+                                   abs(fields[k].contents() - v) <= 1e-6 * abs(v)))
+                eps = fields["llama.attention.layer_norm_rms_epsilon"].contents()
+                checks.append(("--gguf rms eps %g" % eps,
+                               abs(eps - hf_cfg["rms_norm_eps"]) <= 1e-6 * hf_cfg["rms_norm_eps"]))
             checks.append(("--gguf %s in transformers: loss %.7f vs kqlora's %.7f"
                            % (gtype, got, want), abs(got - want) <= tol * abs(want)))
     checks += [("PEFT on --base: loss %.7f vs kqlora's %.7f" % (got_peft, want),
