@@ -168,6 +168,14 @@ def main():
                                abs(eps - hf_cfg["rms_norm_eps"]) <= 1e-6 * hf_cfg["rms_norm_eps"]))
             checks.append(("--gguf %s in transformers: loss %.7f vs kqlora's %.7f"
                            % (gtype, got, want), abs(got - want) <= tol * abs(want)))
+        # --gguf-of base: the dequantized NF4 alone, the fine-tune's "before".
+        print(run(export, ckpt, "--gguf", os.path.join(work, "base.gguf"), "--gguf-of", "base",
+                  "--gguf-type", "f32").strip())
+        got = loss_of(AutoModelForCausalLM.from_pretrained(
+            work, gguf_file="base.gguf", config=merged_cfg, dtype=torch.float32,
+            attn_implementation="eager"))
+        checks.append(("--gguf-of base in transformers: loss %.7f vs --base's %.7f"
+                       % (got, untrained), abs(got - untrained) <= 1e-4 * abs(untrained)))
     checks += [("PEFT on --base: loss %.7f vs kqlora's %.7f" % (got_peft, want),
                 abs(got_peft - want) <= 1e-4 * abs(want)),
                ("--merged: loss %.7f vs kqlora's %.7f" % (got_merged, want),
