@@ -132,9 +132,14 @@ void write_gguf(const CheckpointContents& c, const std::string& file, const std:
                        file << ": --gguf-type q8_0: '" << e.name << "' rows of " << e.shape.back()
                             << " values are not whole blocks of 32");
     w.add_tensor(name, e.shape, t);
-    const bool q = name.size() > 13 && name.compare(name.size() - 13, 13, "attn_q.weight") == 0;
-    const bool k = name.size() > 13 && name.compare(name.size() - 13, 13, "attn_k.weight") == 0;
-    items.push_back({&e, q ? spec.heads : k ? spec.kv_heads : 0});
+    // q_proj's rows permuted over the query heads, k_proj's over the key/value heads.
+    const auto ends_with = [&](const std::string& tail) {
+      return name.size() >= tail.size() &&
+             name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    items.push_back({&e, ends_with(".attn_q.weight")   ? spec.heads
+                         : ends_with(".attn_k.weight") ? spec.kv_heads
+                                                       : 0});
   }
   int merged = 0;
   w.write(out, [&](size_t i, std::vector<float>& values) {

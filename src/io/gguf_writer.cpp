@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 
 #include "kqlora/core/bfloat16.hpp"
 #include "kqlora/core/error.hpp"
@@ -28,7 +29,6 @@ enum ValueType : uint32_t {
   kBool = 7,
   kString = 8,
   kArray = 9,
-  kU64 = 10,
 };
 
 template <class T>
@@ -167,25 +167,29 @@ void Writer::add_bool(const std::string& k, bool value) {
   put<uint8_t>(kv_, value ? 1 : 0);
 }
 
-void Writer::add_strings(const std::string& k, const std::vector<std::string>& values) {
+template <class T>
+void Writer::add_array(const std::string& k, uint32_t element_type, const std::vector<T>& values) {
   key(k, kArray);
-  put<uint32_t>(kv_, kString);
+  put<uint32_t>(kv_, element_type);
   put<uint64_t>(kv_, values.size());
-  for (const auto& v : values) put_string(kv_, v);
+  for (const T& v : values) {
+    if constexpr (std::is_same<T, std::string>::value)
+      put_string(kv_, v);
+    else
+      put(kv_, v);
+  }
+}
+
+void Writer::add_strings(const std::string& k, const std::vector<std::string>& values) {
+  add_array(k, kString, values);
 }
 
 void Writer::add_i32s(const std::string& k, const std::vector<int32_t>& values) {
-  key(k, kArray);
-  put<uint32_t>(kv_, kI32);
-  put<uint64_t>(kv_, values.size());
-  for (int32_t v : values) put(kv_, v);
+  add_array(k, kI32, values);
 }
 
 void Writer::add_f32s(const std::string& k, const std::vector<float>& values) {
-  key(k, kArray);
-  put<uint32_t>(kv_, kF32);
-  put<uint64_t>(kv_, values.size());
-  for (float v : values) put(kv_, v);
+  add_array(k, kF32, values);
 }
 
 void Writer::add_tensor(const std::string& name, const std::vector<int64_t>& shape,

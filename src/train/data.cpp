@@ -24,6 +24,12 @@ void check_fits(int64_t bytes, const std::string& where) {
                            << ", more than this node's memory (" << b.source << ")");
 }
 
+/// A dataset's dimensions for a message: "rows x cols", or how many there are.
+std::string dims_text(const std::vector<int64_t>& d) {
+  return d.size() == 2 ? std::to_string(d[0]) + " x " + std::to_string(d[1])
+                       : std::to_string(d.size()) + " dimensions";
+}
+
 #if KQLORA_HAVE_HDF5
 /// A packed file's position_ids [rows, T], checked: each row's documents are runs of
 /// positions 0, 1, 2, ... (padding after the last one: positions 0). The label at each
@@ -35,9 +41,7 @@ std::vector<int32_t> read_positions(const h5::Handle& f, const std::string& path
   const auto d = h5::dataset_dims(f, "position_ids", path);
   KQLORA_INPUT_CHECK(d == (std::vector<int64_t>{rows, T}),
                      where << ": dataset 'position_ids' must be [" << rows << ", " << T
-                           << "] as input_ids, got "
-                           << (d.size() == 2 ? std::to_string(d[0]) + " x " + std::to_string(d[1])
-                                             : std::to_string(d.size()) + " dimensions"));
+                           << "] as input_ids, got " << dims_text(d));
   std::vector<int32_t> positions(static_cast<size_t>(rows * T));
   h5::read_dataset(f, "position_ids", H5T_NATIVE_INT32, rows * T, positions.data(), path);
   for (int64_t r = 0; r < rows; ++r) {
@@ -81,10 +85,6 @@ DataSource::DataSource(const std::string& path, const InputSpec& spec, int64_t g
   auto f = h5::open_file(path);
   checksummed_ = h5::metadata_checksummed(f);
   const std::string where = what + " " + path;
-  auto dims_text = [](const std::vector<int64_t>& d) {
-    return d.size() == 2 ? std::to_string(d[0]) + " x " + std::to_string(d[1])
-                         : std::to_string(d.size()) + " dimensions";
-  };
   if (spec.tokens) {
     if (spec_.seq_len == 0 && h5::exists(f, "input_ids")) {
       const auto d = h5::dataset_dims(f, "input_ids", path);

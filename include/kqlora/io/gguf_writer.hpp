@@ -62,6 +62,8 @@ class Writer {
   std::vector<std::string> keys_;
   std::vector<Tensor> tensors_;
   void key(const std::string& key, uint32_t value_type);
+  template <class T>
+  void add_array(const std::string& key, uint32_t element_type, const std::vector<T>& values);
 };
 
 }  // namespace kqlora::gguf
