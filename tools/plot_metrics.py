@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""A training run's metrics_file (kqlora-train's JSON lines, docs/TRAINING.md) as a PNG:
+loss, eval_loss, learning rate, tokens/s and gradient norm against the step, a panel each.
+
+    python3 tools/plot_metrics.py METRICS.jsonl [MORE.jsonl ...] -o run.png [--title T]
+
+Several files draw on the same panels, each labelled by its file name (a run beside
+another, e.g. packed and unpacked). tokens/s is each logged interval's: the tokens it
+trained over its elapsed seconds (the first interval's includes the first step's set-up
+of buffers). Skipped steps (a non-finite gradient) are marked on the loss panel. A panel
+with nothing to draw says so. Needs matplotlib (pip install matplotlib); a bad line exits
+2 naming the file and line.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+
+def fail(msg):
+    print("plot_metrics.py: " + msg, file=sys.stderr)
+    sys.exit(2)
+
+
+def read_metrics(path):
+    """Step records and eval records of one metrics file."""
+    steps, evals = [], []
+    try:
+        lines = open(path).read().splitlines()
+    except OSError as e:
+        fail("%s: cannot read (%s)" % (path, e.strerror))
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as e:
+            fail("%s:%d: not a JSON line (%s)" % (path, n, e))
+        if not isinstance(rec, dict):
+            fail("%s:%d: expected a JSON object" % (path, n))
+        if "step" not in rec:  # the run's summary (memory, page faults): not plotted
+            continue
+        if not isinstance(rec["step"], int):
+            fail("%s:%d: \"step\" is %r, expected an integer" % (path, n, rec["step"]))
+        for key in ("loss", "eval_loss", "lr", "grad_norm", "elapsed_s", "tokens"):
+            if key in rec and not isinstance(rec[key], (int, float)):
+                fail("%s:%d: \"%s\" is %r, expected a number" % (path, n, key, rec[key]))
+        if "eval_loss" in rec:
+            evals.append(rec)
+        elif "loss" in rec:
+            steps.append(rec)
+    if not steps and not evals:
+        fail("%s: no step or eval records (is it a kqlora-train metrics_file?)" % path)
+    return steps, evals
+
+
+def tokens_per_s(steps):
+    """(step, tokens/s) of each logged interval, from the cumulative tokens and seconds."""
+    out, prev_t, prev_s = [], 0, 0.0
+    for r in steps:
+        if "tokens" not in r or "elapsed_s" not in r:
+            continue
+        dt = r["elapsed_s"] - prev_s
+        if dt > 0:
+            out.append((r["step"], (r["tokens"] - prev_t) / dt))
+        prev_t, prev_s = r["tokens"], r["elapsed_s"]
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("metrics", nargs="+", help="metrics_file(s) of kqlora-train")
+    ap.add_argument("-o", "--output", required=True, help="the PNG to write")
+    ap.add_argument("--title", default=None, help="the figure's title")
+    args = ap.parse_args()
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        fail("needs matplotlib (pip install matplotlib)")
+    runs = [(os.path.basename(p), *read_metrics(p)) for p in args.metrics]
+
+    fig, axes = plt.subplots(5, 1, figsize=(8, 13), sharex=True)
+    panels = [("loss", "training loss"), ("eval_loss", "eval loss"), ("lr", "learning rate"),
+              ("tokens_per_s", "tokens/s"), ("grad_norm", "gradient norm")]
+    for ax, (key, label) in zip(axes, panels):
+        drawn = False
+        for name, steps, evals in runs:
+            if key == "eval_loss":
+                pts = [(r["step"], r["eval_loss"]) for r in evals]
+            elif key == "tokens_per_s":
+                pts = tokens_per_s(steps)
+            else:
+                pts = [(r["step"], r[key]) for r in steps if key in r]
+            pts = [(s, v) for s, v in pts if math.isfinite(v)]
+            if not pts:
+                continue
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if len(pts) < 30
+                    else None, markersize=3, label=name)
+            if key == "loss":
+                skipped = [r["step"] for r in steps if r.get("skipped")]
+                for s in skipped:
+                    ax.axvline(s, color="red", alpha=0.3, linewidth=1)
+            drawn = True
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        if not drawn:
+            ax.text(0.5, 0.5, "no %s in the file(s)" % label, transform=ax.transAxes,
+                    ha="center", va="center", color="gray")
+        elif len(runs) > 1:
+            ax.legend(fontsize=8)
+    axes[-1].set_xlabel("step")
+    fig.suptitle(args.title or ", ".join(r[0] for r in runs))
+    fig.tight_layout()
+    tmp = args.output + ".tmp.png"
+    fig.savefig(tmp, dpi=100)
+    os.replace(tmp, args.output)
+    total = sum(len(s) + len(e) for _, s, e in runs)
+    print("%s: %d records of %d file(s) drawn (loss, eval_loss, lr, tokens/s, grad_norm)"
+          % (args.output, total, len(runs)))
+
+
+if __name__ == "__main__":
+    main()
