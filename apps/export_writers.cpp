@@ -69,11 +69,6 @@ bool copy_if_there(const std::string& from, const std::string& to) {
   return true;
 }
 
-/// The run's hf_model_dir as the checkpoint's model configuration gives it.
-std::string hf_model_dir(const CheckpointContents& c, const std::string& file) {
-  return ModelConfig::from_text(c.model_config_text, file).hf_model_dir;
-}
-
 /// config.json's text with "dtype" (and "torch_dtype", where present) the exported dtype
 /// and no quantization_config: the weights written beside it are plain tensors.
 std::string exported_config(const std::string& text, const std::string& file, bool bf16) {
@@ -99,6 +94,10 @@ std::string exported_config(const std::string& text, const std::string& file, bo
 }
 
 }  // namespace
+
+std::string hf_model_dir(const CheckpointContents& c, const std::string& file) {
+  return ModelConfig::from_text(c.model_config_text, file).hf_model_dir;
+}
 
 std::vector<float> weight_values(const CheckpointContents& c, const ParamEntry& e,
                                  const std::string& file, bool merge, bool* merged) {

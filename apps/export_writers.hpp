@@ -19,6 +19,8 @@ std::vector<float> weight_values(const CheckpointContents& c, const ParamEntry& 
 /// A dense (not NF4) tensor's values; InputError naming `file` when it is missing.
 const std::vector<float>& dense_values(const CheckpointContents& c, const std::string& name,
                                        const std::string& file);
+/// The run's hf_model_dir as the checkpoint's model configuration gives it.
+std::string hf_model_dir(const CheckpointContents& c, const std::string& file);
 /// Whether `name` is a LoRA adapter's A or B.
 bool is_adapter_tensor(const CheckpointContents& c, const std::string& name);
 

@@ -192,6 +192,10 @@ void Writer::add_f32s(const std::string& k, const std::vector<float>& values) {
   add_array(k, kF32, values);
 }
 
+void Writer::add_bools(const std::string& k, const std::vector<bool>& values) {
+  add_array(k, kBool, std::vector<uint8_t>(values.begin(), values.end()));
+}
+
 void Writer::add_tensor(const std::string& name, const std::vector<int64_t>& shape,
                         TensorType type) {
   KQLORA_CHECK(!shape.empty() && shape.size() <= 4,

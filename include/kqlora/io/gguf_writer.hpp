@@ -39,6 +39,7 @@ class Writer {
   void add_strings(const std::string& key, const std::vector<std::string>& values);
   void add_i32s(const std::string& key, const std::vector<int32_t>& values);
   void add_f32s(const std::string& key, const std::vector<float>& values);
+  void add_bools(const std::string& key, const std::vector<bool>& values);
 
   /// A tensor of row-major `shape` (GGUF stores the dimensions fastest first) and type.
   void add_tensor(const std::string& name, const std::vector<int64_t>& shape, TensorType type);

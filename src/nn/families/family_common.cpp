@@ -102,6 +102,8 @@ RopeSpec read_rope(HfConfigReader& top, HfConfigReader* p, double theta, int64_t
   }
   if (type == "su" || type == "yarn") type = "longrope";  // (Phi-3's older spellings)
   RopeSpec rope;
+  rope.theta = theta;
+  rope.type = type;
   // transformers: dim = int(head_dim * partial_rotary_factor).
   rope.rotary_dim = static_cast<int64_t>(static_cast<double>(head_dim) * partial);
   if (rope.rotary_dim % 2 != 0 || rope.rotary_dim < 2)

@@ -1,0 +1,254 @@
+// kqlora's decoder families as llama.cpp runs them (docs/GGUF.md, "Families"). What
+// llama.cpp computes follows from the architecture name and the keys written; each check
+// below compares that with the spec the training used and refuses a difference, naming
+// the config.json field behind it.
+#include "gguf_families.hpp"
+
+#include <cmath>
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include "kqlora/core/error.hpp"
+
+namespace kqlora::exporter {
+
+namespace {
+
+/// config.json's top-level value of `key` as JSON text ("absent" when it is not there).
+std::string value_of(const json::Value& cfg, const std::string& key) {
+  const json::Value* v = cfg.find(key);
+  if (!v) return "absent";
+  // On one line: the writer's indents dropped, a space after each separator.
+  const std::string text = json::write(*v);
+  std::string line;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (in_string) {
+      line += ch;
+      if (ch == '\\' && i + 1 < text.size()) line += text[++i];
+      if (ch == '"') in_string = false;
+    } else if (ch == '\n') {
+      while (i + 1 < text.size() && text[i + 1] == ' ') ++i;
+    } else {
+      line += ch;
+      in_string = ch == '"';
+      if (ch == ',') line += ' ';
+    }
+  }
+  return line;
+}
+
+bool close(double a, double b, double rtol) { return std::abs(a - b) <= rtol * std::abs(b); }
+
+/// The rope's per-frequency divisors against the unscaled base frequencies.
+std::vector<double> rope_factors(const RopeSpec& r) {
+  std::vector<double> f(r.inv_freq.size());
+  for (size_t i = 0; i < f.size(); ++i) {
+    const double base = std::pow(r.theta, -2.0 * static_cast<double>(i) / r.rotary_dim);
+    f[i] = base / r.inv_freq[i];
+  }
+  return f;
+}
+
+/// The rope's type and factor as the message names them.
+std::string rope_text(const RopeSpec& r) {
+  return "rope_type \"" + r.type + "\" (rope_scaling / rope_parameters)";
+}
+
+}  // namespace
+
+GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text,
+                         const std::string& file) {
+  GgufDecoder d;
+  d.spec = spec;
+  d.config = json::parse(config_text, file + ": hf_config");
+  const json::Value& cfg = d.config;
+  const std::string where = file + ": --gguf: ";
+  static const std::map<std::string, std::string> archs = {
+      {"llama", "llama"},   {"mistral", "llama"},   {"qwen2", "qwen2"}, {"qwen3", "qwen3"},
+      {"gemma2", "gemma2"}, {"gemma3_text", "gemma3"}, {"phi3", "phi3"}};
+  const auto a = archs.find(spec.model_type);
+  KQLORA_INPUT_CHECK(a != archs.end(), where << "model_type '" << spec.model_type
+                                             << "' has no llama.cpp architecture here");
+  d.arch = a->second;
+  const bool gemma = d.arch == "gemma2" || d.arch == "gemma3";
+  const auto refuse = [&](const std::string& key, const std::string& why) {
+    KQLORA_INPUT_CHECK(false, where << "config.json's " << key << " = " << value_of(cfg, key)
+                                    << ": " << why << " (docs/GGUF.md, \"Families\")");
+  };
+
+  // The MLP's activation: llama.cpp's graph for the architecture has one.
+  const Activation act = gemma ? Activation::gelu_tanh : Activation::silu;
+  if (spec.mlp_activation != act)
+    refuse(gemma ? "hidden_activation" : "hidden_act",
+           "llama.cpp's " + d.arch + " applies " + (gemma ? "gelu_pytorch_tanh" : "silu") +
+               " only");
+  // o, gate, up and down biases: llama's graph only; q, k and v biases: every one.
+  for (const ProjectionSpec& p : spec.projections) {
+    if (!p.bias || d.arch == "llama") continue;
+    const bool qkv = p.slots[0] == Slot::q || p.slots[0] == Slot::k || p.slots[0] == Slot::v;
+    if (!qkv)
+      refuse(p.slots[0] == Slot::o ? "attention_bias" : "mlp_bias",
+             "llama.cpp's " + d.arch + " has no " + p.name + " bias");
+  }
+  if ((d.arch == "qwen2" || d.arch == "phi3") && spec.heads * spec.head_dim != spec.hidden)
+    refuse("head_dim", "llama.cpp's " + d.arch + " needs heads x head_dim = hidden_size");
+  if (d.arch == "gemma2" && !spec.tied)
+    refuse("tie_word_embeddings", "llama.cpp's gemma2 always ties the output to the embedding");
+
+  // Attention scale: 1 / sqrt(head_dim), Gemma's 27B (recognised by its layer count) 1 /
+  // sqrt(hidden / heads); query_pre_attn_scalar is not read.
+  const int64_t big = d.arch == "gemma2" ? 46 : 62;
+  const double scaled_dim =
+      gemma && spec.layers == big ? static_cast<double>(spec.hidden / spec.heads) : spec.head_dim;
+  if (!close(spec.attn_scale, 1.0 / std::sqrt(scaled_dim), 1e-6))
+    refuse("query_pre_attn_scalar", "llama.cpp's " + d.arch + " scales scores by 1/sqrt(" +
+                                        std::to_string(static_cast<int64_t>(scaled_dim)) +
+                                        ") for this shape, whatever the field says");
+  if (d.arch == "gemma2") {  // llama.cpp applies both soft-caps always
+    if (!(spec.attn_softcap > 0))
+      refuse("attn_logit_softcapping", "llama.cpp's gemma2 always soft-caps the scores");
+    if (!(spec.final_softcap > 0))
+      refuse("final_logit_softcapping", "llama.cpp's gemma2 always soft-caps the logits");
+  }
+
+  // Sliding windows: gemma2 on even layers, gemma3 on the layers a pattern names, none in
+  // the others (llama.cpp ignores mistral's, qwen2's and phi3's windows).
+  for (const LayerSpec& l : spec.layer) d.window = std::max(d.window, l.window);
+  for (int64_t l = 0; l < spec.layers; ++l) {
+    const int64_t w = spec.layer[l].window;
+    if (w == 0) continue;
+    if (!gemma)
+      refuse(cfg.find("layer_types") ? "layer_types" : "sliding_window",
+             "layer " + std::to_string(l) + " attends through a window of " +
+                 std::to_string(w) + ", which llama.cpp's " + d.arch +
+                 " does not apply (full attention there)");
+    if (w != d.window) refuse("layer_types", "gives windows of different sizes");
+  }
+  if (d.arch == "gemma2")
+    for (int64_t l = 0; l < spec.layers; ++l)
+      if ((spec.layer[l].window > 0) != (l % 2 == 0))
+        refuse(cfg.find("layer_types") ? "layer_types" : "sliding_window",
+               "llama.cpp's gemma2 windows the even layers exactly (layer " + std::to_string(l) +
+                   " differs)");
+  if (d.arch == "gemma3")
+    for (int64_t l = 0; l < spec.layers; ++l)
+      d.pattern_array |= (spec.layer[l].window > 0) != (l % 6 < 5);
+
+  // Ropes: the full layers' one as freq_base with linear scaling or, on llama, per
+  // frequency factors (rope_freqs: llama3); gemma3's sliding layers' as freq_base_swa.
+  for (const RopeSpec& r : spec.ropes) {
+    if (r.type == "longrope" || !r.inv_freq_long.empty() || r.attention_factor != 1.0f)
+      refuse(cfg.find("rope_parameters") ? "rope_parameters" : "rope_scaling",
+             rope_text(r) + ": llama.cpp picks long or short factors by its context size, "
+                            "not by the sequence as transformers and kqlora do");
+    if (r.rotary_dim != spec.head_dim && d.arch != "phi3")
+      refuse("partial_rotary_factor", "llama.cpp's " + d.arch + " rotates whole heads");
+  }
+  const RopeSpec& full = spec.ropes[0];
+  const std::vector<double> f = rope_factors(full);
+  bool ones = true, uniform = true;
+  for (double x : f) {
+    ones &= close(x, 1.0, 1e-5);
+    uniform &= close(x, f[0], 1e-5);
+  }
+  if (!ones && uniform) {
+    d.rope_scale = static_cast<float>(f[0]);
+  } else if (!ones && d.arch == "llama") {
+    for (double x : f) d.rope_freqs.push_back(static_cast<float>(x));
+  } else if (!ones) {
+    refuse(cfg.find("rope_parameters") ? "rope_parameters" : "rope_scaling",
+           rope_text(full) + ": llama.cpp's " + d.arch + " has linear rope scaling only");
+  }
+  if (spec.ropes.size() > 1) {  // gemma3's sliding layers: unscaled
+    const std::vector<double> g = rope_factors(spec.ropes[1]);
+    for (double x : g)
+      if (!close(x, 1.0, 1e-5))
+        refuse("rope_parameters", "the sliding layers' rope is scaled; llama.cpp's gemma3 "
+                                  "scales the full layers' only");
+  }
+  for (const LayerSpec& l : spec.layer)
+    if (spec.ropes.size() > 1 && l.rope != (l.window > 0 ? 1 : 0))
+      refuse("layer_types", "a layer's rope is not its attention type's");
+  return d;
+}
+
+void GgufDecoder::add_metadata(gguf::Writer& w) const {
+  const std::string a = arch + ".";
+  const auto u32 = [&](const std::string& k, int64_t v) {
+    w.add_u32(a + k, static_cast<uint32_t>(v));
+  };
+  u32("vocab_size", spec.vocab);
+  u32("context_length", spec.max_positions);
+  u32("embedding_length", spec.hidden);
+  u32("block_count", spec.layers);
+  u32("feed_forward_length", spec.intermediate);
+  u32("attention.head_count", spec.heads);
+  u32("attention.head_count_kv", spec.kv_heads);
+  u32("attention.key_length", spec.head_dim);
+  u32("attention.value_length", spec.head_dim);
+  w.add_f32(a + "attention.layer_norm_rms_epsilon", static_cast<float>(spec.norm_eps));
+  u32("rope.dimension_count", spec.ropes[0].rotary_dim);
+  w.add_f32(a + "rope.freq_base", static_cast<float>(spec.ropes[0].theta));
+  if (rope_scale != 1.0f) {
+    w.add(a + "rope.scaling.type", "linear");
+    w.add_f32(a + "rope.scaling.factor", rope_scale);
+  }
+  if (arch == "gemma2") {
+    w.add_f32(a + "attn_logit_softcapping", spec.attn_softcap);
+    w.add_f32(a + "final_logit_softcapping", spec.final_softcap);
+    u32("attention.sliding_window", window);
+  }
+  if (arch == "gemma3") {
+    if (spec.final_softcap > 0) w.add_f32(a + "final_logit_softcapping", spec.final_softcap);
+    u32("attention.sliding_window", window);
+    if (spec.ropes.size() > 1)
+      w.add_f32(a + "rope.freq_base_swa", static_cast<float>(spec.ropes[1].theta));
+    if (pattern_array) {  // (llama.cpp's default: all but every sixth layer)
+      std::vector<bool> sliding;
+      for (const LayerSpec& l : spec.layer) sliding.push_back(l.window > 0);
+      w.add_bools(a + "attention.sliding_window_pattern", sliding);
+    }
+  }
+}
+
+GgufTensorPlan GgufDecoder::tensor(const std::string& hf, const std::string& file) const {
+  const bool gemma = arch == "gemma2" || arch == "gemma3";
+  if (hf == "model.embed_tokens.weight") return {"token_embd.weight"};
+  if (hf == "model.norm.weight") return {"output_norm.weight", 0, gemma};
+  if (hf == "lm_head.weight") return {"output.weight"};
+  static const std::regex layer(R"(model\.layers\.(\d+)\.(.*)\.(weight|bias))");
+  std::smatch m;
+  KQLORA_INPUT_CHECK(std::regex_match(hf, m, layer),
+                     file << ": --gguf: tensor '" << hf << "' has no llama.cpp name");
+  const std::string blk = "blk." + m[1].str() + ".", module = m[2].str(), kind = m[3].str();
+  for (const NormSpec& n : spec.norms) {
+    if (n.module != module || kind != "weight") continue;
+    static const std::map<NormRole, std::string> names = {
+        {NormRole::attn_in, "attn_norm"}, {NormRole::attn_out, "post_attention_norm"},
+        {NormRole::mlp_in, "ffn_norm"},   {NormRole::mlp_out, "post_ffw_norm"},
+        {NormRole::q, "attn_q_norm"},     {NormRole::k, "attn_k_norm"}};
+    return {blk + names.at(n.role) + ".weight", 0, n.kind == NormKind::one_plus};
+  }
+  for (const ProjectionSpec& p : spec.projections) {
+    if (p.module != module) continue;
+    static const std::map<Slot, std::string> names = {
+        {Slot::q, "attn_q"},   {Slot::k, "attn_k"},   {Slot::v, "attn_v"},
+        {Slot::o, "attn_output"}, {Slot::gate, "ffn_gate"}, {Slot::up, "ffn_up"},
+        {Slot::down, "ffn_down"}};
+    // Fused: [q | k | v] is attn_qkv, [gate | up] llama.cpp's ffn_up (gate first).
+    const std::string name = p.slots.size() == 1   ? names.at(p.slots[0])
+                             : p.slots[0] == Slot::q ? std::string("attn_qkv")
+                                                     : std::string("ffn_up");
+    int64_t permute = 0;
+    if (arch == "llama" && p.slots.size() == 1)
+      permute = p.slots[0] == Slot::q ? spec.heads : p.slots[0] == Slot::k ? spec.kv_heads : 0;
+    return {blk + name + "." + kind, permute, false};
+  }
+  KQLORA_INPUT_CHECK(false, file << ": --gguf: tensor '" << hf << "' has no llama.cpp name");
+  return {};
+}
+
+}  // namespace kqlora::exporter

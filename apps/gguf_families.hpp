@@ -1,0 +1,51 @@
+#pragma once
+// How kqlora's decoder families are written for llama.cpp (docs/GGUF.md, "Families"): the
+// architecture llama.cpp runs each as, its metadata keys, its tensor names and the
+// transforms its converter applies (llama's Q/K row order, Gemma's norms as w + 1), and
+// what llama.cpp cannot express -- refused, naming the config.json field and value,
+// rather than written to run differently. This is the one place outside nn/ that knows
+// families by name: llama.cpp's names are per architecture by its design.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kqlora/core/json.hpp"
+#include "kqlora/io/gguf_writer.hpp"
+#include "kqlora/nn/decoder_spec.hpp"
+
+namespace kqlora::exporter {
+
+/// One checkpoint tensor as llama.cpp reads it.
+struct GgufTensorPlan {
+  std::string name;           // llama.cpp's
+  int64_t permute_heads = 0;  // > 0: llama's rotary row order over this many heads
+  bool plus_one = false;      // Gemma's (1 + w) norms stored as w + 1
+};
+
+/// A decoder as llama.cpp runs it.
+struct GgufDecoder {
+  std::string arch;               // general.architecture
+  std::vector<float> rope_freqs;  // llama's rope_freqs.weight (llama3-style factors); empty: none
+
+  /// Adds the architecture's hyperparameter keys ("<arch>.*") to w.
+  void add_metadata(gguf::Writer& w) const;
+  /// The plan of the Hugging Face tensor `hf`; InputError naming `file` and the config
+  /// field when llama.cpp has no place for it (an output projection bias on qwen2, ...).
+  GgufTensorPlan tensor(const std::string& hf, const std::string& file) const;
+
+  DecoderSpec spec;
+  json::Value config;
+  // What the metadata says where the spec alone does not (see gguf_decoder()).
+  float rope_scale = 1.0f;  // linear rope scaling factor (1: none)
+  int64_t window = 0;       // the sliding window of the windowed layers
+  bool pattern_array = false;  // gemma3: the layers' windows as a bool array
+};
+
+/// llama.cpp's view of `spec` (config.json's text `config_text`, `file` naming the
+/// checkpoint in messages), or InputError (exit 2) naming the config.json field and value
+/// that llama.cpp cannot express for its architecture.
+GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text,
+                         const std::string& file);
+
+}  // namespace kqlora::exporter

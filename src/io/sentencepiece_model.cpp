@@ -1,0 +1,121 @@
+// A minimal protobuf wire-format reader, enough for ModelProto's repeated pieces: varints,
+// fixed32, fixed64 and length-delimited fields; unknown fields skipped by wire type.
+#include "kqlora/io/sentencepiece_model.hpp"
+
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "kqlora/core/error.hpp"
+
+namespace kqlora {
+
+namespace {
+
+struct Wire {
+  const uint8_t* p;
+  const uint8_t* end;
+  const uint8_t* start;
+  const std::string& path;
+
+  int64_t offset() const { return p - start; }
+  uint64_t varint() {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      KQLORA_INPUT_CHECK(p < end, path << ": truncated varint at byte " << offset()
+                                       << " (not a SentencePiece tokenizer.model?)");
+      const uint8_t b = *p++;
+      v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if (!(b & 0x80)) return v;
+    }
+    KQLORA_INPUT_CHECK(false, path << ": malformed varint at byte " << offset());
+    return 0;
+  }
+  /// Skips `n` bytes, or the caller's value `n` bytes long.
+  const uint8_t* take(uint64_t n) {
+    KQLORA_INPUT_CHECK(n <= static_cast<uint64_t>(end - p),
+                       path << ": a field at byte " << offset() << " runs past the end of the file"
+                            << " (not a SentencePiece tokenizer.model?)");
+    const uint8_t* at = p;
+    p += n;
+    return at;
+  }
+  void skip(uint32_t wire_type) {
+    switch (wire_type) {
+      case 0: varint(); return;
+      case 1: take(8); return;
+      case 2: take(varint()); return;
+      case 5: take(4); return;
+      default:
+        KQLORA_INPUT_CHECK(false, path << ": unsupported protobuf wire type " << wire_type
+                                       << " at byte " << offset()
+                                       << " (not a SentencePiece tokenizer.model?)");
+    }
+  }
+};
+
+SentencePiece read_piece(Wire w) {
+  SentencePiece s;
+  while (w.p < w.end) {
+    const uint64_t tag = w.varint();
+    const uint32_t field = static_cast<uint32_t>(tag >> 3), type = tag & 7;
+    if (field == 1 && type == 2) {
+      const uint64_t n = w.varint();
+      const uint8_t* at = w.take(n);
+      s.piece.assign(reinterpret_cast<const char*>(at), n);
+    } else if (field == 2 && type == 5) {
+      std::memcpy(&s.score, w.take(4), 4);  // (little-endian, as the hosts kqlora runs on)
+    } else if (field == 3 && type == 0) {
+      const uint64_t t = w.varint();
+      KQLORA_INPUT_CHECK(t >= 1 && t <= 6, w.path << ": piece '" << s.piece << "' has type " << t
+                                                  << " at byte " << w.offset()
+                                                  << " (expected 1-6)");
+      s.type = static_cast<SentencePiece::Type>(t);
+    } else {
+      w.skip(type);
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+SentencePieceModel read_sentencepiece_model(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  KQLORA_INPUT_CHECK(f.good(), path << ": cannot open");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string bytes = ss.str();
+  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+  Wire w{data, data + bytes.size(), data, path};
+  SentencePieceModel m;
+  std::vector<SentencePiece>& pieces = m.pieces;
+  while (w.p < w.end) {
+    const uint64_t tag = w.varint();
+    const uint32_t field = static_cast<uint32_t>(tag >> 3), type = tag & 7;
+    if (field == 1 && type == 2) {
+      const uint64_t n = w.varint();
+      const uint8_t* at = w.take(n);
+      pieces.push_back(read_piece(Wire{at, at + n, data, path}));
+    } else if (field == 3 && type == 2) {  // NormalizerSpec {3: add_dummy_prefix}
+      const uint64_t n = w.varint();
+      const uint8_t* at = w.take(n);
+      Wire spec{at, at + n, data, path};
+      while (spec.p < spec.end) {
+        const uint64_t t = spec.varint();
+        if ((t >> 3) == 3 && (t & 7) == 0) {
+          m.add_dummy_prefix = spec.varint() != 0;
+        } else {
+          spec.skip(t & 7);
+        }
+      }
+    } else {
+      w.skip(type);
+    }
+  }
+  KQLORA_INPUT_CHECK(!pieces.empty(), path << ": no pieces (not a SentencePiece tokenizer.model?)");
+  return m;
+}
+
+}  // namespace kqlora

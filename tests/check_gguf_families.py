@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""kqlora-export --gguf for every family llama.cpp can run (ctest gguf_families):
+
+    python3 tests/check_gguf_families.py KQLORA_TRAIN KQLORA_EXPORT WORKDIR [FAMILY ...]
+
+For each case, a tiny random model of the family (tools/make_hf_model.py, its "tiny"
+preset with the fields llama.cpp can express: docs/GGUF.md, "Families") is trained for 4
+AdamW steps by kqlora-train (LoRA on every projection, eval after the last step) and
+exported with --merged and --gguf (f32, bf16, q8_0). Then:
+  - transformers' GGUF loader, given --merged's config.json (it drops fields), gives
+    kqlora's eval loss: f32 rtol 1e-4, bf16 1e-2, q8_0 2%;
+  - the GGUF's hyperparameter keys equal config.json's (read back with the gguf package);
+  - where llama-cpp-python can be imported (tools/install_llama_cpp.sh puts it into
+    .venv-tools, which this script then re-runs itself under): llama.cpp's logits for
+    every position of each eval row match transformers' on --merged (float32 KV cache,
+    one thread): the argmax agrees wherever transformers' top-2 margin exceeds 1e-3, and
+    the max abs difference is printed and bounded (5e-3 of the logits' range);
+  - settings llama.cpp cannot express are refused with exit 2 naming the config.json
+    field (the family reference cases' query_pre_attn_scalar, windows, longrope, ...).
+Exit 77 (ctest: skipped) when torch, transformers, gguf or h5py cannot be imported.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VENV_PY = os.path.join(ROOT, ".venv-tools", "bin", "python")
+
+
+def have(module):
+    try:
+        __import__(module)
+        return True
+    except ImportError:
+        return False
+
+
+# llama.cpp through the tools venv when this interpreter lacks it.
+if not have("llama_cpp") and os.path.exists(VENV_PY) and \
+        os.path.realpath(sys.prefix) != os.path.realpath(os.path.join(ROOT, ".venv-tools")) and \
+        subprocess.run([VENV_PY, "-c", "import llama_cpp, torch, transformers, gguf, h5py"],
+                       capture_output=True).returncode == 0:
+    os.execv(VENV_PY, [VENV_PY] + sys.argv)
+
+try:
+    import h5py
+    import numpy as np
+    import torch
+    from gguf import GGUFReader
+    from transformers import AutoConfig, AutoModelForCausalLM
+except ImportError as e:  # the suite must not need them
+    print("SKIPPED: %s (pip install torch transformers gguf h5py to run this test)" % e)
+    sys.exit(77)
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 32,
+               "rope_theta": 10000.0}
+# family, --config over the tiny preset: what llama.cpp expresses, every feature it has.
+CASES = {
+    "llama": ("llama", {"rope_parameters": LLAMA3_ROPE, "attention_bias": True}),
+    "mistral": ("mistral", {"sliding_window": None, "rope_theta": 20000.0}),
+    "qwen2": ("qwen2", {"use_sliding_window": False, "tie_word_embeddings": True}),
+    "qwen3": ("qwen3", {"attention_bias": False, "rope_parameters": {
+        "rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}),
+    "gemma2": ("gemma2", {"query_pre_attn_scalar": 16, "sliding_window": 21,
+                          "tie_word_embeddings": True}),
+    "gemma3_text": ("gemma3_text", {"query_pre_attn_scalar": 16, "sliding_window": 21,
+                                    "tie_word_embeddings": False}),
+    "phi3": ("phi3", {"sliding_window": None, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 10000.0}, "partial_rotary_factor": 0.5}),
+}
+# Reference cases (tests/data/family_reference) llama.cpp cannot run as trained, and the
+# config.json field each refusal names.
+REFUSED = {"gemma2": "attention_bias", "gemma3_text": "query_pre_attn_scalar",
+           "qwen2": "layer_types", "qwen3": "attention_bias", "phi3": "sliding_window",
+           "phi3_long": "rope_parameters", "mistral_window": "sliding_window"}
+ROWS, T = 3, 64
+
+
+def run(*cmd, ok=True):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if ok and p.returncode != 0:
+        raise SystemExit("command failed (%d): %s\n%s" % (p.returncode, " ".join(cmd), p.stdout))
+    return p
+
+
+def train(train_bin, model_dir, data, work, steps):
+    deck = os.path.join(work, "deck.in")
+    with open(deck, "w") as f:
+        f.write("model = causal_lm\n")
+    run(train_bin, deck, "hf_model_dir=" + model_dir, "data_file=" + data,
+        "eval_file=" + data, "eval_every=%d" % steps, "num_steps=%d" % steps, "global_bs=3",
+        "lora_rank=4", "lora_alpha=8", "block_size=32", "scaler_block_size=32",
+        "optimizer=adamw", "lr=2e-2", "save_dir=" + os.path.join(work, "ckpt"),
+        "metrics_file=" + os.path.join(work, "metrics.jsonl"))
+    return [json.loads(l)["eval_loss"] for l in open(os.path.join(work, "metrics.jsonl"))
+            if "eval_loss" in l][-1]
+
+
+def llama_cpp_logits(path, ids):
+    """llama.cpp's logits at every position of `ids` (one sequence), float32 KV cache."""
+    import llama_cpp
+    llm = llama_cpp.Llama(model_path=path, n_ctx=256, n_batch=256, n_threads=1,
+                          logits_all=True, verbose=False,
+                          type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
+    llm.reset()
+    llm.eval(list(int(t) for t in ids))
+    out = np.array(llm.scores[:len(ids)], dtype=np.float64)
+    llm.close()
+    return out
+
+
+def check_case(name, family, over, train_bin, export_bin, work, checks):
+    work = os.path.join(work, name)
+    os.makedirs(work)
+    model = os.path.join(work, "model")
+    run(sys.executable, os.path.join(ROOT, "tools", "make_hf_model.py"), model, "--family",
+        family, "--preset", "tiny", "--config", json.dumps(over), "--dtype", "f32")
+    cfg = json.load(open(os.path.join(model, "config.json")))
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(3, cfg["vocab_size"], (ROWS, T), generator=g)
+    labels = ids.clone()
+    labels[:, :5] = -100
+    data = os.path.join(work, "data.h5")
+    with h5py.File(data, "w", libver=("v110", "v110")) as f:
+        f["input_ids"] = ids.numpy().astype("int32")
+        f["labels"] = labels.numpy().astype("int32")
+    want = train(train_bin, model, data, work, 4)
+    ckpt = os.path.join(work, "ckpt")
+    run(export_bin, ckpt, "--merged", os.path.join(work, "merged"))
+    merged_cfg = AutoConfig.from_pretrained(os.path.join(work, "merged"))
+    merged = AutoModelForCausalLM.from_pretrained(os.path.join(work, "merged"),
+                                                  dtype=torch.float32,
+                                                  attn_implementation="eager").eval()
+    with torch.no_grad():
+        got_merged = merged(input_ids=ids, labels=labels).loss.item()
+    checks.append(("%s: --merged loss %.7f vs kqlora's %.7f" % (name, got_merged, want),
+                   abs(got_merged - want) <= 1e-4 * abs(want)))
+    for gtype, tol in (("f32", 1e-4), ("bf16", 1e-2), ("q8_0", 2e-2)):
+        gname = "model-%s.gguf" % gtype
+        out = run(export_bin, ckpt, "--gguf", os.path.join(work, gname), "--gguf-type",
+                  gtype).stdout
+        print(out.strip())
+        # (transformers' loader knows mistral by no gguf architecture: the file's llama.*
+        # keys alone configure it, the same numbers without a window)
+        extra = {} if family == "mistral" else {"config": merged_cfg}
+        m = AutoModelForCausalLM.from_pretrained(work, gguf_file=gname, dtype=torch.float32,
+                                                 attn_implementation="eager", **extra).eval()
+        with torch.no_grad():
+            got = m(input_ids=ids, labels=labels).loss.item()
+        checks.append(("%s: --gguf-type %s in transformers: loss %.7f vs kqlora's %.7f"
+                       % (name, gtype, got, want), abs(got - want) <= tol * abs(want)))
+    # The hyperparameters llama.cpp reads (transformers took them from config=).
+    fields = GGUFReader(os.path.join(work, "model-f32.gguf")).fields
+    arch = fields["general.architecture"].contents()
+    expect_arch = {"mistral": "llama", "gemma3_text": "gemma3"}.get(family, family)
+    checks.append(("%s: general.architecture %r" % (name, arch), arch == expect_arch))
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    meta = {"block_count": cfg["num_hidden_layers"], "embedding_length": cfg["hidden_size"],
+            "feed_forward_length": cfg["intermediate_size"],
+            "attention.head_count": cfg["num_attention_heads"],
+            "attention.head_count_kv": cfg["num_key_value_heads"],
+            "attention.key_length": head_dim, "context_length": cfg["max_position_embeddings"],
+            "attention.layer_norm_rms_epsilon": cfg["rms_norm_eps"],
+            "rope.dimension_count": int(head_dim * cfg.get("partial_rotary_factor", 1.0))}
+    for k, v in meta.items():
+        got = fields[arch + "." + k].contents()
+        checks.append(("%s: %s.%s = %r (config.json %r)" % (name, arch, k, got, v),
+                       abs(got - v) <= 1e-6 * abs(v)))
+    checks.append(("%s: general.name %r" % (name, fields["general.name"].contents()),
+                   "kqlora-lora-step-4" in fields["general.name"].contents()))
+
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        print("%s: llama.cpp check skipped (no llama_cpp: bash tools/install_llama_cpp.sh)"
+              % name)
+        return
+    with torch.no_grad():
+        ref = merged(input_ids=ids).logits.double().numpy()
+    worst, disagree, total = 0.0, 0, 0
+    for r in range(ROWS):
+        lc = llama_cpp_logits(os.path.join(work, "model-f32.gguf"), ids[r].tolist())
+        hf = ref[r]
+        worst = max(worst, float(np.abs(lc - hf).max()))
+        top2 = np.sort(hf, axis=1)[:, -2:]
+        clear = (top2[:, 1] - top2[:, 0]) > 1e-3
+        disagree += int(((lc.argmax(1) != hf.argmax(1)) & clear).sum())
+        total += int(clear.sum())
+    span = float(ref.max() - ref.min())
+    checks.append(("%s: llama.cpp logits vs transformers on --merged: max abs diff %.2e "
+                   "(logits span %.2f), argmax differs at %d of %d clear positions"
+                   % (name, worst, span, disagree, total),
+                   disagree == 0 and worst <= 5e-3 * span))
+
+
+def check_refusal(case, field, train_bin, export_bin, work, checks):
+    src = os.path.join(ROOT, "tests", "data", "family_reference", case)
+    w = os.path.join(work, "refused_" + case)
+    os.makedirs(w)
+    train(train_bin, src, os.path.join(src, "data.h5"), w, 1)
+    p = run(export_bin, os.path.join(w, "ckpt"), "--gguf", os.path.join(w, "x.gguf"), ok=False)
+    msg = ([l for l in p.stdout.splitlines() if "--gguf:" in l] or [""])[-1]
+    checks.append(("refused %s: exit %d, %r" % (case, p.returncode, msg),
+                   p.returncode == 2 and ("config.json's " + field) in msg and
+                   not os.path.exists(os.path.join(w, "x.gguf"))))
+
+
+def main():
+    train_bin, export_bin, work = sys.argv[1:4]
+    only = sys.argv[4:]
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    checks = []
+    for name, (family, over) in CASES.items():
+        if not only or name in only:
+            check_case(name, family, over, train_bin, export_bin, work, checks)
+    for case, field in REFUSED.items():
+        if not only or case in only:
+            check_refusal(case, field, train_bin, export_bin, work, checks)
+    ok = True
+    for name, passed in checks:
+        print("%s: %s" % ("ok" if passed else "FAILED", name))
+        ok &= passed
+    print("Passed!" if ok else "Failed!")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
