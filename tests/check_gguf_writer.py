@@ -29,7 +29,8 @@ def main():
             "tokenizer.ggml.add_bos_token": True,
             "tokenizer.ggml.tokens": ["<s>", "hello", "w\u00f6rld", ""],
             "tokenizer.ggml.token_type": [3, 1, 1, 1],
-            "tokenizer.ggml.scores": [0.0, -1.5, -2.25, 0.0]}
+            "tokenizer.ggml.scores": [0.0, -1.5, -2.25, 0.0],
+            "gemma3.attention.sliding_window_pattern": [True, False, True]}
     fails = []
     got_keys = [k for k in r.fields if not k.startswith("GGUF.")]
     if got_keys != list(want):

@@ -112,6 +112,7 @@ TEST(Gguf, WritesTheFileTheGgufPackageReads) {
   w.add_strings("tokenizer.ggml.tokens", {"<s>", "hello", "w\xc3\xb6rld", ""});
   w.add_i32s("tokenizer.ggml.token_type", {3, 1, 1, 1});
   w.add_f32s("tokenizer.ggml.scores", {0.0f, -1.5f, -2.25f, 0.0f});
+  w.add_bools("gemma3.attention.sliding_window_pattern", {true, false, true});
   EXPECT_THROW(w.add_u32("llama.block_count", 3), kqlora::Error);
   const std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = {
       {"t.f32", {3, 64}}, {"t.f16", {2, 64}}, {"t.bf16", {64}}, {"t.q8_0", {4, 64}}};

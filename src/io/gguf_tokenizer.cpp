@@ -223,15 +223,25 @@ Vocab spm_vocab(const std::string& path, const json::Value& config, int64_t voca
   KQLORA_INPUT_CHECK(static_cast<int64_t>(pieces.size()) <= vocab,
                      path << ": " << pieces.size() << " pieces, past the model's " << vocab
                           << " embedding rows (config.json's vocab_size)");
+  // llama.cpp's SentencePiece tokenizer merges pieces by score (BPE) on the text as it is,
+  // a space spelled U+2581: no other normalization.
+  KQLORA_INPUT_CHECK(sp.model_type == 2, path << ": trainer_spec.model_type " << sp.model_type
+                                              << " (1 unigram) is not a BPE SentencePiece model; "
+                                                 "llama.cpp's \"llama\" tokenizer is BPE");
+  KQLORA_INPUT_CHECK(sp.normalizer == "identity" && !sp.remove_extra_whitespaces,
+                     path << ": normalizer_spec name \"" << sp.normalizer
+                          << "\", remove_extra_whitespaces "
+                          << (sp.remove_extra_whitespaces ? "true" : "false")
+                          << ": llama.cpp normalizes no text (Llama 2's and Gemma's models: "
+                             "identity, false)");
   add_space_prefix = sp.add_dummy_prefix;
   Vocab v = empty_vocab(vocab, true);
   for (size_t i = 0; i < pieces.size(); ++i) {
     v.tokens[i] = pieces[i].piece;
     v.scores[i] = pieces[i].score;
-    // (the converter writes a user-defined piece as NORMAL; added_tokens_decoder below
-    // types the ones the tokenizer adds)
-    const auto t = pieces[i].type;
-    v.types[i] = t == SentencePiece::Type::user_defined ? kNormal : static_cast<int32_t>(t);
+    // (user-defined pieces stay USER_DEFINED, matched whole as SentencePiece does; llama.cpp's
+    // converter writes them NORMAL, which splits them unless tokenizer_config.json lists them)
+    v.types[i] = static_cast<int32_t>(pieces[i].type);
   }
   const json::Value* decoder = config.find("added_tokens_decoder");
   if (decoder && decoder->kind == json::Value::Kind::object)

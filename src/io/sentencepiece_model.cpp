@@ -98,16 +98,24 @@ SentencePieceModel read_sentencepiece_model(const std::string& path) {
       const uint64_t n = w.varint();
       const uint8_t* at = w.take(n);
       pieces.push_back(read_piece(Wire{at, at + n, data, path}));
-    } else if (field == 3 && type == 2) {  // NormalizerSpec {3: add_dummy_prefix}
+    } else if ((field == 2 || field == 3) && type == 2) {  // TrainerSpec, NormalizerSpec
       const uint64_t n = w.varint();
       const uint8_t* at = w.take(n);
       Wire spec{at, at + n, data, path};
       while (spec.p < spec.end) {
         const uint64_t t = spec.varint();
-        if ((t >> 3) == 3 && (t & 7) == 0) {
+        const uint32_t f = static_cast<uint32_t>(t >> 3), wt = t & 7;
+        if (field == 2 && f == 3 && wt == 0) {
+          m.model_type = static_cast<int>(spec.varint());
+        } else if (field == 3 && f == 1 && wt == 2) {
+          const uint64_t len = spec.varint();
+          m.normalizer.assign(reinterpret_cast<const char*>(spec.take(len)), len);
+        } else if (field == 3 && f == 3 && wt == 0) {
           m.add_dummy_prefix = spec.varint() != 0;
+        } else if (field == 3 && f == 4 && wt == 0) {
+          m.remove_extra_whitespaces = spec.varint() != 0;
         } else {
-          spec.skip(t & 7);
+          spec.skip(wt);
         }
       }
     } else {
