@@ -40,8 +40,10 @@ const char* usage =
     "  --gguf OUT      a GGUF file for llama.cpp (docs/GGUF.md): the merged weights\n"
     "                  (--gguf-of base: the dequantized NF4 base alone), matrices as\n"
     "                  --gguf-type (default bf16; q8_0 as the gguf package's Q8_0), vectors\n"
-    "                  f32, llama.cpp's names and Q/K row order; the llama architecture so\n"
-    "                  far, no tokenizer yet\n"
+    "                  f32, llama.cpp's architecture, names and metadata for the family\n"
+    "                  (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3; settings llama.cpp\n"
+    "                  cannot run are refused, naming the config.json field), and the\n"
+    "                  tokenizer and chat template of hf_model_dir\n"
     "  --version       version and build configuration\n"
     "Exit codes: 0 done, 2 bad input, 1 other failure.\n";
 

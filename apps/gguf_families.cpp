@@ -5,11 +5,13 @@
 #include "gguf_families.hpp"
 
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <regex>
 #include <sstream>
 
 #include "kqlora/core/error.hpp"
+#include "kqlora/core/json.hpp"
 
 namespace kqlora::exporter {
 
@@ -40,7 +42,9 @@ std::string value_of(const json::Value& cfg, const std::string& key) {
   return line;
 }
 
-bool close(double a, double b, double rtol) { return std::abs(a - b) <= rtol * std::abs(b); }
+bool close(double a, double b, double rtol) {
+  return std::abs(a - b) <= rtol * std::abs(b);
+}
 
 /// The rope's per-frequency divisors against the unscaled base frequencies.
 std::vector<double> rope_factors(const RopeSpec& r) {
@@ -52,22 +56,16 @@ std::vector<double> rope_factors(const RopeSpec& r) {
   return f;
 }
 
-/// The rope's type and factor as the message names them.
-std::string rope_text(const RopeSpec& r) {
-  return "rope_type \"" + r.type + "\" (rope_scaling / rope_parameters)";
-}
-
 }  // namespace
 
 GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text,
                          const std::string& file) {
   GgufDecoder d;
   d.spec = spec;
-  d.config = json::parse(config_text, file + ": hf_config");
-  const json::Value& cfg = d.config;
+  const json::Value cfg = json::parse(config_text, file + ": hf_config");
   const std::string where = file + ": --gguf: ";
   static const std::map<std::string, std::string> archs = {
-      {"llama", "llama"},   {"mistral", "llama"},   {"qwen2", "qwen2"}, {"qwen3", "qwen3"},
+      {"llama", "llama"},   {"mistral", "llama"},      {"qwen2", "qwen2"}, {"qwen3", "qwen3"},
       {"gemma2", "gemma2"}, {"gemma3_text", "gemma3"}, {"phi3", "phi3"}};
   const auto a = archs.find(spec.model_type);
   KQLORA_INPUT_CHECK(a != archs.end(), where << "model_type '" << spec.model_type
@@ -82,9 +80,9 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
   // The MLP's activation: llama.cpp's graph for the architecture has one.
   const Activation act = gemma ? Activation::gelu_tanh : Activation::silu;
   if (spec.mlp_activation != act)
-    refuse(gemma ? "hidden_activation" : "hidden_act",
-           "llama.cpp's " + d.arch + " applies " + (gemma ? "gelu_pytorch_tanh" : "silu") +
-               " only");
+    refuse(
+        gemma ? "hidden_activation" : "hidden_act",
+        "llama.cpp's " + d.arch + " applies " + (gemma ? "gelu_pytorch_tanh" : "silu") + " only");
   // o, gate, up and down biases: llama's graph only; q, k and v biases: every one.
   for (const ProjectionSpec& p : spec.projections) {
     if (!p.bias || d.arch == "llama") continue;
@@ -117,35 +115,41 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
   // Sliding windows: gemma2 on even layers, gemma3 on the layers a pattern names, none in
   // the others (llama.cpp ignores mistral's, qwen2's and phi3's windows).
   for (const LayerSpec& l : spec.layer) d.window = std::max(d.window, l.window);
+  // (Qwen's windows are switched on by use_sliding_window; the others' by sliding_window)
+  const std::string window_field = cfg.find("layer_types")          ? "layer_types"
+                                   : cfg.find("use_sliding_window") ? "use_sliding_window"
+                                                                    : "sliding_window";
   for (int64_t l = 0; l < spec.layers; ++l) {
     const int64_t w = spec.layer[l].window;
     if (w == 0) continue;
     if (!gemma)
-      refuse(cfg.find("layer_types") ? "layer_types" : "sliding_window",
-             "layer " + std::to_string(l) + " attends through a window of " +
-                 std::to_string(w) + ", which llama.cpp's " + d.arch +
-                 " does not apply (full attention there)");
-    if (w != d.window) refuse("layer_types", "gives windows of different sizes");
+      refuse(window_field, "layer " + std::to_string(l) + " attends through a window of " +
+                               std::to_string(w) + ", which llama.cpp's " + d.arch +
+                               " does not apply (full attention there)");
+    KQLORA_CHECK(w == d.window, "gguf: a family with windows of several sizes");
   }
   if (d.arch == "gemma2")
     for (int64_t l = 0; l < spec.layers; ++l)
       if ((spec.layer[l].window > 0) != (l % 2 == 0))
-        refuse(cfg.find("layer_types") ? "layer_types" : "sliding_window",
-               "llama.cpp's gemma2 windows the even layers exactly (layer " + std::to_string(l) +
-                   " differs)");
+        refuse(window_field, "llama.cpp's gemma2 windows the even layers exactly (layer " +
+                                 std::to_string(l) + " differs)");
   if (d.arch == "gemma3")
     for (int64_t l = 0; l < spec.layers; ++l)
       d.pattern_array |= (spec.layer[l].window > 0) != (l % 6 < 5);
 
   // Ropes: the full layers' one as freq_base with linear scaling or, on llama, per
   // frequency factors (rope_freqs: llama3); gemma3's sliding layers' as freq_base_swa.
+  const std::string rope_field = cfg.find("rope_parameters") ? "rope_parameters" : "rope_scaling";
   for (const RopeSpec& r : spec.ropes) {
-    if (r.type == "longrope" || !r.inv_freq_long.empty() || r.attention_factor != 1.0f)
-      refuse(cfg.find("rope_parameters") ? "rope_parameters" : "rope_scaling",
-             rope_text(r) + ": llama.cpp picks long or short factors by its context size, "
-                            "not by the sequence as transformers and kqlora do");
-    if (r.rotary_dim != spec.head_dim && d.arch != "phi3")
-      refuse("partial_rotary_factor", "llama.cpp's " + d.arch + " rotates whole heads");
+    if (r.type == "longrope" || !r.inv_freq_long.empty())
+      refuse(rope_field,
+             "long-context factors (longrope): llama.cpp picks the long or short "
+             "ones by its context size, not by the sequence as transformers and "
+             "kqlora do");
+    // (the families give an attention factor with longrope only, partial rotary in phi3 only)
+    KQLORA_CHECK(r.attention_factor == 1.0f, "gguf: an attention factor without longrope");
+    KQLORA_CHECK(r.rotary_dim == spec.head_dim || d.arch == "phi3",
+                 "gguf: partial rotary dims outside phi3");
   }
   const RopeSpec& full = spec.ropes[0];
   const std::vector<double> f = rope_factors(full);
@@ -159,25 +163,28 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
   } else if (!ones && d.arch == "llama") {
     for (double x : f) d.rope_freqs.push_back(static_cast<float>(x));
   } else if (!ones) {
-    refuse(cfg.find("rope_parameters") ? "rope_parameters" : "rope_scaling",
-           rope_text(full) + ": llama.cpp's " + d.arch + " has linear rope scaling only");
+    refuse(rope_field, "rope_type \"" + full.type + "\" scales frequencies unevenly; llama.cpp's " +
+                           d.arch + " has linear rope scaling only");
   }
   if (spec.ropes.size() > 1) {  // gemma3's sliding layers: unscaled
     const std::vector<double> g = rope_factors(spec.ropes[1]);
     for (double x : g)
       if (!close(x, 1.0, 1e-5))
-        refuse("rope_parameters", "the sliding layers' rope is scaled; llama.cpp's gemma3 "
-                                  "scales the full layers' only");
+        refuse("rope_parameters",
+               "the sliding layers' rope is scaled; llama.cpp's gemma3 "
+               "scales the full layers' only");
   }
-  for (const LayerSpec& l : spec.layer)
-    if (spec.ropes.size() > 1 && l.rope != (l.window > 0 ? 1 : 0))
-      refuse("layer_types", "a layer's rope is not its attention type's");
+  for (const LayerSpec& l : spec.layer)  // (gemma3's spec: the rope follows the window)
+    KQLORA_CHECK(spec.ropes.size() == 1 || l.rope == (l.window > 0 ? 1 : 0),
+                 "gguf: a layer's rope is not its attention type's");
   return d;
 }
 
 void GgufDecoder::add_metadata(gguf::Writer& w) const {
   const std::string a = arch + ".";
   const auto u32 = [&](const std::string& k, int64_t v) {
+    KQLORA_INPUT_CHECK(v >= 0 && v <= static_cast<int64_t>(UINT32_MAX),
+                       "--gguf: " << a << k << " = " << v << " does not fit GGUF's uint32");
     w.add_u32(a + k, static_cast<uint32_t>(v));
   };
   u32("vocab_size", spec.vocab);
@@ -215,9 +222,9 @@ void GgufDecoder::add_metadata(gguf::Writer& w) const {
 }
 
 GgufTensorPlan GgufDecoder::tensor(const std::string& hf, const std::string& file) const {
-  const bool gemma = arch == "gemma2" || arch == "gemma3";
   if (hf == "model.embed_tokens.weight") return {"token_embd.weight"};
-  if (hf == "model.norm.weight") return {"output_norm.weight", 0, gemma};
+  if (hf == "model.norm.weight")
+    return {"output_norm.weight", 0, spec.norm(NormRole::final)->kind == NormKind::one_plus};
   if (hf == "lm_head.weight") return {"output.weight"};
   static const std::regex layer(R"(model\.layers\.(\d+)\.(.*)\.(weight|bias))");
   std::smatch m;
@@ -235,11 +242,11 @@ GgufTensorPlan GgufDecoder::tensor(const std::string& hf, const std::string& fil
   for (const ProjectionSpec& p : spec.projections) {
     if (p.module != module) continue;
     static const std::map<Slot, std::string> names = {
-        {Slot::q, "attn_q"},   {Slot::k, "attn_k"},   {Slot::v, "attn_v"},
+        {Slot::q, "attn_q"},      {Slot::k, "attn_k"},      {Slot::v, "attn_v"},
         {Slot::o, "attn_output"}, {Slot::gate, "ffn_gate"}, {Slot::up, "ffn_up"},
         {Slot::down, "ffn_down"}};
     // Fused: [q | k | v] is attn_qkv, [gate | up] llama.cpp's ffn_up (gate first).
-    const std::string name = p.slots.size() == 1   ? names.at(p.slots[0])
+    const std::string name = p.slots.size() == 1     ? names.at(p.slots[0])
                              : p.slots[0] == Slot::q ? std::string("attn_qkv")
                                                      : std::string("ffn_up");
     int64_t permute = 0;

@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "kqlora/core/json.hpp"
 #include "kqlora/io/gguf_writer.hpp"
 #include "kqlora/nn/decoder_spec.hpp"
 
@@ -30,15 +29,14 @@ struct GgufDecoder {
 
   /// Adds the architecture's hyperparameter keys ("<arch>.*") to w.
   void add_metadata(gguf::Writer& w) const;
-  /// The plan of the Hugging Face tensor `hf`; InputError naming `file` and the config
-  /// field when llama.cpp has no place for it (an output projection bias on qwen2, ...).
+  /// The plan of the Hugging Face tensor `hf` (gguf_decoder has refused the tensors
+  /// llama.cpp has no place for); InputError naming `file` for a name it does not know.
   GgufTensorPlan tensor(const std::string& hf, const std::string& file) const;
 
   DecoderSpec spec;
-  json::Value config;
   // What the metadata says where the spec alone does not (see gguf_decoder()).
-  float rope_scale = 1.0f;  // linear rope scaling factor (1: none)
-  int64_t window = 0;       // the sliding window of the windowed layers
+  float rope_scale = 1.0f;     // linear rope scaling factor (1: none)
+  int64_t window = 0;          // the sliding window of the windowed layers
   bool pattern_array = false;  // gemma3: the layers' windows as a bool array
 };
 

@@ -181,7 +181,11 @@ def main():
                      "model.type \"Unigram\""),
                     ("a token past vocab_size", lambda d: d["added_tokens"].append(
                         dict(d["added_tokens"][0], id=vocab + 5, content="<x>")),
-                     "past the model's")):
+                     "past the model's"),
+                    ("a ByteLevel that adds a prefix space", lambda d: d["pre_tokenizer"].update(
+                        add_prefix_space=True), "add_prefix_space"),
+                    ("a Lowercase normalizer", lambda d: d.update(
+                        normalizer={"type": "Lowercase"}), "normalizer Lowercase")):
                 bad = json.loads(json.dumps(tok))
                 edit(bad)
                 json.dump(bad, open(os.path.join(model, "tokenizer.json"), "w"))
@@ -211,13 +215,26 @@ def main():
         sp = spm.SentencePieceProcessor(model_file=os.path.join(model, "tokenizer.model"))
         with open(os.path.join(model, "tokenizer_config.json"), "w") as f:
             json.dump({"add_bos_token": True, "add_eos_token": False}, f)
-        ckpt = checkpoint(train, model, sp.get_piece_size(), w)
+        # Phi-3's way: special tokens past the pieces, in tokenizer.json's added_tokens only.
+        n = sp.get_piece_size()
+        extra = [{"id": n, "content": "<|end|>", "special": True},
+                 {"id": n + 1, "content": "<|user|>", "special": True}]
+        with open(os.path.join(model, "tokenizer.json"), "w") as f:
+            json.dump({"model": {"type": "BPE", "byte_fallback": True, "vocab": {}, "merges": []},
+                       "added_tokens": extra}, f)
+        ckpt = checkpoint(train, model, n + 4, w)
         out = os.path.join(w, "t.gguf")
         print(run(export, ckpt, "--gguf", out, "--gguf-type", "f32").stdout.strip().splitlines()[-1])
         fields = GGUFReader(out).fields
         scores = list(fields["tokenizer.ggml.scores"].contents())
         checks.append(("%s: scores = the pieces' scores" % label,
-                       np.allclose(scores, [sp.get_score(i) for i in range(sp.get_piece_size())])))
+                       np.allclose(scores[:n], [sp.get_score(i) for i in range(n)])))
+        tokens = fields["tokenizer.ggml.tokens"].contents()
+        types = fields["tokenizer.ggml.token_type"].contents()
+        checks.append(("%s: tokenizer.json's added tokens past the pieces: %s, types %s; the "
+                       "rest [PAD<id>] unused" % (label, tokens[n:], types[n:]),
+                       tokens[n:] == ["<|end|>", "<|user|>", "[PAD%d]" % (n + 2),
+                                      "[PAD%d]" % (n + 3)] and types[n:] == [3, 3, 5, 5]))
         # (a text that starts with a user-defined piece: SentencePiece puts its dummy prefix
         # before the piece, llama.cpp before the text after it -- llama.cpp's rule, not a
         # key of the file; shown, not checked)

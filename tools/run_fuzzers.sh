@@ -3,7 +3,7 @@
 # KQLORA_FUZZ=ON (everything instrumented, ASan + UBSan), then runs each target on a copy
 # of its seed corpus (tests/fuzz/corpus/<target>) for FUZZ_SECONDS (default 60) each.
 #   tools/run_fuzzers.sh                  (targets: deck json hf_config safetensors
-#   FUZZ_SECONDS=600 tools/run_fuzzers.sh  checkpoint token_data; or name some)
+#   FUZZ_SECONDS=600 tools/run_fuzzers.sh  checkpoint token_data sentencepiece; or name some)
 # The fuzzers run in libFuzzer's fork mode and go on after a crash, an out-of-memory or a
 # timeout; each input that caused one (build-fuzz/fuzz/art_<target>/) is run again alone
 # and sorted by the first stack frame that is neither an allocator, a libc copy nor
@@ -24,7 +24,7 @@ limits=(-rss_limit_mb=2048 -malloc_limit_mb=65536 -timeout=20)
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DKQLORA_FUZZ=ON -DKQLORA_ENABLE_TESTS=OFF -DKQLORA_NATIVE=OFF ${KQLORA_CMAKE_ARGS:-}
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(deck json hf_config safetensors checkpoint token_data)
+[ ${#targets[@]} -gt 0 ] || targets=(deck json hf_config safetensors checkpoint token_data sentencepiece)
 cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]/#/fuzz_}"
 cd build-fuzz/fuzz
 

@@ -12,7 +12,13 @@
 #    trains on the same items one a row first, and both runs' times are printed;
 # 5. exports the dequantized NF4 base (--base) and the adapters (--peft);
 # 6. tools/eval_adapter.py: transformers + PEFT load them and print, before and after the
-#    fine-tune, the eval loss and the greedy answers' exact-match accuracy.
+#    fine-tune, the eval loss and the greedy answers' exact-match accuracy;
+# 7. tools/plot_metrics.py draws the run (loss, eval loss, lr, tokens/s, grad norm) as
+#    OUT/metrics.png (with matplotlib);
+# 8. kqlora-export --gguf writes the base and the fine-tune as GGUF (f32 for the checks,
+#    q8_0 to use) and, with llama-cpp-python (bash tools/install_llama_cpp.sh), llama.cpp
+#    answers the eval questions before and after: its logits and greedy tokens against
+#    transformers', and its exact-match accuracy beside transformers'.
 # --chat: the chat example instead: seeded multi-turn chats (tools/gen_chat.py), packed,
 # input/smollm2_chat.in, the eval loss before and after (chats have no single answer to
 # match). Everything lands in run/llm/ (run/chat/ with --chat). Extra kqlora-train keys:
@@ -42,7 +48,7 @@ py=python3
 if ! python3 -c "$need" 2>/dev/null; then
   py=.venv-tools/bin/python
   if ! { [ -x "$py" ] && "$py" -c "$need" 2>/dev/null; }; then
-    stamp "0/5 installing torch, transformers, peft, h5py, gguf, safetensors into .venv-tools/"
+    stamp "0/7 installing torch, transformers, peft, h5py, gguf, safetensors into .venv-tools/"
     if ! python3 -c "import ensurepip" 2>/dev/null; then  # Debian ships venv apart
       sudo_cmd=()
       [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
@@ -53,7 +59,7 @@ if ! python3 -c "$need" 2>/dev/null; then
   fi
 fi
 
-stamp "1/5 the model: $model"
+stamp "1/7 the model: $model"
 if [ -f "$model/model.safetensors" ] && [ -f "$model/config.json" ]; then
   echo "already there (delete $model to convert it again)"
 else
@@ -61,7 +67,7 @@ else
 fi
 
 if [ "$mode" = chat ]; then
-  stamp "2/5 the data: seeded multi-turn chats, packed"
+  stamp "2/7 the data: seeded multi-turn chats, packed"
   mkdir -p "$out"
   "$py" tools/gen_chat.py "$out" --train 600 --eval 100 --seed 11
   "$py" tools/tokenize_sft.py --model "$model" --input "$out/train.jsonl" \
@@ -69,7 +75,7 @@ if [ "$mode" = chat ]; then
   "$py" tools/tokenize_sft.py --model "$model" --input "$out/eval.jsonl" \
     --output "$out/eval.h5" --max-len 160 | tail -n 1
 else
-  stamp "2/5 the data: 3-digit addition, tokenized with the chat template (packed)"
+  stamp "2/7 the data: 3-digit addition, tokenized with the chat template (packed)"
   mkdir -p "$out"
   "$py" tools/gen_arithmetic.py "$out" --train 2000 --eval 200 --digits 3 --seed 7
   "$py" tools/tokenize_sft.py --model "$model" --input "$out/train.jsonl" \
@@ -92,7 +98,7 @@ train() {  # NAME KEYS...: one FSDP run of the deck at 2 ranks; prints its wall 
   echo "$name: $(($(date +%s) - t0)) s of training (wall, set-up included)" \
     | tee "$out/$name.time"
 }
-stamp "3/5 training: mpirun -np 2 kqlora-train $deck (FSDP)"
+stamp "3/7 training: mpirun -np 2 kqlora-train $deck (FSDP)"
 rm -rf "$out/checkpoints" "$out/metrics.jsonl"
 if [ "$mode" = unpacked ]; then
   # The same 960 examples one a row (8 a step, 120 steps), beside the packed run.
@@ -103,11 +109,11 @@ if [ "$mode" = unpacked ]; then
 fi
 train train
 
-stamp "4/5 export: the NF4 base as an HF directory, the adapters in PEFT's layout"
+stamp "4/7 export: the NF4 base as an HF directory, the adapters in PEFT's layout"
 build/bin/kqlora-export "$out/checkpoints" --base "$out/base" | grep -v "^kqlora-export"
 build/bin/kqlora-export "$out/checkpoints" --peft "$out/adapter" | grep -v "^kqlora-export"
 
-stamp "5/5 transformers + PEFT: before and after"
+stamp "5/7 transformers + PEFT: before and after"
 if [ "$mode" = chat ]; then
   "$py" tools/eval_adapter.py --base "$out/base" --adapter "$out/adapter" \
     --eval-h5 "$out/eval.h5" --json "$out/result.json" --batch 50 \
@@ -117,5 +123,55 @@ else
     --eval-jsonl "$out/eval.jsonl" --eval-h5 "$out/eval.h5" --json "$out/result.json" \
     --batch 100 --max-new-tokens 6 \
     --require-loss-drop 30 --require-gain 20 2>&1 | grep --line-buffered "^eval_adapter"
+fi
+stamp "6/7 the run as a picture: $out/metrics.png"
+if "$py" -c "import matplotlib" 2>/dev/null; then
+  "$py" tools/plot_metrics.py "$out/metrics.jsonl" -o "$out/metrics.png" \
+    --title "kqlora: SmolLM2-135M-Instruct, $deck"
+else
+  echo "skipped: no matplotlib (pip install matplotlib)"
+fi
+
+stamp "7/7 GGUF for llama.cpp: the base and the fine-tune"
+build/bin/kqlora-export "$out/checkpoints" --merged "$out/merged" | grep -v "^kqlora-export"
+for kind in base finetune; do
+  of=merged
+  [ "$kind" = base ] && of=base
+  for t in f32 q8_0; do
+    build/bin/kqlora-export "$out/checkpoints" --gguf "$out/$kind-$t.gguf" --gguf-of "$of" \
+      --gguf-type "$t" | grep -v "^kqlora-export" | grep -v "tokenizer:"
+  done
+done
+lcp_py=""
+for p in "$py" .venv-tools/bin/python; do
+  if [ -x "$(command -v "$p")" ] && "$p" -c "import llama_cpp, torch, transformers" 2>/dev/null; then
+    lcp_py=$p
+    break
+  fi
+done
+if [ -z "$lcp_py" ]; then
+  echo "skipped the llama.cpp answers: no llama-cpp-python (bash tools/install_llama_cpp.sh," \
+    "about 10 minutes, then run this again)"
+else
+  eval_items=()
+  [ "$mode" = chat ] || eval_items=(--eval-jsonl "$out/eval.jsonl")
+  "$lcp_py" tools/llama_cpp_eval.py --gguf "$out/base-f32.gguf" --hf-dir "$out/base" \
+    "${eval_items[@]}" --max-new-tokens 6 --label before --json "$out/llama_cpp_before.json" \
+    --require-match 2>&1 | grep --line-buffered "^before"
+  "$lcp_py" tools/llama_cpp_eval.py --gguf "$out/finetune-f32.gguf" --hf-dir "$out/merged" \
+    "${eval_items[@]}" --max-new-tokens 6 --label after --json "$out/llama_cpp_after.json" \
+    --require-match 2>&1 | grep --line-buffered "^after"
+  if [ "$mode" != chat ]; then
+    "$lcp_py" - "$out" <<'PY'
+import json, sys
+out = sys.argv[1]
+hf = json.load(open(out + "/result.json"))
+lc = [json.load(open(out + "/llama_cpp_%s.json" % k)) for k in ("before", "after")]
+print("exact match, before -> after: transformers %.1f%% -> %.1f%%, llama.cpp %.1f%% -> %.1f%%"
+      % (hf["before"]["exact_match"], hf["after"]["exact_match"], lc[0]["exact_match"],
+         lc[1]["exact_match"]))
+PY
+  fi
+  echo "use it: llama-cli -m $out/finetune-q8_0.gguf -cnv, or Ollama (docs/FINETUNING.md)"
 fi
 stamp "done: $out/result.json"

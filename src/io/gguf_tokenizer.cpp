@@ -3,6 +3,8 @@
 // USER_DEFINED 4, UNUSED 5, BYTE 6.
 #include "kqlora/io/gguf_tokenizer.hpp"
 
+#include <charconv>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -84,8 +86,9 @@ bool bool_field(const json::Value& v, const std::string& key, bool fallback) {
 /// One pre-tokenizer step as the table's key spells it.
 std::string step_text(const json::Value& s) {
   const std::string type = str_field(s, "type");
-  if (type == "ByteLevel")
-    return bool_field(s, "use_regex", true) ? "ByteLevel(gpt-2 regex)" : "ByteLevel";
+  if (type == "ByteLevel")  // (a prefix space: llama.cpp's BPE never adds one)
+    return std::string(bool_field(s, "use_regex", true) ? "ByteLevel(gpt-2 regex" : "ByteLevel(") +
+           (bool_field(s, "add_prefix_space", false) ? ", add_prefix_space)" : ")");
   if (type == "Digits")
     return bool_field(s, "individual_digits", false) ? "Digits(individual)" : "Digits";
   if (type == "Split") {
@@ -111,10 +114,17 @@ std::string pre_name(const json::Value& tok, const std::string& path) {
   }
   std::string seen;
   for (const auto& s : steps) seen += (seen.empty() ? "" : " + ") + s;
+  // Normalizers: none, or NFC (Qwen's; llama.cpp leaves text as given, already NFC as a rule).
+  const json::Value* norm = tok.find("normalizer");
+  const std::string norm_type = norm ? str_field(*norm, "type") : "";
+  KQLORA_INPUT_CHECK(!norm || norm->kind == json::Value::Kind::null || norm_type == "NFC",
+                     path << ": normalizer " << (norm_type.empty() ? json::write(*norm) : norm_type)
+                          << " is not applied by llama.cpp's BPE tokenizer (none or NFC here; "
+                             "docs/GGUF.md)");
   if (steps.size() == 1 && steps[0] == "ByteLevel(gpt-2 regex)") return "gpt-2";
   if (steps.size() == 2 && steps[0] == "Digits(individual)" && steps[1] == "ByteLevel(gpt-2 regex)")
     return "smollm";
-  if (steps.size() == 2 && steps[1] == "ByteLevel")
+  if (steps.size() == 2 && steps[1] == "ByteLevel()")
     for (const auto& [regex, name] : split_names())
       if (steps[0] == "Split(" + regex + ", Isolated)") return name;
   KQLORA_INPUT_CHECK(false, path << ": pre_tokenizer " << (seen.empty() ? "null" : seen)
@@ -144,30 +154,35 @@ Vocab empty_vocab(int64_t vocab, bool scores) {
 
 int64_t checked_id(const json::Value& id, int64_t vocab, const std::string& path,
                    const std::string& what) {
-  KQLORA_INPUT_CHECK(id.kind == json::Value::Kind::number && id.is_integer && id.integer >= 0,
-                     path << ": " << what << " has id " << json::write(id)
-                          << ", expected an integer >= 0");
+  KQLORA_INPUT_CHECK(
+      id.kind == json::Value::Kind::number && id.is_integer && id.integer >= 0,
+      path << ": " << what << " has id " << json::write(id) << ", expected an integer >= 0");
   KQLORA_INPUT_CHECK(id.integer < vocab, path << ": " << what << " has id " << id.integer
                                               << ", past the model's " << vocab
                                               << " embedding rows (config.json's vocab_size)");
   return id.integer;
 }
 
-/// tokenizer.json's added tokens over `v`: CONTROL when special or special-looking, else
-/// USER_DEFINED (U+2581 as a space).
-void add_added_tokens(const json::Value& tok, int64_t vocab, const std::string& path, Vocab& v,
-                      bool scores) {
+/// Token i as an added token (tokenizer.json's added_tokens, tokenizer_config.json's
+/// added_tokens_decoder `a`): CONTROL when special or special-looking, else USER_DEFINED
+/// with U+2581 as a space; score -1000 where the vocab has scores.
+void set_added(Vocab& v, int64_t i, const json::Value& a) {
+  const std::string content = str_field(a, "content");
+  const bool control = bool_field(a, "special", false) || looks_special(content);
+  v.tokens[i] = control ? content : replace_all(content, kSpmSpace, " ");
+  v.types[i] = control ? kControl : kUserDefined;
+  if (!v.scores.empty()) v.scores[i] = -1000.0f;
+}
+
+/// tokenizer.json's added tokens over `v`.
+void add_added_tokens(const json::Value& tok, int64_t vocab, const std::string& path, Vocab& v) {
   const json::Value* added = tok.find("added_tokens");
   if (!added) return;
   for (const json::Value& a : added->array) {
     const std::string content = str_field(a, "content");
     const json::Value* id = a.find("id");
     KQLORA_INPUT_CHECK(id, path << ": added token '" << content << "' has no id");
-    const int64_t i = checked_id(*id, vocab, path, "added token '" + content + "'");
-    const bool control = bool_field(a, "special", false) || looks_special(content);
-    v.tokens[i] = control ? content : replace_all(content, kSpmSpace, " ");
-    v.types[i] = control ? kControl : kUserDefined;
-    if (scores) v.scores[i] = -1000.0f;
+    set_added(v, checked_id(*id, vocab, path, "added token '" + content + "'"), a);
   }
 }
 
@@ -193,7 +208,7 @@ Vocab bpe_vocab(const json::Value& tok, int64_t vocab, const std::string& path,
     v.tokens[i] = text;
     v.types[i] = kNormal;
   }
-  add_added_tokens(tok, vocab, path, v, false);
+  add_added_tokens(tok, vocab, path, v);
   const json::Value* m = model->find("merges");
   KQLORA_INPUT_CHECK(m && m->kind == json::Value::Kind::array && !m->array.empty(),
                      path << ": model.merges is missing or empty (llama.cpp needs them)");
@@ -215,7 +230,8 @@ Vocab bpe_vocab(const json::Value& tok, int64_t vocab, const std::string& path,
   return v;
 }
 
-/// tokenizer.model's pieces, then tokenizer_config.json's added_tokens_decoder over them.
+/// tokenizer.model's pieces, then tokenizer_config.json's added_tokens_decoder over them
+/// (tokenizer.json's added tokens go over both, by the caller).
 Vocab spm_vocab(const std::string& path, const json::Value& config, int64_t vocab,
                 const std::string& config_path, bool& add_space_prefix) {
   const SentencePieceModel sp = read_sentencepiece_model(path);
@@ -246,17 +262,15 @@ Vocab spm_vocab(const std::string& path, const json::Value& config, int64_t voca
   const json::Value* decoder = config.find("added_tokens_decoder");
   if (decoder && decoder->kind == json::Value::Kind::object)
     for (const auto& [key, a] : decoder->object) {
-      json::Value id;
-      id.kind = json::Value::Kind::number;
-      id.is_integer = !key.empty() && key.find_first_not_of("0123456789") == std::string::npos;
-      id.integer = id.is_integer ? std::stoll(key) : -1;
-      id.number = static_cast<double>(id.integer);
-      const std::string content = str_field(a, "content");
-      const int64_t i = checked_id(id, vocab, config_path, "added token '" + content + "'");
-      const bool control = bool_field(a, "special", false) || looks_special(content);
-      v.tokens[i] = control ? content : replace_all(content, kSpmSpace, " ");
-      v.types[i] = control ? kControl : kUserDefined;
-      v.scores[i] = -1000.0f;
+      int64_t i = -1;
+      const auto [end, err] = std::from_chars(key.data(), key.data() + key.size(), i);
+      KQLORA_INPUT_CHECK(
+          err == std::errc() && end == key.data() + key.size() && i >= 0,
+          config_path << ": added_tokens_decoder key '" << key << "' is not a token id");
+      KQLORA_INPUT_CHECK(i < vocab, config_path << ": added token '" << str_field(a, "content")
+                                                << "' has id " << i << ", past the model's "
+                                                << vocab << " embedding rows");
+      set_added(v, i, a);
     }
   return v;
 }
@@ -266,9 +280,9 @@ Vocab spm_vocab(const std::string& path, const json::Value& config, int64_t voca
 int64_t special_id(const std::string& typ, const json::Value& tok_config, const json::Value& tok,
                    const json::Value& config, int64_t vocab) {
   const json::Value* t = tok_config.find(typ + "_token");
-  std::string text = t && t->kind == json::Value::Kind::string ? t->string
+  std::string text = t && t->kind == json::Value::Kind::string   ? t->string
                      : t && t->kind == json::Value::Kind::object ? str_field(*t, "content")
-                                                                   : "";
+                                                                 : "";
   if (!text.empty())
     if (const json::Value* added = tok.find("added_tokens"))
       for (const json::Value& a : added->array)
@@ -286,8 +300,8 @@ int64_t special_id(const std::string& typ, const json::Value& tok_config, const 
 /// Whether the tokenizer adds BOS / EOS around a text: tokenizer.json's TemplateProcessing
 /// (its single template's first / last special token), else tokenizer_config.json's
 /// add_bos_token / add_eos_token, else `fallback` (llama.cpp's default for the model).
-bool adds(const std::string& typ, int64_t id, const json::Value& tok_config,
-          const json::Value& tok, bool fallback) {
+bool adds(const std::string& typ, int64_t id, const json::Value& tok_config, const json::Value& tok,
+          bool fallback) {
   const json::Value* post = tok.find("post_processor");
   std::vector<const json::Value*> procs;
   if (post && post->kind == json::Value::Kind::object) {
@@ -318,17 +332,16 @@ bool adds(const std::string& typ, int64_t id, const json::Value& tok_config,
 
 GgufTokenizerReport add_gguf_tokenizer(gguf::Writer& w, const std::string& hf_dir, int64_t vocab,
                                        const std::string& source) {
-  const std::string dir = hf_dir.empty() ? std::string(".") : hf_dir;
+  const std::string& dir = hf_dir;
   const std::string tok_path = dir + "/tokenizer.json", spm_path = dir + "/tokenizer.model";
   const std::string cfg_path = dir + "/tokenizer_config.json";
-  std::string probe;
-  const bool has_spm = read_text(spm_path, probe);
-  const bool has_tok = read_text(tok_path, probe);
-  probe.clear();
+  std::error_code ec;
+  const bool has_spm = !dir.empty() && std::filesystem::is_regular_file(spm_path, ec);
+  const bool has_tok = !dir.empty() && std::filesystem::is_regular_file(tok_path, ec);
   if (!has_spm && !has_tok) {
     w.add("tokenizer.ggml.model", "none");
-    return {"none: hf_model_dir '" + dir + "' has no tokenizer.json or tokenizer.model (" +
-            source + "); llama.cpp runs token ids only"};
+    return {"none: hf_model_dir '" + dir + "' has no tokenizer.json or tokenizer.model (" + source +
+            "); llama.cpp runs token ids only"};
   }
   const json::Value tok = has_tok ? read_json(tok_path) : json::Value();
   const json::Value tok_config = read_json(cfg_path);
@@ -342,6 +355,7 @@ GgufTokenizerReport add_gguf_tokenizer(gguf::Writer& w, const std::string& hf_di
     model = "llama";
     pre = "default";
     v = spm_vocab(spm_path, tok_config, vocab, cfg_path, space_prefix);
+    add_added_tokens(tok, vocab, tok_path, v);  // (Phi-3's <|end|>, ... past the pieces)
     from = "tokenizer.model";
   } else {
     model = "gpt2";
@@ -395,8 +409,8 @@ GgufTokenizerReport add_gguf_tokenizer(gguf::Writer& w, const std::string& hf_di
   }
   if (!chat.empty()) w.add("tokenizer.chat_template", chat);
   std::ostringstream s;
-  s << model << " (" << from << (model == "gpt2" ? ", pre-tokenizer " + pre : std::string()) << "), "
-    << v.tokens.size() << " tokens" << (merges.empty() ? "" : ", ") 
+  s << model << " (" << from << (model == "gpt2" ? ", pre-tokenizer " + pre : std::string())
+    << "), " << v.tokens.size() << " tokens" << (merges.empty() ? "" : ", ")
     << (merges.empty() ? std::string() : std::to_string(merges.size()) + " merges") << "; "
     << (ids.empty() ? "no special ids" : ids) << "; add_bos " << (add_bos ? "true" : "false")
     << ", add_eos " << (add_eos ? "true" : "false")

@@ -43,10 +43,18 @@ struct Wire {
   }
   void skip(uint32_t wire_type) {
     switch (wire_type) {
-      case 0: varint(); return;
-      case 1: take(8); return;
-      case 2: take(varint()); return;
-      case 5: take(4); return;
+      case 0:
+        varint();
+        return;
+      case 1:
+        take(8);
+        return;
+      case 2:
+        take(varint());
+        return;
+      case 5:
+        take(4);
+        return;
       default:
         KQLORA_INPUT_CHECK(false, path << ": unsupported protobuf wire type " << wire_type
                                        << " at byte " << offset()

@@ -1,7 +1,8 @@
 #pragma once
 // The pieces of a SentencePiece model file (tokenizer.model: a protobuf ModelProto whose
 // field 1 repeats SentencePiece {1: piece, 2: score, 3: type}); its other fields (trainer
-// spec and normalizer) are read for the few fields that change how text is split. Read for the GGUF tokenizer (docs/GGUF.md).
+// spec and normalizer) are read for the few fields that change how text is split. Read for the GGUF
+// tokenizer (docs/GGUF.md).
 
 #include <string>
 #include <vector>
@@ -17,10 +18,10 @@ struct SentencePiece {
 };
 
 struct SentencePieceModel {
-  std::vector<SentencePiece> pieces;  // in id order
-  int model_type = 1;                 // TrainerSpec's: 1 unigram (the default), 2 BPE, ...
-  std::string normalizer;             // NormalizerSpec's name ("identity", "nmt_nfkc", ...)
-  bool add_dummy_prefix = true;       // NormalizerSpec's: a space put before the text
+  std::vector<SentencePiece> pieces;     // in id order
+  int model_type = 1;                    // TrainerSpec's: 1 unigram (the default), 2 BPE, ...
+  std::string normalizer;                // NormalizerSpec's name ("identity", "nmt_nfkc", ...)
+  bool add_dummy_prefix = true;          // NormalizerSpec's: a space put before the text
   bool remove_extra_whitespaces = true;  // NormalizerSpec's: runs of spaces collapsed
 };
 

@@ -54,9 +54,9 @@ struct NormSpec {
 /// `long_above` positions.
 struct RopeSpec {
   std::vector<float> inv_freq, inv_freq_long;
-  double theta = 10000.0;          // the base the frequencies come from, before any scaling
-  std::string type = "default";    // config.json's rope_type (longrope for su and yarn)
-  int64_t long_above = 0;  // 0: one set
+  double theta = 10000.0;        // the base the frequencies come from, before any scaling
+  std::string type = "default";  // config.json's rope_type (longrope for su and yarn)
+  int64_t long_above = 0;        // 0: one set
   float attention_factor = 1.0f;
   int64_t rotary_dim = 0;  // <= head_dim; the rest of each head passes through
 
