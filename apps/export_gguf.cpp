@@ -71,6 +71,7 @@ void write_gguf(const CheckpointContents& c, const std::string& file, const std:
     GgufTensorPlan plan;
   };
   std::vector<Item> items;
+  std::string fallbacks;  // q8_0 tensors written as F16
   if (!d.rope_freqs.empty()) {  // llama3-style rope: per-frequency divisors
     w.add_tensor("rope_freqs.weight", {static_cast<int64_t>(d.rope_freqs.size())},
                  gguf::TensorType::f32);
@@ -80,10 +81,11 @@ void write_gguf(const CheckpointContents& c, const std::string& file, const std:
     if (!e.tied_to.empty() || is_adapter_tensor(c, e.name)) continue;
     const GgufTensorPlan plan = d.tensor(e.name, file);
     const bool matrix = e.shape.size() == 2;
-    const gguf::TensorType t = matrix ? type : gguf::TensorType::f32;  // 1-D: F32, as llama.cpp
-    KQLORA_INPUT_CHECK(t != gguf::TensorType::q8_0 || e.shape.back() % 32 == 0,
-                       file << ": --gguf-type q8_0: '" << e.name << "' rows of " << e.shape.back()
-                            << " values are not whole blocks of 32");
+    gguf::TensorType t = matrix ? type : gguf::TensorType::f32;  // 1-D: F32, as llama.cpp
+    if (t == gguf::TensorType::q8_0 && e.shape.back() % 32 != 0) {
+      t = gguf::TensorType::f16;  // rows not whole Q8_0 blocks: F16, as llama.cpp's converter
+      fallbacks += (fallbacks.empty() ? "" : ", ") + e.name;
+    }
     w.add_tensor(plan.name, e.shape, t);
     items.push_back({&e, plan});
   }
@@ -111,6 +113,9 @@ void write_gguf(const CheckpointContents& c, const std::string& file, const std:
             << "; matrices " << gguf::tensor_type_name(type) << ", vectors f32), step " << c.step
             << "\n"
             << out << ": tokenizer: " << tok.summary << "\n";
+  if (!fallbacks.empty())
+    std::cout << out << ": note: rows not whole blocks of 32, written as f16 (as llama.cpp's "
+              << "converter does): " << fallbacks << "\n";
 }
 
 }  // namespace kqlora::exporter

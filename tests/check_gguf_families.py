@@ -60,6 +60,8 @@ LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
 # family, --config over the tiny preset: what llama.cpp expresses, every feature it has.
 CASES = {
     "llama": ("llama", {"rope_parameters": LLAMA3_ROPE, "attention_bias": True}),
+    # rows of 48: not whole Q8_0 blocks, so q8_0 writes those matrices as F16
+    "llama_rows48": ("llama", {"hidden_size": 48}),
     "mistral": ("mistral", {"sliding_window": None, "rope_theta": 20000.0}),
     "qwen2": ("qwen2", {"use_sliding_window": False, "tie_word_embeddings": True}),
     "qwen3": ("qwen3", {"attention_bias": False, "rope_parameters": {
@@ -143,6 +145,13 @@ def check_case(name, family, over, train_bin, export_bin, work, checks):
         out = run(export_bin, ckpt, "--gguf", os.path.join(work, gname), "--gguf-type",
                   gtype).stdout
         print(out.strip())
+        if gtype == "q8_0" and name == "llama_rows48":
+            kinds = {t.name: t.tensor_type.name for t in GGUFReader(
+                os.path.join(work, gname)).tensors}
+            checks.append(("%s: q8_0 file: rows of 48 as F16, of 96 as Q8_0 (%s, %s)"
+                           % (name, kinds["blk.0.attn_q.weight"], kinds["blk.0.ffn_down.weight"]),
+                           kinds["blk.0.attn_q.weight"] == "F16" and
+                           kinds["blk.0.ffn_down.weight"] == "Q8_0" and "as f16" in out))
         # (transformers' loader knows mistral by no gguf architecture: the file's llama.*
         # keys alone configure it, the same numbers without a window)
         extra = {} if family == "mistral" else {"config": merged_cfg}
