@@ -18,7 +18,8 @@ DdpBuckets<ExecSpace>::DdpBuckets(Communicator& comm, Model<ExecSpace>& model, d
                                   bool overlap)
     : comm_(comm),
       model_(model),
-      overlap_(overlap && (std::is_same<Mem, Kokkos::HostSpace>::value || comm.device_buffers())) {
+      overlap_(overlap &&
+               (std::is_same<Mem, Kokkos::HostSpace>::value || comm.nonblocking_device_buffers())) {
   const ParamTable& t = model.table();
   // Buckets gather groups from the last (whose gradients are ready first) down, each at
   // least bucket_mb of one contiguous range of the flat gradients.
@@ -145,8 +146,14 @@ void DdpBuckets<ExecSpace>::after_update(bool updated) {
 
 template <class ExecSpace>
 void DdpBuckets<ExecSpace>::report(std::ostream& log, int64_t steps) const {
-  log << "DDP: " << num_buckets() << " bucket(s) per step, "
-      << human_bytes(bytes_ / std::max<int64_t>(1, steps)) << " reduced per step; "
+  const bool device = !std::is_same<Mem, Kokkos::HostSpace>::value;
+  log << "DDP: " << num_buckets() << " bucket(s) per step ("
+      << (overlap_   ? "non-blocking, during the backward"
+          : staged() ? "staged through host memory after the backward"
+          : device   ? "device pointers in blocking MPI calls: the MPI's GPU support covers "
+                       "blocking collectives only"
+                     : "blocking")
+      << "), " << human_bytes(bytes_ / std::max<int64_t>(1, steps)) << " reduced per step; "
       << "reductions in flight " << human_time(in_flight_s_) << ", waited for "
       << human_time(waited_s_) << ": " << std::fixed << std::setprecision(1)
       << (in_flight_s_ > 0 ? 100.0 * std::max(0.0, 1.0 - waited_s_ / in_flight_s_) : 0.0)

@@ -61,7 +61,8 @@ std::unique_ptr<DdpSharedMemory<ExecSpace>> DdpSharedMemory<ExecSpace>::create(
       Kokkos::deep_copy(g, 0.0f);
       for (const auto& s : d->state_)
         Kokkos::deep_copy(Vec(reinterpret_cast<float*>(s->segment(0)) + lo, m), 0.0f);
-      fence_all("kqlora::DdpSharedMemory::create");  // (the barrier orders memory, not kernels)
+      fence(ExecSpace(),
+            "kqlora::DdpSharedMemory::create");  // (the barrier orders memory, not kernels)
       d->grads_->sync();
     }
     model.use_buffers(p, g);
@@ -125,8 +126,9 @@ template <class ExecSpace>
 void DdpSharedMemory<ExecSpace>::reduce_gradients() {
   if constexpr (std::is_same<Mem, Kokkos::HostSpace>::value) {
     const auto t0 = Clock::now();
-    fence_all("kqlora::DdpSharedMemory::reduce_gradients");  // this rank's gradients are in memory
-    grads_->sync();                                          // every rank's backward is done
+    fence(ExecSpace(),
+          "kqlora::DdpSharedMemory::reduce_gradients");  // this rank's gradients are in memory
+    grads_->sync();                                      // every rank's backward is done
     const auto t1 = Clock::now();
     // Rank k's gradients are row k; this rank's chunk of the sum, in rank order (the same
     // order on every rank and every run), into its own row, with the sum of squares for
@@ -169,7 +171,7 @@ double DdpSharedMemory<ExecSpace>::grad_norm(const ExecSpace&) {
 
 template <class ExecSpace>
 void DdpSharedMemory<ExecSpace>::after_update(bool updated) {
-  fence_all("kqlora::DdpSharedMemory::after_update");  // this rank's update is in memory
+  fence(ExecSpace(), "kqlora::DdpSharedMemory::after_update");  // this rank's update is in memory
   grads_->sync();
   if (updated) model_.params_changed();
 }

@@ -62,6 +62,7 @@ class MpiCommunicator : public Communicator {
   }
   const char* backend() const override { return "MPI"; }
   bool device_buffers() const override { return gpu_aware_; }
+  bool nonblocking_device_buffers() const override { return false; }
   MPI_Comm mpi_comm() const override { return comm_; }
 
   std::unique_ptr<Request> broadcast(void* data, int64_t bytes, int root) override {

@@ -283,4 +283,19 @@ std::unique_ptr<Communicator> make_nccl_communicator(int device, void* compute_s
   return std::make_unique<NcclCommunicator>(device, static_cast<cudaStream_t>(compute_stream));
 }
 
+std::string cuda_device_uuid(int device) {
+  cudaDeviceProp prop;
+  KQLORA_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  // GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as nvidia-smi -L writes it.
+  std::string id = "GPU-";
+  static const char* hex = "0123456789abcdef";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) id += '-';
+    const auto b = static_cast<unsigned char>(prop.uuid.bytes[i]);
+    id += hex[b >> 4];
+    id += hex[b & 15];
+  }
+  return id;
+}
+
 }  // namespace kqlora

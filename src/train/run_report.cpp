@@ -23,9 +23,10 @@ double seconds(std::chrono::steady_clock::duration d) {
 }
 }  // namespace
 
-RunReport::RunReport(const Config& cfg, Communicator& comm, const std::string& backend,
-                     std::ostream& log)
-    : cfg_(cfg), comm_(comm), log_(log), root_(comm.rank() == 0) {
+RunReport::RunReport(const Config& cfg, Communicator& comm,
+                     const Kokkos::DefaultExecutionSpace& exec, std::ostream& log)
+    : cfg_(cfg), comm_(comm), exec_(exec), log_(log), root_(comm.rank() == 0) {
+  const std::string backend = Kokkos::DefaultExecutionSpace::name();
   track_kokkos_allocations();
   rss_start_ = rss_bytes();
   start_ = since_ = Clock::now();
@@ -42,7 +43,7 @@ RunReport::RunReport(const Config& cfg, Communicator& comm, const std::string& b
 }
 
 void RunReport::enter(Phase p) {
-  fence_all("kqlora::train::phase");
+  fence(exec_, "kqlora::train::phase");
   const auto now = Clock::now();
   if (!loop_started_) {  // the set-up ends with the first phase of the first step
     loop_started_ = true;

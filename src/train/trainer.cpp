@@ -15,6 +15,7 @@
 #include "kqlora/core/runtime.hpp"
 #include "kqlora/core/signals.hpp"
 #include "kqlora/nn/model_registry.hpp"
+#include "kqlora/parallel/comm_choice.hpp"
 #include "kqlora/parallel/data_parallel.hpp"
 #include "kqlora/train/batch_loader.hpp"
 #include "kqlora/train/component_configs.hpp"
@@ -84,29 +85,49 @@ double run_peak_flops(const Communicator& comm) {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_communicator(const Config& cfg) {
+std::unique_ptr<Communicator> make_communicator(const Config& cfg, std::string* note) {
   std::unique_ptr<Communicator> comm;
+  std::string why;
 #if KQLORA_HAVE_NCCL && defined(KOKKOS_ENABLE_CUDA)
-  // auto: NCCL where the model lives in device memory, MPI otherwise.
+  // auto: NCCL where the model lives in device memory and every rank has a GPU of its own
+  // (comm_choice.hpp), MPI otherwise.
   const bool device_memory = !std::is_same<Mem, Kokkos::HostSpace>::value;
-  if (cfg.comm == "nccl" || (cfg.comm == "auto" && device_memory)) {
+  if (cfg.comm != "mpi") {
     Kokkos::Cuda cuda;
-    comm = make_nccl_communicator(cuda.cuda_device(), cuda.cuda_stream());
-  }
+    const DevicePlace mine{host_name(), cuda_device_uuid(cuda.cuda_device())};
+#if KQLORA_HAVE_MPI
+    std::unique_ptr<Communicator> mpi = make_mpi_communicator(true);
+    mpi->set_timeout(cfg.comm_timeout_s);
+    const std::vector<DevicePlace> places = gather_device_places(*mpi, mine);
+#else
+    std::unique_ptr<Communicator> mpi;  // (a world of one)
+    const std::vector<DevicePlace> places = {mine};
 #endif
-  KQLORA_INPUT_CHECK(comm || cfg.comm != "nccl",
-                     "comm = nccl: this kqlora was built without NCCL on a CUDA Kokkos");
+    const CommChoice choice = choose_comm(cfg.comm, device_memory, true, places);
+    why = choice.note;
+    if (choice.nccl) {
+      comm = make_nccl_communicator(cuda.cuda_device(), cuda.cuda_stream());
+    } else {
+      comm = std::move(mpi);
+    }
+  }
+#else
+  (void)choose_comm(cfg.comm, false, false, {});  // (refuses nccl; the choice is MPI's)
+#endif
 #if KQLORA_HAVE_MPI
   if (!comm) comm = make_mpi_communicator(true);
 #else
   if (!comm) comm = make_self_communicator();
 #endif
   comm->set_timeout(cfg.comm_timeout_s);
+  if (note) *note = why;
   return comm;
 }
 
 TrainSummary train(const Config& cfg, std::ostream& log) {
-  auto comm = make_communicator(cfg);
+  std::string note;
+  auto comm = make_communicator(cfg, &note);
+  if (comm->rank() == 0 && !note.empty()) log << note << "\n";
   return train(cfg, *comm, log);
 }
 
@@ -115,7 +136,7 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
                      "global_bs " << cfg.global_bs << " is smaller than the " << comm.size()
                                   << " ranks (each rank needs a sample)");
   const Exec exec;
-  RunReport report(cfg, comm, Exec::name(), log);
+  RunReport report(cfg, comm, exec, log);
   // Before the first allocation: a run that cannot fit is refused, naming the keys.
   const int node_ranks = std::max(1, std::min(comm.size(), ranks_on_this_node()));
   const int64_t seq_len = model_kind(cfg.model).tokens ? token_file_seq_len(cfg.data_file) : 0;

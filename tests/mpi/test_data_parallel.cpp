@@ -15,6 +15,7 @@
 #include "kqlora/io/checkpoint_diff.hpp"
 #include "kqlora/nn/lora_stack.hpp"
 #include "kqlora/parallel/broadcast_model.hpp"
+#include "kqlora/parallel/comm_choice.hpp"
 #include "kqlora/parallel/world.hpp"
 #include "kqlora/train/component_configs.hpp"
 #include "kqlora/train/config.hpp"
@@ -85,6 +86,33 @@ void run_and_compare(const std::string& name, const std::string& keys) {
 }
 
 }  // namespace
+
+// Every rank gathers the same places (here made up: GPUs by rank parity on one host), so
+// every rank makes the same choice: NCCL while no two ranks share a GPU, else MPI.
+TEST(DataParallel, RanksAgreeOnWhoSharesAGpu) {
+  auto world = kqlora::make_mpi_communicator(true);
+  const int r = world->rank(), n = world->size();
+  const auto places =
+      kqlora::gather_device_places(*world, {kqlora::host_name(), "GPU-" + std::to_string(r % 2)});
+  ASSERT_EQ(static_cast<int>(places.size()), n);
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(places[i].host, kqlora::host_name());
+    EXPECT_EQ(places[i].device, "GPU-" + std::to_string(i % 2));
+  }
+  const auto c = kqlora::choose_comm("auto", true, true, places);
+  EXPECT_EQ(c.nccl, n <= 2) << c.note;
+  if (n == 3) EXPECT_NE(c.note.find("ranks 0 and 2 share GPU GPU-0"), std::string::npos) << c.note;
+}
+
+// A GPU-aware MPI takes device pointers in blocking collectives only (Open MPI's CUDA
+// support): DDP must not hand them to its non-blocking ones.
+TEST(DataParallel, GpuAwareMpiTakesDevicePointersInBlockingCallsOnly) {
+  setenv("KQLORA_GPU_AWARE_MPI", "1", 1);
+  auto aware = kqlora::make_mpi_communicator(false);
+  unsetenv("KQLORA_GPU_AWARE_MPI");
+  EXPECT_TRUE(aware->device_buffers());
+  EXPECT_FALSE(aware->nonblocking_device_buffers());
+}
 
 TEST(DataParallel, DdpAdamEvenSlices) {
   run_and_compare("ddp_adam_even",

@@ -65,6 +65,10 @@ class Communicator {
   /// staged), or a GPU-aware MPI (Open MPI's query, or KQLORA_GPU_AWARE_MPI=1). Otherwise
   /// callers stage device data through the host.
   virtual bool device_buffers() const { return false; }
+  /// Whether the non-blocking collectives take device pointers too: NCCL's do; a GPU-aware
+  /// MPI's need not (Open MPI's CUDA support covers blocking collectives only), so DDP
+  /// reduces device buckets with blocking calls there.
+  virtual bool nonblocking_device_buffers() const { return device_buffers(); }
 
   /// Seconds a wait may last before it throws (comm_timeout_s).
   void set_timeout(double seconds) { timeout_s_ = seconds; }

@@ -5,11 +5,16 @@
 // gets a world of one.
 
 #include <memory>
+#include <string>
 
 #include "kqlora/parallel/communicator.hpp"
 
 namespace kqlora {
 
 std::unique_ptr<Communicator> make_nccl_communicator(int device, void* compute_stream);
+
+/// GPU `device`'s UUID as nvidia-smi writes it ("GPU-3f2a..."): which physical GPU a rank
+/// uses, whatever CUDA_VISIBLE_DEVICES numbers it (comm_choice.hpp).
+std::string cuda_device_uuid(int device);
 
 }  // namespace kqlora

@@ -4,6 +4,8 @@
 // and at the end the timing table (min / avg / max over ranks of each phase) and the peak
 // memory (docs/TRAINING.md, "Output").
 
+#include <Kokkos_Core.hpp>
+
 #include <chrono>
 #include <cstdint>
 #include <fstream>
@@ -20,10 +22,13 @@ enum class Phase { data, forward_backward, communication, optimizer, checkpoint,
 class RunReport {
  public:
   /// Prints the header (ranks, Kokkos backend) and the effective configuration; opens the
-  /// metrics file (appended to on a restart). Collective only in finish().
-  RunReport(const Config& cfg, Communicator& comm, const std::string& backend, std::ostream& log);
+  /// metrics file (appended to on a restart). Collective only in finish(). `exec` is the
+  /// instance the run computes on.
+  RunReport(const Config& cfg, Communicator& comm, const Kokkos::DefaultExecutionSpace& exec,
+            std::ostream& log);
 
-  /// Ends the current phase (after a fence, so device work is charged to it).
+  /// Ends the current phase (after a fence of the run's instance, so its device work is
+  /// charged to it; not of every stream: a stalled collective is comm_timeout_s's).
   void enter(Phase p);
   /// Step `step` (0-based) done, called for every step: the progress line and the metrics
   /// record every log_every steps and at the last.
@@ -49,6 +54,7 @@ class RunReport {
   static constexpr int kPhases = 6;
   const Config& cfg_;
   Communicator& comm_;
+  Kokkos::DefaultExecutionSpace exec_;
   std::ostream& log_;
   bool root_;
   std::ofstream metrics_;

@@ -33,6 +33,6 @@ TrainSummary train(const Config& cfg, std::ostream& log);
 TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log,
                    bool collect_final = false);
 /// The communicator the deck asks for (comm = auto|mpi|nccl) over all ranks of the run.
-std::unique_ptr<Communicator> make_communicator(const Config& cfg);
+std::unique_ptr<Communicator> make_communicator(const Config& cfg, std::string* note = nullptr);
 
 }  // namespace kqlora
