@@ -101,15 +101,23 @@ class NcclRequest : public Request {
 
 class NcclCommunicator : public Communicator {
  public:
-  NcclCommunicator(int device, cudaStream_t compute) : device_(device), compute_(compute) {
+  NcclCommunicator(int device, cudaStream_t compute, double timeout_s)
+      : device_(device), compute_(compute) {
+    timeout_s_ = timeout_s;
     ncclUniqueId id;
 #if KQLORA_HAVE_MPI
     KQLORA_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
     KQLORA_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+#else
+    rank_ = 0;  // (size_ is 1)
+#endif
+    // The id's broadcast and ncclCommInitRank wait for every rank: a rank that never gets
+    // here ends the job after comm_timeout_s instead of hanging it.
+    Watchdog::Guard guard(*this, "start-up (the NCCL id's broadcast and ncclCommInitRank)");
+#if KQLORA_HAVE_MPI
     if (rank_ == 0) KQLORA_CHECK_NCCL(ncclGetUniqueId(&id));
     KQLORA_CHECK_MPI(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD));
 #else
-    rank_ = 0;  // (size_ is 1)
     KQLORA_CHECK_NCCL(ncclGetUniqueId(&id));
 #endif
     KQLORA_CHECK_CUDA(cudaSetDevice(device_));
@@ -233,13 +241,19 @@ class NcclCommunicator : public Communicator {
       const size_t sb = static_cast<size_t>(send_bytes),
                    need = s == r ? std::max(sb, recv_bytes) : sb + recv_bytes;
       if (need > c.scratch_bytes_) {
-        KQLORA_CHECK_CUDA(cudaStreamSynchronize(c.stream_));  // the old one may be in use
+        {  // the old one may be in use by a collective that waits for a dead peer
+          Watchdog::Guard guard(c, "wait for the communication stream (scratch growth)");
+          KQLORA_CHECK_CUDA(cudaStreamSynchronize(c.stream_));
+        }
         if (c.scratch_) KQLORA_CHECK_CUDA(cudaFree(c.scratch_));
         c.scratch_ = nullptr;
         KQLORA_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&c.scratch_), need));
         c.scratch_bytes_ = need;
       }
       if (host_send) {
+        // (from pageable memory the copy returns only once the stream reaches it: behind a
+        // collective stuck on a dead peer, so under the watchdog)
+        Watchdog::Guard guard(c, "copy of " + std::to_string(sb) + " bytes to the device");
         KQLORA_CHECK_CUDA(cudaMemcpyAsync(c.scratch_, s, sb, cudaMemcpyHostToDevice, c.stream_));
         send = c.scratch_;
       }
@@ -279,8 +293,10 @@ class NcclCommunicator : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_nccl_communicator(int device, void* compute_stream) {
-  return std::make_unique<NcclCommunicator>(device, static_cast<cudaStream_t>(compute_stream));
+std::unique_ptr<Communicator> make_nccl_communicator(int device, void* compute_stream,
+                                                     double timeout_s) {
+  return std::make_unique<NcclCommunicator>(device, static_cast<cudaStream_t>(compute_stream),
+                                            timeout_s);
 }
 
 std::string cuda_device_uuid(int device) {

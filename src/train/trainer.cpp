@@ -106,7 +106,7 @@ std::unique_ptr<Communicator> make_communicator(const Config& cfg, std::string* 
     const CommChoice choice = choose_comm(cfg.comm, device_memory, true, places);
     why = choice.note;
     if (choice.nccl) {
-      comm = make_nccl_communicator(cuda.cuda_device(), cuda.cuda_stream());
+      comm = make_nccl_communicator(cuda.cuda_device(), cuda.cuda_stream(), cfg.comm_timeout_s);
     } else {
       comm = std::move(mpi);
     }

@@ -11,7 +11,10 @@
 
 namespace kqlora {
 
-std::unique_ptr<Communicator> make_nccl_communicator(int device, void* compute_stream);
+/// `timeout_s` (comm_timeout_s) bounds its start-up already: the id's broadcast and
+/// ncclCommInitRank wait for every rank.
+std::unique_ptr<Communicator> make_nccl_communicator(int device, void* compute_stream,
+                                                     double timeout_s = 300);
 
 /// GPU `device`'s UUID as nvidia-smi writes it ("GPU-3f2a..."): which physical GPU a rank
 /// uses, whatever CUDA_VISIBLE_DEVICES numbers it (comm_choice.hpp).
