@@ -71,7 +71,7 @@ void write_gguf(const CheckpointContents& c, const std::string& file, const std:
     GgufTensorPlan plan;
   };
   std::vector<Item> items;
-  std::string fallbacks;  // q8_0 tensors written as F16
+  std::string fallbacks;        // q8_0 tensors written as F16
   if (!d.rope_freqs.empty()) {  // llama3-style rope: per-frequency divisors
     w.add_tensor("rope_freqs.weight", {static_cast<int64_t>(d.rope_freqs.size())},
                  gguf::TensorType::f32);

@@ -121,7 +121,8 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
                                                                     : "sliding_window";
   for (int64_t l = 0; l < spec.layers; ++l) {
     const int64_t w = spec.layer[l].window;
-    if (w == 0) continue;
+    // (a window of at least max_position_embeddings never hides a key: full attention)
+    if (w == 0 || (!gemma && w >= spec.max_positions)) continue;
     if (!gemma)
       refuse(window_field, "layer " + std::to_string(l) + " attends through a window of " +
                                std::to_string(w) + ", which llama.cpp's " + d.arch +

@@ -62,7 +62,8 @@ CASES = {
     "llama": ("llama", {"rope_parameters": LLAMA3_ROPE, "attention_bias": True}),
     # rows of 48: not whole Q8_0 blocks, so q8_0 writes those matrices as F16
     "llama_rows48": ("llama", {"hidden_size": 48}),
-    "mistral": ("mistral", {"sliding_window": None, "rope_theta": 20000.0}),
+    # (a window of max_position_embeddings hides nothing: exported as full attention)
+    "mistral": ("mistral", {"sliding_window": 256, "rope_theta": 20000.0}),
     "qwen2": ("qwen2", {"use_sliding_window": False, "tie_word_embeddings": True}),
     "qwen3": ("qwen3", {"attention_bias": False, "rope_parameters": {
         "rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}),
