@@ -81,4 +81,21 @@ std::vector<TOut> dequantize_portable(const HostNf4& t) {
   return std::vector<TOut>(out.data(), out.data() + out.extent(0));
 }
 
+/// The device dequantization body (a byte per work item) run on the host, blocks
+/// [first, first + n).
+template <class T, class TOut>
+std::vector<TOut> dequantize_bytes(const HostNf4& t, int64_t first = 0, int64_t n = -1) {
+  if (n < 0) n = t.layout.num_blocks() - first;
+  const int64_t bs = t.layout.block_size;
+  Kokkos::View<TOut*, Kokkos::HostSpace> out("nf4test::out", n * bs);
+  Kokkos::parallel_for(
+      Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace, Kokkos::IndexType<int64_t>>(
+          0, n * bs / 2),
+      kqlora::impl::Nf4DecodeBytes<T, TOut, Kokkos::HostSpace>{
+          t.quantized_data, t.quantized_scalers, t.quantization_factor, out, t.scaler_mean, bs,
+          t.layout.scaler_block_size, first});
+  Kokkos::fence();
+  return std::vector<TOut>(out.data(), out.data() + out.extent(0));
+}
+
 }  // namespace nf4test

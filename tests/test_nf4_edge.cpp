@@ -106,14 +106,21 @@ TEST(Nf4Edge, StoreVariantsAgree) {
   const auto a = dequantize<float>(t, kqlora::Nf4Store::cached);
   const auto b = dequantize<float>(t, kqlora::Nf4Store::streaming);
   const auto c = dequantize_portable<float, float>(t);
+  const auto d = dequantize_bytes<float, float>(t);  // (the GPU body, run on the host)
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), 4 * a.size()));
   EXPECT_EQ(0, std::memcmp(a.data(), c.data(), 4 * a.size()));
+  EXPECT_EQ(0, std::memcmp(a.data(), d.data(), 4 * a.size()));
+  // A range of blocks (an FSDP shard's, a row panel's): from block 7 on, 100 blocks.
+  const auto e = dequantize_bytes<float, float>(t, 7, 100);
+  EXPECT_EQ(0, std::memcmp(a.data() + 7 * 64, e.data(), 4 * e.size()));
   // float32 NF4 to bfloat16: the float32 value rounded once.
   const auto h = dequantize<bfloat16>(t, kqlora::Nf4Store::streaming);
   const auto h2 = dequantize_portable<float, bfloat16>(t);
+  const auto h3 = dequantize_bytes<float, bfloat16>(t);
   for (size_t i = 0; i < a.size(); ++i) {
     ASSERT_EQ(h[i].bits, bfloat16(a[i]).bits) << i;
     ASSERT_EQ(h2[i].bits, bfloat16(a[i]).bits) << i;
+    ASSERT_EQ(h3[i].bits, bfloat16(a[i]).bits) << i;
   }
 }
 

@@ -125,9 +125,11 @@ void check_case(const Case& c, int* means_equal) {
   // default path and on the portable body.
   const auto deq = dequantize<T, E>(golden);
   const auto deq_portable = dequantize_portable<T, T>(golden);
+  const auto deq_bytes = dequantize_bytes<T, T>(golden);  // (the GPU body)
   for (int64_t i = 0; i < L.numel(); ++i) {
     ASSERT_EQ(bits(static_cast<float>(deq[i])), bits(golden_deq[i])) << "element " << i;
     ASSERT_EQ(bits(static_cast<float>(deq_portable[i])), bits(golden_deq[i])) << "element " << i;
+    ASSERT_EQ(bits(static_cast<float>(deq_bytes[i])), bits(golden_deq[i])) << "element " << i;
   }
   // Our own round trip matches torchao's when the means agree.
   if (same_mean) {

@@ -9,6 +9,7 @@
 
 #include "kqlora/core/bfloat16.hpp"
 #include "kqlora/core/fast_exp.hpp"
+#include "kqlora/core/kokkos_compat.hpp"
 #include "kqlora/core/random.hpp"
 #include "kqlora/nn/linear_nf4.hpp"
 
@@ -77,9 +78,18 @@ template <class ExecSpace>
 using Policy2 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2, Kokkos::Iterate::Right>,
                                       Kokkos::IndexType<int64_t>>;
 
+/// The [rows, cols] range of an elementwise kernel. Hosts: Kokkos's default tiling. GPUs:
+/// blocks of 256 threads (Kokkos's default for Rank 2 runs 32-thread blocks, too few to fill
+/// a warp scheduler), the contiguous index across whole warps where rows are wide enough.
 template <class ExecSpace>
 Policy2<ExecSpace> over(const ExecSpace& exec, int64_t rows, int64_t cols) {
-  return Policy2<ExecSpace>(exec, {0, 0}, {rows, cols});
+  if constexpr (is_host_space<ExecSpace>()) {
+    return Policy2<ExecSpace>(exec, {0, 0}, {rows, cols});
+  } else {
+    int64_t tile_cols = 32;
+    while (tile_cols < cols && tile_cols < 256) tile_cols *= 2;
+    return Policy2<ExecSpace>(exec, {0, 0}, {rows, cols}, {256 / tile_cols, tile_cols});
+  }
 }
 
 /// a = act(z) (round to bfloat16 when `bf16`).

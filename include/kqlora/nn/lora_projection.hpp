@@ -49,9 +49,7 @@ void lora_b_gradient(const ExecSpace& exec, float s, const Matrix<M>& gy, const 
   const Matrix<M> t(scratch.gbt.data(), r, out);
   gemm(exec, "T", "N", s, h, gy, 0.0f, t);
   Kokkos::parallel_for(
-      "kqlora::lora::b_gradient",
-      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>(exec, {0, 0}, {out, r}),
-      KOKKOS_LAMBDA(int64_t o, int64_t j) {
+      "kqlora::lora::b_gradient", over(exec, out, r), KOKKOS_LAMBDA(int64_t o, int64_t j) {
         gb(o, j) = beta == 0.0f ? t(j, o) : beta * gb(o, j) + t(j, o);
       });
 }

@@ -171,6 +171,31 @@ struct Nf4DecodeBlocks {
   }
 };
 
+/// Device dequantization: one byte (two values) per work item, so that a warp reads 32
+/// consecutive bytes and writes 64 consecutive values (one block per thread strided its
+/// stores by block_size); the block's scale is recomputed by every item, as its inputs are
+/// read by the whole warp at once. The arithmetic is Nf4DecodeBlocks's, value for value.
+/// Item k of the range writes out[2k], out[2k + 1].
+template <class T, class TOut, class MemSpace>
+struct Nf4DecodeBytes {
+  Kokkos::View<const uint8_t*, MemSpace> data;
+  Kokkos::View<const int8_t*, MemSpace> scalers;
+  Kokkos::View<const float*, MemSpace> factor;
+  Kokkos::View<TOut*, MemSpace> out;
+  float mean;
+  int64_t block_size, scaler_block_size, first_block = 0;
+  Nf4Codebook cb = Nf4Codebook::make<T>();
+
+  KOKKOS_INLINE_FUNCTION void operator()(int64_t k) const {
+    const int64_t half = block_size / 2;
+    const int64_t b = first_block + k / half;
+    const float s = nf4_block_scale<T>(scalers(b), factor(b / scaler_block_size), mean);
+    const uint8_t byte = data(first_block * half + k);
+    nf4_store(&out(2 * k), nf4_decode<T>(cb.v[byte >> 4], s));
+    nf4_store(&out(2 * k + 1), nf4_decode<T>(cb.v[byte & 15], s));
+  }
+};
+
 template <class T, class TOut, class ExecSpace, class MemSpace>
 void nf4_dequantize_as(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t, int64_t first_block,
                        int64_t nb, Kokkos::View<TOut*, MemSpace> out, Nf4Store store) {
@@ -180,6 +205,13 @@ void nf4_dequantize_as(const ExecSpace& exec, const Nf4Tensor<MemSpace>& t, int6
     if (nf4_decode_host_simd<T, TOut>(exec, t, first_block, nb, out, store)) return;
   }
   (void)store;
+  if constexpr (!is_host_space<ExecSpace>()) {  // GPUs: coalesced, a byte an item
+    Kokkos::parallel_for("kqlora::Nf4::dequantize_bytes", Policy(exec, 0, nb * L.block_size / 2),
+                         Nf4DecodeBytes<T, TOut, MemSpace>{
+                             t.quantized_data, t.quantized_scalers, t.quantization_factor, out,
+                             t.scaler_mean, L.block_size, L.scaler_block_size, first_block});
+    return;
+  }
   Kokkos::parallel_for("kqlora::Nf4::dequantize", Policy(exec, 0, nb),
                        Nf4DecodeBlocks<T, TOut, MemSpace>{
                            t.quantized_data, t.quantized_scalers, t.quantization_factor, out,
