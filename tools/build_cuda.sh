@@ -2,7 +2,7 @@
 # The CUDA configuration of kqlora (docs/GPU.md): Kokkos 4.x with CUDA, Kokkos Kernels with
 # cuBLAS, NCCL, every app and test, from Kokkos and Kokkos Kernels source trees you name.
 #
-#   bash tools/build_cuda.sh KOKKOS_SRC KOKKOS_KERNELS_SRC [--arch Hopper90] [--out DIR]
+#   bash tools/build_cuda.sh KOKKOS_SRC KOKKOS_KERNELS_SRC [--arch HOPPER90] [--out DIR]
 #        [--jobs N] [--targets "kqlora-train test_llama ..."]
 #
 # KOKKOS_SRC / KOKKOS_KERNELS_SRC: checkouts of github.com/kokkos/kokkos and
@@ -11,7 +11,8 @@
 #   - Kokkos_Cuda_Instance.hpp: cudaGraphAddDependencies takes edge data, and
 #     cudaMemAdvise / cudaMemPrefetchAsync a cudaMemLocation, in CUDA 13;
 #   - nvcc_wrapper's default architecture sm_70 (dropped by CUDA 13) raised to sm_90.
-# Then Kokkos (CUDA + Serial, --arch: Kokkos_ARCH_<arch>, default Hopper90 = H100/H200)
+# Then Kokkos (CUDA + Serial, --arch: Kokkos_ARCH_<arch>, default HOPPER90 = H100/H200;
+# AMPERE80 for A100)
 # and Kokkos Kernels (BLAS component, cuBLAS) are installed under DIR/install, and kqlora is
 # configured with their nvcc_wrapper in DIR/kqlora and built (all targets, or --targets),
 # ninja when there is one. DIR defaults to build-cuda (git-ignored). The CUDA toolkit comes
@@ -20,12 +21,12 @@
 # end (the build is expected warning-free) and written to DIR/warnings.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 [ "${1:-}" = -h ] || [ "${1:-}" = --help ] && { usage; exit 0; }
 [ $# -ge 2 ] || { usage >&2; exit 2; }
 kokkos_src=$(realpath "$1") kk_src=$(realpath "$2")
 shift 2
-arch=Hopper90 out=build-cuda jobs=$(nproc) targets=""
+arch=HOPPER90 out=build-cuda jobs=$(nproc) targets=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --arch) arch=${2:?--arch needs a value}; shift 2 ;;
@@ -89,10 +90,11 @@ if 'default_arch="sm_70"' in t:
 PY
 
 prefix=$out/install
+rm -f "$out"/{kokkos,kokkos-kernels,kqlora}/CMakeCache.txt  # (a rerun configures afresh)
 stamp "Kokkos (CUDA + Serial, $arch) -> $prefix"
 cmake -S "$out/src/kokkos" -B "$out/kokkos" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_INSTALL_PREFIX="$prefix" -DCMAKE_CXX_STANDARD=17 -DKokkos_ENABLE_CUDA=ON \
-  -DKokkos_ENABLE_SERIAL=ON -DKokkos_ARCH_"$arch"=ON \
+  -DKokkos_ENABLE_SERIAL=ON -DKokkos_ARCH_"${arch^^}"=ON \
   -DCMAKE_CXX_COMPILER="$out/src/kokkos/bin/nvcc_wrapper" -DCUDAToolkit_ROOT="$cuda" >>"$log" 2>&1
 cmake --build "$out/kokkos" -j"$jobs" >>"$log" 2>&1
 cmake --install "$out/kokkos" >>"$log" 2>&1
