@@ -106,6 +106,7 @@ class TokenMlp : public kqlora::Model<Exec> {
   Matrix<Mem> p(const char* name) const { return matrix(params, e(name)); }
   Matrix<Mem> g(const char* name) const { return matrix(grads, e(name)); }
 
+ public:  // (nvcc: a function with device lambdas may not be private)
   double forward(const kqlora::Batch<Mem>& b, double normaliser, bool with_grads) {
     const int64_t n = b.tokens.extent(0), S = kSeqLen, T = n * S, H = cfg_.dim, r = cfg_.rank;
     const int64_t V = kVocab;
