@@ -41,6 +41,16 @@ struct Wire {
     p += n;
     return at;
   }
+  /// A length-delimited field's bytes (a string, or a message to read with the result).
+  Wire field() {
+    const uint64_t n = varint();
+    const uint8_t* at = take(n);
+    return Wire{at, at + n, start, path};
+  }
+  /// The rest of the bytes as a string.
+  std::string text() const {
+    return std::string(reinterpret_cast<const char*>(p), static_cast<size_t>(end - p));
+  }
   void skip(uint32_t wire_type) {
     switch (wire_type) {
       case 0:
@@ -69,9 +79,7 @@ SentencePiece read_piece(Wire w) {
     const uint64_t tag = w.varint();
     const uint32_t field = static_cast<uint32_t>(tag >> 3), type = tag & 7;
     if (field == 1 && type == 2) {
-      const uint64_t n = w.varint();
-      const uint8_t* at = w.take(n);
-      s.piece.assign(reinterpret_cast<const char*>(at), n);
+      s.piece = w.field().text();
     } else if (field == 2 && type == 5) {
       std::memcpy(&s.score, w.take(4), 4);  // (little-endian, as the hosts kqlora runs on)
     } else if (field == 3 && type == 0) {
@@ -103,21 +111,16 @@ SentencePieceModel read_sentencepiece_model(const std::string& path) {
     const uint64_t tag = w.varint();
     const uint32_t field = static_cast<uint32_t>(tag >> 3), type = tag & 7;
     if (field == 1 && type == 2) {
-      const uint64_t n = w.varint();
-      const uint8_t* at = w.take(n);
-      pieces.push_back(read_piece(Wire{at, at + n, data, path}));
+      pieces.push_back(read_piece(w.field()));
     } else if ((field == 2 || field == 3) && type == 2) {  // TrainerSpec, NormalizerSpec
-      const uint64_t n = w.varint();
-      const uint8_t* at = w.take(n);
-      Wire spec{at, at + n, data, path};
+      Wire spec = w.field();
       while (spec.p < spec.end) {
         const uint64_t t = spec.varint();
         const uint32_t f = static_cast<uint32_t>(t >> 3), wt = t & 7;
         if (field == 2 && f == 3 && wt == 0) {
           m.model_type = static_cast<int>(spec.varint());
         } else if (field == 3 && f == 1 && wt == 2) {
-          const uint64_t len = spec.varint();
-          m.normalizer.assign(reinterpret_cast<const char*>(spec.take(len)), len);
+          m.normalizer = spec.field().text();
         } else if (field == 3 && f == 3 && wt == 0) {
           m.add_dummy_prefix = spec.varint() != 0;
         } else if (field == 3 && f == 4 && wt == 0) {
