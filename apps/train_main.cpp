@@ -63,10 +63,14 @@ int train_main(std::vector<std::string>& args) {
     const int node = std::max(1, std::min(kqlora::world_size(), kqlora::ranks_on_this_node()));
     const int64_t seq =
         kqlora::model_kind(cfg.model).tokens ? kqlora::token_file_seq_len(cfg.data_file) : 0;
-    kqlora::check_memory(cfg, kqlora::world_size(), node, seq, deck);
+    // (A device build counts each rank's GPU its own here: the run checks again with the
+    // ranks that share one.)
+    const kqlora::MemoryPlacement placement = kqlora::build_placement(1, false, false);
+    kqlora::check_memory(cfg, kqlora::world_size(), node, seq, deck, placement);
     if (kqlora::world_rank() == 0)
       std::cout << cfg.to_deck_text()
-                << kqlora::estimate_memory(cfg, kqlora::world_size(), node, seq).report() << "\n";
+                << kqlora::estimate_memory(cfg, kqlora::world_size(), node, seq, placement).report()
+                << "\n";
     return 0;
   }
   kqlora::install_stop_handlers();

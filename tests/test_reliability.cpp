@@ -14,10 +14,12 @@
 
 #include "kqlora/core/checked_size.hpp"
 #include "kqlora/core/float16.hpp"
+#include "kqlora/core/gpu_device.hpp"
 #include "kqlora/io/checkpoint.hpp"
 #include "kqlora/io/chunk_writer.hpp"
 #include "kqlora/io/hdf5_params.hpp"
 #include "kqlora/io/safetensors.hpp"
+#include "kqlora/parallel/nccl_communicator.hpp"
 #include "kqlora/quant/nf4_layout.hpp"
 #include "kqlora/train/config.hpp"
 #include "kqlora/train/memory_check.hpp"
@@ -484,6 +486,67 @@ TEST_F(Reliability, RunsThatCannotFitAreRefusedBeforeTheFirstAllocation) {
   EXPECT_TRUE(contains(out, "num_linears = 3") && contains(out, "memory estimate per rank")) << out;
   EXPECT_FALSE(contains(out, "step ")) << out;
   EXPECT_FALSE(exists(dir() + "/c"));
+}
+
+TEST_F(Reliability, ADeviceRunIsCheckedAgainstItsGpusFreeMemoryShared) {
+  // The model's tensors, optimizer state and activations are budgeted against the GPU's free
+  // memory, split among the ranks on it; the host keeps the table, data and staging.
+  const auto c = deck("num_linears=3 num_steps=1 global_bs=4");
+  const auto h = kqlora::estimate_memory(c, 4, 4, 0);
+  kqlora::MemoryPlacement gpu;
+  gpu.device = true;
+  gpu.ranks_per_device = 2;
+  gpu.device_free = {int64_t(10) << 30, "test GPU 10.0 GiB"};
+  gpu.nccl = true;
+  gpu.device_collectives = true;
+  const auto d = kqlora::estimate_memory(c, 4, 4, 0, gpu);
+  std::map<std::string, int64_t> host(h.parts.begin(), h.parts.end()),
+      dhost(d.parts.begin(), d.parts.end()), dev(d.device_parts.begin(), d.device_parts.end());
+  EXPECT_TRUE(h.device_parts.empty());
+  EXPECT_EQ(h.device_per_rank, 0);
+  for (const char* part :
+       {"frozen NF4 base", "trainable parameters and gradients", "optimizer state"}) {
+    EXPECT_EQ(dev[part], host[part]) << part;
+    EXPECT_EQ(dhost.count(part), 0u) << part;
+  }
+  EXPECT_EQ(dhost["the parameter table"], host["the parameter table"]);
+  EXPECT_EQ(dev["CUDA libraries (cuBLAS workspace, NCCL staging)"],
+            (int64_t(64) << 20) + kqlora::kNcclStagingBytes);
+  // Node-shared DDP maps host memory: not a device run's.
+  EXPECT_GT(h.node_shared, 0);
+  EXPECT_EQ(d.node_shared, 0);
+  int64_t device_sum = 0;
+  for (const auto& p : d.device_parts) device_sum += p.second;
+  EXPECT_EQ(d.device_per_rank, device_sum);
+  EXPECT_EQ(d.device_budget_per_rank, static_cast<int64_t>(0.9 * double(int64_t(10) << 30) / 2));
+  EXPECT_NE(d.report().find("rank(s) on this GPU"), std::string::npos) << d.report();
+  // Without device collectives DDP stages its gradients in host memory.
+  gpu.device_collectives = false;
+  const auto staged = kqlora::estimate_memory(c, 4, 4, 0, gpu);
+  std::map<std::string, int64_t> shost(staged.parts.begin(), staged.parts.end());
+  const int64_t trainable = 3 * 2 * 64 * 4;
+  EXPECT_EQ(shost["host staging (set-up reads, collectives)"] -
+                dhost["host staging (set-up reads, collectives)"],
+            4 * trainable);
+  // A GPU too small refuses the run naming GPU memory; memory_check = off runs it.
+  gpu.device_free = {d.device_per_rank, "test GPU"};
+  try {
+    kqlora::check_memory(c, 4, 4, 0, "deck.in", gpu);
+    ADD_FAILURE() << "a GPU of 0.9x the estimate was accepted";
+  } catch (const kqlora::InputError& err) {
+    EXPECT_NE(std::string(err.what()).find("does not fit in GPU memory"), std::string::npos)
+        << err.what();
+  }
+  gpu.device_free = {2 * d.device_per_rank * gpu.ranks_per_device, "test GPU"};
+  EXPECT_NO_THROW(kqlora::check_memory(c, 4, 4, 0, "deck.in", gpu));
+  gpu.device_free = {1, "test GPU"};
+  EXPECT_NO_THROW(kqlora::check_memory(deck("num_linears=3 memory_check=off"), 1, 1, 0, "d", gpu));
+  // This build's placement: host memory (no CUDA here), and the GPU memory hook.
+  EXPECT_FALSE(kqlora::build_placement(1, false, false).device);
+  EXPECT_EQ(kqlora::gpu_free_memory(0).bytes, 0);
+  setenv("KQLORA_GPU_MEMORY_LIMIT", "123456789", 1);
+  EXPECT_EQ(kqlora::gpu_free_memory(0).bytes, 123456789);
+  unsetenv("KQLORA_GPU_MEMORY_LIMIT");
 }
 
 namespace {

@@ -14,14 +14,19 @@ void broadcast_bytes(Communicator& comm, void* data, int64_t bytes) {
     comm.wait(comm.broadcast(p + off, std::min(kSlice, bytes - off), 0));
 }
 
-/// Broadcasts a view's elements in place: host views directly, others through a host copy
-/// of that one view.
+/// Broadcasts a view's elements in place: host views, and device views where the
+/// communicator takes device buffers (NCCL), directly; others through a host copy of that
+/// one view.
 template <class View>
 void broadcast_view(Communicator& comm, const View& v) {
+  const int64_t bytes =
+      static_cast<int64_t>(sizeof(typename View::value_type)) * static_cast<int64_t>(v.size());
+  if (comm.nonblocking_device_buffers()) {
+    broadcast_bytes(comm, v.data(), bytes);
+    return;
+  }
   auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-  broadcast_bytes(
-      comm, h.data(),
-      static_cast<int64_t>(sizeof(typename View::value_type)) * static_cast<int64_t>(h.size()));
+  broadcast_bytes(comm, h.data(), bytes);
   Kokkos::deep_copy(v, h);  // (a no-op when h is v)
 }
 

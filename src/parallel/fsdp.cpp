@@ -11,17 +11,27 @@
 namespace kqlora {
 
 namespace {
-// Collectives of the MPI backend read and write host memory; device data goes through
-// host mirrors (the NCCL backend will take device pointers directly).
-template <class V>
-auto host_of(const V& v) {
-  return Kokkos::create_mirror_view(Kokkos::HostSpace(), v);
+
+/// A view of `n` elements at the front of `buf`, which grows (never shrinks) to hold them:
+/// the gathers reuse one buffer from weight to weight instead of allocating per use.
+template <class T, class M>
+Kokkos::View<T*, M> front_of(Kokkos::View<T*, M>& buf, int64_t n, const char* label) {
+  if (static_cast<int64_t>(buf.extent(0)) < n) {
+    buf = Kokkos::View<T*, M>();  // (the old one gone before the new one exists)
+    buf =
+        Kokkos::View<T*, M>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n);
+  }
+  return Kokkos::subview(buf, Kokkos::make_pair(int64_t(0), n));
 }
+
 }  // namespace
 
 template <class ExecSpace>
 Fsdp<ExecSpace>::Fsdp(const ExecSpace& exec, Communicator& comm, Model<ExecSpace>& model)
-    : exec_(exec), comm_(comm), model_(model) {
+    : exec_(exec),
+      comm_(comm),
+      model_(model),
+      direct_(std::is_same<Mem, Kokkos::HostSpace>::value || comm.nonblocking_device_buffers()) {
   const int n = comm.size(), r = comm.rank();
   for (auto& w : model.nf4) {
     shards_.push_back(nf4_shard(exec, w, r, n));
@@ -64,22 +74,24 @@ int64_t Fsdp<ExecSpace>::base_shard_bytes() const {
 }
 
 template <class ExecSpace>
-void Fsdp<ExecSpace>::gather_nf4(int i) {
-  const Nf4Shard<Mem>& mine = shards_[i];
+template <class GExec, class M>
+Nf4Tensor<M> Fsdp<ExecSpace>::gather_shards(const GExec& gexec, const Nf4Shard<Mem>& mine,
+                                            Gathered<M>& buf) {
   const int n = comm_.size();
-  // Each component's shards, equal-sized, side by side: [rank 0's | rank 1's | ...].
-  auto gather = [&](auto local) {
+  // Each component's shards, equal-sized, side by side: [rank 0's | rank 1's | ...], in
+  // `buf` (M: the model's memory when the communicator takes it, else host memory).
+  auto gather = [&](auto local, auto& into, const char* label) {
     using T = typename decltype(local)::value_type;
-    auto src = host_of(local);
-    Kokkos::deep_copy(src, local);
-    Kokkos::View<T*, Kokkos::HostSpace> all("kqlora::Fsdp::gathered", local.extent(0) * n);
+    auto src = Kokkos::create_mirror_view_and_copy(M(), local);  // (local itself when M is Mem)
+    auto all = front_of(into, static_cast<int64_t>(local.extent(0)) * n, label);
     comm_.wait(comm_.allgather(src.data(), all.data(), sizeof(T) * local.extent(0)));
     return all;
   };
-  auto data = gather(mine.quantized_data);
-  auto scalers = gather(mine.quantized_scalers);
-  auto factors = gather(mine.quantization_factor);
-  std::vector<Nf4Shard<Kokkos::HostSpace>> parts(n);
+  fence(exec_, "kqlora::Fsdp::gather_nf4");  // (the shard is complete before a collective reads it)
+  auto data = gather(mine.quantized_data, buf.data, "kqlora::Fsdp::gathered_data");
+  auto scalers = gather(mine.quantized_scalers, buf.scalers, "kqlora::Fsdp::gathered_scalers");
+  auto factors = gather(mine.quantization_factor, buf.factors, "kqlora::Fsdp::gathered_factors");
+  std::vector<Nf4Shard<M>> parts(n);
   using Kokkos::make_pair;
   for (int r = 0; r < n; ++r) {
     auto& p = parts[r];
@@ -94,11 +106,19 @@ void Fsdp<ExecSpace>::gather_nf4(int i) {
     p.quantization_factor = Kokkos::subview(factors, make_pair(r * nf, (r + 1) * nf));
     p.scaler_mean = mine.scaler_mean;
   }
-  auto whole = nf4_gather(Kokkos::DefaultHostExecutionSpace(), parts);
-  if constexpr (std::is_same<Mem, Kokkos::HostSpace>::value) {
-    model_.nf4[i] = whole;
+  return nf4_gather(gexec, parts);
+}
+
+template <class ExecSpace>
+void Fsdp<ExecSpace>::gather_nf4(int i) {
+  if (direct_) {
+    // On the model's memory: NCCL gathers into a device buffer, the weight is reassembled
+    // by device copies (no host round trip, nothing allocated but the weight itself).
+    model_.nf4[i] = gather_shards(exec_, shards_[i], gathered_);
   } else {
-    model_.nf4[i] = nf4_copy_to<Mem>(whole);
+    // Through host memory (an MPI that cannot take device buffers in non-blocking calls).
+    model_.nf4[i] = nf4_copy_to<Mem>(
+        gather_shards(Kokkos::DefaultHostExecutionSpace(), shards_[i], host_gathered_));
   }
 }
 
@@ -113,10 +133,15 @@ auto Fsdp<ExecSpace>::whole_nf4(int i) -> Nf4Tensor<Mem> {
 template <class ExecSpace>
 void Fsdp<ExecSpace>::gather_params() {
   const int64_t P = model_.num_params();
-  auto host = host_of(padded_params_);
-  Kokkos::deep_copy(host, padded_params_);
-  comm_.wait(comm_.allgather(host.data() + shard_offset(), host.data(), 4 * chunk_));
-  Kokkos::deep_copy(padded_params_, host);
+  fence(exec_, "kqlora::Fsdp::gather_params");  // (the optimizer's update is complete)
+  if (direct_) {
+    comm_.wait(
+        comm_.allgather(padded_params_.data() + shard_offset(), padded_params_.data(), 4 * chunk_));
+  } else {
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), padded_params_);
+    comm_.wait(comm_.allgather(host.data() + shard_offset(), host.data(), 4 * chunk_));
+    Kokkos::deep_copy(padded_params_, host);
+  }
   Kokkos::deep_copy(exec_, model_.params,
                     Kokkos::subview(padded_params_, Kokkos::make_pair(int64_t(0), P)));
   model_.params_changed();
@@ -128,9 +153,13 @@ void Fsdp<ExecSpace>::reduce_scatter_grads() {
   using Kokkos::make_pair;
   Kokkos::deep_copy(exec_, padded_grads_, 0.0f);
   Kokkos::deep_copy(exec_, Kokkos::subview(padded_grads_, make_pair(int64_t(0), P)), model_.grads);
-  auto send = host_of(padded_grads_);
-  Kokkos::deep_copy(send, padded_grads_);
-  auto recv = host_of(shard_grads_);
+  fence(exec_, "kqlora::Fsdp::reduce_scatter_grads");
+  if (direct_) {
+    comm_.wait(comm_.reduce_scatter_sum(padded_grads_.data(), shard_grads_.data(), chunk_));
+    return;
+  }
+  auto send = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), padded_grads_);
+  auto recv = Kokkos::create_mirror_view(Kokkos::HostSpace(), shard_grads_);
   comm_.wait(comm_.reduce_scatter_sum(send.data(), recv.data(), chunk_));
   Kokkos::deep_copy(shard_grads_, recv);
 }

@@ -4,8 +4,9 @@
 // MPI the nccl-tests way: rank 0 calls ncclGetUniqueId, MPI_Bcast of the id,
 // ncclCommInitRank on the GPU Kokkos selected; a build without MPI is a world of one (its
 // own id, no broadcast). NCCL counts are elements. Buffers in host memory (the trainer's
-// loss and norm scalars, host-staged data) go through a device scratch buffer: every call
-// site works with either kind of memory. Every CUDA and
+// loss and norm scalars, host-staged data) go through page-locked memory and a device
+// scratch buffer, both bounded (kNcclStagingBytes; larger collectives stream through them
+// in pieces): every call site works with either kind of memory. Every CUDA and
 // NCCL call is checked; a wait past the deadline aborts the communicator (ncclCommAbort)
 // and throws.
 #include <cuda_runtime.h>
@@ -24,6 +25,7 @@
 #endif
 #include "kqlora/parallel/communicator.hpp"
 #include "kqlora/parallel/nccl_communicator.hpp"
+#include "kqlora/parallel/staging_plan.hpp"
 
 #define KQLORA_CHECK_CUDA(call)                                                \
   do {                                                                         \
@@ -51,8 +53,11 @@ bool on_device(const void* p) {
 
 /// Page-locked host buffers, reused: allocating or freeing one synchronises the device, so
 /// it happens only when the pool grows (before a collective is queued) and at the end.
+/// Blocks are powers of two from 64 KiB up to kNcclStagingBytes; a new block replaces the
+/// idle smaller ones, so what the pool holds stays near the bound times the blocks in use.
 class PinnedPool {
  public:
+  explicit PinnedPool(const Communicator& comm) : comm_(comm) {}
   ~PinnedPool() {
     for (auto& b : blocks_)
       if (!b.busy) cudaFreeHost(b.p);  // (a busy one may still be a copy's target: leaked)
@@ -63,9 +68,20 @@ class PinnedPool {
         b.busy = true;
         return b.p;
       }
+    size_t size = size_t(64) << 10;
+    while (size < bytes) size *= 2;
+    size = std::max(bytes, std::min(size, static_cast<size_t>(kNcclStagingBytes)));
+    // (each call below waits for the device: behind a collective stuck on a dead peer)
+    Watchdog::Guard guard(comm_,
+                          "page-locked staging growth to " + std::to_string(size) + " bytes");
+    for (size_t i = blocks_.size(); i-- > 0;)
+      if (!blocks_[i].busy && blocks_[i].bytes < size) {
+        KQLORA_CHECK_CUDA(cudaFreeHost(blocks_[i].p));
+        blocks_.erase(blocks_.begin() + static_cast<std::ptrdiff_t>(i));
+      }
     void* p = nullptr;
-    KQLORA_CHECK_CUDA(cudaMallocHost(&p, bytes));
-    blocks_.push_back({p, bytes, true});
+    KQLORA_CHECK_CUDA(cudaMallocHost(&p, size));
+    blocks_.push_back({p, size, true});
     return p;
   }
   void release(void* p) {
@@ -79,14 +95,15 @@ class PinnedPool {
     size_t bytes;
     bool busy;
   };
+  const Communicator& comm_;
   std::vector<Block> blocks_;
 };
 
 class NcclRequest : public Request {
  public:
   cudaEvent_t done_event = nullptr;
-  // A host receive buffer: the result lands in pinned memory (a truly asynchronous copy, so
-  // no call blocks past the deadline) and is copied out once the request completes.
+  // Host buffers pass through page-locked memory (truly asynchronous copies, so no call
+  // blocks past the deadline); a host result is copied out once the request completes.
   PinnedPool* pool = nullptr;
   void* pinned = nullptr;
   void* host_dst = nullptr;
@@ -146,47 +163,42 @@ class NcclCommunicator : public Communicator {
 #endif
 
   std::unique_ptr<Request> broadcast(void* data, int64_t bytes, int root) override {
-    auto r = begin("broadcast");
-    Staged s(*this, data, bytes, data, bytes);
-    KQLORA_CHECK_NCCL(
-        ncclBroadcast(s.send, s.recv, static_cast<size_t>(bytes), ncclUint8, root, comm_, stream_));
-    s.finish(*r);
-    return end(std::move(r));
+    return collective("broadcast", Shape::in_place, data, data, bytes, 1,
+                      [&](const void* in, void* out, int64_t n) {
+                        KQLORA_CHECK_NCCL(ncclBroadcast(in, out, static_cast<size_t>(n), ncclUint8,
+                                                        root, comm_, stream_));
+                      });
   }
   std::unique_ptr<Request> allreduce_sum(float* data, int64_t count) override {
-    auto r = begin("allreduce");
-    Staged s(*this, data, 4 * count, data, 4 * count);
-    KQLORA_CHECK_NCCL(ncclAllReduce(s.send, s.recv, static_cast<size_t>(count), ncclFloat32,
-                                    ncclSum, comm_, stream_));
-    s.finish(*r);
-    return end(std::move(r));
+    return collective("allreduce", Shape::in_place, data, data, 4 * count, 4,
+                      [&](const void* in, void* out, int64_t n) {
+                        KQLORA_CHECK_NCCL(ncclAllReduce(in, out, static_cast<size_t>(n / 4),
+                                                        ncclFloat32, ncclSum, comm_, stream_));
+                      });
   }
   std::unique_ptr<Request> allreduce_sum(double* data, int64_t count) override {
-    auto r = begin("allreduce");
-    Staged s(*this, data, 8 * count, data, 8 * count);
-    KQLORA_CHECK_NCCL(ncclAllReduce(s.send, s.recv, static_cast<size_t>(count), ncclFloat64,
-                                    ncclSum, comm_, stream_));
-    s.finish(*r);
-    return end(std::move(r));
+    return collective("allreduce", Shape::in_place, data, data, 8 * count, 8,
+                      [&](const void* in, void* out, int64_t n) {
+                        KQLORA_CHECK_NCCL(ncclAllReduce(in, out, static_cast<size_t>(n / 8),
+                                                        ncclFloat64, ncclSum, comm_, stream_));
+                      });
   }
   std::unique_ptr<Request> allgather(const void* send, void* recv, int64_t bytes) override {
-    auto r = begin("allgather");
-    Staged s(*this, send, bytes, recv, bytes * size_);
-    KQLORA_CHECK_NCCL(
-        ncclAllGather(s.send, s.recv, static_cast<size_t>(bytes), ncclUint8, comm_, stream_));
-    s.finish(*r);
-    return end(std::move(r));
+    return collective("allgather", Shape::gather, send, recv, bytes, 1,
+                      [&](const void* in, void* out, int64_t n) {
+                        KQLORA_CHECK_NCCL(ncclAllGather(in, out, static_cast<size_t>(n), ncclUint8,
+                                                        comm_, stream_));
+                      });
   }
   std::unique_ptr<Request> reduce_scatter_sum(const float* send, float* recv,
                                               int64_t count) override {
     KQLORA_CHECK(static_cast<const void*>(send) != static_cast<void*>(recv),
                  "NCCL reduce-scatter: in place is not supported (separate buffers)");
-    auto r = begin("reduce-scatter");
-    Staged s(*this, send, 4 * count * size_, recv, 4 * count);
-    KQLORA_CHECK_NCCL(ncclReduceScatter(s.send, s.recv, static_cast<size_t>(count), ncclFloat32,
-                                        ncclSum, comm_, stream_));
-    s.finish(*r);
-    return end(std::move(r));
+    return collective("reduce-scatter", Shape::scatter, send, recv, 4 * count, 4,
+                      [&](const void* in, void* out, int64_t n) {
+                        KQLORA_CHECK_NCCL(ncclReduceScatter(in, out, static_cast<size_t>(n / 4),
+                                                            ncclFloat32, ncclSum, comm_, stream_));
+                      });
   }
 
   bool test(Request& base) override {
@@ -201,7 +213,7 @@ class NcclCommunicator : public Communicator {
     if (q == cudaErrorNotReady) return false;
     KQLORA_CHECK_CUDA(q);
     if (r.pinned) {
-      std::memcpy(r.host_dst, r.pinned, r.host_bytes);
+      if (r.host_dst) std::memcpy(r.host_dst, r.pinned, r.host_bytes);
       r.pool->release(r.pinned);
       r.pinned = nullptr;
     }
@@ -220,61 +232,107 @@ class NcclCommunicator : public Communicator {
   cudaStream_t compute_, stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;
   ncclComm_t comm_ = nullptr;
-  char* scratch_ = nullptr;  // device copies of host buffers
-  PinnedPool pinned_;        // host results on their way out
+  char* scratch_ = nullptr;   // device copies of host buffers (at most kNcclStagingBytes)
+  PinnedPool pinned_{*this};  // host data on its way in and out (blocks of at most that)
   size_t scratch_bytes_ = 0;
 
-  /// Device views of a collective's buffers: host ones copied into the scratch buffer (send
-  /// at its start, receive after it) on the communication stream, and back by finish().
-  struct Staged {
-    NcclCommunicator& c;
-    const void* send;
-    void* recv;
-    void* host_recv = nullptr;
-    void* pinned = nullptr;
-    size_t recv_bytes;
-    Staged(NcclCommunicator& comm, const void* s, int64_t send_bytes, void* r, int64_t rb)
-        : c(comm), send(s), recv(r), recv_bytes(static_cast<size_t>(rb)) {
-      const bool host_send = !on_device(s), host_recv_buf = !on_device(r);
-      if (!host_send && !host_recv_buf) return;
-      // In place on the host (send == recv: broadcast, allreduce) the scratch holds one copy.
-      const size_t sb = static_cast<size_t>(send_bytes),
-                   need = s == r ? std::max(sb, recv_bytes) : sb + recv_bytes;
-      if (need > c.scratch_bytes_) {
-        {  // the old one may be in use by a collective that waits for a dead peer
-          Watchdog::Guard guard(c, "wait for the communication stream (scratch growth)");
-          KQLORA_CHECK_CUDA(cudaStreamSynchronize(c.stream_));
-        }
-        if (c.scratch_) KQLORA_CHECK_CUDA(cudaFree(c.scratch_));
-        c.scratch_ = nullptr;
-        KQLORA_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&c.scratch_), need));
-        c.scratch_bytes_ = need;
-      }
-      if (host_send) {
-        // (from pageable memory the copy returns only once the stream reaches it: behind a
-        // collective stuck on a dead peer, so under the watchdog)
-        Watchdog::Guard guard(c, "copy of " + std::to_string(sb) + " bytes to the device");
-        KQLORA_CHECK_CUDA(cudaMemcpyAsync(c.scratch_, s, sb, cudaMemcpyHostToDevice, c.stream_));
-        send = c.scratch_;
-      }
-      if (host_recv_buf) {
-        host_recv = r;
-        pinned = c.pinned_.acquire(recv_bytes);  // (before the collective is queued)
-        recv = c.scratch_ + sb;
-        // In place (send == recv on the host): the data to reduce is already in `send`.
-        if (s == r) recv = const_cast<void*>(send);
-      }
-    }
-    void finish(NcclRequest& req) {
-      if (!host_recv) return;
-      req.pool = &c.pinned_;
-      req.pinned = pinned;
-      req.host_dst = host_recv;
-      req.host_bytes = recv_bytes;
-      KQLORA_CHECK_CUDA(
-          cudaMemcpyAsync(req.pinned, recv, recv_bytes, cudaMemcpyDeviceToHost, c.stream_));
-    }
+  /// Where a collective's blocks lie (each rank's block: `block_bytes` of the call).
+  enum class Shape {
+    in_place,  // send == recv, one block (broadcast, all-reduce)
+    gather,    // one block sent, a block per rank received (all-gather)
+    scatter,   // a block per rank sent, one received (reduce-scatter)
   };
+
+  /// The device scratch buffer, at least `bytes` (<= kNcclStagingBytes).
+  char* scratch(size_t bytes) {
+    if (bytes > scratch_bytes_) {
+      {  // the old one may be in use by a collective that waits for a dead peer
+        Watchdog::Guard guard(*this, "wait for the communication stream (scratch growth)");
+        KQLORA_CHECK_CUDA(cudaStreamSynchronize(stream_));
+      }
+      if (scratch_) KQLORA_CHECK_CUDA(cudaFree(scratch_));
+      scratch_ = nullptr;
+      scratch_bytes_ = 0;
+      KQLORA_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&scratch_), bytes));
+      scratch_bytes_ = bytes;
+    }
+    return scratch_;
+  }
+
+  /// Runs `run(device_send, device_recv, piece_bytes)` (the NCCL call) over the buffers.
+  /// Device buffers go to NCCL as they are. Host ones are copied through page-locked memory
+  /// (every copy truly asynchronous) and the scratch buffer: a collective that fits the
+  /// staging bound is one queued operation, completed by test(); a larger one streams
+  /// through the bound in pieces (staging_plan.hpp), each waited for within the deadline.
+  template <class Run>
+  std::unique_ptr<Request> collective(const char* what, Shape shape, const void* send, void* recv,
+                                      int64_t block_bytes, int64_t element_bytes, Run run) {
+    auto r = begin(what);
+    const bool host_send = !on_device(send), host_recv = !on_device(recv);
+    if (!host_send && !host_recv) {
+      run(send, recv, block_bytes);
+      return end(std::move(r));
+    }
+    const int64_t send_blocks = shape == Shape::scatter ? size_ : 1,
+                  recv_blocks = shape == Shape::gather ? size_ : 1,
+                  staged_blocks = shape == Shape::in_place ? 1 : send_blocks + recv_blocks;
+    const std::vector<StagingPiece> pieces =
+        staging_pieces(block_bytes, staged_blocks, element_bytes, kNcclStagingBytes);
+    if (pieces.size() == 1) {
+      const size_t sb = static_cast<size_t>(send_blocks * block_bytes),
+                   rb = static_cast<size_t>(recv_blocks * block_bytes);
+      char* dev = scratch(shape == Shape::in_place ? sb : sb + rb);
+      // One page-locked block carries the send data in and the result out (stream order:
+      // the copy in is done before the copy out starts). Taken before anything is queued.
+      r->pool = &pinned_;
+      r->pinned = pinned_.acquire(std::max(host_send ? sb : 0, host_recv ? rb : 0));
+      const void* dsend = send;
+      void* drecv = recv;
+      if (host_send) {
+        std::memcpy(r->pinned, send, sb);
+        KQLORA_CHECK_CUDA(cudaMemcpyAsync(dev, r->pinned, sb, cudaMemcpyHostToDevice, stream_));
+        dsend = dev;
+      }
+      if (host_recv) drecv = shape == Shape::in_place ? dev : dev + (host_send ? sb : 0);
+      run(dsend, drecv, block_bytes);
+      if (host_recv) {
+        r->host_dst = recv;
+        r->host_bytes = rb;
+        KQLORA_CHECK_CUDA(cudaMemcpyAsync(r->pinned, drecv, rb, cudaMemcpyDeviceToHost, stream_));
+      }
+      return end(std::move(r));
+    }
+    // In pieces: within the bound, whatever the size (docs/GPU.md).
+    KQLORA_CHECK(host_send && host_recv,
+                 "NCCL " << what << " of " << block_bytes
+                         << " bytes a rank: buffers on the host and on the device at once, "
+                            "larger than the staging bound");
+    const int64_t most = pieces[0].bytes;
+    char* dev = scratch(static_cast<size_t>(staged_blocks * most));
+    void* pinned = pinned_.acquire(static_cast<size_t>(std::max(send_blocks, recv_blocks) * most));
+    char* host = static_cast<char*>(pinned);
+    for (const StagingPiece& p : pieces) {
+      auto step = begin(what);
+      const size_t sb = static_cast<size_t>(send_blocks * p.bytes),
+                   rb = static_cast<size_t>(recv_blocks * p.bytes);
+      if (shape == Shape::scatter)
+        pack_piece(static_cast<const char*>(send), block_bytes, size_, p, host);
+      else
+        std::memcpy(host, static_cast<const char*>(send) + p.offset, sb);
+      KQLORA_CHECK_CUDA(cudaMemcpyAsync(dev, host, sb, cudaMemcpyHostToDevice, stream_));
+      char* drecv = shape == Shape::in_place ? dev : dev + sb;
+      run(dev, drecv, p.bytes);
+      KQLORA_CHECK_CUDA(cudaMemcpyAsync(host, drecv, rb, cudaMemcpyDeviceToHost, stream_));
+      wait(*end(std::move(step)));  // (within comm_timeout_s; a timeout aborts and throws)
+      if (shape == Shape::gather)
+        unpack_piece(host, block_bytes, size_, p, static_cast<char*>(recv));
+      else
+        std::memcpy(static_cast<char*>(recv) + p.offset, host, rb);
+    }
+    pinned_.release(pinned);
+    r->done = true;
+    return end(std::move(r));
+  }
 
   std::unique_ptr<NcclRequest> begin(const char* what) {
     auto r = std::make_unique<NcclRequest>();
@@ -297,21 +355,6 @@ std::unique_ptr<Communicator> make_nccl_communicator(int device, void* compute_s
                                                      double timeout_s) {
   return std::make_unique<NcclCommunicator>(device, static_cast<cudaStream_t>(compute_stream),
                                             timeout_s);
-}
-
-std::string cuda_device_uuid(int device) {
-  cudaDeviceProp prop;
-  KQLORA_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
-  // GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as nvidia-smi -L writes it.
-  std::string id = "GPU-";
-  static const char* hex = "0123456789abcdef";
-  for (int i = 0; i < 16; ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) id += '-';
-    const auto b = static_cast<unsigned char>(prop.uuid.bytes[i]);
-    id += hex[b >> 4];
-    id += hex[b & 15];
-  }
-  return id;
 }
 
 }  // namespace kqlora

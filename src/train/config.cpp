@@ -526,7 +526,8 @@ Config parse_deck_text(const std::string& text, const std::string& source,
   // (The memory check first: its footprint needs no table, and a huge deck's table alone
   // would not fit. Here each rank counts as a node of its own; the trainer checks again
   // with the ranks sharing this node.)
-  if (check_files || !tokens) check_memory(c, world_size, 1, 0, source);
+  if (check_files || !tokens)
+    check_memory(c, world_size, 1, 0, source, build_placement(1, false, false));
   const ParamTable table = check_files || !tokens ? model_table(model_config(c)) : ParamTable();
   for (const ParamEntry* e : table.of_kind(ParamKind::nf4))
     KQLORA_INPUT_CHECK(e->numel() % c.block_size == 0,

@@ -11,6 +11,7 @@
 #include "kqlora/build_config.hpp"
 #include "kqlora/core/blas_selection.hpp"
 #include "kqlora/core/fma_peak.hpp"
+#include "kqlora/core/gpu_device.hpp"
 #include "kqlora/core/human_units.hpp"
 #include "kqlora/core/runtime.hpp"
 #include "kqlora/core/signals.hpp"
@@ -83,6 +84,20 @@ double run_peak_flops(const Communicator& comm) {
   return fma_peak_flops(0.2) * threads * comm.size();
 }
 
+/// Where the run's model lives: host memory, or this rank's GPU shared with the ranks that
+/// compute on the same one (a collective over `comm` in a device build).
+MemoryPlacement run_placement(Communicator& comm) {
+  int sharing = 1;
+  if (!std::is_same<Mem, Kokkos::HostSpace>::value && comm.size() > 1) {
+    const DevicePlace mine{host_name(), gpu_uuid(gpu_ordinal())};
+    const std::vector<DevicePlace> places = gather_device_places(comm, mine);
+    sharing = static_cast<int>(std::count_if(places.begin(), places.end(), [&](const auto& p) {
+      return p.host == mine.host && p.device == mine.device;
+    }));
+  }
+  return build_placement(sharing, std::string(comm.backend()) == "NCCL", comm.device_buffers());
+}
+
 }  // namespace
 
 std::unique_ptr<Communicator> make_communicator(const Config& cfg, std::string* note) {
@@ -94,7 +109,7 @@ std::unique_ptr<Communicator> make_communicator(const Config& cfg, std::string* 
   const bool device_memory = !std::is_same<Mem, Kokkos::HostSpace>::value;
   if (cfg.comm != "mpi") {
     Kokkos::Cuda cuda;
-    const DevicePlace mine{host_name(), cuda_device_uuid(cuda.cuda_device())};
+    const DevicePlace mine{host_name(), gpu_uuid(cuda.cuda_device())};
 #if KQLORA_HAVE_MPI
     std::unique_ptr<Communicator> mpi = make_mpi_communicator(true);
     mpi->set_timeout(cfg.comm_timeout_s);
@@ -140,10 +155,11 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   // Before the first allocation: a run that cannot fit is refused, naming the keys.
   const int node_ranks = std::max(1, std::min(comm.size(), ranks_on_this_node()));
   const int64_t seq_len = model_kind(cfg.model).tokens ? token_file_seq_len(cfg.data_file) : 0;
-  check_memory(cfg, comm.size(), node_ranks, seq_len, "the deck");
+  const MemoryPlacement placement = run_placement(comm);
+  check_memory(cfg, comm.size(), node_ranks, seq_len, "the deck", placement);
   {
-    const MemoryEstimate e = estimate_memory(cfg, comm.size(), node_ranks, seq_len);
-    report.set_memory_estimate(e.per_rank);
+    const MemoryEstimate e = estimate_memory(cfg, comm.size(), node_ranks, seq_len, placement);
+    report.set_memory_estimate(e.per_rank + e.device_per_rank);
     if (report.root()) log << e.report() << "\n";
   }
   auto checkpoints = make_run_checkpoints<Exec>(cfg, comm, log);

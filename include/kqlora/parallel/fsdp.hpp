@@ -66,8 +66,23 @@ class Fsdp : public DataParallel<ExecSpace> {
   std::vector<Nf4Shard<Mem>> shards_;
   int64_t chunk_ = 0;
   Vec padded_params_, padded_grads_, shard_grads_;
+  /// Collectives on the model's own memory: host memory, or device memory with a
+  /// communicator that takes device buffers in non-blocking calls (NCCL); otherwise the
+  /// data goes through host copies.
+  bool direct_ = false;
+  /// One NF4 weight's gathered shards, reused from weight to weight (grown to the largest).
+  template <class M>
+  struct Gathered {
+    Kokkos::View<uint8_t*, M> data;
+    Kokkos::View<int8_t*, M> scalers;
+    Kokkos::View<float*, M> factors;
+  };
+  Gathered<Mem> gathered_;
+  Gathered<Kokkos::HostSpace> host_gathered_;
 
   void gather_nf4(int i);
+  template <class GExec, class M>
+  Nf4Tensor<M> gather_shards(const GExec& gexec, const Nf4Shard<Mem>& mine, Gathered<M>& buf);
 };
 
 }  // namespace kqlora
