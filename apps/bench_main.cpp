@@ -37,7 +37,8 @@ const char* usage =
     "  gemm_f32_N               C = A B^T, N x N x N float32 (--gemm-size), through kqlora's\n"
     "                           gemm (the host GEMM engine); its share of fma_peak_f32 is printed\n"
     "For each size N (--sizes), an N x N weight:\n"
-    "  memcpy_NxN_f32           std::memcpy of the float32 output size (bandwidth reference)\n"
+    "  memcpy_NxN_f32           a copy of the float32 output size (bandwidth reference:\n"
+    "                           std::memcpy, or a device-to-device copy on a GPU)\n"
     "  nf4_dequant_NxN_f32|bf16 NF4 -> float32 / bfloat16 (the NF4 dtype's own)\n"
     "  nf4_quant_NxN_f32|bf16   float32 / bfloat16 -> NF4\n"
     "  qlora_linear_fwd_bwd_tT  a LoRA linear (--linear-dim, rank 16, float32) forward and\n"
@@ -312,13 +313,21 @@ void nf4_product_records(int64_t dim, int64_t tokens, int pairs, const std::stri
   }
 }
 
+/// The copy the NF4 records compare with, of their float32 output's size: std::memcpy on
+/// a host, a device-to-device copy where the default memory space is a GPU's.
 void memcpy_record(int64_t n, int repeats, const std::string& filter, std::vector<Record>& out) {
   const std::string name = "memcpy_" + std::to_string(n) + "x" + std::to_string(n) + "_f32";
   if (!kqlora::bench::wanted(name, filter)) return;
   const size_t bytes = static_cast<size_t>(n * n) * sizeof(float);
-  std::vector<float> a(n * n, 1.0f), b(n * n, 0.0f);  // touched: no page faults timed
   Record r{name};
-  r.median_s = median_seconds(repeats, [&] { std::memcpy(b.data(), a.data(), bytes); });
+  if (std::is_same<Mem, Kokkos::HostSpace>::value) {
+    std::vector<float> a(n * n, 1.0f), b(n * n, 0.0f);  // touched: no page faults timed
+    r.median_s = median_seconds(repeats, [&] { std::memcpy(b.data(), a.data(), bytes); });
+  } else {
+    Exec exec;
+    Kokkos::View<float*, Mem> a("bench::copy_from", n * n), b("bench::copy_to", n * n);
+    r.median_s = median_seconds(repeats, [&] { Kokkos::deep_copy(exec, b, a); });
+  }
   r.bytes = 2.0 * bytes;
   r.elements = static_cast<double>(n * n);
   out.push_back(r);

@@ -3,7 +3,9 @@
 # cuBLAS, NCCL, every app and test, from Kokkos and Kokkos Kernels source trees you name.
 #
 #   bash tools/build_cuda.sh KOKKOS_SRC KOKKOS_KERNELS_SRC [--arch HOPPER90] [--out DIR]
-#        [--jobs N] [--targets "kqlora-train test_llama ..."]
+#        [--jobs N] [--targets "kqlora-train test_llama ..."] [--no-host-blas]
+#        [--deps-only | --kqlora-only] [--kqlora-cmake "-DKQLORA_ENABLE_MPI=OFF ..."]
+#   bash tools/build_cuda.sh --patch-only KOKKOS_SRC     (patches that tree in place)
 #
 # KOKKOS_SRC / KOKKOS_KERNELS_SRC: checkouts of github.com/kokkos/kokkos and
 # kokkos-kernels (checked: tags 4.6.01 and 4.6.02). They are copied into DIR/src and the
@@ -19,43 +21,16 @@
 # from CUDA_HOME or /usr/local/cuda; NCCL from NCCL_ROOT or the toolkit. Needs no GPU: it
 # compiles and links; docs/GPU.md says how to run the result. Warnings are listed at the
 # end (the build is expected warning-free) and written to DIR/warnings.txt.
+# --no-host-blas: Kokkos Kernels without a host BLAS (its own host kernels; where no BLAS
+# library is installed, e.g. a GPU image); --deps-only / --kqlora-only: the Kokkos half or
+# the kqlora half (DIR/install already there); --kqlora-cmake: more arguments for kqlora's
+# configuration (tools/gpu_check.sh passes MPI and HDF5 there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 [ "${1:-}" = -h ] || [ "${1:-}" = --help ] && { usage; exit 0; }
-[ $# -ge 2 ] || { usage >&2; exit 2; }
-kokkos_src=$(realpath "$1") kk_src=$(realpath "$2")
-shift 2
-arch=HOPPER90 out=build-cuda jobs=$(nproc) targets=""
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --arch) arch=${2:?--arch needs a value}; shift 2 ;;
-    --out) out=${2:?--out needs a value}; shift 2 ;;
-    --jobs) jobs=${2:?--jobs needs a value}; shift 2 ;;
-    --targets) targets=${2:?--targets needs a value}; shift 2 ;;
-    *) echo "build_cuda.sh: unknown option '$1' (--help)" >&2; exit 2 ;;
-  esac
-done
-for d in "$kokkos_src/core/src/Cuda" "$kk_src/blas"; do
-  [ -d "$d" ] || { echo "build_cuda.sh: $d not found (a Kokkos / Kokkos Kernels source tree?)" >&2; exit 2; }
-done
-cuda=${CUDA_HOME:-/usr/local/cuda}
-[ -x "$cuda/bin/nvcc" ] || { echo "build_cuda.sh: no nvcc under $cuda (set CUDA_HOME)" >&2; exit 2; }
-gen=()
-command -v ninja >/dev/null && gen=(-G Ninja)
-mkdir -p "$out"
-out=$(realpath "$out")
-log=$out/build-deps.log  # Kokkos and Kokkos Kernels; kqlora's own: $out/build.log
-: >"$log"
-stamp() { echo "== [$(date +%T)] $*"; }
-trap 'echo "build_cuda.sh: failed; the end of $log:" >&2; tail -25 "$log" >&2' ERR
-
-stamp "copying the sources into $out/src and patching them for CUDA $("$cuda/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
-rm -rf "$out/src"
-mkdir -p "$out/src"
-cp -r "$kokkos_src" "$out/src/kokkos"
-cp -r "$kk_src" "$out/src/kokkos-kernels"
-python3 - "$out/src/kokkos" <<'PY'
+patch_kokkos() {  # the CUDA 13 adaptations, in place (a second run changes nothing)
+  python3 - "$1" <<'PY'
 import re, sys
 root = sys.argv[1]
 inst = root + "/core/src/Cuda/Kokkos_Cuda_Instance.hpp"
@@ -88,9 +63,53 @@ if 'default_arch="sm_70"' in t:
     open(w, "w").write(t.replace('default_arch="sm_70"', 'default_arch="sm_90"'))
     print("patched: nvcc_wrapper default_arch sm_90")
 PY
+}
+if [ "${1:-}" = --patch-only ]; then
+  [ -d "${2:-}/core/src/Cuda" ] || { echo "build_cuda.sh: --patch-only needs a Kokkos source tree" >&2; exit 2; }
+  patch_kokkos "$2"
+  exit 0
+fi
+[ $# -ge 2 ] || { usage >&2; exit 2; }
+kokkos_src=$(realpath "$1") kk_src=$(realpath "$2")
+shift 2
+arch=HOPPER90 out=build-cuda jobs=$(nproc) targets="" host_blas=ON part=all kqlora_cmake=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --arch) arch=${2:?--arch needs a value}; shift 2 ;;
+    --out) out=${2:?--out needs a value}; shift 2 ;;
+    --jobs) jobs=${2:?--jobs needs a value}; shift 2 ;;
+    --targets) targets=${2:?--targets needs a value}; shift 2 ;;
+    --no-host-blas) host_blas=OFF; shift ;;
+    --deps-only) part=deps; shift ;;
+    --kqlora-only) part=kqlora; shift ;;
+    --kqlora-cmake) kqlora_cmake=${2?--kqlora-cmake needs a value}; shift 2 ;;
+    *) echo "build_cuda.sh: unknown option '$1' (--help)" >&2; exit 2 ;;
+  esac
+done
+for d in "$kokkos_src/core/src/Cuda" "$kk_src/blas"; do
+  [ -d "$d" ] || { echo "build_cuda.sh: $d not found (a Kokkos / Kokkos Kernels source tree?)" >&2; exit 2; }
+done
+cuda=${CUDA_HOME:-/usr/local/cuda}
+[ -x "$cuda/bin/nvcc" ] || { echo "build_cuda.sh: no nvcc under $cuda (set CUDA_HOME)" >&2; exit 2; }
+gen=()
+command -v ninja >/dev/null && gen=(-G Ninja)
+mkdir -p "$out"
+out=$(realpath "$out")
+log=$out/build-deps.log  # Kokkos and Kokkos Kernels; kqlora's own: $out/build.log
+: >"$log"
+stamp() { echo "== [$(date +%T)] $*"; }
+trap 'echo "build_cuda.sh: failed; the end of $log:" >&2; tail -25 "$log" >&2' ERR
 
 prefix=$out/install
-rm -f "$out"/{kokkos,kokkos-kernels,kqlora}/CMakeCache.txt  # (a rerun configures afresh)
+if [ $part != kqlora ]; then
+stamp "copying the sources into $out/src and patching them for CUDA $("$cuda/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+rm -rf "$out/src"
+mkdir -p "$out/src"
+cp -r "$kokkos_src" "$out/src/kokkos"
+cp -r "$kk_src" "$out/src/kokkos-kernels"
+patch_kokkos "$out/src/kokkos"
+
+rm -f "$out"/{kokkos,kokkos-kernels}/CMakeCache.txt  # (a rerun configures afresh)
 stamp "Kokkos (CUDA + Serial, $arch) -> $prefix"
 cmake -S "$out/src/kokkos" -B "$out/kokkos" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_INSTALL_PREFIX="$prefix" -DCMAKE_CXX_STANDARD=17 -DKokkos_ENABLE_CUDA=ON \
@@ -103,9 +122,12 @@ cmake -S "$out/src/kokkos-kernels" -B "$out/kokkos-kernels" "${gen[@]}" \
   -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$prefix" -DKokkos_ROOT="$prefix" \
   -DCMAKE_CXX_COMPILER="$prefix/bin/nvcc_wrapper" -DKokkosKernels_ENABLE_ALL_COMPONENTS=OFF \
   -DKokkosKernels_ENABLE_COMPONENT_BLAS=ON -DKokkosKernels_ENABLE_TPL_CUBLAS=ON \
-  -DKokkosKernels_ENABLE_TPL_BLAS=ON -DKokkosKernels_INST_DOUBLE=OFF >>"$log" 2>&1
+  -DKokkosKernels_ENABLE_TPL_BLAS=$host_blas -DKokkosKernels_INST_DOUBLE=OFF >>"$log" 2>&1
 cmake --build "$out/kokkos-kernels" -j"$jobs" >>"$log" 2>&1
 cmake --install "$out/kokkos-kernels" >>"$log" 2>&1
+fi
+[ $part != deps ] || { stamp "Kokkos and Kokkos Kernels installed under $prefix"; exit 0; }
+rm -f "$out/kqlora/CMakeCache.txt"
 stamp "kqlora with $prefix/bin/nvcc_wrapper -> $out/kqlora"
 log=$out/build.log
 : >"$log"
@@ -113,7 +135,11 @@ nccl=()
 [ -n "${NCCL_ROOT:-}" ] && nccl=(-DNCCL_ROOT="$NCCL_ROOT")
 cmake -S . -B "$out/kqlora" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DKokkos_ROOT="$prefix" \
   -DKokkosKernels_ROOT="$prefix" -DCMAKE_CXX_COMPILER="$prefix/bin/nvcc_wrapper" \
-  -DCUDAToolkit_ROOT="$cuda" "${nccl[@]}" >>"$log" 2>&1
+  -DCUDAToolkit_ROOT="$cuda" "${nccl[@]}" $kqlora_cmake >>"$log" 2>&1 || {
+  tail -30 "$log" >&2
+  echo "build_cuda.sh: configuring kqlora failed (whole log: $log)" >&2
+  exit 1
+}
 # shellcheck disable=SC2086
 cmake --build "$out/kqlora" -j"$jobs" ${targets:+--target $targets} >>"$log" 2>&1 || {
   grep -E "error" "$log" | head -20

@@ -1,0 +1,84 @@
+// A Kokkos Tools library that counts what a run launches: kernels (parallel_for, _reduce,
+// _scan), deep copies and fences, with the most frequent kernel names. tools/gpu_check.sh
+// builds it and runs a training with it twice (2 and 4 steps) for the launches a step.
+//
+//   g++ -O2 -shared -fPIC tools/kokkos_kernel_count.cpp -o kernel_count.so
+//   KOKKOS_TOOLS_LIBS=$PWD/kernel_count.so KQLORA_KERNEL_COUNT_FILE=counts.txt kqlora-train ...
+//
+// (KOKKOS_PROFILE_LIBRARY for Kokkos 3.x.) Writes "kernels N", "deep_copies N",
+// "fences N" and "kernel COUNT NAME" lines (the 20 most frequent) at Kokkos::finalize.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace {
+
+uint64_t kernels = 0, deep_copies = 0, fences = 0;
+std::map<std::string, uint64_t>* names = nullptr;
+
+void kernel(const char* name) {
+  ++kernels;
+  if (!names) names = new std::map<std::string, uint64_t>;
+  ++(*names)[name ? name : "(unnamed)"];
+}
+
+}  // namespace
+
+struct SpaceHandle {
+  char name[64];
+};
+
+extern "C" {
+
+void kokkosp_init_library(int, uint64_t, uint32_t, void*) {}
+
+void kokkosp_finalize_library() {
+  const char* path = std::getenv("KQLORA_KERNEL_COUNT_FILE");
+  FILE* f = path ? std::fopen(path, "w") : stderr;
+  if (!f) f = stderr;
+  std::fprintf(f, "kernels %llu\ndeep_copies %llu\nfences %llu\n",
+               static_cast<unsigned long long>(kernels),
+               static_cast<unsigned long long>(deep_copies),
+               static_cast<unsigned long long>(fences));
+  if (names) {
+    std::vector<std::pair<uint64_t, std::string>> v;
+    for (const auto& [n, c] : *names) v.push_back({c, n});
+    std::sort(v.rbegin(), v.rend());
+    for (size_t i = 0; i < v.size() && i < 20; ++i)
+      std::fprintf(f, "kernel %llu %s\n", static_cast<unsigned long long>(v[i].first),
+                   v[i].second.c_str());
+  }
+  if (f != stderr) std::fclose(f);
+}
+
+void kokkosp_begin_parallel_for(const char* name, uint32_t, uint64_t* id) {
+  kernel(name);
+  *id = 0;
+}
+void kokkosp_end_parallel_for(uint64_t) {}
+void kokkosp_begin_parallel_reduce(const char* name, uint32_t, uint64_t* id) {
+  kernel(name);
+  *id = 0;
+}
+void kokkosp_end_parallel_reduce(uint64_t) {}
+void kokkosp_begin_parallel_scan(const char* name, uint32_t, uint64_t* id) {
+  kernel(name);
+  *id = 0;
+}
+void kokkosp_end_parallel_scan(uint64_t) {}
+void kokkosp_begin_deep_copy(SpaceHandle, const char*, const void*, SpaceHandle, const char*,
+                             const void*, uint64_t) {
+  ++deep_copies;
+}
+void kokkosp_end_deep_copy() {}
+void kokkosp_begin_fence(const char*, uint32_t, uint64_t* id) {
+  ++fences;
+  *id = 0;
+}
+void kokkosp_end_fence(uint64_t) {}
+
+}  // extern "C"
