@@ -150,6 +150,12 @@ else
 fi
 
 build_hdf5() {
+  # HDF5 1.10's configuration reads a file its test program writes into the working
+  # directory, which newer CMake (3.25 here) runs elsewhere: the values it would write
+  # (long double and __float128 digits on x86-64; they only size Fortran's real kinds).
+  rm -rf "$work/hdf5-build" "$work/hdf5"
+  mkdir -p "$work/hdf5-build"
+  printf '21;33;' >"$work/hdf5-build/pac_Cconftest.out"
   CC=mpicc cmake -S "$work/hdf5-src" -B "$work/hdf5-build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_INSTALL_PREFIX="$work/hdf5" -DHDF5_ENABLE_PARALLEL=ON -DBUILD_TESTING=OFF \
     -DHDF5_BUILD_TOOLS=OFF -DHDF5_BUILD_EXAMPLES=OFF -DHDF5_BUILD_FORTRAN=OFF \
@@ -213,7 +219,7 @@ else
   kq_cmake+=" -DKQLORA_ENABLE_MPI=OFF -DKQLORA_ENABLE_HDF5=OFF"
 fi
 [ "$backend" = cuda ] && kq_cmake+=" -DKQLORA_ENABLE_NCCL=$([ -n "$nccl_root" ] && echo ON || echo OFF)"
-targets="kqlora-train kqlora-bench kqlora-diff test_nf4_quantization test_layers_and_optimizers"
+targets="kqlora-train kqlora-bench kqlora-diff kqlora-export test_nf4_quantization test_layers_and_optimizers"
 [ $have_hdf5 = 1 ] && targets+=" test_llama"
 build_kqlora() {
   if [ "$backend" = cuda ]; then

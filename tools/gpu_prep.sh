@@ -9,7 +9,7 @@
 # or BLAS, and binaries built here may not load there: so sources and a portable MPI go,
 # and the CPU's numbers to compare against:
 #   kokkos.tar.xz        Kokkos and Kokkos Kernels (KOKKOS_SRC, KOKKOS_KERNELS_SRC: tags
-#                        4.6.01 / 4.6.02 checked), without tests, examples and docs, already
+#                        4.6.01 / 4.6.02 checked), without docs (and Kokkos Kernels' tests), already
 #                        patched for CUDA 13 (tools/build_cuda.sh's patches);
 #   hdf5.tar.xz          HDF5's C library sources (--hdf5-src, else Debian's source
 #                        package through `apt-get source hdf5`, which needs a deb-src
@@ -54,12 +54,13 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 stamp "Kokkos and Kokkos Kernels, trimmed and patched for CUDA 13"
-excl=(--exclude=.git --exclude=.github --exclude=docs --exclude=doc --exclude=example
-      --exclude=examples --exclude=perf_test --exclude=unit_test --exclude=unit_tests
-      --exclude=benchmarks)
+# (Kokkos' CMake adds its example and benchmarks folders whatever the options: kept; Kokkos
+# Kernels adds its tests and perf tests only when asked.)
+common=(--exclude=.git --exclude=.github --exclude=docs --exclude=doc)
 mkdir -p "$tmp/src/kokkos" "$tmp/src/kokkos-kernels"
-tar -C "$kokkos_src" "${excl[@]}" -cf - . | tar -C "$tmp/src/kokkos" -xf -
-tar -C "$kk_src" "${excl[@]}" -cf - . | tar -C "$tmp/src/kokkos-kernels" -xf -
+tar -C "$kokkos_src" "${common[@]}" -cf - . | tar -C "$tmp/src/kokkos" -xf -
+tar -C "$kk_src" "${common[@]}" --exclude=perf_test --exclude=unit_test --exclude=example \
+  -cf - . | tar -C "$tmp/src/kokkos-kernels" -xf -
 bash tools/build_cuda.sh --patch-only "$tmp/src/kokkos"
 tar -C "$tmp/src" -cJf "$out/kokkos.tar.xz" kokkos kokkos-kernels
 

@@ -55,7 +55,9 @@ int64_t causal_lm_activations(const ModelConfig& c, int64_t rows, int64_t seq_le
   const int64_t x = b.block[DecoderBuffers::kX].width;
   const int64_t kept =
       c.activation_checkpointing ? add(mul(s.layers, x), block - x) : mul(s.layers, block);
-  const int64_t chunk = CrossEntropyWorkspace<Kokkos::HostSpace>().chunk_tokens(tokens, s.vocab);
+  const int64_t chunk =
+      CrossEntropyWorkspace<Kokkos::DefaultExecutionSpace::memory_space>().chunk_tokens(tokens,
+                                                                                        s.vocab);
   const int64_t workspaces =
       add(add(AttentionWorkspace<Kokkos::HostSpace>::floats(S, s.attn_softcap > 0),
               mul(chunk, s.vocab)),

@@ -3,8 +3,11 @@
 // (core/gemm_engine.hpp: oneDNN or the Fortran BLAS; any strides with one of them 1, so a
 // column block of a row-major matrix needs no copy); other
 // memory spaces through Kokkos Kernels (cuBLAS for CUDA views where the layouts allow, its
-// own kernels otherwise). The Kokkos Kernels version difference lives here: 3.7 added the
-// execution-space argument; remove the 3.4 branch when the floor moves past Debian 12.
+// own kernels otherwise). Float32 CUDA views whose rows or columns are contiguous (the
+// LayoutStride column blocks of the NF4 panels and the attention's per-head blocks among
+// them) go to cuBLAS directly, as Kokkos Kernels would send them to its own kernel. The
+// Kokkos Kernels version difference lives here: 3.7 added the execution-space argument;
+// remove the 3.4 branch when the floor moves past Debian 12.
 
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>
@@ -13,7 +16,11 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kqlora/core/error.hpp"
 #include "kqlora/core/gemm_engine.hpp"
+#if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSKERNELS_ENABLE_TPL_CUBLAS)
+#include <KokkosBlas_tpl_spec.hpp>  // cuBLAS, and Kokkos Kernels' handle
+#endif
 
 #if defined(KOKKOSKERNELS_ENABLE_TPL_BLAS)
 extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n,
@@ -53,6 +60,45 @@ BlasOperand blas_operand(const View& v) {
   return o;
 }
 
+/// C = alpha op(A) op(B) + beta C as a column-major BLAS (Fortran BLAS, cuBLAS) takes it.
+struct ColumnMajorGemm {
+  bool ok = false;  // every operand is a matrix such a BLAS can address
+  char ta = 'N', tb = 'N';
+  int m = 0, n = 0, k = 0, lda = 1, ldb = 1, ldc = 1;
+  const float* a = nullptr;
+  const float* b = nullptr;
+  float* c = nullptr;
+};
+
+template <class AView, class BView, class CView>
+ColumnMajorGemm column_major_gemm(const char* ta, const char* tb, const AView& A, const BView& B,
+                                  const CView& C) {
+  const auto a = blas_operand(A), b = blas_operand(B), c = blas_operand(C);
+  const bool tA = ta[0] == 'T' || ta[0] == 't', tB = tb[0] == 'T' || tb[0] == 't';
+  const int64_t m = C.extent(0), n = C.extent(1), k = tA ? A.extent(0) : A.extent(1);
+  ColumnMajorGemm g;
+  if (!(a.ok && b.ok && c.ok && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX)) return g;
+  // In column-major terms: C row-major is C^T = op(B)^T op(A)^T; an operand stored
+  // row-major is its transpose in column-major memory, so its flag flips.
+  const bool swap = c.row_major;
+  const BlasOperand& o1 = swap ? b : a;
+  const BlasOperand& o2 = swap ? a : b;
+  const bool t1 = swap ? !tB : tA, t2 = swap ? !tA : tB;
+  g.ok = true;
+  g.ta = (t1 != o1.row_major) ? 'T' : 'N';
+  g.tb = (t2 != o2.row_major) ? 'T' : 'N';
+  g.m = static_cast<int>(swap ? n : m);
+  g.n = static_cast<int>(swap ? m : n);
+  g.k = static_cast<int>(k);
+  g.a = swap ? B.data() : A.data();
+  g.lda = o1.ld;
+  g.b = swap ? A.data() : B.data();
+  g.ldb = o2.ld;
+  g.c = C.data();
+  g.ldc = c.ld;
+  return g;
+}
+
 }  // namespace impl
 
 /// C = alpha * op(A) op(B) + beta * C, ops "N" or "T", on `exec`.
@@ -81,19 +127,33 @@ void gemm(const ExecSpace& exec, const char* ta, const char* tb, float alpha, co
                            swap ? A.data() : B.data(), o2.ld, beta, C.data(), c.ld);
         return;
       }
-      // In column-major terms: C row-major is C^T = op(B)^T op(A)^T; an operand stored
-      // row-major is its transpose in column-major memory, so its flag flips.
-      const bool swap = c.row_major;
-      const float* x1 = swap ? B.data() : A.data();
-      const float* x2 = swap ? A.data() : B.data();
-      const impl::BlasOperand& o1 = swap ? b : a;
-      const impl::BlasOperand& o2 = swap ? a : b;
-      const bool t1 = swap ? !tB : tA, t2 = swap ? !tA : tB;
-      const char f1 = (t1 != o1.row_major) ? 'T' : 'N', f2 = (t2 != o2.row_major) ? 'T' : 'N';
-      const int M = static_cast<int>(swap ? n : m), N = static_cast<int>(swap ? m : n),
-                K = static_cast<int>(k);
+      const impl::ColumnMajorGemm g = impl::column_major_gemm(ta, tb, A, B, C);
       (void)exec;  // (host BLAS: synchronous)
-      sgemm_(&f1, &f2, &M, &N, &K, &alpha, x1, &o1.ld, x2, &o2.ld, &beta, C.data(), &c.ld);
+      sgemm_(&g.ta, &g.tb, &g.m, &g.n, &g.k, &alpha, g.a, &g.lda, g.b, &g.ldb, &beta, g.c, &g.ldc);
+      return;
+    }
+  }
+#endif
+#if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSKERNELS_ENABLE_TPL_CUBLAS)
+  using DevMem = typename CView::memory_space;
+  if constexpr ((std::is_same<DevMem, Kokkos::CudaSpace>::value ||
+                 std::is_same<DevMem, Kokkos::CudaUVMSpace>::value) &&
+                std::is_same<ExecSpace, Kokkos::Cuda>::value &&
+                std::is_same<typename AView::non_const_value_type, float>::value &&
+                std::is_same<typename BView::non_const_value_type, float>::value &&
+                std::is_same<typename CView::non_const_value_type, float>::value) {
+    const impl::ColumnMajorGemm g = impl::column_major_gemm(ta, tb, A, B, C);
+    if (g.ok) {
+      if (g.m == 0 || g.n == 0) return;
+      cublasHandle_t h = KokkosBlas::Impl::CudaBlasSingleton::singleton().handle;
+      cublasStatus_t st = cublasSetStream(h, exec.cuda_stream());
+      KQLORA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasSetStream failed: status " << int(st));
+      auto op = [](char t) { return t == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N; };
+      st = cublasSgemm(h, op(g.ta), op(g.tb), g.m, g.n, g.k, &alpha, g.a, g.lda, g.b, g.ldb, &beta,
+                       g.c, g.ldc);
+      KQLORA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasSgemm (" << g.m << " x " << g.n << " x "
+                                                                << g.k << ") failed: status "
+                                                                << int(st));
       return;
     }
   }

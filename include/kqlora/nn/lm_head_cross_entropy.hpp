@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kqlora/core/blas.hpp"
 #include "kqlora/core/fast_exp.hpp"
@@ -35,9 +36,12 @@ struct CrossEntropyWorkspace {
   /// head W is read once per chunk by each product, so the products run faster with more
   /// tokens a chunk (oneDNN on an AVX-512 Xeon, a 49152 x 576 head: 116 and 154 GFLOP/s at
   /// 85 tokens, 145 and 163 at 256, 148 and 167 at 512; docs/BENCHMARKS.md), while the
-  /// softmax's passes over a chunk's logits are a small share either way.
-  int64_t chunk_bytes = int64_t(64) << 20;
-  static constexpr int64_t kMaxChunkTokens = 256;
+  /// softmax's passes over a chunk's logits are a small share either way. On a GPU the
+  /// chunk is larger (512 MiB, 4096 tokens): its products need thousands of rows to fill
+  /// the device, and a chunk's logits are not sized for a CPU's cache there.
+  static constexpr bool kHost = std::is_same<M, Kokkos::HostSpace>::value;
+  int64_t chunk_bytes = kHost ? int64_t(64) << 20 : int64_t(512) << 20;
+  static constexpr int64_t kMaxChunkTokens = kHost ? 256 : 4096;
 
   /// Tokens per chunk for a call over `tokens` (the memory estimate uses it too).
   int64_t chunk_tokens(int64_t tokens, int64_t vocab) const {
