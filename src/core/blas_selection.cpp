@@ -194,7 +194,8 @@ int blas_threads() {
 }
 
 std::string describe_blas() {
-  if (!dlsym(RTLD_DEFAULT, "sgemm_")) return "none linked (this program makes no dense products)";
+  if (!dlsym(RTLD_DEFAULT, "sgemm_"))
+    return "none linked (host products, if any, through Kokkos Kernels' own kernels)";
   std::ostringstream os;
   os << library();
   const std::string core = openblas_core();
