@@ -7,14 +7,7 @@
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/human_units.hpp"
 #ifdef KOKKOS_ENABLE_CUDA
-#include <cuda_runtime.h>
-
-#define KQLORA_CHECK_CUDA(call)                                                \
-  do {                                                                         \
-    const cudaError_t kqlora_cuda_rc_ = (call);                                \
-    KQLORA_CHECK(kqlora_cuda_rc_ == cudaSuccess,                               \
-                 #call << " failed: " << cudaGetErrorString(kqlora_cuda_rc_)); \
-  } while (0)
+#include "kqlora/core/cuda_check.hpp"
 #endif
 
 namespace kqlora {

@@ -14,11 +14,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "kqlora/build_config.hpp"
+#include "kqlora/core/cuda_check.hpp"
 #include "kqlora/core/error.hpp"
 #if KQLORA_HAVE_MPI
 #include "kqlora/core/mpi_check.hpp"
@@ -26,13 +28,6 @@
 #include "kqlora/parallel/communicator.hpp"
 #include "kqlora/parallel/nccl_communicator.hpp"
 #include "kqlora/parallel/staging_plan.hpp"
-
-#define KQLORA_CHECK_CUDA(call)                                                \
-  do {                                                                         \
-    const cudaError_t kqlora_cuda_rc_ = (call);                                \
-    KQLORA_CHECK(kqlora_cuda_rc_ == cudaSuccess,                               \
-                 #call << " failed: " << cudaGetErrorString(kqlora_cuda_rc_)); \
-  } while (0)
 
 #define KQLORA_CHECK_NCCL(call)                                                \
   do {                                                                         \
@@ -144,8 +139,17 @@ class NcclCommunicator : public Communicator {
   }
 
   ~NcclCommunicator() override {
-    if (scratch_) cudaFree(scratch_);  // no throw from a destructor
-    if (comm_) ncclCommDestroy(comm_);
+    // (no throw from a destructor) After a timeout, or while an error unwinds, operations
+    // may still wait for a peer that will never come: abort them first, since
+    // ncclCommDestroy and cudaFree would wait for them; otherwise every operation was
+    // waited for, and the communicator ends normally.
+    if (comm_) {
+      if (broken() || std::uncaught_exceptions() > 0)
+        ncclCommAbort(comm_);
+      else
+        ncclCommDestroy(comm_);
+    }
+    if (scratch_) cudaFree(scratch_);
     if (ready_) cudaEventDestroy(ready_);
     if (stream_) cudaStreamDestroy(stream_);
   }
