@@ -158,21 +158,31 @@ TYPED_TEST(LlamaOps, CausalGroupedQueryAttentionForwardAndBackward) {
   auto go = matrix<M>(gf, T, Q);
   kqlora::Matrix<M> o("o", T, Q), gq("gq", T, Q), gk("gk", T, KV), gv("gv", T, KV);
   Kokkos::View<float*, M> lse("lse", kSeqs * kHeads * kS);
-  kqlora::AttentionWorkspace<M> ws;
-  const kqlora::AttentionShape shape{kSeqs, kS, kHeads, kKv, kDim};
-  kqlora::causal_attention_forward(TypeParam(), shape, q, k, v, false, ws, o, lse);
-  kqlora::causal_attention_backward(TypeParam(), shape, q, k, v, o, lse, go, false, ws, gq, gk, gv);
-  const D q64 = widen(qf), k64 = widen(kf), v64 = widen(vf), g64 = widen(gf);
-  expect_close(host(o), attention_ref(q64, k64, v64), 1e-6, "attention forward");
-  expect_close(host(gq),
-               finite_difference([&](const D& x) { return attention_ref(x, k64, v64); }, q64, g64),
-               1e-5, "dq");
-  expect_close(host(gk),
-               finite_difference([&](const D& x) { return attention_ref(q64, x, v64); }, k64, g64),
-               1e-5, "dk");
-  expect_close(host(gv),
-               finite_difference([&](const D& x) { return attention_ref(q64, k64, x); }, v64, g64),
-               1e-5, "dv");
+  // One head at a time (the host's way) and every head of a row block at once (a GPU's:
+  // strided-batched products), each against float64.
+  for (bool batched : {false, true}) {
+    kqlora::AttentionWorkspace<M> ws;
+    ws.batch_heads = batched;
+    const std::string tag = batched ? " (heads at once)" : "";
+    const kqlora::AttentionShape shape{kSeqs, kS, kHeads, kKv, kDim};
+    kqlora::causal_attention_forward(TypeParam(), shape, q, k, v, false, ws, o, lse);
+    kqlora::causal_attention_backward(TypeParam(), shape, q, k, v, o, lse, go, false, ws, gq, gk,
+                                      gv);
+    const D q64 = widen(qf), k64 = widen(kf), v64 = widen(vf), g64 = widen(gf);
+    expect_close(host(o), attention_ref(q64, k64, v64), 1e-6, "attention forward" + tag);
+    expect_close(
+        host(gq),
+        finite_difference([&](const D& x) { return attention_ref(x, k64, v64); }, q64, g64), 1e-5,
+        "dq" + tag);
+    expect_close(
+        host(gk),
+        finite_difference([&](const D& x) { return attention_ref(q64, x, v64); }, k64, g64), 1e-5,
+        "dk" + tag);
+    expect_close(
+        host(gv),
+        finite_difference([&](const D& x) { return attention_ref(q64, k64, x); }, v64, g64), 1e-5,
+        "dv" + tag);
+  }
 }
 
 // Gemma's and Mistral's attention: another scale, a soft-cap that bends (scores of a few
@@ -199,13 +209,16 @@ TYPED_TEST(LlamaOps, WindowedSoftCappedAttentionWithDocumentsForwardAndBackward)
     Kokkos::deep_copy(d, hd);
     docs = d;
   }
-  for (bool with_docs : {false, true}) {
+  for (int run = 0; run < 4; ++run) {
+    // With and without documents, one head at a time and every head at once.
+    const bool with_docs = run % 2 == 1, batched = run >= 2;
     AttentionOptions o_ref = opt;
     if (!with_docs) o_ref.doc_start.clear();
     const kqlora::DocStarts<M> d = with_docs ? docs : kqlora::DocStarts<M>();
     kqlora::Matrix<M> o("o", T, Q), gq("gq", T, Q), gk("gk", T, KV), gv("gv", T, KV);
     Kokkos::View<float*, M> lse("lse", kSeqs * kHeads * kS);
     kqlora::AttentionWorkspace<M> ws;
+    ws.batch_heads = batched;
     kqlora::AttentionShape shape{kSeqs, kS, kHeads, kKv, kDim};
     shape.attn_scale = static_cast<float>(opt.scale);
     shape.softcap = static_cast<float>(opt.softcap);
@@ -214,7 +227,8 @@ TYPED_TEST(LlamaOps, WindowedSoftCappedAttentionWithDocumentsForwardAndBackward)
     kqlora::causal_attention_backward(TypeParam(), shape, q, k, v, o, lse, go, false, ws, gq, gk,
                                       gv, d);
     const D q64 = widen(qf), k64 = widen(kf), v64 = widen(vf), g64 = widen(gf);
-    const std::string tag = with_docs ? " (documents)" : "";
+    const std::string tag =
+        std::string(with_docs ? " (documents)" : "") + (batched ? " (heads at once)" : "");
     expect_close(host(o), attention_ref(q64, k64, v64, o_ref), 1e-6, "forward" + tag);
     auto f = [&](const D& x, int which) {
       return attention_ref(which == 0 ? x : q64, which == 1 ? x : k64, which == 2 ? x : v64, o_ref);

@@ -6,7 +6,8 @@
 //   KOKKOS_TOOLS_LIBS=$PWD/kernel_count.so KQLORA_KERNEL_COUNT_FILE=counts.txt kqlora-train ...
 //
 // (KOKKOS_PROFILE_LIBRARY for Kokkos 3.x.) Writes "kernels N", "deep_copies N",
-// "fences N" and "kernel COUNT NAME" lines (the 20 most frequent) at Kokkos::finalize.
+// "fences N", then "kernel COUNT NAME" and "fence COUNT NAME" lines (the 20 most frequent
+// of each) at Kokkos::finalize.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -17,13 +18,29 @@
 
 namespace {
 
+using Names = std::map<std::string, uint64_t>;
 uint64_t kernels = 0, deep_copies = 0, fences = 0;
-std::map<std::string, uint64_t>* names = nullptr;
+Names* kernel_names = nullptr;  // (never freed: the tool lives as long as the process)
+Names* fence_names = nullptr;
+
+void count(Names*& names, const char* name) {
+  if (!names) names = new Names;
+  ++(*names)[name ? name : "(unnamed)"];
+}
 
 void kernel(const char* name) {
   ++kernels;
-  if (!names) names = new std::map<std::string, uint64_t>;
-  ++(*names)[name ? name : "(unnamed)"];
+  count(kernel_names, name);
+}
+
+void top(FILE* f, const char* what, const Names* names) {
+  if (!names) return;
+  std::vector<std::pair<uint64_t, std::string>> v;
+  for (const auto& [n, c] : *names) v.push_back({c, n});
+  std::sort(v.rbegin(), v.rend());
+  for (size_t i = 0; i < v.size() && i < 20; ++i)
+    std::fprintf(f, "%s %llu %s\n", what, static_cast<unsigned long long>(v[i].first),
+                 v[i].second.c_str());
 }
 
 }  // namespace
@@ -32,26 +49,30 @@ struct SpaceHandle {
   char name[64];
 };
 
+// Kokkos Tools' settings (Kokkos >= 3.6 asks for them): without this answer Kokkos fences
+// around every kernel for the tool, and those fences would be counted as the program's.
+struct Kokkos_Tools_ToolSettings {
+  bool requires_global_fencing;
+  bool padding[255];
+};
+
 extern "C" {
 
 void kokkosp_init_library(int, uint64_t, uint32_t, void*) {}
+
+void kokkosp_request_tool_settings(uint32_t, Kokkos_Tools_ToolSettings* settings) {
+  settings->requires_global_fencing = false;
+}
 
 void kokkosp_finalize_library() {
   const char* path = std::getenv("KQLORA_KERNEL_COUNT_FILE");
   FILE* f = path ? std::fopen(path, "w") : stderr;
   if (!f) f = stderr;
-  std::fprintf(f, "kernels %llu\ndeep_copies %llu\nfences %llu\n",
-               static_cast<unsigned long long>(kernels),
-               static_cast<unsigned long long>(deep_copies),
-               static_cast<unsigned long long>(fences));
-  if (names) {
-    std::vector<std::pair<uint64_t, std::string>> v;
-    for (const auto& [n, c] : *names) v.push_back({c, n});
-    std::sort(v.rbegin(), v.rend());
-    for (size_t i = 0; i < v.size() && i < 20; ++i)
-      std::fprintf(f, "kernel %llu %s\n", static_cast<unsigned long long>(v[i].first),
-                   v[i].second.c_str());
-  }
+  std::fprintf(
+      f, "kernels %llu\ndeep_copies %llu\nfences %llu\n", static_cast<unsigned long long>(kernels),
+      static_cast<unsigned long long>(deep_copies), static_cast<unsigned long long>(fences));
+  top(f, "kernel", kernel_names);
+  top(f, "fence", fence_names);
   if (f != stderr) std::fclose(f);
 }
 
@@ -75,8 +96,9 @@ void kokkosp_begin_deep_copy(SpaceHandle, const char*, const void*, SpaceHandle,
   ++deep_copies;
 }
 void kokkosp_end_deep_copy() {}
-void kokkosp_begin_fence(const char*, uint32_t, uint64_t* id) {
+void kokkosp_begin_fence(const char* name, uint32_t, uint64_t* id) {
   ++fences;
+  count(fence_names, name);
   *id = 0;
 }
 void kokkosp_end_fence(uint64_t) {}

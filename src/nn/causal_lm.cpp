@@ -550,7 +550,7 @@ void CausalLm<ExecSpace>::set_documents(const TokenMatrix<Mem>& positions) {
   Kokkos::deep_copy(this->exec_, docs,
                     Kokkos::View<const int32_t**, Kokkos::LayoutRight, Kokkos::HostSpace,
                                  Kokkos::MemoryTraits<Kokkos::Unmanaged>>(host_docs_.data(), n, S));
-  this->exec_.fence();  // (host_docs_ is rewritten by the next batch)
+  fence(this->exec_, "kqlora::CausalLm::docs");  // (host_docs_ is rewritten by the next batch)
   docs_ = docs;
   rope_len_ = most + 1;
 }

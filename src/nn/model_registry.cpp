@@ -13,6 +13,7 @@ namespace kqlora {
 
 namespace {
 using Exec = Kokkos::DefaultExecutionSpace;
+using Mem = Exec::memory_space;
 
 int64_t mul(int64_t a, int64_t b) {
   return checked_mul(a, b, "the model's size");
@@ -55,11 +56,10 @@ int64_t causal_lm_activations(const ModelConfig& c, int64_t rows, int64_t seq_le
   const int64_t x = b.block[DecoderBuffers::kX].width;
   const int64_t kept =
       c.activation_checkpointing ? add(mul(s.layers, x), block - x) : mul(s.layers, block);
-  const int64_t chunk =
-      CrossEntropyWorkspace<Kokkos::DefaultExecutionSpace::memory_space>().chunk_tokens(tokens,
-                                                                                        s.vocab);
+  const int64_t chunk = CrossEntropyWorkspace<Mem>().chunk_tokens(tokens, s.vocab);
   const int64_t workspaces =
-      add(add(AttentionWorkspace<Kokkos::HostSpace>::floats(S, s.attn_softcap > 0),
+      add(add(AttentionWorkspace<Mem>::floats(S, s.attn_softcap > 0,
+                                              attention_batches_heads<Mem>() ? s.heads : 1),
               mul(chunk, s.vocab)),
           mul(2, tokens));                 // (the per-token losses are doubles)
   const int64_t panel = int64_t(8) << 20;  // linear_nf4's dequantized panel (its default)

@@ -62,7 +62,8 @@ BlasOperand blas_operand(const View& v) {
 
 /// C = alpha op(A) op(B) + beta C as a column-major BLAS (Fortran BLAS, cuBLAS) takes it.
 struct ColumnMajorGemm {
-  bool ok = false;  // every operand is a matrix such a BLAS can address
+  bool ok = false;       // every operand is a matrix such a BLAS can address
+  bool swapped = false;  // a is B's data and b is A's (C row-major: C^T is computed)
   char ta = 'N', tb = 'N';
   int m = 0, n = 0, k = 0, lda = 1, ldb = 1, ldc = 1;
   const float* a = nullptr;
@@ -85,6 +86,7 @@ ColumnMajorGemm column_major_gemm(const char* ta, const char* tb, const AView& A
   const BlasOperand& o2 = swap ? a : b;
   const bool t1 = swap ? !tB : tA, t2 = swap ? !tA : tB;
   g.ok = true;
+  g.swapped = swap;
   g.ta = (t1 != o1.row_major) ? 'T' : 'N';
   g.tb = (t2 != o2.row_major) ? 'T' : 'N';
   g.m = static_cast<int>(swap ? n : m);
@@ -164,6 +166,57 @@ void gemm(const ExecSpace& exec, const char* ta, const char* tb, float alpha, co
   (void)exec;  // 3.4: the default instance of the views' space
   KokkosBlas::gemm(ta, tb, alpha, A, B, beta, C);
 #endif
+}
+
+/// The matrix view `v` moved `offset` elements on (same extents and strides, unmanaged).
+/// (The strides are given explicitly: Kokkos 3.4's layout() of a strided subview has lost
+/// them.)
+template <class View>
+auto shifted(const View& v, int64_t offset) {
+  static_assert(View::rank == 2, "shifted: a matrix view");
+  const Kokkos::LayoutStride layout(v.extent(0), v.stride(0), v.extent(1), v.stride(1));
+  return Kokkos::View<typename View::data_type, Kokkos::LayoutStride, typename View::memory_space,
+                      Kokkos::MemoryUnmanaged>(v.data() + offset, layout);
+}
+
+/// C_b = alpha * op(A_b) op(B_b) + beta * C_b for b = 0 .. batch - 1, X_b being X moved
+/// b * stride_x elements on (A, B, C: the first of each, as gemm takes them). On CUDA one
+/// cublasSgemmStridedBatched call where gemm would call cuBLAS; elsewhere a gemm each, in
+/// order (a stride may be 0: every product reads the same operand).
+template <class ExecSpace, class AView, class BView, class CView>
+void gemm_strided_batched(const ExecSpace& exec, const char* ta, const char* tb, float alpha,
+                          const AView& A, int64_t stride_a, const BView& B, int64_t stride_b,
+                          float beta, const CView& C, int64_t stride_c, int64_t batch) {
+#if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSKERNELS_ENABLE_TPL_CUBLAS)
+  using DevMem = typename CView::memory_space;
+  if constexpr ((std::is_same<DevMem, Kokkos::CudaSpace>::value ||
+                 std::is_same<DevMem, Kokkos::CudaUVMSpace>::value) &&
+                std::is_same<ExecSpace, Kokkos::Cuda>::value &&
+                std::is_same<typename AView::non_const_value_type, float>::value &&
+                std::is_same<typename BView::non_const_value_type, float>::value &&
+                std::is_same<typename CView::non_const_value_type, float>::value) {
+    const impl::ColumnMajorGemm g = impl::column_major_gemm(ta, tb, A, B, C);
+    if (g.ok && batch > 0 && batch <= INT_MAX) {
+      if (g.m == 0 || g.n == 0) return;
+      cublasHandle_t h = KokkosBlas::Impl::CudaBlasSingleton::singleton().handle;
+      cublasStatus_t st = cublasSetStream(h, exec.cuda_stream());
+      KQLORA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasSetStream failed: status " << int(st));
+      auto op = [](char t) { return t == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N; };
+      st = cublasSgemmStridedBatched(h, op(g.ta), op(g.tb), g.m, g.n, g.k, &alpha, g.a, g.lda,
+                                     g.swapped ? stride_b : stride_a, g.b, g.ldb,
+                                     g.swapped ? stride_a : stride_b, &beta, g.c, g.ldc, stride_c,
+                                     static_cast<int>(batch));
+      KQLORA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasSgemmStridedBatched ("
+                                                    << g.m << " x " << g.n << " x " << g.k << ", "
+                                                    << batch << " products) failed: status "
+                                                    << int(st));
+      return;
+    }
+  }
+#endif
+  for (int64_t b = 0; b < batch; ++b)
+    gemm(exec, ta, tb, alpha, shifted(A, b * stride_a), shifted(B, b * stride_b), beta,
+         shifted(C, b * stride_c));
 }
 
 }  // namespace kqlora

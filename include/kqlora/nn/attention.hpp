@@ -14,14 +14,19 @@
 // [S, S] probabilities of every head never exist at once, as in FlashAttention):
 //   dV += P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dO * O)) (* (1 - tanh^2) capped),
 //   dQ = scale dS K,  dK += scale dS^T Q.
-// The products go through the library's gemm (core/blas.hpp), one sequence and head at a
-// time on a reused [S, S] scratch.
+// The products go through the library's gemm (core/blas.hpp) on a reused scratch of
+// 64-row blocks. On a host one sequence, head and row block at a time (the blocks stay in
+// cache). On a GPU every head of a row block at once: the products as strided-batched
+// cuBLAS calls over the kv heads (one a query head of each group) and each softmax pass as
+// one kernel over all heads' rows, a few launches per block where one head at a time made
+// 3-4 forward and 7 backward per head (docs/GPU.md).
 
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "kqlora/core/blas.hpp"
 #include "kqlora/core/fast_exp.hpp"
@@ -60,13 +65,23 @@ using DocStarts = Kokkos::View<const int32_t**, Kokkos::LayoutRight, M>;
 /// 1.55 - 1.62 s unblocked.
 constexpr int64_t kAttentionRowBlock = 64;
 
+/// Whether the attention runs every head of a row block at once by default: on a GPU
+/// (a host keeps one head at a time, in cache).
+template <class M>
+constexpr bool attention_batches_heads() {
+  return !std::is_same<M, Kokkos::HostSpace>::value;
+}
+
 /// Scratch of the attention kernels: two [rows, S] blocks of scores, and a third for the
-/// soft-cap's tanh.
+/// soft-cap's tanh; a block per head when the heads run at once.
 template <class M>
 struct AttentionWorkspace {
   Kokkos::View<float*, M> scores, dscores, tanh;
-  void reserve(int64_t S, bool softcap) {
-    const int64_t n = std::min(S, kAttentionRowBlock) * S;
+  /// Every head of a row block at once (strided-batched products); the memory space's
+  /// default unless set (tests run both ways on a host).
+  bool batch_heads = attention_batches_heads<M>();
+  void reserve(int64_t S, bool softcap, int64_t heads = 1) {
+    const int64_t n = std::min(S, kAttentionRowBlock) * S * (batch_heads ? heads : 1);
     auto grow = [&](Kokkos::View<float*, M>& v, const char* label) {
       if (static_cast<int64_t>(v.extent(0)) < n)
         v = Kokkos::View<float*, M>(
@@ -76,9 +91,9 @@ struct AttentionWorkspace {
     grow(dscores, "kqlora::attention::dscores");
     if (softcap) grow(tanh, "kqlora::attention::tanh");
   }
-  /// Floats held per [rows, S] block (the memory estimate).
-  static int64_t floats(int64_t S, bool softcap) {
-    return (softcap ? 3 : 2) * std::min(S, kAttentionRowBlock) * S;
+  /// Floats held per [rows, S] block, of `heads` heads at once (the memory estimate).
+  static int64_t floats(int64_t S, bool softcap, int64_t heads = 1) {
+    return (softcap ? 3 : 2) * std::min(S, kAttentionRowBlock) * S * heads;
   }
 };
 
@@ -102,13 +117,15 @@ struct SoftmaxRows {
   DocStarts<M> docs;
 };
 
-/// Row r of `p` [rows, cols] (scaled scores in, probabilities out) is query position
-/// i = i0 + r, column j key j0 + j: the softmax over the visible keys in float32 (soft-capped
-/// first when asked), zeros elsewhere; lse(lse0 + r) receives log(sum exp). `recompute`:
-/// lse is known (the backward).
+/// `p` [heads x rows, cols] holds the row blocks of one or more heads one after the other
+/// (scaled scores in, probabilities out): its row h * rows + r is query position i = i0 + r
+/// of the h-th of them, column j key j0 + j. The softmax over the visible keys in float32
+/// (soft-capped first when asked), zeros elsewhere; lse(lse0 + h * lse_head + r) receives
+/// log(sum exp). `recompute`: lse is known (the backward).
 template <class ExecSpace, class M>
 void causal_softmax(const ExecSpace& exec, const Matrix<M>& p, const Kokkos::View<float*, M>& lse,
-                    int64_t lse0, const SoftmaxRows<M>& b, bool recompute, bool bf16) {
+                    int64_t lse0, int64_t rows, int64_t lse_head, const SoftmaxRows<M>& b,
+                    bool recompute, bool bf16) {
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const int64_t cols = p.extent(1), i0 = b.i0, j0 = b.j0, window = b.window, seq = b.seq;
   const float cap = b.softcap;
@@ -119,7 +136,8 @@ void causal_softmax(const ExecSpace& exec, const Matrix<M>& p, const Kokkos::Vie
       recompute ? "kqlora::attention::probabilities" : "kqlora::attention::softmax",
       Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(p.extent(0)), Kokkos::AUTO),
       KOKKOS_LAMBDA(const Team& team) {
-        const int64_t r = team.league_rank(), i = i0 + r;
+        const int64_t r = team.league_rank(), i = i0 + r % rows;
+        const int64_t at = lse0 + (r / rows) * lse_head + r % rows;
         // Visible columns [lo, hi): keys from the window's and the document's start to i.
         int64_t first = window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
         if (has_docs && docs(seq, i) > first) first = docs(seq, i);
@@ -134,13 +152,13 @@ void causal_softmax(const ExecSpace& exec, const Matrix<M>& p, const Kokkos::Vie
         }
         float* x = &p(r, 0);
         if (recompute) {
-          row_exp(team, x, lo, hi, lse(lse0 + r));
+          row_exp(team, x, lo, hi, lse(at));
         } else {
           const float m = row_max(team, x, lo, hi);
           row_exp(team, x, lo, hi, m);  // one exp per score, kept
           team.team_barrier();
           const float z = row_sum(team, x, lo, hi);
-          Kokkos::single(Kokkos::PerTeam(team), [&] { lse(lse0 + r) = m + logf(z); });
+          Kokkos::single(Kokkos::PerTeam(team), [&] { lse(at) = m + logf(z); });
           row_scale(team, x, lo, hi, 1.0f / z);
         }
         row_fill(team, x, 0, lo, 0.0f);
@@ -150,19 +168,23 @@ void causal_softmax(const ExecSpace& exec, const Matrix<M>& p, const Kokkos::Vie
 }
 
 /// dS = P * (dP - rowsum(dO * O)) in place in dp; soft-capped scores: times 1 - tanh^2
-/// (the cap's derivative; zero where P is).
-template <class ExecSpace, class M, class OView>
-void softmax_backward(const ExecSpace& exec, const Matrix<M>& p, const OView& o, const OView& go,
+/// (the cap's derivative; zero where P is). p, dp [heads x rows, cols] as causal_softmax's;
+/// row h * rows + r's output and its gradient are row token0 + r, columns (head0 + h) * D
+/// onwards, of o and go [tokens, heads * D].
+template <class ExecSpace, class M>
+void softmax_backward(const ExecSpace& exec, const Matrix<M>& p, const Matrix<M>& o,
+                      const Matrix<M>& go, int64_t token0, int64_t rows, int64_t head0, int64_t D,
                       const Matrix<M>& dp, const Matrix<M>& tanh_of) {
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
-  const int64_t cols = p.extent(1), D = o.extent(1);
+  const int64_t cols = p.extent(1);
   const bool capped = tanh_of.data() != nullptr;
   Kokkos::parallel_for(
       "kqlora::attention::softmax_backward",
       Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(p.extent(0)), Kokkos::AUTO),
       KOKKOS_LAMBDA(const Team& team) {
-        const int64_t r = team.league_rank();
-        const float d = row_sum(team, 0, D, [&](int64_t c) { return go(r, c) * o(r, c); });
+        const int64_t r = team.league_rank(), t = token0 + r % rows, c0 = (head0 + r / rows) * D;
+        const float d =
+            row_sum(team, 0, D, [&](int64_t c) { return go(t, c0 + c) * o(t, c0 + c); });
         if (!capped) {  // (two loops: the common one stays a plain vectorisable pass)
           const float* pr = &p(r, 0);
           float* dr = &dp(r, 0);
@@ -187,6 +209,94 @@ void for_each_block(const AttentionShape& a, F&& f) {
         f(s, h, h / group, i0, std::min(kAttentionRowBlock, a.S - i0));
 }
 
+/// Calls f(s, i0, rows) for every sequence and block of query rows (every head at once).
+template <class F>
+void for_each_row_block(const AttentionShape& a, F&& f) {
+  for (int64_t s = 0; s < a.sequences; ++s)
+    for (int64_t i0 = 0; i0 < a.S; i0 += kAttentionRowBlock)
+      f(s, i0, std::min(kAttentionRowBlock, a.S - i0));
+}
+
+/// A head's [rows, cols] block of a score buffer that holds every head's, one after the
+/// other.
+template <class M>
+Matrix<M> head_scores(const Matrix<M>& all, int64_t h, int64_t rows, int64_t cols) {
+  return Matrix<M>(all.data() + h * rows * cols, rows, cols);
+}
+
+// Every head of a row block at once. Query head h = g * group + r reads kv head g; for each
+// r the products of heads r, group + r, 2 group + r, ... against kv heads 0, 1, 2, ... are
+// one strided-batched call (query columns group * D apart, kv columns D, score blocks
+// group * rows * cols), so no two products of a call write the same kv head's gradient.
+
+/// The forward of every head of each row block at once.
+template <class ExecSpace, class M>
+void attention_forward_all_heads(const ExecSpace& exec, const AttentionShape& a, const Matrix<M>& q,
+                                 const Matrix<M>& k, const Matrix<M>& v, bool bf16,
+                                 AttentionWorkspace<M>& ws, const Matrix<M>& o,
+                                 const Kokkos::View<float*, M>& lse, const DocStarts<M>& docs) {
+  const int64_t S = a.S, D = a.head_dim, H = a.heads, G = a.kv_heads, group = H / G;
+  for_each_row_block(a, [&](int64_t s, int64_t i0, int64_t rows) {
+    const int64_t j0 = a.first_key(s, i0), cols = i0 + rows - j0, block = rows * cols;
+    const Matrix<M> P(ws.scores.data(), H * rows, cols);
+    const SoftmaxRows<M> b{
+        s,         i0,
+        j0,        a.window,
+        a.softcap, a.softcap > 0 ? Matrix<M>(ws.tanh.data(), H * rows, cols) : Matrix<M>(),
+        docs};
+    for (int64_t r = 0; r < group; ++r)
+      gemm_strided_batched(exec, "N", "T", a.scale(), head_block(q, s, S, i0, rows, r, D),
+                           group * D, head_block(k, s, S, j0, cols, 0, D), D, 0.0f,
+                           head_scores(P, r, rows, cols), group * block, G);
+    if (bf16) round_bf16(exec, P);
+    causal_softmax(exec, P, lse, s * H * S + i0, rows, S, b, false, bf16);
+    for (int64_t r = 0; r < group; ++r)
+      gemm_strided_batched(exec, "N", "N", 1.0f, head_scores(P, r, rows, cols), group * block,
+                           head_block(v, s, S, j0, cols, 0, D), D, 0.0f,
+                           head_block(o, s, S, i0, rows, r, D), group * D, G);
+  });
+}
+
+/// The backward of every head of each row block at once (gk, gv zeroed by the caller).
+template <class ExecSpace, class M>
+void attention_backward_all_heads(const ExecSpace& exec, const AttentionShape& a,
+                                  const Matrix<M>& q, const Matrix<M>& k, const Matrix<M>& v,
+                                  const Matrix<M>& o, const Kokkos::View<float*, M>& lse,
+                                  const Matrix<M>& go, bool bf16, AttentionWorkspace<M>& ws,
+                                  const Matrix<M>& gq, const Matrix<M>& gk, const Matrix<M>& gv,
+                                  const DocStarts<M>& docs) {
+  const int64_t S = a.S, D = a.head_dim, H = a.heads, G = a.kv_heads, group = H / G;
+  const float scale = a.scale();
+  for_each_row_block(a, [&](int64_t s, int64_t i0, int64_t rows) {
+    const int64_t j0 = a.first_key(s, i0), cols = i0 + rows - j0, block = rows * cols;
+    const Matrix<M> P(ws.scores.data(), H * rows, cols), dP(ws.dscores.data(), H * rows, cols);
+    const Matrix<M> T = a.softcap > 0 ? Matrix<M>(ws.tanh.data(), H * rows, cols) : Matrix<M>();
+    const SoftmaxRows<M> b{s, i0, j0, a.window, a.softcap, T, docs};
+    const auto K0 = head_block(k, s, S, j0, cols, 0, D), V0 = head_block(v, s, S, j0, cols, 0, D);
+    for (int64_t r = 0; r < group; ++r)
+      gemm_strided_batched(exec, "N", "T", scale, head_block(q, s, S, i0, rows, r, D), group * D,
+                           K0, D, 0.0f, head_scores(P, r, rows, cols), group * block, G);
+    if (bf16) round_bf16(exec, P);
+    causal_softmax(exec, P, lse, s * H * S + i0, rows, S, b, true, bf16);
+    for (int64_t r = 0; r < group; ++r) {
+      const auto gO = head_block(go, s, S, i0, rows, r, D);
+      gemm_strided_batched(exec, "T", "N", 1.0f, head_scores(P, r, rows, cols), group * block, gO,
+                           group * D, 1.0f, head_block(gv, s, S, j0, cols, 0, D), D, G);
+      gemm_strided_batched(exec, "N", "T", 1.0f, gO, group * D, V0, D, 0.0f,
+                           head_scores(dP, r, rows, cols), group * block, G);
+    }
+    softmax_backward(exec, P, o, go, s * S + i0, rows, 0, D, dP, T);
+    for (int64_t r = 0; r < group; ++r) {
+      const auto dS = head_scores(dP, r, rows, cols);
+      gemm_strided_batched(exec, "N", "N", scale, dS, group * block, K0, D, 0.0f,
+                           head_block(gq, s, S, i0, rows, r, D), group * D, G);
+      gemm_strided_batched(exec, "T", "N", scale, dS, group * block,
+                           head_block(q, s, S, i0, rows, r, D), group * D, 1.0f,
+                           head_block(gk, s, S, j0, cols, 0, D), D, G);
+    }
+  });
+}
+
 }  // namespace impl
 
 /// o = attention(q, k, v); lse [sequences * heads * S] receives each row's log-sum-exp.
@@ -197,21 +307,25 @@ void causal_attention_forward(const ExecSpace& exec, const AttentionShape& a, co
                               const Kokkos::View<float*, M>& lse,
                               const DocStarts<M>& docs = DocStarts<M>()) {
   const int64_t S = a.S, D = a.head_dim;
-  ws.reserve(S, a.softcap > 0);
-  impl::for_each_block(a, [&](int64_t s, int64_t h, int64_t g, int64_t i0, int64_t rows) {
-    const int64_t j0 = a.first_key(s, i0), cols = i0 + rows - j0;  // keys j0 .. the last query
-    const Matrix<M> P(ws.scores.data(), rows, cols);
-    const impl::SoftmaxRows<M> b{
-        s,        i0,        j0,
-        a.window, a.softcap, a.softcap > 0 ? Matrix<M>(ws.tanh.data(), rows, cols) : Matrix<M>(),
-        docs};
-    gemm(exec, "N", "T", a.scale(), impl::head_block(q, s, S, i0, rows, h, D),
-         impl::head_block(k, s, S, j0, cols, g, D), 0.0f, P);
-    if (bf16) round_bf16(exec, P);
-    impl::causal_softmax(exec, P, lse, (s * a.heads + h) * S + i0, b, false, bf16);
-    gemm(exec, "N", "N", 1.0f, P, impl::head_block(v, s, S, j0, cols, g, D), 0.0f,
-         impl::head_block(o, s, S, i0, rows, h, D));
-  });
+  ws.reserve(S, a.softcap > 0, a.heads);
+  if (ws.batch_heads) {
+    impl::attention_forward_all_heads(exec, a, q, k, v, bf16, ws, o, lse, docs);
+  } else {
+    impl::for_each_block(a, [&](int64_t s, int64_t h, int64_t g, int64_t i0, int64_t rows) {
+      const int64_t j0 = a.first_key(s, i0), cols = i0 + rows - j0;  // keys j0 .. the last
+      const Matrix<M> P(ws.scores.data(), rows, cols);
+      const impl::SoftmaxRows<M> b{
+          s,        i0,        j0,
+          a.window, a.softcap, a.softcap > 0 ? Matrix<M>(ws.tanh.data(), rows, cols) : Matrix<M>(),
+          docs};
+      gemm(exec, "N", "T", a.scale(), impl::head_block(q, s, S, i0, rows, h, D),
+           impl::head_block(k, s, S, j0, cols, g, D), 0.0f, P);
+      if (bf16) round_bf16(exec, P);
+      impl::causal_softmax(exec, P, lse, (s * a.heads + h) * S + i0, rows, S, b, false, bf16);
+      gemm(exec, "N", "N", 1.0f, P, impl::head_block(v, s, S, j0, cols, g, D), 0.0f,
+           impl::head_block(o, s, S, i0, rows, h, D));
+    });
+  }
   if (bf16) round_bf16(exec, o);
 }
 
@@ -227,25 +341,28 @@ void causal_attention_backward(const ExecSpace& exec, const AttentionShape& a, c
   ws.reserve(S, a.softcap > 0);
   Kokkos::deep_copy(exec, gk, 0.0f);  // (summed over query blocks and the heads of a group)
   Kokkos::deep_copy(exec, gv, 0.0f);
-  impl::for_each_block(a, [&](int64_t s, int64_t h, int64_t g, int64_t i0, int64_t rows) {
-    const int64_t j0 = a.first_key(s, i0), cols = i0 + rows - j0;
-    const auto Q = impl::head_block(q, s, S, i0, rows, h, D);
-    const auto K = impl::head_block(k, s, S, j0, cols, g, D);
-    const auto V = impl::head_block(v, s, S, j0, cols, g, D);
-    const auto O = impl::head_block(o, s, S, i0, rows, h, D);
-    const auto gO = impl::head_block(go, s, S, i0, rows, h, D);
-    const Matrix<M> P(ws.scores.data(), rows, cols), dP(ws.dscores.data(), rows, cols);
-    const Matrix<M> T = a.softcap > 0 ? Matrix<M>(ws.tanh.data(), rows, cols) : Matrix<M>();
-    const impl::SoftmaxRows<M> b{s, i0, j0, a.window, a.softcap, T, docs};
-    gemm(exec, "N", "T", scale, Q, K, 0.0f, P);
-    if (bf16) round_bf16(exec, P);
-    impl::causal_softmax(exec, P, lse, (s * a.heads + h) * S + i0, b, true, bf16);
-    gemm(exec, "T", "N", 1.0f, P, gO, 1.0f, impl::head_block(gv, s, S, j0, cols, g, D));
-    gemm(exec, "N", "T", 1.0f, gO, V, 0.0f, dP);
-    impl::softmax_backward(exec, P, O, gO, dP, T);
-    gemm(exec, "N", "N", scale, dP, K, 0.0f, impl::head_block(gq, s, S, i0, rows, h, D));
-    gemm(exec, "T", "N", scale, dP, Q, 1.0f, impl::head_block(gk, s, S, j0, cols, g, D));
-  });
+  if (ws.batch_heads) {
+    impl::attention_backward_all_heads(exec, a, q, k, v, o, lse, go, bf16, ws, gq, gk, gv, docs);
+  } else {
+    impl::for_each_block(a, [&](int64_t s, int64_t h, int64_t g, int64_t i0, int64_t rows) {
+      const int64_t j0 = a.first_key(s, i0), cols = i0 + rows - j0;
+      const auto Q = impl::head_block(q, s, S, i0, rows, h, D);
+      const auto K = impl::head_block(k, s, S, j0, cols, g, D);
+      const auto V = impl::head_block(v, s, S, j0, cols, g, D);
+      const auto gO = impl::head_block(go, s, S, i0, rows, h, D);
+      const Matrix<M> P(ws.scores.data(), rows, cols), dP(ws.dscores.data(), rows, cols);
+      const Matrix<M> T = a.softcap > 0 ? Matrix<M>(ws.tanh.data(), rows, cols) : Matrix<M>();
+      const impl::SoftmaxRows<M> b{s, i0, j0, a.window, a.softcap, T, docs};
+      gemm(exec, "N", "T", scale, Q, K, 0.0f, P);
+      if (bf16) round_bf16(exec, P);
+      impl::causal_softmax(exec, P, lse, (s * a.heads + h) * S + i0, rows, S, b, true, bf16);
+      gemm(exec, "T", "N", 1.0f, P, gO, 1.0f, impl::head_block(gv, s, S, j0, cols, g, D));
+      gemm(exec, "N", "T", 1.0f, gO, V, 0.0f, dP);
+      impl::softmax_backward(exec, P, o, go, s * S + i0, rows, h, D, dP, T);
+      gemm(exec, "N", "N", scale, dP, K, 0.0f, impl::head_block(gq, s, S, i0, rows, h, D));
+      gemm(exec, "T", "N", scale, dP, Q, 1.0f, impl::head_block(gk, s, S, j0, cols, g, D));
+    });
+  }
   if (bf16) {
     round_bf16(exec, gq);
     round_bf16(exec, gk);
