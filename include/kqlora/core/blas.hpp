@@ -5,7 +5,8 @@
 // memory spaces through Kokkos Kernels (cuBLAS for CUDA views where the layouts allow, its
 // own kernels otherwise). Float32 CUDA views whose rows or columns are contiguous (the
 // LayoutStride column blocks of the NF4 panels and the attention's per-head blocks among
-// them) go to cuBLAS directly, as Kokkos Kernels would send them to its own kernel. The
+// them) go to cuBLAS directly (cublasGemmEx), as Kokkos Kernels would send them to its own
+// kernel. The
 // Kokkos Kernels version difference lives here: 3.7 added the execution-space argument;
 // remove the 3.4 branch when the floor moves past Debian 12.
 
@@ -103,10 +104,35 @@ ColumnMajorGemm column_major_gemm(const char* ta, const char* tb, const AView& A
 
 }  // namespace impl
 
+/// What a product's float32 inputs hold. `bfloat16`: both are bfloat16 values (a
+/// bfloat16 run's rounded activations against a bfloat16 NF4 weight), so a GPU may
+/// multiply them on its bfloat16 tensor cores, exactly, accumulating in float32 (cuBLAS'
+/// CUBLAS_COMPUTE_32F_FAST_16BF); a host computes in float32 either way, its fast path.
+enum class GemmInputs { float32, bfloat16 };
+
+namespace impl {
+#if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSKERNELS_ENABLE_TPL_CUBLAS)
+/// cuBLAS on the execution space's stream, through Kokkos Kernels' handle.
+inline cublasHandle_t cublas_on(const Kokkos::Cuda& exec) {
+  cublasHandle_t h = KokkosBlas::Impl::CudaBlasSingleton::singleton().handle;
+  const cublasStatus_t st = cublasSetStream(h, exec.cuda_stream());
+  KQLORA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasSetStream failed: status " << int(st));
+  return h;
+}
+inline cublasOperation_t cublas_op(char t) {
+  return t == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N;
+}
+inline cublasComputeType_t cublas_compute(GemmInputs inputs) {
+  return inputs == GemmInputs::bfloat16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+}
+#endif
+}  // namespace impl
+
 /// C = alpha * op(A) op(B) + beta * C, ops "N" or "T", on `exec`.
 template <class ExecSpace, class AView, class BView, class CView>
 void gemm(const ExecSpace& exec, const char* ta, const char* tb, float alpha, const AView& A,
-          const BView& B, float beta, const CView& C) {
+          const BView& B, float beta, const CView& C, GemmInputs inputs = GemmInputs::float32) {
+  (void)inputs;  // (the host computes in float32 either way)
 #if defined(KOKKOSKERNELS_ENABLE_TPL_BLAS)
   using Mem = typename CView::memory_space;
   if constexpr (std::is_same<Mem, Kokkos::HostSpace>::value &&
@@ -147,15 +173,13 @@ void gemm(const ExecSpace& exec, const char* ta, const char* tb, float alpha, co
     const impl::ColumnMajorGemm g = impl::column_major_gemm(ta, tb, A, B, C);
     if (g.ok) {
       if (g.m == 0 || g.n == 0) return;
-      cublasHandle_t h = KokkosBlas::Impl::CudaBlasSingleton::singleton().handle;
-      cublasStatus_t st = cublasSetStream(h, exec.cuda_stream());
-      KQLORA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasSetStream failed: status " << int(st));
-      auto op = [](char t) { return t == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N; };
-      st = cublasSgemm(h, op(g.ta), op(g.tb), g.m, g.n, g.k, &alpha, g.a, g.lda, g.b, g.ldb, &beta,
-                       g.c, g.ldc);
-      KQLORA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasSgemm (" << g.m << " x " << g.n << " x "
-                                                                << g.k << ") failed: status "
-                                                                << int(st));
+      const cublasStatus_t st =
+          cublasGemmEx(impl::cublas_on(exec), impl::cublas_op(g.ta), impl::cublas_op(g.tb), g.m,
+                       g.n, g.k, &alpha, g.a, CUDA_R_32F, g.lda, g.b, CUDA_R_32F, g.ldb, &beta, g.c,
+                       CUDA_R_32F, g.ldc, impl::cublas_compute(inputs), CUBLAS_GEMM_DEFAULT);
+      KQLORA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasGemmEx (" << g.m << " x " << g.n << " x "
+                                                                 << g.k << ") failed: status "
+                                                                 << int(st));
       return;
     }
   }
@@ -181,12 +205,13 @@ auto shifted(const View& v, int64_t offset) {
 
 /// C_b = alpha * op(A_b) op(B_b) + beta * C_b for b = 0 .. batch - 1, X_b being X moved
 /// b * stride_x elements on (A, B, C: the first of each, as gemm takes them). On CUDA one
-/// cublasSgemmStridedBatched call where gemm would call cuBLAS; elsewhere a gemm each, in
+/// cublasGemmStridedBatchedEx call where gemm would call cuBLAS; elsewhere a gemm each, in
 /// order (a stride may be 0: every product reads the same operand).
 template <class ExecSpace, class AView, class BView, class CView>
 void gemm_strided_batched(const ExecSpace& exec, const char* ta, const char* tb, float alpha,
                           const AView& A, int64_t stride_a, const BView& B, int64_t stride_b,
-                          float beta, const CView& C, int64_t stride_c, int64_t batch) {
+                          float beta, const CView& C, int64_t stride_c, int64_t batch,
+                          GemmInputs inputs = GemmInputs::float32) {
 #if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSKERNELS_ENABLE_TPL_CUBLAS)
   using DevMem = typename CView::memory_space;
   if constexpr ((std::is_same<DevMem, Kokkos::CudaSpace>::value ||
@@ -198,15 +223,12 @@ void gemm_strided_batched(const ExecSpace& exec, const char* ta, const char* tb,
     const impl::ColumnMajorGemm g = impl::column_major_gemm(ta, tb, A, B, C);
     if (g.ok && batch > 0 && batch <= INT_MAX) {
       if (g.m == 0 || g.n == 0) return;
-      cublasHandle_t h = KokkosBlas::Impl::CudaBlasSingleton::singleton().handle;
-      cublasStatus_t st = cublasSetStream(h, exec.cuda_stream());
-      KQLORA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasSetStream failed: status " << int(st));
-      auto op = [](char t) { return t == 'T' ? CUBLAS_OP_T : CUBLAS_OP_N; };
-      st = cublasSgemmStridedBatched(h, op(g.ta), op(g.tb), g.m, g.n, g.k, &alpha, g.a, g.lda,
-                                     g.swapped ? stride_b : stride_a, g.b, g.ldb,
-                                     g.swapped ? stride_a : stride_b, &beta, g.c, g.ldc, stride_c,
-                                     static_cast<int>(batch));
-      KQLORA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasSgemmStridedBatched ("
+      const cublasStatus_t st = cublasGemmStridedBatchedEx(
+          impl::cublas_on(exec), impl::cublas_op(g.ta), impl::cublas_op(g.tb), g.m, g.n, g.k,
+          &alpha, g.a, CUDA_R_32F, g.lda, g.swapped ? stride_b : stride_a, g.b, CUDA_R_32F, g.ldb,
+          g.swapped ? stride_a : stride_b, &beta, g.c, CUDA_R_32F, g.ldc, stride_c,
+          static_cast<int>(batch), impl::cublas_compute(inputs), CUBLAS_GEMM_DEFAULT);
+      KQLORA_CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasGemmStridedBatchedEx ("
                                                     << g.m << " x " << g.n << " x " << g.k << ", "
                                                     << batch << " products) failed: status "
                                                     << int(st));
@@ -216,7 +238,7 @@ void gemm_strided_batched(const ExecSpace& exec, const char* ta, const char* tb,
 #endif
   for (int64_t b = 0; b < batch; ++b)
     gemm(exec, ta, tb, alpha, shifted(A, b * stride_a), shifted(B, b * stride_b), beta,
-         shifted(C, b * stride_c));
+         shifted(C, b * stride_c), inputs);
 }
 
 }  // namespace kqlora

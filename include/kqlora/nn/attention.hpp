@@ -236,6 +236,7 @@ void attention_forward_all_heads(const ExecSpace& exec, const AttentionShape& a,
                                  AttentionWorkspace<M>& ws, const Matrix<M>& o,
                                  const Kokkos::View<float*, M>& lse, const DocStarts<M>& docs) {
   const int64_t S = a.S, D = a.head_dim, H = a.heads, G = a.kv_heads, group = H / G;
+  const GemmInputs in = bf16 ? GemmInputs::bfloat16 : GemmInputs::float32;
   for_each_row_block(a, [&](int64_t s, int64_t i0, int64_t rows) {
     const int64_t j0 = a.first_key(s, i0), cols = i0 + rows - j0, block = rows * cols;
     const Matrix<M> P(ws.scores.data(), H * rows, cols);
@@ -247,13 +248,13 @@ void attention_forward_all_heads(const ExecSpace& exec, const AttentionShape& a,
     for (int64_t r = 0; r < group; ++r)
       gemm_strided_batched(exec, "N", "T", a.scale(), head_block(q, s, S, i0, rows, r, D),
                            group * D, head_block(k, s, S, j0, cols, 0, D), D, 0.0f,
-                           head_scores(P, r, rows, cols), group * block, G);
+                           head_scores(P, r, rows, cols), group * block, G, in);
     if (bf16) round_bf16(exec, P);
     causal_softmax(exec, P, lse, s * H * S + i0, rows, S, b, false, bf16);
     for (int64_t r = 0; r < group; ++r)
       gemm_strided_batched(exec, "N", "N", 1.0f, head_scores(P, r, rows, cols), group * block,
                            head_block(v, s, S, j0, cols, 0, D), D, 0.0f,
-                           head_block(o, s, S, i0, rows, r, D), group * D, G);
+                           head_block(o, s, S, i0, rows, r, D), group * D, G, in);
   });
 }
 
@@ -307,6 +308,8 @@ void causal_attention_forward(const ExecSpace& exec, const AttentionShape& a, co
                               const Kokkos::View<float*, M>& lse,
                               const DocStarts<M>& docs = DocStarts<M>()) {
   const int64_t S = a.S, D = a.head_dim;
+  // (a bfloat16 run's q, k, v and probabilities are bfloat16 values)
+  const GemmInputs in = bf16 ? GemmInputs::bfloat16 : GemmInputs::float32;
   ws.reserve(S, a.softcap > 0, a.heads);
   if (ws.batch_heads) {
     impl::attention_forward_all_heads(exec, a, q, k, v, bf16, ws, o, lse, docs);
@@ -319,11 +322,11 @@ void causal_attention_forward(const ExecSpace& exec, const AttentionShape& a, co
           a.window, a.softcap, a.softcap > 0 ? Matrix<M>(ws.tanh.data(), rows, cols) : Matrix<M>(),
           docs};
       gemm(exec, "N", "T", a.scale(), impl::head_block(q, s, S, i0, rows, h, D),
-           impl::head_block(k, s, S, j0, cols, g, D), 0.0f, P);
+           impl::head_block(k, s, S, j0, cols, g, D), 0.0f, P, in);
       if (bf16) round_bf16(exec, P);
       impl::causal_softmax(exec, P, lse, (s * a.heads + h) * S + i0, rows, S, b, false, bf16);
       gemm(exec, "N", "N", 1.0f, P, impl::head_block(v, s, S, j0, cols, g, D), 0.0f,
-           impl::head_block(o, s, S, i0, rows, h, D));
+           impl::head_block(o, s, S, i0, rows, h, D), in);
     });
   }
   if (bf16) round_bf16(exec, o);

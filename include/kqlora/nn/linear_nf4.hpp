@@ -120,11 +120,14 @@ void for_each_panel(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W, int64_t
 
 }  // namespace impl
 
-/// y = x W^T + beta * y; x [T, in], y [T, out].
+/// y = x W^T + beta * y; x [T, in], y [T, out]. `inputs` = bfloat16: x holds bfloat16
+/// values and W is a bfloat16 NF4 tensor (a GPU may use its bfloat16 tensor cores, exactly;
+/// core/blas.hpp).
 template <class ExecSpace, class MemSpace>
 void linear_nf4_forward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
                         const Matrix<MemSpace>& x, const Matrix<MemSpace>& y,
-                        LinearNf4Workspace<MemSpace>& ws, float beta = 0.0f) {
+                        LinearNf4Workspace<MemSpace>& ws, float beta = 0.0f,
+                        GemmInputs inputs = GemmInputs::float32) {
   static_assert(accessible_from<ExecSpace, MemSpace>(), "memory not accessible from exec");
   KQLORA_CHECK(!(W.layout.shape.size() != 2 || x.extent(1) != size_t(W.layout.shape[1]) ||
                  y.extent(1) != size_t(W.layout.shape[0]) || x.extent(0) != y.extent(0)),
@@ -136,18 +139,19 @@ void linear_nf4_forward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
   impl::for_each_panel(
       exec, W, x.extent(0), ws, [&](int64_t r0, int64_t rows, const Matrix<MemSpace>& Wp) {
         if (rows == out)  // one panel: y itself (a plain row-major matrix for any gemm)
-          gemm(exec, "N", "T", 1.0f, x, Wp, beta, y);
+          gemm(exec, "N", "T", 1.0f, x, Wp, beta, y, inputs);
         else
           gemm(exec, "N", "T", 1.0f, x, Wp, beta,
-               Kokkos::subview(y, Kokkos::ALL, Kokkos::make_pair(r0, r0 + rows)));
+               Kokkos::subview(y, Kokkos::ALL, Kokkos::make_pair(r0, r0 + rows)), inputs);
       });
 }
 
-/// gx = gy W + beta * gx; gy [T, out], gx [T, in].
+/// gx = gy W + beta * gx; gy [T, out], gx [T, in]. `inputs`: as the forward's (gy bfloat16).
 template <class ExecSpace, class MemSpace>
 void linear_nf4_backward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
                          const Matrix<MemSpace>& gy, const Matrix<MemSpace>& gx,
-                         LinearNf4Workspace<MemSpace>& ws, float beta = 0.0f) {
+                         LinearNf4Workspace<MemSpace>& ws, float beta = 0.0f,
+                         GemmInputs inputs = GemmInputs::float32) {
   static_assert(accessible_from<ExecSpace, MemSpace>(), "memory not accessible from exec");
   KQLORA_CHECK(!(W.layout.shape.size() != 2 || gx.extent(1) != size_t(W.layout.shape[1]) ||
                  gy.extent(1) != size_t(W.layout.shape[0]) || gx.extent(0) != gy.extent(0)),
@@ -156,15 +160,16 @@ void linear_nf4_backward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
                                                  << W.layout.shape_string());
   if (impl::fused_nf4_gemm(exec, W, Nf4GemmOp::input_gradient, gy, beta, gx, ws)) return;
   const int64_t out = W.layout.shape[0];
-  impl::for_each_panel(
-      exec, W, gy.extent(0), ws, [&](int64_t r0, int64_t rows, const Matrix<MemSpace>& Wp) {
-        const float b = r0 == 0 ? beta : 1.0f;
-        if (rows == out)
-          gemm(exec, "N", "N", 1.0f, gy, Wp, b, gx);
-        else
-          gemm(exec, "N", "N", 1.0f,
-               Kokkos::subview(gy, Kokkos::ALL, Kokkos::make_pair(r0, r0 + rows)), Wp, b, gx);
-      });
+  impl::for_each_panel(exec, W, gy.extent(0), ws,
+                       [&](int64_t r0, int64_t rows, const Matrix<MemSpace>& Wp) {
+                         const float b = r0 == 0 ? beta : 1.0f;
+                         if (rows == out)
+                           gemm(exec, "N", "N", 1.0f, gy, Wp, b, gx, inputs);
+                         else
+                           gemm(exec, "N", "N", 1.0f,
+                                Kokkos::subview(gy, Kokkos::ALL, Kokkos::make_pair(r0, r0 + rows)),
+                                Wp, b, gx, inputs);
+                       });
 }
 
 }  // namespace kqlora

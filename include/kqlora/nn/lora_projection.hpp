@@ -54,6 +54,13 @@ void lora_b_gradient(const ExecSpace& exec, float s, const Matrix<M>& gy, const 
       });
 }
 
+/// The base product's inputs: bfloat16 values in a bfloat16 run over a bfloat16 NF4 weight
+/// (the activations and gradients are rounded to bfloat16 there), float32 otherwise.
+template <class M>
+GemmInputs base_inputs(const Nf4Tensor<M>& W, bool bf16) {
+  return bf16 && W.layout.dtype == DType::bfloat16 ? GemmInputs::bfloat16 : GemmInputs::float32;
+}
+
 }  // namespace impl
 
 /// y = x W^T + bias (+ the adapter's output, h = x_d A^T kept for the backward). `lora`
@@ -64,7 +71,7 @@ void lora_projection_forward(const ExecSpace& exec, const Nf4Tensor<M>& W,
                              const Matrix<M>& xd, bool bf16, const Matrix<M>& h,
                              LoraScratch<M>& scratch, LinearNf4Workspace<M>& ws, const Matrix<M>& y,
                              const Kokkos::View<const float*, M>& bias = {}) {
-  linear_nf4_forward(exec, W, x, y, ws);
+  linear_nf4_forward(exec, W, x, y, ws, 0.0f, impl::base_inputs(W, bf16));
   if (bias.data()) {
     add_bias(exec, bias, bf16, y);  // (rounds the sum once)
   } else if (bf16) {
@@ -104,7 +111,7 @@ void lora_projection_backward(const ExecSpace& exec, const Nf4Tensor<M>& W,
     gemm(exec, "T", "N", 1.0f, gh, xd, beta, lora->ga);  // dA = gh^T x_d
   }
   if (!gx.data()) return;
-  linear_nf4_backward(exec, W, gy, gx, ws, gx_beta);
+  linear_nf4_backward(exec, W, gy, gx, ws, gx_beta, impl::base_inputs(W, bf16));
   if (lora) {
     if (dropout || bf16) {
       const Matrix<M> tmp(scratch.tmp.data(), T, gx.extent(1));
