@@ -65,7 +65,7 @@ LlamaShape llama_shape(const std::string& name) {
 
 void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches, int64_t seq,
                    int repeats, const std::string& filter, std::vector<Record>& out,
-                   std::ostream& report) {
+                   std::ostream& report, bool bf16) {
   const std::string prefix = "llama_";
   const char* kinds[] = {"fwd_bwd_", "attention_fwd_bwd_", "cross_entropy_", "lm_head_products_"};
   bool any = false;
@@ -79,6 +79,7 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
   cfg.rank = kRank;
   cfg.lora_b_zeros = true;
   cfg.loss = LossKind::cross_entropy;
+  if (bf16) cfg.dtype = DType::bfloat16;
   CausalLm<Exec> model(exec, cfg);
   std::mt19937 gen(5);
   randomize(model, gen);
@@ -89,7 +90,8 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
 
   for (int64_t n : batches) {
     const int64_t T = n * seq;
-    const std::string tag = shape.name + "_b" + std::to_string(n) + "_t" + std::to_string(seq);
+    const std::string tag =
+        shape.name + "_b" + std::to_string(n) + "_t" + std::to_string(seq) + (bf16 ? "_bf16" : "");
     Batch<Mem> b;
     b.tokens = TokenMatrix<Mem>("kqlora::bench::ids", n, seq);
     b.labels = TokenMatrix<Mem>("kqlora::bench::labels", n, seq);

@@ -26,9 +26,10 @@ LlamaShape llama_shape(const std::string& name);
 /// (model FLOPs), and llama_attention_fwd_bwd_..., llama_lm_head_cross_entropy_...,
 /// llama_lm_head_products_..., llama_cross_entropy_... (every layer's attention forward
 /// and backward; the fused LM head and cross-entropy; its two products alone; its softmax,
-/// loss and gradient alone). Prints each part's share of the step.
+/// loss and gradient alone). Prints each part's share of the step. A bfloat16 run
+/// (`bf16`: NF4 and compute in bfloat16) names its records with "_bf16" at the end.
 void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches, int64_t seq,
                    int repeats, const std::string& filter, std::vector<Record>& out,
-                   std::ostream& report);
+                   std::ostream& report, bool bf16 = false);
 
 }  // namespace kqlora::bench

@@ -75,6 +75,8 @@ const char* usage =
     "                  none: no Llama records\n"
     "  --llama-batches LIST  sequences per step (default 1,4)\n"
     "  --llama-seq T   tokens per sequence (default 256)\n"
+    "  --llama-dtype D float32 (default) or bfloat16: the NF4 weights and the compute (the\n"
+    "                  records' names end in _bf16)\n"
     "  --version       version and build configuration\n";
 
 using Exec = Kokkos::DefaultExecutionSpace;
@@ -366,10 +368,13 @@ int bench_main(std::vector<std::string>& args) {
   };
   if (kqlora::app::take_option(args, "--repeats", &v)) repeats = count(v, "--repeats");
   if (kqlora::app::take_option(args, "--pairs", &v)) pairs = count(v, "--pairs");
-  std::string llama = "135m", llama_batches_text = "1,4";
+  std::string llama = "135m", llama_batches_text = "1,4", llama_dtype = "float32";
   int64_t llama_seq = 256;
   kqlora::app::take_option(args, "--llama", &llama);
   kqlora::app::take_option(args, "--llama-batches", &llama_batches_text);
+  kqlora::app::take_option(args, "--llama-dtype", &llama_dtype);
+  KQLORA_INPUT_CHECK(llama_dtype == "float32" || llama_dtype == "bfloat16",
+                     "--llama-dtype: float32 or bfloat16, got '" << llama_dtype << "'");
   if (kqlora::app::take_option(args, "--llama-seq", &v))
     llama_seq = kqlora::parse_integer(v, "--llama-seq");
   KQLORA_INPUT_CHECK(llama_seq >= 2, "--llama-seq must be at least 2");
@@ -409,7 +414,7 @@ int bench_main(std::vector<std::string>& args) {
                                          filter, records, llama_report);
   if (llama != "none")
     kqlora::bench::llama_records(kqlora::bench::llama_shape(llama), llama_batches, llama_seq,
-                                 repeats, filter, records, llama_report);
+                                 repeats, filter, records, llama_report, llama_dtype == "bfloat16");
 
   // Columns that do not apply to a record stay empty.
   std::cout << std::left << std::setw(32) << "record" << std::right << std::setw(12) << "median ms"

@@ -19,8 +19,8 @@
 #    step's loss with the CPU's (relative 1e-3).
 # 4. Benchmarks: NF4 dequantization against a device copy (target >= 0.8 of its
 #    bandwidth), the QLoRA linear (4096, rank 16, 2048 tokens) against torch's bfloat16
-#    dense linear on this GPU (target <= 1.3x its time), the 135M step (1 and 4 rows of 256)
-#    in tokens/s and MFU, Kokkos kernel launches a training step
+#    dense linear on this GPU (target <= 1.3x its time), the 135M step (1 and 4 rows of 256,
+#    float32 and bfloat16) in tokens/s and MFU, Kokkos kernel launches a training step
 #    (tools/kokkos_kernel_count.cpp), and the memory estimate against the tracked peak.
 # Writes DIR/gpu_report.md (DIR: --out, else $OUT, else ./gpu_check_out) with every result
 # and each step's log under DIR/logs; exits 1 if a check failed or a step broke, after
@@ -303,7 +303,9 @@ bench() {
   "$bin/kqlora-bench" --filter memcpy,nf4_dequant,qlora_linear,dense_lora --sizes $sizes \
     --tokens $tokens --linear-dim $dim --repeats 10 --json "$out/bench_linear.json" &&
     "$bin/kqlora-bench" --filter llama_fwd_bwd --llama-batches $batches --repeats 5 \
-      --json "$out/bench_llama.json"
+      --json "$out/bench_llama.json" &&
+    "$bin/kqlora-bench" --filter llama_fwd_bwd --llama-batches $batches --repeats 5 \
+      --llama-dtype bfloat16 --json "$out/bench_llama_bf16.json"
 }
 step bench bench
 torch_linear() {  # torch's bfloat16 dense linear, the bench's shape: forward + input gradient
@@ -352,6 +354,7 @@ def load(p):
     except Exception:
         return {}
 lin, llama = load(out + "/bench_linear.json"), load(out + "/bench_llama.json")
+llama.update(load(out + "/bench_llama_bf16.json"))
 print("## Benchmarks\n")
 bad = 0
 def first(prefix, suffix=""):
@@ -380,12 +383,14 @@ if ql and dl:
     print("- the same QLoRA linear against kqlora's dense float32 LoRA linear: %.2fx" % (ql["median_s"] / dl["median_s"]))
 # H200 peaks (dense): float32 on CUDA cores 67 TFLOP/s, bfloat16 on tensor cores 989.
 for b in (1, 4):
-    r = llama.get("llama_fwd_bwd_135m_b%d_t256" % b)
-    if r:
-        tps = b * 256 / r["median_s"]
-        fl = r["flops"] / r["median_s"]
-        print("- 135M step, %d x 256 tokens: %.1f ms, %.0f tokens/s, %.2f TFLOP/s of model FLOPs: MFU %.1f%% of float32 (67 TFLOP/s), %.2f%% of bfloat16 tensor cores (989)"
-              % (b, 1e3 * r["median_s"], tps, fl / 1e12, 100 * fl / 67e12, 100 * fl / 989e12))
+    for dt in ("", "_bf16"):
+        r = llama.get("llama_fwd_bwd_135m_b%d_t256%s" % (b, dt))
+        if r:
+            tps = b * 256 / r["median_s"]
+            fl = r["flops"] / r["median_s"]
+            print("- 135M step (%s), %d x 256 tokens: %.1f ms, %.0f tokens/s, %.2f TFLOP/s of model FLOPs: MFU %.1f%% of float32 (67 TFLOP/s), %.2f%% of bfloat16 tensor cores (989)"
+                  % ("bfloat16" if dt else "float32", b, 1e3 * r["median_s"], tps, fl / 1e12,
+                     100 * fl / 67e12, 100 * fl / 989e12))
 counts = {}
 for n in (2, 4):
     p = "%s/count_%d.txt" % (work, n)
