@@ -541,11 +541,28 @@ TEST_F(Reliability, ADeviceRunIsCheckedAgainstItsGpusFreeMemoryShared) {
   EXPECT_NO_THROW(kqlora::check_memory(c, 4, 4, 0, "deck.in", gpu));
   gpu.device_free = {1, "test GPU"};
   EXPECT_NO_THROW(kqlora::check_memory(deck("num_linears=3 memory_check=off"), 1, 1, 0, "d", gpu));
+  // FSDP's padded vectors sit beside the model on the GPU; without device collectives
+  // they and a gathered weight are staged on the host as well.
+  const auto fc = deck("num_linears=3 num_steps=1 global_bs=4 parallel=fsdp");
+  gpu.device_free = {int64_t(10) << 30, "test GPU"};
+  gpu.device_collectives = true;
+  const auto fd = kqlora::estimate_memory(fc, 4, 4, 0, gpu);
+  gpu.device_collectives = false;
+  const auto fs = kqlora::estimate_memory(fc, 4, 4, 0, gpu);
+  std::map<std::string, int64_t> fdev(fd.device_parts.begin(), fd.device_parts.end()),
+      fdh(fd.parts.begin(), fd.parts.end()), fsh(fs.parts.begin(), fs.parts.end());
+  const int64_t padded = 2 * 4 * trainable + 4 * trainable / 4;
+  EXPECT_EQ(fdev["FSDP's padded parameters and gradients"], padded);
+  EXPECT_EQ(fsh["host staging (set-up reads, collectives)"] -
+                fdh["host staging (set-up reads, collectives)"],
+            padded + 2 * (64 * 64 / 2 + 64 * 64 / 64));
   // This build's placement: host memory (no CUDA here), and the GPU memory hook.
   EXPECT_FALSE(kqlora::build_placement(1, false, false).device);
   EXPECT_EQ(kqlora::gpu_free_memory(0).bytes, 0);
   setenv("KQLORA_GPU_MEMORY_LIMIT", "123456789", 1);
   EXPECT_EQ(kqlora::gpu_free_memory(0).bytes, 123456789);
+  setenv("KQLORA_GPU_MEMORY_LIMIT", "16G", 1);  // (not bytes: refused, not read as 16)
+  EXPECT_THROW(kqlora::gpu_free_memory(0), kqlora::InputError);
   unsetenv("KQLORA_GPU_MEMORY_LIMIT");
 }
 

@@ -158,17 +158,16 @@ else
 fi
 
 build_hdf5() {
-  # HDF5 1.10's configuration reads a file its test program writes into the working
-  # directory, which newer CMake (3.25 here) runs elsewhere: the values it would write
-  # (long double and __float128 digits on x86-64; they only size Fortran's real kinds).
+  # (from inside the build folder: HDF5 1.10's configuration runs a test program that
+  # writes its answer into the working directory and reads it back from the build folder)
   rm -rf "$work/hdf5-build" "$work/hdf5"
   mkdir -p "$work/hdf5-build"
-  printf '21;33;' >"$work/hdf5-build/pac_Cconftest.out"
-  CC=mpicc cmake -S "$work/hdf5-src" -B "$work/hdf5-build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_INSTALL_PREFIX="$work/hdf5" -DHDF5_ENABLE_PARALLEL=ON -DBUILD_TESTING=OFF \
-    -DHDF5_BUILD_TOOLS=OFF -DHDF5_BUILD_EXAMPLES=OFF -DHDF5_BUILD_FORTRAN=OFF \
-    -DHDF5_BUILD_CPP_LIB=OFF -DHDF5_BUILD_JAVA=OFF -DHDF5_BUILD_HL_LIB=OFF \
-    -DHDF5_ENABLE_Z_LIB_SUPPORT=OFF -DHDF5_ENABLE_SZIP_SUPPORT=OFF -DBUILD_SHARED_LIBS=ON &&
+  (cd "$work/hdf5-build" && CC=mpicc cmake -S "$work/hdf5-src" -B . -G Ninja \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$work/hdf5" -DHDF5_ENABLE_PARALLEL=ON \
+    -DBUILD_TESTING=OFF -DHDF5_BUILD_TOOLS=OFF -DHDF5_BUILD_EXAMPLES=OFF \
+    -DHDF5_BUILD_FORTRAN=OFF -DHDF5_BUILD_CPP_LIB=OFF -DHDF5_BUILD_JAVA=OFF \
+    -DHDF5_BUILD_HL_LIB=OFF -DHDF5_ENABLE_Z_LIB_SUPPORT=OFF -DHDF5_ENABLE_SZIP_SUPPORT=OFF \
+    -DBUILD_SHARED_LIBS=ON) &&
     cmake --build "$work/hdf5-build" -j"$jobs" && cmake --install "$work/hdf5-build"
 }
 build_host_deps() {  # --backend serial: Kokkos (Serial) and Kokkos Kernels, no BLAS

@@ -46,7 +46,11 @@ std::string gpu_uuid(int device) {
 MemoryBudget gpu_free_memory(int device) {
   MemoryBudget b;
   if (const char* v = std::getenv("KQLORA_GPU_MEMORY_LIMIT")) {
-    b.bytes = std::atoll(v);
+    char* end = nullptr;
+    const long long bytes = std::strtoll(v, &end, 10);
+    KQLORA_INPUT_CHECK(end != v && *end == '\0' && bytes > 0,
+                       "KQLORA_GPU_MEMORY_LIMIT: a number of bytes, got '" << v << "'");
+    b.bytes = bytes;
     b.source = "KQLORA_GPU_MEMORY_LIMIT " + human_bytes(static_cast<double>(b.bytes));
     return b;
   }

@@ -97,6 +97,7 @@ class PinnedPool {
 class NcclRequest : public Request {
  public:
   cudaEvent_t done_event = nullptr;
+  bool recorded = false;  // done_event queued after the request's last operation
   // Host buffers pass through page-locked memory (truly asynchronous copies, so no call
   // blocks past the deadline); a host result is copied out once the request completes.
   PinnedPool* pool = nullptr;
@@ -106,7 +107,9 @@ class NcclRequest : public Request {
   ~NcclRequest() override {
     // A pinned buffer goes back to the pool only once its copy is done; otherwise it stays
     // taken (a timed-out collective may still write it).
-    if (pinned && done_event && cudaEventQuery(done_event) == cudaSuccess) pool->release(pinned);
+    // (an event never recorded reports success: a request abandoned half-queued keeps its
+    // block, which a queued copy may still read)
+    if (pinned && recorded && cudaEventQuery(done_event) == cudaSuccess) pool->release(pinned);
     if (done_event) cudaEventDestroy(done_event);  // no throw from a destructor
   }
 };
@@ -339,6 +342,8 @@ class NcclCommunicator : public Communicator {
   }
 
   std::unique_ptr<NcclRequest> begin(const char* what) {
+    KQLORA_CHECK(comm_, "NCCL " << what << " on rank " << rank_
+                                << ": the communicator was aborted after a timeout");
     auto r = std::make_unique<NcclRequest>();
     r->what = what;
     // The communication stream waits for what the compute stream has queued so far.
@@ -349,6 +354,7 @@ class NcclCommunicator : public Communicator {
   }
   std::unique_ptr<Request> end(std::unique_ptr<NcclRequest> r) {
     KQLORA_CHECK_CUDA(cudaEventRecord(r->done_event, stream_));
+    r->recorded = true;
     return r;
   }
 };

@@ -114,11 +114,18 @@ MemoryEstimate estimate_memory(const Config& c, int world_size, int ranks_per_no
     int64_t staging = mul(6, f.largest_nf4_elements);
     const int64_t trainable4 = mul(4, f.trainable_elements);
     if (fsdp && world > 1) {
-      staging =
-          checked_add(staging, mul(2, trainable4) + trainable4 / world, "the memory estimate");
-      staging = checked_add(
-          staging, mul(2, f.largest_nf4_elements / 2 + f.largest_nf4_elements / m.block_size),
-          "the memory estimate");
+      // FSDP's padded parameter and gradient vectors and its chunk's gradients live beside
+      // the model; without device collectives they and a gathered weight pass through host
+      // copies as well.
+      const int64_t padded =
+          checked_add(mul(2, trainable4), trainable4 / world, "the memory estimate");
+      e.device_parts.push_back({"FSDP's padded parameters and gradients", padded});
+      if (!where.device_collectives) {
+        staging = checked_add(staging, padded, "the memory estimate");
+        staging = checked_add(
+            staging, mul(2, f.largest_nf4_elements / 2 + f.largest_nf4_elements / m.block_size),
+            "the memory estimate");
+      }
     } else if (world > 1 && !where.device_collectives) {
       staging = checked_add(staging, trainable4, "the memory estimate");
     }

@@ -268,6 +268,8 @@ void attention_backward_all_heads(const ExecSpace& exec, const AttentionShape& a
                                   const DocStarts<M>& docs) {
   const int64_t S = a.S, D = a.head_dim, H = a.heads, G = a.kv_heads, group = H / G;
   const float scale = a.scale();
+  // (the probabilities recomputed as the forward computed them)
+  const GemmInputs in = bf16 ? GemmInputs::bfloat16 : GemmInputs::float32;
   for_each_row_block(a, [&](int64_t s, int64_t i0, int64_t rows) {
     const int64_t j0 = a.first_key(s, i0), cols = i0 + rows - j0, block = rows * cols;
     const Matrix<M> P(ws.scores.data(), H * rows, cols), dP(ws.dscores.data(), H * rows, cols);
@@ -276,7 +278,7 @@ void attention_backward_all_heads(const ExecSpace& exec, const AttentionShape& a
     const auto K0 = head_block(k, s, S, j0, cols, 0, D), V0 = head_block(v, s, S, j0, cols, 0, D);
     for (int64_t r = 0; r < group; ++r)
       gemm_strided_batched(exec, "N", "T", scale, head_block(q, s, S, i0, rows, r, D), group * D,
-                           K0, D, 0.0f, head_scores(P, r, rows, cols), group * block, G);
+                           K0, D, 0.0f, head_scores(P, r, rows, cols), group * block, G, in);
     if (bf16) round_bf16(exec, P);
     causal_softmax(exec, P, lse, s * H * S + i0, rows, S, b, true, bf16);
     for (int64_t r = 0; r < group; ++r) {
@@ -341,7 +343,8 @@ void causal_attention_backward(const ExecSpace& exec, const AttentionShape& a, c
                                const Matrix<M>& gv, const DocStarts<M>& docs = DocStarts<M>()) {
   const int64_t S = a.S, D = a.head_dim;
   const float scale = a.scale();
-  ws.reserve(S, a.softcap > 0);
+  const GemmInputs in = bf16 ? GemmInputs::bfloat16 : GemmInputs::float32;  // (as the forward)
+  ws.reserve(S, a.softcap > 0, a.heads);
   Kokkos::deep_copy(exec, gk, 0.0f);  // (summed over query blocks and the heads of a group)
   Kokkos::deep_copy(exec, gv, 0.0f);
   if (ws.batch_heads) {
@@ -356,7 +359,7 @@ void causal_attention_backward(const ExecSpace& exec, const AttentionShape& a, c
       const Matrix<M> P(ws.scores.data(), rows, cols), dP(ws.dscores.data(), rows, cols);
       const Matrix<M> T = a.softcap > 0 ? Matrix<M>(ws.tanh.data(), rows, cols) : Matrix<M>();
       const impl::SoftmaxRows<M> b{s, i0, j0, a.window, a.softcap, T, docs};
-      gemm(exec, "N", "T", scale, Q, K, 0.0f, P);
+      gemm(exec, "N", "T", scale, Q, K, 0.0f, P, in);
       if (bf16) round_bf16(exec, P);
       impl::causal_softmax(exec, P, lse, (s * a.heads + h) * S + i0, rows, S, b, true, bf16);
       gemm(exec, "T", "N", 1.0f, P, gO, 1.0f, impl::head_block(gv, s, S, j0, cols, g, D));
