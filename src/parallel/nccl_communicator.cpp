@@ -283,6 +283,8 @@ class NcclCommunicator : public Communicator {
     const int64_t send_blocks = shape == Shape::scatter ? size_ : 1,
                   recv_blocks = shape == Shape::gather ? size_ : 1,
                   staged_blocks = shape == Shape::in_place ? 1 : send_blocks + recv_blocks;
+    // (every rank must make the same NCCL calls: the pieces depend on the size and on
+    // where the buffers lie, which every call site chooses alike on every rank)
     const std::vector<StagingPiece> pieces =
         staging_pieces(block_bytes, staged_blocks, element_bytes, kNcclStagingBytes);
     if (pieces.size() == 1) {
