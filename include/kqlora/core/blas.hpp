@@ -125,6 +125,17 @@ inline cublasOperation_t cublas_op(char t) {
 inline cublasComputeType_t cublas_compute(GemmInputs inputs) {
   return inputs == GemmInputs::bfloat16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
 }
+/// A product cuBLAS runs: float32 CUDA views, on the CUDA execution space.
+template <class ExecSpace, class AView, class BView, class CView>
+constexpr bool cublas_takes() {
+  using Mem = typename CView::memory_space;
+  return (std::is_same<Mem, Kokkos::CudaSpace>::value ||
+          std::is_same<Mem, Kokkos::CudaUVMSpace>::value) &&
+         std::is_same<ExecSpace, Kokkos::Cuda>::value &&
+         std::is_same<typename AView::non_const_value_type, float>::value &&
+         std::is_same<typename BView::non_const_value_type, float>::value &&
+         std::is_same<typename CView::non_const_value_type, float>::value;
+}
 #endif
 }  // namespace impl
 
@@ -163,13 +174,7 @@ void gemm(const ExecSpace& exec, const char* ta, const char* tb, float alpha, co
   }
 #endif
 #if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSKERNELS_ENABLE_TPL_CUBLAS)
-  using DevMem = typename CView::memory_space;
-  if constexpr ((std::is_same<DevMem, Kokkos::CudaSpace>::value ||
-                 std::is_same<DevMem, Kokkos::CudaUVMSpace>::value) &&
-                std::is_same<ExecSpace, Kokkos::Cuda>::value &&
-                std::is_same<typename AView::non_const_value_type, float>::value &&
-                std::is_same<typename BView::non_const_value_type, float>::value &&
-                std::is_same<typename CView::non_const_value_type, float>::value) {
+  if constexpr (impl::cublas_takes<ExecSpace, AView, BView, CView>()) {
     const impl::ColumnMajorGemm g = impl::column_major_gemm(ta, tb, A, B, C);
     if (g.ok) {
       if (g.m == 0 || g.n == 0) return;
@@ -213,13 +218,7 @@ void gemm_strided_batched(const ExecSpace& exec, const char* ta, const char* tb,
                           float beta, const CView& C, int64_t stride_c, int64_t batch,
                           GemmInputs inputs = GemmInputs::float32) {
 #if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSKERNELS_ENABLE_TPL_CUBLAS)
-  using DevMem = typename CView::memory_space;
-  if constexpr ((std::is_same<DevMem, Kokkos::CudaSpace>::value ||
-                 std::is_same<DevMem, Kokkos::CudaUVMSpace>::value) &&
-                std::is_same<ExecSpace, Kokkos::Cuda>::value &&
-                std::is_same<typename AView::non_const_value_type, float>::value &&
-                std::is_same<typename BView::non_const_value_type, float>::value &&
-                std::is_same<typename CView::non_const_value_type, float>::value) {
+  if constexpr (impl::cublas_takes<ExecSpace, AView, BView, CView>()) {
     const impl::ColumnMajorGemm g = impl::column_major_gemm(ta, tb, A, B, C);
     if (g.ok && batch > 0 && batch <= INT_MAX) {
       if (g.m == 0 || g.n == 0) return;
