@@ -142,12 +142,12 @@ class NcclCommunicator : public Communicator {
   }
 
   ~NcclCommunicator() override {
-    // (no throw from a destructor) After a timeout, or while an error unwinds, operations
-    // may still wait for a peer that will never come: abort them first, since
-    // ncclCommDestroy and cudaFree would wait for them; otherwise every operation was
-    // waited for, and the communicator ends normally.
+    // (no throw from a destructor) After a timeout, with an operation never seen complete
+    // (an error left it), or while an error unwinds, operations may still wait for a peer
+    // that will never come: abort them first, since ncclCommDestroy and cudaFree would wait
+    // for them; otherwise every operation completed, and the communicator ends normally.
     if (comm_) {
-      if (broken() || std::uncaught_exceptions() > 0)
+      if (broken() || unfinished_ > 0 || std::uncaught_exceptions() > 0)
         ncclCommAbort(comm_);
       else
         ncclCommDestroy(comm_);
@@ -225,6 +225,7 @@ class NcclCommunicator : public Communicator {
       r.pinned = nullptr;
     }
     r.done = true;
+    --unfinished_;
     return true;
   }
 
@@ -242,6 +243,7 @@ class NcclCommunicator : public Communicator {
   char* scratch_ = nullptr;   // device copies of host buffers (at most kNcclStagingBytes)
   PinnedPool pinned_{*this};  // host data on its way in and out (blocks of at most that)
   size_t scratch_bytes_ = 0;
+  int64_t unfinished_ = 0;  // requests begun and not yet seen complete
 
   /// Where a collective's blocks lie (each rank's block: `block_bytes` of the call).
   enum class Shape {
@@ -340,6 +342,7 @@ class NcclCommunicator : public Communicator {
     }
     pinned_.release(pinned);
     r->done = true;
+    --unfinished_;
     return end(std::move(r));
   }
 
@@ -347,6 +350,7 @@ class NcclCommunicator : public Communicator {
     KQLORA_CHECK(comm_, "NCCL " << what << " on rank " << rank_
                                 << ": the communicator was aborted after a timeout");
     auto r = std::make_unique<NcclRequest>();
+    ++unfinished_;
     r->what = what;
     // The communication stream waits for what the compute stream has queued so far.
     KQLORA_CHECK_CUDA(cudaEventRecord(ready_, compute_));
