@@ -6,9 +6,8 @@
 // own kernels otherwise). Float32 CUDA views whose rows or columns are contiguous (the
 // LayoutStride column blocks of the NF4 panels and the attention's per-head blocks among
 // them) go to cuBLAS directly (cublasGemmEx), as Kokkos Kernels would send them to its own
-// kernel. The
-// Kokkos Kernels version difference lives here: 3.7 added the execution-space argument;
-// remove the 3.4 branch when the floor moves past Debian 12.
+// kernel. The Kokkos Kernels version difference lives here: 3.7 added the execution-space
+// argument; remove the 3.4 branch when the floor moves past Debian 12.
 
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>
