@@ -91,6 +91,15 @@ TEST(Deck, EveryErrorNamesFileAndLine) {
   expect_error("optimizer = sgd\nbetas = 0.9, 0.99\n", "deck.in:2: betas apply to adam and adamw");
   expect_error("eval_every = 5\n", "deck.in:1: eval_every 5 needs an eval_file");
   expect_error("shuffle = true\n", "deck.in:1: shuffle = true needs a data_file");
+  expect_error("activation_dtype = bfloat16\n",
+               "deck.in:1: activation_dtype does not apply to model lora_stack");
+  const std::string gqa = std::string(KQLORA_TEST_DATA_DIR) + "/llama_reference/gqa";
+  expect_error("model = causal_lm\nhf_model_dir = " + gqa + "\ndata_file = " + gqa +
+                   "/data.h5\nactivation_dtype = bfloat16\n",
+               "deck.in:4: activation_dtype = bfloat16 keeps a bfloat16 run's activations in 16 "
+               "bits; this run's dtype is float32");
+  expect_error("activation_dtype = half\n",
+               "deck.in:1: activation_dtype: expected auto|float32|bfloat16, got 'half'");
   expect_error("init_file = /no/such/file.h5\n",
                "deck.in:1: init_file: cannot read '/no/such/file.h5'");
   expect_error("data_file = /no/such/data.h5\n", "deck.in:1: data_file: cannot read");
@@ -102,7 +111,7 @@ TEST(Deck, EveryErrorNamesFileAndLine) {
 TEST(Deck, EveryKeyIsDocumentedInTheEcho) {
   const std::string text = parse_deck_text("", "d", {}).to_deck_text();
   for (const auto& k : kqlora::deck_keys()) EXPECT_NE(text.find(k + " = "), std::string::npos) << k;
-  EXPECT_EQ(kqlora::deck_keys().size(), 51u);  // the keys kqlora-train --help lists
+  EXPECT_EQ(kqlora::deck_keys().size(), 52u);  // the keys kqlora-train --help lists
 }
 
 TEST(TrainApp, BadDeckExitsTwoAndWritesNothing) {

@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "h5_test_util.hpp"
+#include "kqlora/core/memory.hpp"
 #include "kqlora/io/hdf5_file.hpp"
 #include "kqlora/io/hdf5_params.hpp"
 #include "kqlora/nn/causal_lm.hpp"
@@ -163,53 +165,97 @@ TEST_P(LlamaReference, LogitsLossAndLoraGradientsMatchTransformersPeft) {
   EXPECT_EQ(checked, static_cast<int>(model->table().adapters.size()) * 2);
 }
 
+namespace {
+
+struct PassResult {
+  double loss = 0;
+  std::vector<float> grads;
+};
+
+/// A forward and backward over rows 0-1, then one accumulated over row 2 alone (another
+/// width: the buffers are reused, not regrown).
+PassResult two_micro_batches(const Case& c, const kqlora::ModelConfig& cfg, const Data& data) {
+  kqlora::CausalLm<Exec> model(Exec(), cfg);
+  std::ostringstream log;
+  // (init.h5 holds float32 NF4; a bfloat16 run quantizes the model directory's base)
+  kqlora::initialize_model(Exec(), model, cfg.bf16() ? "" : c.dir + "/init.h5", log);
+  kqlora::Batch<Mem> first = data.batch, second = data.batch;
+  first.tokens = Kokkos::subview(data.batch.tokens, Kokkos::make_pair(0, 2), Kokkos::ALL);
+  first.labels = Kokkos::subview(data.batch.labels, Kokkos::make_pair(0, 2), Kokkos::ALL);
+  second.tokens = kqlora::TokenMatrix<Mem>("ids", 1, 9);
+  second.labels = kqlora::TokenMatrix<Mem>("labels", 1, 9);
+  auto ht = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), data.batch.tokens);
+  auto hl = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), data.batch.labels);
+  auto st = Kokkos::create_mirror_view(second.tokens);
+  auto sl = Kokkos::create_mirror_view(second.labels);
+  for (int t = 0; t < 9; ++t) st(0, t) = ht(2, t), sl(0, t) = hl(2, t);
+  Kokkos::deep_copy(second.tokens, st);
+  Kokkos::deep_copy(second.labels, sl);
+  second.first_sample = 2;
+  second.row_len = data.S;
+  PassResult r;
+  r.loss = model.forward_backward(first, data.count, false);
+  r.loss += model.forward_backward(second, data.count, true);
+  const auto g = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.grads);
+  r.grads.assign(g.data(), g.data() + g.extent(0));
+  return r;
+}
+
+/// Bit for bit the same loss and gradients (and not all zero).
+void expect_identical(const PassResult& a, const PassResult& b, const std::string& what) {
+  EXPECT_EQ(a.loss, b.loss) << what;
+  ASSERT_EQ(a.grads.size(), b.grads.size()) << what;
+  size_t differ = 0;
+  for (size_t i = 0; i < a.grads.size(); ++i) differ += a.grads[i] != b.grads[i];
+  EXPECT_EQ(differ, 0u) << what;
+  double norm = 0;
+  for (float v : a.grads) norm += double(v) * v;
+  EXPECT_GT(norm, 0) << what;
+}
+
+}  // namespace
+
 // activation_checkpointing recomputes each block's forward in its backward: the same
 // operations on the same values, so the loss and every gradient are bit for bit those of
 // the run that keeps every block's activations -- with dropout too (the masks are keyed,
 // not drawn) and over two micro-batches of different widths.
 TEST_P(LlamaReference, ActivationCheckpointingGivesTheSameNumbers) {
   const Case& c = GetParam();
-  Data data = read_data(c.dir);
+  const Data data = read_data(c.dir);
   for (double dropout : {0.0, 0.1}) {
-    std::vector<std::vector<float>> grads;
-    std::vector<double> losses;
+    std::vector<PassResult> runs;
     for (bool recompute : {false, true}) {
       auto cfg = config_of(c);
       cfg.dropout = dropout;
       cfg.activation_checkpointing = recompute;
-      kqlora::CausalLm<Exec> model(Exec(), cfg);
-      std::ostringstream log;
-      kqlora::initialize_model(Exec(), model, c.dir + "/init.h5", log);
-      // Rows 0-1 and row 2 alone (another width: the buffers are reused, not regrown).
-      kqlora::Batch<Mem> first = data.batch, second = data.batch;
-      first.tokens = Kokkos::subview(data.batch.tokens, Kokkos::make_pair(0, 2), Kokkos::ALL);
-      first.labels = Kokkos::subview(data.batch.labels, Kokkos::make_pair(0, 2), Kokkos::ALL);
-      second.tokens = kqlora::TokenMatrix<Mem>("ids", 1, 9);
-      second.labels = kqlora::TokenMatrix<Mem>("labels", 1, 9);
-      auto ht = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), data.batch.tokens);
-      auto hl = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), data.batch.labels);
-      auto st = Kokkos::create_mirror_view(second.tokens);
-      auto sl = Kokkos::create_mirror_view(second.labels);
-      for (int t = 0; t < 9; ++t) st(0, t) = ht(2, t), sl(0, t) = hl(2, t);
-      Kokkos::deep_copy(second.tokens, st);
-      Kokkos::deep_copy(second.labels, sl);
-      second.first_sample = 2;
-      second.row_len = data.S;
-      double loss = model.forward_backward(first, data.count, false);
-      loss += model.forward_backward(second, data.count, true);
-      losses.push_back(loss);
-      const auto g = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.grads);
-      grads.emplace_back(g.data(), g.data() + g.extent(0));
+      runs.push_back(two_micro_batches(c, cfg, data));
     }
-    EXPECT_EQ(losses[0], losses[1]) << c.name << " dropout " << dropout;
-    ASSERT_EQ(grads[0].size(), grads[1].size());
-    size_t differ = 0;
-    for (size_t i = 0; i < grads[0].size(); ++i) differ += grads[0][i] != grads[1][i];
-    EXPECT_EQ(differ, 0u) << c.name << " dropout " << dropout;
-    double norm = 0;
-    for (float v : grads[0]) norm += double(v) * v;
-    EXPECT_GT(norm, 0) << c.name;
+    expect_identical(runs[0], runs[1], c.name + " dropout " + std::to_string(dropout));
   }
+}
+
+// activation_dtype = bfloat16 keeps a bfloat16 run's activations in 16 bits between the
+// forward and the backward (the default on a GPU): they are bfloat16 values, so the loss and
+// every gradient are bit for bit those of the run that keeps them in float32, with and
+// without activation checkpointing and dropout.
+TEST_P(LlamaReference, ActivationsKeptInBfloat16GiveTheSameNumbers) {
+  const Case& c = GetParam();
+  const Data data = read_data(c.dir);
+  for (double dropout : {0.0, 0.1})
+    for (bool recompute : {false, true}) {
+      std::vector<PassResult> runs;
+      for (auto kept : {kqlora::ActivationDtype::float32, kqlora::ActivationDtype::bfloat16}) {
+        auto cfg = config_of(c, kqlora::DType::bfloat16);
+        cfg.dropout = dropout;
+        cfg.activation_checkpointing = recompute;
+        cfg.activation_dtype = kept;
+        cfg.lora_b_zeros = false;  // (the adapters from the seed: every product non-zero)
+        runs.push_back(two_micro_batches(c, cfg, data));
+      }
+      expect_identical(runs[0], runs[1],
+                       c.name + " dropout " + std::to_string(dropout) +
+                           (recompute ? " with activation checkpointing" : ""));
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, LlamaReference, ::testing::ValuesIn(kCases),
@@ -1116,4 +1162,66 @@ TEST(LlamaData, MetricsCountTheTrimmedTokens) {
   EXPECT_GT(mfu, 0.0);
   EXPECT_LT(mfu, 1.0);
   EXPECT_NE(read_text(run + "/log").find("tokens/s"), std::string::npos);
+}
+
+// The memory estimate's activation part (nn/model_registry.cpp) counts what a forward and
+// backward allocates: at most the estimate, and what keeping the activations in bfloat16
+// saves, predicted from the buffer table, is the saving the tracked allocations show, with
+// and without activation checkpointing. On 6-layer copies of a Llama and a Phi-3 case
+// (random weights): at the cases' two layers the 16 bits the layers save are exactly what
+// the one float32 block costs.
+TEST(LlamaMemory, ActivationEstimateCountsTheBfloat16Saving) {
+  kqlora::track_kokkos_allocations();
+  const auto& kind = kqlora::model_kind("causal_lm");
+  bool warm = false;
+  for (const Case& c : {kCases[0], family_cases()[4]}) {
+    ASSERT_TRUE(c.name == "gqa" || c.name == "phi3") << c.name;
+    const Data data = read_data(c.dir);
+    auto base = config_of(c, kqlora::DType::bfloat16);
+    const auto at = base.arch_text.find("\"num_hidden_layers\"");
+    const auto colon = base.arch_text.find(':', at),
+               end = base.arch_text.find_first_of(",}", colon);
+    base.arch_text.replace(colon + 1, end - colon - 1, " 6");
+    base.hf_model_dir = tmp_dir("memory_" + c.name);
+    std::system(("rm -rf " + base.hf_model_dir + " && mkdir -p " + base.hf_model_dir).c_str());
+    std::ofstream(base.hf_model_dir + "/config.json") << base.arch_text;
+    std::vector<std::vector<float>> vals;
+    std::vector<kqlora::safetensors::TensorToWrite> ts;
+    std::mt19937 gen(3);
+    std::normal_distribution<float> normal(0.0f, 0.05f);
+    for (const auto& e : kqlora::CausalLm<Exec>::make_table(base).entries) {
+      if (e.kind == kqlora::ParamKind::trainable) continue;
+      std::vector<float> v(static_cast<size_t>(e.numel()));
+      for (float& x : v)
+        x = e.name.find("norm") != std::string::npos ? 1.0f + normal(gen) : normal(gen);
+      vals.push_back(std::move(v));
+      ts.push_back({e.name, "F32", e.shape, vals.back().data(), vals.back().size() * 4});
+    }
+    kqlora::safetensors::write(base.hf_model_dir + "/model.safetensors", ts);
+    for (bool recompute : {false, true}) {
+      int64_t grown[2] = {0, 0}, estimate[2] = {0, 0};
+      for (int kept16 = 0; kept16 < 2; ++kept16) {
+        auto cfg = base;
+        cfg.activation_checkpointing = recompute;
+        cfg.activation_dtype =
+            kept16 ? kqlora::ActivationDtype::bfloat16 : kqlora::ActivationDtype::float32;
+        kqlora::CausalLm<Exec> model(Exec(), cfg);
+        std::ostringstream log;
+        kqlora::initialize_model(Exec(), model, "", log);
+        // (the first pass of a process also allocates Kokkos's team scratch)
+        if (!warm) model.forward_backward(data.batch, data.count, false), warm = true;
+        kqlora::CausalLm<Exec> fresh(Exec(), cfg);
+        kqlora::initialize_model(Exec(), fresh, "", log);
+        kqlora::reset_tracked_peak();
+        const int64_t before = kqlora::tracked_bytes();
+        fresh.forward_backward(data.batch, data.count, false);
+        grown[kept16] = kqlora::tracked_peak_bytes() - before;
+        estimate[kept16] = kind.activation_bytes(cfg, data.n, data.S);
+        EXPECT_LE(grown[kept16], estimate[kept16]) << c.name;
+      }
+      const std::string what = c.name + (recompute ? " with activation checkpointing" : "");
+      EXPECT_GT(grown[0] - grown[1], 0) << what;
+      EXPECT_EQ(grown[0] - grown[1], estimate[0] - estimate[1]) << what;
+    }
+  }
 }

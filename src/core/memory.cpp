@@ -49,6 +49,14 @@ int64_t tracked_peak_bytes() {
   return peak.load();
 }
 
+int64_t tracked_bytes() {
+  return current.load();
+}
+
+void reset_tracked_peak() {
+  peak = current.load();
+}
+
 int64_t rss_bytes() {
   return status_kb("VmRSS:");
 }

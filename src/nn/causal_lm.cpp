@@ -199,6 +199,8 @@ CausalLm<ExecSpace>::CausalLm(const ExecSpace& exec, const ModelConfig& cfg, boo
   head_ = spec_.tied ? embed_ : &t.at("lm_head.weight");
   cache_.resize(static_cast<size_t>(spec_.layers));
   store_.resize(cache_.size());
+  bf16_kept_ = keeps_bf16_activations(cfg, !std::is_same<Mem, Kokkos::HostSpace>::value);
+  kept_.resize(cache_.size());
   rope_.resize(spec_.ropes.size());
   rope_freqs_.assign(spec_.ropes.size(), nullptr);
   ws_.between_panels = [this] {
@@ -245,34 +247,47 @@ void CausalLm<ExecSpace>::ensure(int64_t sequences, int64_t S) {
   if (grow) {
     capacity_ = T;
     for (auto& c : store_) c.clear();  // (the old buffers go first)
+    for (auto& k : kept_) k.clear();
     work_store_.clear();
     buf_store_.clear();
   }
-  // Buffers [first, count) of a list (the shared block buffers skip x: each layer's own).
+  // The buffers i of a list that `has(i)` (float32), as views of their first T rows.
   auto rows = [&](const std::vector<ActivationBuffer>& list, Buffers& store, Buffers& view,
-                  size_t first, size_t count) {
+                  auto&& has) {
     if (grow || store.empty()) {
-      store.assign(count, Matrix<Mem>());
-      for (size_t i = first; i < count; ++i)
-        if (list[i].width > 0)
+      store.assign(list.size(), Matrix<Mem>());
+      for (size_t i = 0; i < list.size(); ++i)
+        if (list[i].width > 0 && has(i))
           store[i] = Matrix<Mem>(
               Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::CausalLm::" + list[i].name),
               capacity_, list[i].width);
     }
-    view.assign(count, Matrix<Mem>());
-    for (size_t i = first; i < count; ++i)
-      if (list[i].width > 0) view[i] = Matrix<Mem>(store[i].data(), T, list[i].width);
+    view.assign(list.size(), Matrix<Mem>());
+    for (size_t i = 0; i < list.size(); ++i)
+      if (store[i].data()) view[i] = Matrix<Mem>(store[i].data(), T, list[i].width);
   };
+  // Each layer keeps every block buffer, or with activation checkpointing its input only
+  // (one block's buffers then serve the forward and each block's recomputation); bfloat16
+  // values kept in 16 bits are widened into the one block's buffers.
   const auto& block = table_of_buffers_.block;
-  if (this->cfg_.activation_checkpointing) {
-    // Each block keeps its input; one block's worth of activations serves the forward and
-    // each block's recomputation in the backward.
-    for (size_t l = 0; l < cache_.size(); ++l) rows(block, store_[l], cache_[l], 0, B::kX + 1);
-    rows(block, work_store_, work_, B::kX + 1, block.size());
-  } else {
-    for (size_t l = 0; l < cache_.size(); ++l) rows(block, store_[l], cache_[l], 0, block.size());
+  const auto in_16_bits = [&](size_t i) { return bf16_kept_ && block[i].bf16_values; };
+  const bool one_block = this->cfg_.activation_checkpointing || bf16_kept_;
+  for (size_t l = 0; l < cache_.size(); ++l) {
+    rows(block, store_[l], cache_[l],
+         [&](size_t i) { return kept_per_layer(i) && !in_16_bits(i); });
+    if (bf16_kept_ && (grow || kept_[l].empty())) {
+      kept_[l].assign(block.size(), Bf16Bits<Mem>());
+      for (size_t i = 0; i < block.size(); ++i)
+        if (block[i].width > 0 && kept_per_layer(i) && in_16_bits(i))
+          kept_[l][i] =
+              Bf16Bits<Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing,
+                                               "kqlora::CausalLm::" + block[i].name + "_bf16"),
+                            capacity_ * block[i].width);
+    }
   }
-  rows(table_of_buffers_.shared, buf_store_, buf_, 0, table_of_buffers_.shared.size());
+  if (one_block)
+    rows(block, work_store_, work_, [&](size_t i) { return !kept_per_layer(i) || in_16_bits(i); });
+  rows(table_of_buffers_.shared, buf_store_, buf_, [](size_t) { return true; });
   lora_.gh = buf_[B::kGH];
   lora_.tmp = buf_[B::kTmp];
   tokens_ = T;
@@ -476,10 +491,29 @@ AttentionShape CausalLm<ExecSpace>::attention_shape(int l) const {
 }
 
 template <class ExecSpace>
+bool CausalLm<ExecSpace>::kept_per_layer(size_t i) const {
+  return !this->cfg_.activation_checkpointing || i == B::kX;
+}
+
+template <class ExecSpace>
 auto CausalLm<ExecSpace>::block_cache(int l) -> Buffers& {
-  if (!this->cfg_.activation_checkpointing) return cache_[l];
-  work_[B::kX] = cache_[l][B::kX];  // (the block's own input; the rest is shared)
+  if (!this->cfg_.activation_checkpointing && !bf16_kept_) return cache_[l];
+  // (the layer's own float32 buffers; the rest, and what is widened from 16 bits, shared)
+  for (size_t i = 0; i < work_.size(); ++i)
+    if (cache_[l][i].data()) work_[i] = cache_[l][i];
   return work_;
+}
+
+template <class ExecSpace>
+void CausalLm<ExecSpace>::keep_bf16(int l, const Buffers& c) {
+  for (size_t i = 0; i < kept_[l].size(); ++i)
+    if (kept_[l][i].data()) narrow_to_bf16(this->exec_, c[i], kept_[l][i]);
+}
+
+template <class ExecSpace>
+void CausalLm<ExecSpace>::restore_bf16(int l, const Buffers& c) {
+  for (size_t i = 0; i < kept_[l].size(); ++i)
+    if (kept_[l][i].data()) widen_from_bf16(this->exec_, kept_[l][i], c[i]);
 }
 
 template <class ExecSpace>
@@ -568,13 +602,21 @@ double CausalLm<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool
   ensure(n, S);
   dropout_on_ = training && this->cfg_.dropout > 0;
   const bool bf16 = this->cfg_.bf16();
-  embedding_forward(exec, dense_vector(embed_), b.tokens, cache_[0][B::kX]);
-  if (spec_.embed_scale > 0) embedding_scale(exec, spec_.embed_scale, bf16, cache_[0][B::kX]);
+  const Matrix<Mem> x0 = block_cache(0)[B::kX];
+  embedding_forward(exec, dense_vector(embed_), b.tokens, x0);
+  if (spec_.embed_scale > 0) embedding_scale(exec, spec_.embed_scale, bf16, x0);
   for (int l = 0; l < spec_.layers; ++l) {
-    const Matrix<Mem>& next = l + 1 < spec_.layers ? cache_[l + 1][B::kX] : buf_[B::kXOut];
+    // (kept in bfloat16: each block's input is the one block's, its output goes through x_out)
+    const bool last = l + 1 == spec_.layers;
+    const Matrix<Mem> next = last || bf16_kept_ ? buf_[B::kXOut] : cache_[l + 1][B::kX];
     const int group = blocks_[l].proj[0].w->group;
     this->acquire(group);
-    block_forward(l, block_cache(l), next);
+    Buffers& c = block_cache(l);
+    block_forward(l, c, next);
+    if (bf16_kept_) {
+      if (with_grads) keep_bf16(l, c);
+      if (!last) Kokkos::deep_copy(exec, c[B::kX], next);
+    }
     this->release(group);
   }
   norm_forward(norm_, NormRole::final, buf_[B::kXOut], buf_[B::kNf], buf_[B::kInvF]);
@@ -598,6 +640,7 @@ void CausalLm<ExecSpace>::backward(bool accumulate) {
     const int group = B.proj[0].w->group;
     this->acquire(group);
     Buffers& c = block_cache(l);
+    if (bf16_kept_) restore_bf16(l, c);
     if (this->cfg_.activation_checkpointing) block_forward(l, c, Matrix<Mem>());
     // MLP: g is the gradient of the block's output (and of mid, through the residual).
     Matrix<Mem> g_down = s[B::kG];

@@ -19,21 +19,21 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
              {"v", KV},
              {"q_raw", qk_norm ? Q : 0},
              {"k_raw", qk_norm ? KV : 0},
-             {"inv_q", qk_norm ? s.heads : 0},
-             {"inv_k", qk_norm ? s.kv_heads : 0},
+             {"inv_q", qk_norm ? s.heads : 0, false},
+             {"inv_k", qk_norm ? s.kv_heads : 0, false},
              {"att", Q},
-             {"lse", s.heads},
+             {"lse", s.heads, false},
              {"o_raw", attn_out ? H : 0},
-             {"inv_o", attn_out ? 1 : 0},
+             {"inv_o", attn_out ? 1 : 0, false},
              {"mid", H},
              {"n2", H},
              {"gate", I},
              {"up", I},
              {"act", I},
              {"d_raw", mlp_out ? H : 0},
-             {"inv_d", mlp_out ? 1 : 0},
-             {"inv1", 1},
-             {"inv2", 1}};
+             {"inv_d", mlp_out ? 1 : 0, false},
+             {"inv1", 1, false},
+             {"inv2", 1, false}};
   int64_t widest_in = 0, widest_fused = 0;
   for (size_t p = 0; p < s.projections.size(); ++p) {
     const ProjectionSpec& proj = s.projections[p];

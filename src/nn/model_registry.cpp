@@ -39,23 +39,26 @@ int64_t lora_stack_activations(const ModelConfig& c, int64_t rows, int64_t) {
   return mul(4, add(mul(c.num_layers, per_layer), mul(c.dim, c.dim)));
 }
 
-// From the decoder's buffer table (nn/decoder_buffers.hpp): every block's buffers (with
-// activation checkpointing each block's input and one block's buffers), the shared ones,
-// and the workspaces: the attention's score blocks, the LM head's chunk of logits and its
-// per-token losses, the NF4 products' dequantized panel.
+// From the decoder's buffer table (nn/decoder_buffers.hpp): what every layer keeps (each
+// block's buffers, with activation checkpointing its input only; bfloat16 values in 2 bytes
+// when kept so), one block's float32 buffers (those a layer does not keep, and those it keeps
+// in 16 bits), the shared ones, and the workspaces: the attention's score blocks, the LM
+// head's chunk of logits and its per-token losses, the NF4 products' dequantized panel.
 int64_t causal_lm_activations(const ModelConfig& c, int64_t rows, int64_t seq_len) {
   const DecoderSpec s = decoder_spec_of(c);
   const DecoderBuffers b =
       decoder_buffers(s, c, parse_lora_targets(c.lora_targets, s, "lora_targets"));
   const int64_t S = std::max<int64_t>(seq_len, 1), tokens = mul(rows, S);
-  int64_t block = 0, shared = 0;
-  for (const auto& x : b.block) block = add(block, x.width);
+  const bool bf16_kept = keeps_bf16_activations(c, !std::is_same<Mem, Kokkos::HostSpace>::value);
+  int64_t layer_bytes = 0, one_block = 0, shared = 0;  // per token
+  for (size_t i = 0; i < b.block.size(); ++i) {
+    const ActivationBuffer& x = b.block[i];
+    const bool kept = !c.activation_checkpointing || i == DecoderBuffers::kX;
+    const bool in_16_bits = bf16_kept && x.bf16_values;
+    if (kept) layer_bytes = add(layer_bytes, mul(in_16_bits ? 2 : 4, x.width));
+    if (!kept || in_16_bits) one_block = add(one_block, x.width);
+  }
   for (const auto& x : b.shared) shared = add(shared, x.width);
-  // (with activation checkpointing each layer keeps its input x, and the one block's
-  // buffers are the rest)
-  const int64_t x = b.block[DecoderBuffers::kX].width;
-  const int64_t kept =
-      c.activation_checkpointing ? add(mul(s.layers, x), block - x) : mul(s.layers, block);
   const int64_t chunk = CrossEntropyWorkspace<Mem>().chunk_tokens(tokens, s.vocab);
   const int64_t workspaces =
       add(add(AttentionWorkspace<Mem>::floats(S, s.attn_softcap > 0,
@@ -63,7 +66,9 @@ int64_t causal_lm_activations(const ModelConfig& c, int64_t rows, int64_t seq_le
               mul(chunk, s.vocab)),
           mul(2, tokens));                 // (the per-token losses are doubles)
   const int64_t panel = int64_t(8) << 20;  // linear_nf4's dequantized panel (its default)
-  return add(mul(4, add(mul(tokens, add(kept, shared)), workspaces)), panel);
+  return add(add(mul(tokens, mul(s.layers, layer_bytes)),
+                 mul(4, add(mul(tokens, add(one_block, shared)), workspaces))),
+             panel);
 }
 
 std::map<std::string, ModelKind>& registry() {
@@ -89,7 +94,7 @@ std::map<std::string, ModelKind>& registry() {
         },
         {"hf_model_dir", "lora_targets", "lora_rank", "lora_alpha", "lora_dropout", "lora_b_init",
          "block_size", "scaler_block_size", "dtype", "seed", "loss", "activation_checkpointing",
-         "checkpoint_base"},
+         "activation_dtype", "checkpoint_base"},
         [](const ModelConfig& c) { return footprint_of(CausalLm<Exec>::make_table(c)); },
         causal_lm_activations,
         true,

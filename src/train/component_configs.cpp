@@ -28,6 +28,9 @@ ModelConfig model_config(const Config& c) {
   m.lora_targets = c.lora_targets;
   m.hf_model_dir = c.hf_model_dir;
   m.activation_checkpointing = c.activation_checkpointing;
+  m.activation_dtype = c.activation_dtype == "bfloat16"  ? ActivationDtype::bfloat16
+                       : c.activation_dtype == "float32" ? ActivationDtype::float32
+                                                         : ActivationDtype::automatic;
   if (!c.hf_model_dir.empty()) {
     m.arch_source = c.hf_model_dir + "/config.json";
     std::ifstream f(m.arch_source);

@@ -190,6 +190,7 @@ std::vector<Key> make_keys() {
             return std::string(c.activation_checkpointing ? "true" : "false");
           },
           "false"),
+      KQ_CHOICE(activation_dtype, kModel, "auto", "float32", "bfloat16"),
       key(
           "bias", kModel | kFixed,
           [](Config& c, const std::string& v, const std::string& w) { c.bias = to_bool(v, w); },
@@ -549,6 +550,11 @@ Config parse_deck_text(const std::string& text, const std::string& source,
   KQLORA_INPUT_CHECK(!c.shuffle || !c.data_file.empty(),
                      at("shuffle") << ": shuffle = true needs a data_file (synthetic rows are "
                                       "drawn fresh for every step)");
+  KQLORA_INPUT_CHECK(c.activation_dtype != "bfloat16" || c.dtype == DType::bfloat16,
+                     at("activation_dtype")
+                         << ": activation_dtype = bfloat16 keeps a bfloat16 run's activations in "
+                            "16 bits; this run's dtype is "
+                         << dtype_name(c.dtype) << " (its activations are float32 values)");
   KQLORA_INPUT_CHECK(c.eval_file.empty() || c.eval_every > 0,
                      at("eval_file") << ": eval_file is set but eval_every is 0");
 #if !defined(KOKKOS_ENABLE_CUDA)

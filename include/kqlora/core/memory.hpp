@@ -8,8 +8,12 @@ namespace kqlora {
 
 /// Starts counting Kokkos allocations (after Kokkos::initialize); idempotent.
 void track_kokkos_allocations();
-/// The peak of the bytes held since tracking started.
+/// The peak of the bytes held since tracking started (or since reset_tracked_peak).
 int64_t tracked_peak_bytes();
+/// The bytes held now.
+int64_t tracked_bytes();
+/// Starts the peak again from the bytes held now (tests: the peak of one phase).
+void reset_tracked_peak();
 
 /// Resident set size now, and the process's peak (VmHWM), in bytes; 0 where unknown.
 int64_t rss_bytes();

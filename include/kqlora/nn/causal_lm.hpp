@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kqlora/nn/attention.hpp"
+#include "kqlora/nn/bfloat16_copy.hpp"
 #include "kqlora/nn/decoder_buffers.hpp"
 #include "kqlora/nn/decoder_spec.hpp"
 #include "kqlora/nn/lm_head_cross_entropy.hpp"
@@ -90,8 +91,12 @@ class CausalLm : public Model<ExecSpace> {
   std::vector<RopeTable<Mem>> rope_;
   std::vector<const std::vector<float>*> rope_freqs_;  // the set each table was built from
   std::vector<Buffers> cache_, store_;  // [layer]: views of the first tokens_ rows; storage
-  Buffers work_, work_store_;           // activation checkpointing: the one block's activations
-  Buffers buf_, buf_store_;             // shared
+  Buffers work_, work_store_;  // activation checkpointing or bfloat16 kept: one block's buffers
+  // Activations kept in bfloat16 (decoder_buffers.hpp): [layer][block buffer] their 16 bits
+  // (empty where a layer keeps the buffer in float32, or does not keep it).
+  bool bf16_kept_ = false;
+  std::vector<std::vector<Bf16Bits<Mem>>> kept_;
+  Buffers buf_, buf_store_;  // shared
   LoraScratch<Mem> lora_;
   int64_t capacity_ = 0;
   LinearNf4Workspace<Mem> ws_;
@@ -119,8 +124,14 @@ class CausalLm : public Model<ExecSpace> {
   Kokkos::View<const float*, Mem> dense_vector(const ParamEntry* e) const;
   Matrix<Mem> dense_matrix(const ParamEntry* e) const;
   /// What block `layer` keeps for its backward: its own cache, or with activation
-  /// checkpointing the shared one over its input.
+  /// checkpointing or bfloat16 kept activations the one block's buffers over the layer's
+  /// float32 ones.
   Buffers& block_cache(int layer);
+  /// Whether each layer keeps block buffer i through the forward.
+  bool kept_per_layer(size_t i) const;
+  /// Bfloat16 kept activations: c's buffers of `layer` into their 16 bits, and back.
+  void keep_bf16(int layer, const Buffers& c);
+  void restore_bf16(int layer, const Buffers& c);
   /// Block `layer`'s forward from c[kX] into c; `next` (the block's output) empty: a
   /// recomputation, which stops short of it.
   void block_forward(int layer, Buffers& c, const Matrix<Mem>& next);

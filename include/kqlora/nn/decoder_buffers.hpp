@@ -4,6 +4,12 @@
 // buffer holds `width` floats per token; a block buffer exists once per layer (or once in
 // all with activation checkpointing, where each layer keeps only its input x), a shared one
 // once. Width 0: the spec or the configuration does not need it.
+//
+// Kept in bfloat16 (keeps_bf16_activations): a bfloat16 run rounds every activation a block
+// buffer holds to bfloat16 except the per-row statistics (1/rms, log-sum-exp), so what a
+// layer keeps for its backward is stored in 16 bits, exactly, and widened into one block's
+// float32 buffers when the backward (or its recomputation) reaches the layer: about half the
+// activation memory, and the same numbers.
 
 #include <cstdint>
 #include <string>
@@ -17,6 +23,8 @@ namespace kqlora {
 struct ActivationBuffer {
   std::string name;
   int64_t width = 0;  // floats per token
+  /// A bfloat16 run's values here are bfloat16 values (false: per-row statistics).
+  bool bf16_values = true;
 };
 
 struct DecoderBuffers {
@@ -76,6 +84,14 @@ struct DecoderBuffers {
   static int h(int p) { return kBlockBuffers + 2 * p; }
   static int xd(int p) { return kBlockBuffers + 2 * p + 1; }
 };
+
+/// Whether a model on a GPU (`device`) or a host keeps its block buffers of bfloat16 values
+/// in 16 bits: activation_dtype bfloat16, or automatic in a bfloat16 run on a GPU (a host
+/// spends the widening passes' time for the memory only when asked).
+inline bool keeps_bf16_activations(const ModelConfig& cfg, bool device) {
+  return cfg.bf16() && (cfg.activation_dtype == ActivationDtype::bfloat16 ||
+                        (cfg.activation_dtype == ActivationDtype::automatic && device));
+}
 
 /// The table of a spec and configuration; `targets[p]`: projection p has an adapter.
 DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,

@@ -13,6 +13,11 @@
 
 namespace kqlora {
 
+/// How a causal_lm keeps the activations its backward reads (deck key activation_dtype):
+/// automatic is bfloat16 for a bfloat16 run on a GPU, float32 otherwise
+/// (nn/decoder_buffers.hpp, keeps_bf16_activations).
+enum class ActivationDtype { automatic, float32, bfloat16 };
+
 struct ModelConfig {
   std::string kind = "lora_stack";
   int64_t dim = 128, num_layers = 1, rank = 64;
@@ -33,6 +38,8 @@ struct ModelConfig {
   // causal_lm: recompute each block's forward in its backward (the same numbers, less memory;
   // not part of the text form: a restart may change it).
   bool activation_checkpointing = false;
+  // causal_lm: the kept activations' type (not part of the text form either).
+  ActivationDtype activation_dtype = ActivationDtype::automatic;
 
   /// The LoRA scale alpha / rank, in float as the forward applies it.
   float scale() const { return static_cast<float>(alpha) / static_cast<float>(rank); }

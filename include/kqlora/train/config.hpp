@@ -21,6 +21,7 @@ struct Config {
   std::string hf_model_dir;                 // causal_lm: config.json + model.safetensors
   std::string lora_targets = "all-linear";  // causal_lm: projections with adapters
   bool activation_checkpointing = false;    // causal_lm: recompute blocks in the backward
+  std::string activation_dtype = "auto";    // causal_lm: auto | float32 | bfloat16 (kept)
   std::string checkpoint_base = "auto";     // causal_lm: auto (its hash) | true (its tensors)
   bool bias = false;
   std::string activation = "none";  // none | relu | gelu | silu
