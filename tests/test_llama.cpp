@@ -172,9 +172,10 @@ struct PassResult {
   std::vector<float> grads;
 };
 
-/// A forward and backward over rows 0-1, then one accumulated over row 2 alone (another
-/// width: the buffers are reused, not regrown).
-PassResult two_micro_batches(const Case& c, const kqlora::ModelConfig& cfg, const Data& data) {
+/// An evaluation pass over rows 0-1, a forward and backward over them, one accumulated over
+/// row 2 alone (another width: the buffers are reused, not regrown), and one over all three
+/// rows (the buffers regrown).
+PassResult micro_batches(const Case& c, const kqlora::ModelConfig& cfg, const Data& data) {
   kqlora::CausalLm<Exec> model(Exec(), cfg);
   std::ostringstream log;
   // (init.h5 holds float32 NF4; a bfloat16 run quantizes the model directory's base)
@@ -194,8 +195,10 @@ PassResult two_micro_batches(const Case& c, const kqlora::ModelConfig& cfg, cons
   second.first_sample = 2;
   second.row_len = data.S;
   PassResult r;
-  r.loss = model.forward_backward(first, data.count, false);
+  r.loss = model.loss(first, data.count);
+  r.loss += model.forward_backward(first, data.count, false);
   r.loss += model.forward_backward(second, data.count, true);
+  r.loss += model.forward_backward(data.batch, data.count, true);
   const auto g = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.grads);
   r.grads.assign(g.data(), g.data() + g.extent(0));
   return r;
@@ -218,7 +221,7 @@ void expect_identical(const PassResult& a, const PassResult& b, const std::strin
 // activation_checkpointing recomputes each block's forward in its backward: the same
 // operations on the same values, so the loss and every gradient are bit for bit those of
 // the run that keeps every block's activations -- with dropout too (the masks are keyed,
-// not drawn) and over two micro-batches of different widths.
+// not drawn) and over micro-batches of different widths.
 TEST_P(LlamaReference, ActivationCheckpointingGivesTheSameNumbers) {
   const Case& c = GetParam();
   const Data data = read_data(c.dir);
@@ -228,7 +231,7 @@ TEST_P(LlamaReference, ActivationCheckpointingGivesTheSameNumbers) {
       auto cfg = config_of(c);
       cfg.dropout = dropout;
       cfg.activation_checkpointing = recompute;
-      runs.push_back(two_micro_batches(c, cfg, data));
+      runs.push_back(micro_batches(c, cfg, data));
     }
     expect_identical(runs[0], runs[1], c.name + " dropout " + std::to_string(dropout));
   }
@@ -250,7 +253,7 @@ TEST_P(LlamaReference, ActivationsKeptInBfloat16GiveTheSameNumbers) {
         cfg.activation_checkpointing = recompute;
         cfg.activation_dtype = kept;
         cfg.lora_b_zeros = false;  // (the adapters from the seed: every product non-zero)
-        runs.push_back(two_micro_batches(c, cfg, data));
+        runs.push_back(micro_batches(c, cfg, data));
       }
       expect_identical(runs[0], runs[1],
                        c.name + " dropout " + std::to_string(dropout) +
@@ -1205,11 +1208,13 @@ TEST(LlamaMemory, ActivationEstimateCountsTheBfloat16Saving) {
         cfg.activation_checkpointing = recompute;
         cfg.activation_dtype =
             kept16 ? kqlora::ActivationDtype::bfloat16 : kqlora::ActivationDtype::float32;
-        kqlora::CausalLm<Exec> model(Exec(), cfg);
         std::ostringstream log;
-        kqlora::initialize_model(Exec(), model, "", log);
-        // (the first pass of a process also allocates Kokkos's team scratch)
-        if (!warm) model.forward_backward(data.batch, data.count, false), warm = true;
+        if (!warm) {  // (the first pass of a process also allocates Kokkos's team scratch)
+          kqlora::CausalLm<Exec> first(Exec(), cfg);
+          kqlora::initialize_model(Exec(), first, "", log);
+          first.forward_backward(data.batch, data.count, false);
+          warm = true;
+        }
         kqlora::CausalLm<Exec> fresh(Exec(), cfg);
         kqlora::initialize_model(Exec(), fresh, "", log);
         kqlora::reset_tracked_peak();

@@ -199,8 +199,8 @@ CausalLm<ExecSpace>::CausalLm(const ExecSpace& exec, const ModelConfig& cfg, boo
   head_ = spec_.tied ? embed_ : &t.at("lm_head.weight");
   cache_.resize(static_cast<size_t>(spec_.layers));
   store_.resize(cache_.size());
-  bf16_kept_ = keeps_bf16_activations(cfg, !std::is_same<Mem, Kokkos::HostSpace>::value);
-  kept_.resize(cache_.size());
+  bf16_kept_ = keeps_bf16_activations<Mem>(cfg);
+  bf16_store_.resize(cache_.size());
   rope_.resize(spec_.ropes.size());
   rope_freqs_.assign(spec_.ropes.size(), nullptr);
   ws_.between_panels = [this] {
@@ -247,7 +247,8 @@ void CausalLm<ExecSpace>::ensure(int64_t sequences, int64_t S) {
   if (grow) {
     capacity_ = T;
     for (auto& c : store_) c.clear();  // (the old buffers go first)
-    for (auto& k : kept_) k.clear();
+    for (auto& k : bf16_store_) k = Bf16Bits<Mem>();
+    widened_ = Kokkos::View<float*, Mem>();
     work_store_.clear();
     buf_store_.clear();
   }
@@ -267,26 +268,36 @@ void CausalLm<ExecSpace>::ensure(int64_t sequences, int64_t S) {
       if (store[i].data()) view[i] = Matrix<Mem>(store[i].data(), T, list[i].width);
   };
   // Each layer keeps every block buffer, or with activation checkpointing its input only
-  // (one block's buffers then serve the forward and each block's recomputation); bfloat16
-  // values kept in 16 bits are widened into the one block's buffers.
+  // (one block's buffers then serve the forward and each block's recomputation). Those kept
+  // in 16 bits live in one slab of the one block, [T, width] after [T, width], so that a
+  // layer's narrowing and widening are one pass each over its first T x slab_width_.
   const auto& block = table_of_buffers_.block;
   const auto in_16_bits = [&](size_t i) { return bf16_kept_ && block[i].bf16_values; };
-  const bool one_block = this->cfg_.activation_checkpointing || bf16_kept_;
-  for (size_t l = 0; l < cache_.size(); ++l) {
+  const auto in_slab = [&](size_t i) { return kept_per_layer(i) && in_16_bits(i); };
+  for (size_t l = 0; l < cache_.size(); ++l)
     rows(block, store_[l], cache_[l],
          [&](size_t i) { return kept_per_layer(i) && !in_16_bits(i); });
-    if (bf16_kept_ && (grow || kept_[l].empty())) {
-      kept_[l].assign(block.size(), Bf16Bits<Mem>());
-      for (size_t i = 0; i < block.size(); ++i)
-        if (block[i].width > 0 && kept_per_layer(i) && in_16_bits(i))
-          kept_[l][i] =
-              Bf16Bits<Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing,
-                                               "kqlora::CausalLm::" + block[i].name + "_bf16"),
-                            capacity_ * block[i].width);
+  if (this->cfg_.activation_checkpointing || bf16_kept_)
+    rows(block, work_store_, work_, [&](size_t i) { return !kept_per_layer(i); });
+  if (bf16_kept_) {
+    slab_width_ = 0;
+    for (size_t i = 0; i < block.size(); ++i)
+      if (in_slab(i)) slab_width_ += block[i].width;
+    const int64_t n = capacity_ * slab_width_;
+    if (static_cast<int64_t>(widened_.extent(0)) < n) {
+      widened_ = Kokkos::View<float*, Mem>(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::CausalLm::widened"), n);
+      for (auto& k : bf16_store_)
+        k = Bf16Bits<Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::CausalLm::bf16"),
+                          n);
     }
+    int64_t at = 0;
+    for (size_t i = 0; i < block.size(); ++i)
+      if (in_slab(i)) {
+        work_[i] = Matrix<Mem>(widened_.data() + at, T, block[i].width);
+        at += T * block[i].width;
+      }
   }
-  if (one_block)
-    rows(block, work_store_, work_, [&](size_t i) { return !kept_per_layer(i) || in_16_bits(i); });
   rows(table_of_buffers_.shared, buf_store_, buf_, [](size_t) { return true; });
   lora_.gh = buf_[B::kGH];
   lora_.tmp = buf_[B::kTmp];
@@ -505,15 +516,13 @@ auto CausalLm<ExecSpace>::block_cache(int l) -> Buffers& {
 }
 
 template <class ExecSpace>
-void CausalLm<ExecSpace>::keep_bf16(int l, const Buffers& c) {
-  for (size_t i = 0; i < kept_[l].size(); ++i)
-    if (kept_[l][i].data()) narrow_to_bf16(this->exec_, c[i], kept_[l][i]);
+void CausalLm<ExecSpace>::keep_bf16(int l) {
+  narrow_to_bf16(this->exec_, widened_, tokens_ * slab_width_, bf16_store_[l]);
 }
 
 template <class ExecSpace>
-void CausalLm<ExecSpace>::restore_bf16(int l, const Buffers& c) {
-  for (size_t i = 0; i < kept_[l].size(); ++i)
-    if (kept_[l][i].data()) widen_from_bf16(this->exec_, kept_[l][i], c[i]);
+void CausalLm<ExecSpace>::restore_bf16(int l) {
+  widen_from_bf16(this->exec_, bf16_store_[l], tokens_ * slab_width_, widened_);
 }
 
 template <class ExecSpace>
@@ -614,7 +623,7 @@ double CausalLm<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool
     Buffers& c = block_cache(l);
     block_forward(l, c, next);
     if (bf16_kept_) {
-      if (with_grads) keep_bf16(l, c);
+      if (with_grads) keep_bf16(l);
       if (!last) Kokkos::deep_copy(exec, c[B::kX], next);
     }
     this->release(group);
@@ -640,7 +649,7 @@ void CausalLm<ExecSpace>::backward(bool accumulate) {
     const int group = B.proj[0].w->group;
     this->acquire(group);
     Buffers& c = block_cache(l);
-    if (bf16_kept_) restore_bf16(l, c);
+    if (bf16_kept_) restore_bf16(l);  // (before anything reads c)
     if (this->cfg_.activation_checkpointing) block_forward(l, c, Matrix<Mem>());
     // MLP: g is the gradient of the block's output (and of mid, through the residual).
     Matrix<Mem> g_down = s[B::kG];

@@ -12,34 +12,34 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
   const bool attn_out = s.norm(NormRole::attn_out) != nullptr;
   const bool mlp_out = s.norm(NormRole::mlp_out) != nullptr;
   DecoderBuffers b;
-  b.block = {{"x", H},
-             {"n1", H},
-             {"q", Q},
-             {"k", KV},
-             {"v", KV},
-             {"q_raw", qk_norm ? Q : 0},
-             {"k_raw", qk_norm ? KV : 0},
-             {"inv_q", qk_norm ? s.heads : 0, false},
-             {"inv_k", qk_norm ? s.kv_heads : 0, false},
-             {"att", Q},
-             {"lse", s.heads, false},
-             {"o_raw", attn_out ? H : 0},
-             {"inv_o", attn_out ? 1 : 0, false},
-             {"mid", H},
-             {"n2", H},
-             {"gate", I},
-             {"up", I},
-             {"act", I},
-             {"d_raw", mlp_out ? H : 0},
-             {"inv_d", mlp_out ? 1 : 0, false},
-             {"inv1", 1, false},
-             {"inv2", 1, false}};
+  b.block = {{"x", H, true},
+             {"n1", H, true},
+             {"q", Q, true},
+             {"k", KV, true},
+             {"v", KV, true},
+             {"q_raw", qk_norm ? Q : 0, true},
+             {"k_raw", qk_norm ? KV : 0, true},
+             {"inv_q", qk_norm ? s.heads : 0},
+             {"inv_k", qk_norm ? s.kv_heads : 0},
+             {"att", Q, true},
+             {"lse", s.heads},
+             {"o_raw", attn_out ? H : 0, true},
+             {"inv_o", attn_out ? 1 : 0},
+             {"mid", H, true},
+             {"n2", H, true},
+             {"gate", I, true},
+             {"up", I, true},
+             {"act", I, true},
+             {"d_raw", mlp_out ? H : 0, true},
+             {"inv_d", mlp_out ? 1 : 0},
+             {"inv1", 1},
+             {"inv2", 1}};
   int64_t widest_in = 0, widest_fused = 0;
   for (size_t p = 0; p < s.projections.size(); ++p) {
     const ProjectionSpec& proj = s.projections[p];
     const bool on = p < targets.size() && targets[p];
-    b.block.push_back({"h", on ? r : 0});
-    b.block.push_back({"xd", on && cfg.dropout > 0 ? s.in_features(proj) : 0});
+    b.block.push_back({"h", on ? r : 0, true});
+    b.block.push_back({"xd", on && cfg.dropout > 0 ? s.in_features(proj) : 0, true});
     widest_in = std::max(widest_in, s.in_features(proj));
     if (proj.slots.size() > 1) widest_fused = std::max(widest_fused, s.out_features(proj));
   }

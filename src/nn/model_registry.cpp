@@ -49,7 +49,7 @@ int64_t causal_lm_activations(const ModelConfig& c, int64_t rows, int64_t seq_le
   const DecoderBuffers b =
       decoder_buffers(s, c, parse_lora_targets(c.lora_targets, s, "lora_targets"));
   const int64_t S = std::max<int64_t>(seq_len, 1), tokens = mul(rows, S);
-  const bool bf16_kept = keeps_bf16_activations(c, !std::is_same<Mem, Kokkos::HostSpace>::value);
+  const bool bf16_kept = keeps_bf16_activations<Mem>(c);
   int64_t layer_bytes = 0, one_block = 0, shared = 0;  // per token
   for (size_t i = 0; i < b.block.size(); ++i) {
     const ActivationBuffer& x = b.block[i];

@@ -92,10 +92,13 @@ class CausalLm : public Model<ExecSpace> {
   std::vector<const std::vector<float>*> rope_freqs_;  // the set each table was built from
   std::vector<Buffers> cache_, store_;  // [layer]: views of the first tokens_ rows; storage
   Buffers work_, work_store_;  // activation checkpointing or bfloat16 kept: one block's buffers
-  // Activations kept in bfloat16 (decoder_buffers.hpp): [layer][block buffer] their 16 bits
-  // (empty where a layer keeps the buffer in float32, or does not keep it).
+  // Activations kept in bfloat16 (decoder_buffers.hpp): the one block's buffers a layer
+  // keeps in 16 bits, contiguous in widened_ (slab_width_ floats a token), and each layer's
+  // 16 bits of them.
   bool bf16_kept_ = false;
-  std::vector<std::vector<Bf16Bits<Mem>>> kept_;
+  int64_t slab_width_ = 0;
+  Kokkos::View<float*, Mem> widened_;
+  std::vector<Bf16Bits<Mem>> bf16_store_;
   Buffers buf_, buf_store_;  // shared
   LoraScratch<Mem> lora_;
   int64_t capacity_ = 0;
@@ -123,15 +126,15 @@ class CausalLm : public Model<ExecSpace> {
   DropoutKey dropout_key(int layer, int p, int64_t features) const;
   Kokkos::View<const float*, Mem> dense_vector(const ParamEntry* e) const;
   Matrix<Mem> dense_matrix(const ParamEntry* e) const;
-  /// What block `layer` keeps for its backward: its own cache, or with activation
-  /// checkpointing or bfloat16 kept activations the one block's buffers over the layer's
-  /// float32 ones.
+  /// The buffers block `layer` runs on: its own cache, or with activation checkpointing
+  /// or activations kept in bfloat16 the one block's buffers over the layer's float32 ones
+  /// (then what it keeps in 16 bits is there only after restore_bf16(layer)).
   Buffers& block_cache(int layer);
   /// Whether each layer keeps block buffer i through the forward.
   bool kept_per_layer(size_t i) const;
-  /// Bfloat16 kept activations: c's buffers of `layer` into their 16 bits, and back.
-  void keep_bf16(int layer, const Buffers& c);
-  void restore_bf16(int layer, const Buffers& c);
+  /// Activations kept in bfloat16: the one block's into `layer`'s 16 bits, and back.
+  void keep_bf16(int layer);
+  void restore_bf16(int layer);
   /// Block `layer`'s forward from c[kX] into c; `next` (the block's output) empty: a
   /// recomputation, which stops short of it.
   void block_forward(int layer, Buffers& c, const Matrix<Mem>& next);

@@ -11,8 +11,11 @@
 // float32 buffers when the backward (or its recomputation) reaches the layer: about half the
 // activation memory, and the same numbers.
 
+#include <Kokkos_Core.hpp>
+
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kqlora/nn/decoder_spec.hpp"
@@ -23,8 +26,10 @@ namespace kqlora {
 struct ActivationBuffer {
   std::string name;
   int64_t width = 0;  // floats per token
-  /// A bfloat16 run's values here are bfloat16 values (false: per-row statistics).
-  bool bf16_values = true;
+  /// A bfloat16 run's values here are bfloat16 values (so kept in 16 bits exactly when the
+  /// activations are kept in bfloat16); false for anything not rounded so, e.g. per-row
+  /// statistics.
+  bool bf16_values = false;
 };
 
 struct DecoderBuffers {
@@ -91,6 +96,11 @@ struct DecoderBuffers {
 inline bool keeps_bf16_activations(const ModelConfig& cfg, bool device) {
   return cfg.bf16() && (cfg.activation_dtype == ActivationDtype::bfloat16 ||
                         (cfg.activation_dtype == ActivationDtype::automatic && device));
+}
+/// The same for a model whose buffers live in memory space M (the model and its estimate).
+template <class M>
+bool keeps_bf16_activations(const ModelConfig& cfg) {
+  return keeps_bf16_activations(cfg, !std::is_same<M, Kokkos::HostSpace>::value);
 }
 
 /// The table of a spec and configuration; `targets[p]`: projection p has an adapter.
