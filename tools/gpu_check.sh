@@ -16,7 +16,8 @@
 # 3. Repeats the CPU's two runs (tools/gpu_runs.sh: the seed scenario and a random-weight
 #    SmolLM2-135M-shaped model made here) at np 1, and at np 2 with comm = mpi and with
 #    comm = auto (one GPU: the ranks share it, so auto must take MPI), comparing each
-#    step's loss with the CPU's (relative 1e-3).
+#    step's loss with the CPU's (relative 1e-3); and the model in bfloat16 with its
+#    activations kept in 16 bits and in float32 (identical losses).
 # 4. Benchmarks: NF4 dequantization against a device copy (target >= 0.8 of its
 #    bandwidth), the QLoRA linear (4096, rank 16, 2048 tokens) against torch's bfloat16
 #    dense linear on this GPU (target <= 1.3x its time), the 135M step (1 and 4 rows of 256,
@@ -103,7 +104,8 @@ write_report() {
     echo "| step | status | seconds | note |"
     echo "|---|---|---|---|"
     printf '%s\n' "${results[@]}"
-    for f in losses_np1 losses_np2_mpi losses_np2_auto comm_auto memory benchmarks launches; do
+    for f in losses_np1 losses_np2_mpi losses_np2_auto comm_auto memory losses_bf16_kept \
+      benchmarks launches; do
       [ -s "$out/$f.md" ] && { echo; cat "$out/$f.md"; }
     done
     echo
@@ -287,6 +289,16 @@ if [ $have_hdf5 = 1 ]; then
     grep -h "comm = \|DDP" "$work/np2_auto/llm.log" 2>/dev/null | sed 's/^/    /'; } >"$out/comm_auto.md"
   { echo "## Memory (the 135M-shaped run, np 1)"; echo
     grep -h "memory estimate\|peak memory" "$work/np1/llm.log" 2>/dev/null | sed 's/^/    /'; } >"$out/memory.md"
+  # bfloat16 on the device, its activations kept in 16 bits (the default there) and in
+  # float32: bit for bit the same losses (relative difference 0).
+  KQLORA_GPU_RUNS=llm step runs_bf16_kept32 bash tools/gpu_runs.sh run "$bin" "$ref" \
+    "$work/bf16_kept32" dtype=bfloat16 activation_dtype=float32 &&
+    KQLORA_GPU_RUNS=llm step runs_bf16_kept16 bash tools/gpu_runs.sh run "$bin" "$ref" \
+      "$work/bf16_kept16" dtype=bfloat16 activation_dtype=bfloat16 &&
+    KQLORA_GPU_RUNS=llm step compare_bf16_kept bash tools/gpu_runs.sh compare \
+      "$work/bf16_kept32" "$work/bf16_kept16" 0
+  table "bfloat16: activations kept in 16 bits against float32 (must be identical)" \
+    compare_bf16_kept losses_bf16_kept
 else
   # Without HDF5 no token file or model directory can be read: the seed scenario alone.
   KQLORA_GPU_RUNS=seed step runs_np1 bash tools/gpu_runs.sh run "$bin" "$ref" "$work/np1" &&
