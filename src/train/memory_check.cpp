@@ -13,6 +13,7 @@
 #include "kqlora/core/gpu_device.hpp"
 #include "kqlora/core/human_units.hpp"
 #include "kqlora/core/memory_budget.hpp"
+#include "kqlora/nn/decoder_buffers.hpp"
 #include "kqlora/nn/model_registry.hpp"
 #include "kqlora/parallel/nccl_communicator.hpp"
 #include "kqlora/train/component_configs.hpp"
@@ -72,9 +73,15 @@ MemoryEstimate estimate_memory(const Config& c, int world_size, int ranks_per_no
   if (states > 0)
     model_parts.push_back(
         {"optimizer state", mul(mul(4, states), f.trainable_elements) / (fsdp ? world : 1)});
-  if (kind.activation_bytes)
-    model_parts.push_back({"activations of a micro-batch of " + std::to_string(c.micro_bs),
+  if (kind.activation_bytes) {
+    // (a causal_lm's bfloat16 run on a GPU keeps them in 16 bits unless told otherwise)
+    const auto& keys = kind.deck_keys;
+    const bool kept16 = std::find(keys.begin(), keys.end(), "activation_dtype") != keys.end() &&
+                        keeps_bf16_activations<Kokkos::DefaultExecutionSpace::memory_space>(m);
+    model_parts.push_back({"activations of a micro-batch of " + std::to_string(c.micro_bs) +
+                               (kept16 ? " (kept in bfloat16)" : ""),
                            kind.activation_bytes(m, c.micro_bs, seq_len)});
+  }
   const int64_t data = file_bytes(c.data_file) + file_bytes(c.eval_file);
   if (data > 0) e.parts.push_back({"data_file and eval_file (read whole)", data});
   // Set-up: every rank quantizes the whole base (FSDP shards it afterwards; DDP broadcasts
