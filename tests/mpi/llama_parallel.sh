@@ -8,7 +8,8 @@
 # ranks to FSDP at 3 mid-way give the one-process run's adapters and eval losses. The model
 # is a reference case's directory: tests/data/llama_reference/gqa (GQA, untied head), and
 # family cases (tests/data/family_reference: phi3's fused projections, gemma2's soft-caps
-# and sandwich norms, qwen3's biases and q/k norms).
+# and sandwich norms, qwen3's biases and q/k norms). Last, bfloat16 FSDP at 2 ranks with the
+# activations kept in 16 bits equals the same run keeping them in float32, bit for bit.
 # usage: llama_parallel.sh MPIEXEC "MPIEXEC_FLAGS" KQLORA_TRAIN KQLORA_DIFF DATA_DIR WORKDIR
 #        [ONE_TARGET (a projection of the family: the lora_targets a restart refuses)]
 set -u
@@ -85,4 +86,9 @@ same fsdp fsdp_split --rtol 0 --atol 0 --optimizer
 same one4 fsdp3 --rtol 1e-5 --atol 1e-6
 same one4 ddp4 --rtol 1e-5 --atol 1e-6
 same one4 moved --rtol 1e-5 --atol 1e-6
+# bfloat16 under FSDP at 2 ranks, the activations kept in 16 bits (a GPU's default) and in
+# float32: the same adapters and optimizer state, bit for bit.
+run 2 fsdp_bf16_kept32 num_steps=3 parallel=fsdp dtype=bfloat16 init_file=none activation_dtype=float32
+run 2 fsdp_bf16_kept16 num_steps=3 parallel=fsdp dtype=bfloat16 init_file=none activation_dtype=bfloat16
+same fsdp_bf16_kept32 fsdp_bf16_kept16 --rtol 0 --atol 0 --optimizer
 echo "ok"
