@@ -5,7 +5,8 @@ with and without activation checkpointing.
 
     python3 tools/bench_memory_estimate.py [--presets smollm2-135m,llama3.2-1b]
         [--np 1,2] [--parallel ddp,fsdp] [--ac off,on] [--global-bs 2] [--seq 256]
-        [--steps 2] [--bin build/bin] [--json FILE]
+        [--steps 2] [--dtype float32] [--activation-dtype auto] [--bin build/bin]
+        [--json FILE]
 
 Each model is a directory tools/make_hf_model.py writes under run/bench_memory (bfloat16
 shards, random weights, never committed; written once). Each run trains --steps steps of
@@ -13,7 +14,9 @@ shards, random weights, never committed; written once). Each run trains --steps 
 (block 64, scaler block 256), LoRA rank 8, AdamW, and reads the metrics file's last line:
 the estimate per rank and every rank's peak (tracked allocations, RSS above start-up). A
 rank's peak is the larger of the two. The check holds when every rank's estimate is at
-least its peak and at most 1.5x it. Prints a table, exits 1 when any run misses.
+least its peak and at most 1.5x it. Prints a table, exits 1 when any run misses. --dtype
+and --activation-dtype are the runs' dtype and activation_dtype (docs/MODELS.md: bfloat16
+keeps a bfloat16 run's activations in 16 bits).
 """
 import argparse
 import json
@@ -49,7 +52,8 @@ def run(args, model, data, np_, parallel, ac, work):
            "optimizer=adamw", "lr=1e-4", "lora_rank=8", "lora_alpha=16", "block_size=64",
            "scaler_block_size=256", "checkpoint_every=0", "parallel=" + parallel,
            "activation_checkpointing=" + ac, "save_dir=" + os.path.join(work, "ck"),
-           "metrics_file=" + metrics]
+           "metrics_file=" + metrics, "dtype=" + args.dtype,
+           "activation_dtype=" + args.activation_dtype]
     if np_ > 1:
         cmd = ["mpirun", "-np", str(np_), "--oversubscribe"] + cmd
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -66,6 +70,8 @@ def main():
     ap.add_argument("--global-bs", type=int, default=2)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--activation-dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
