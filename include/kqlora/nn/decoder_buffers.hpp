@@ -8,8 +8,8 @@
 // Kept in bfloat16 (keeps_bf16_activations): a bfloat16 run rounds every activation a block
 // buffer holds to bfloat16 except the per-row statistics (1/rms, log-sum-exp), so what a
 // layer keeps for its backward is stored in 16 bits, exactly, and widened into one block's
-// float32 buffers when the backward (or its recomputation) reaches the layer: about half the
-// activation memory, and the same numbers.
+// float32 buffers when the backward (or its recomputation) reaches the layer: half the bytes
+// of what each layer keeps, for one float32 block more, and the same numbers.
 
 #include <Kokkos_Core.hpp>
 
