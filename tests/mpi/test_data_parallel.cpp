@@ -203,6 +203,27 @@ TEST(DataParallel, FsdpUnevenSlicesMicroBatches) {
                   "global_bs=7 micro_bs=2 num_steps=3 loss=mse optimizer=adam lr=1e-2");
 }
 
+TEST(DataParallel, ReduceScatterSumsEveryBlockAcrossPieces) {
+  // More floats a rank than one piece of the communicator's reduction (and a count that
+  // is not a multiple of it): every rank receives its block summed over the ranks. The
+  // values are small integers, so the sum is exact in any order and equals the float64
+  // one.
+  auto world = kqlora::make_mpi_communicator(true);
+  const int r = world->rank(), n = world->size();
+  const int64_t count = (int64_t(1) << 20) + 4099;
+  std::vector<float> send(count * n), recv(count, -1.0f);
+  auto value = [](int rank, int64_t i) { return static_cast<float>((i * 7 + rank * 13) % 1001); };
+  for (int64_t i = 0; i < count * n; ++i) send[i] = value(r, i);
+  world->wait(world->reduce_scatter_sum(send.data(), recv.data(), count));
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    double sum = 0;
+    for (int q = 0; q < n; ++q) sum += value(q, r * count + i);
+    wrong += recv[i] != sum;
+  }
+  EXPECT_EQ(wrong, 0) << "rank " << r << " of " << n;
+}
+
 TEST(DataParallel, BroadcastGivesEveryRankRank0sBytes) {
   auto world = kqlora::make_mpi_communicator(true);
   kqlora::Config cfg = kqlora::parse_deck_text("", "t", {"dim=64", "num_linears=2", "lora_rank=8"});
