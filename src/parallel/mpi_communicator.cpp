@@ -140,8 +140,9 @@ class MpiCommunicator : public Communicator {
       for (int64_t off = 0; off == 0 || off < count; off += reduce_piece) {
         const int n = static_cast<int>(std::min(reduce_piece, count - off));
         r->reqs.emplace_back();
-        KQLORA_CHECK_MPI(MPI_Ireduce(send + root * count + off, root == rank_ ? recv + off : nullptr,
-                                     n, MPI_FLOAT, MPI_SUM, root, comm_, &r->reqs.back()));
+        KQLORA_CHECK_MPI(MPI_Ireduce(send + root * count + off,
+                                     root == rank_ ? recv + off : nullptr, n, MPI_FLOAT, MPI_SUM,
+                                     root, comm_, &r->reqs.back()));
       }
     }
     return r;
