@@ -95,8 +95,9 @@ TYPED_TEST(LinearNf4, ForwardAndInputGradientMatchFloat64) {
 }
 
 // The fused host kernel (AVX-512 builds) against float64 on the dequantized weights: tile
-// edges in every dimension (rows past a 14-row tile and past 504-row blocks, columns past
-// a 32-column strip, a summed index past a 512 block in both products), beta 0 / 1 / 0.5
+// edges in every dimension (rows past an 8-row tile and past 512-row blocks, columns past
+// a 48-column strip, a summed index past a 512 block in both products and not a multiple
+// of the 8 x 8 transposes that pack A), beta 0 / 1 / 0.5
 // over prior values of the output, float32 and bfloat16 NF4, partial scaler blocks.
 TEST(LinearNf4Fused, ForwardAndInputGradientMatchFloat64) {
   struct Shape {

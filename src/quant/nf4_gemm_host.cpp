@@ -85,19 +85,47 @@ inline void micro_kernel(int64_t kc, const float* __restrict ap, const float* __
   }
 }
 
+/// Transposes 8 rows x 8 columns (rows r[0..7], each 8 floats from its column k) into
+/// out[8 * j + i] = r[i][j]: the classic unpack / shuffle / lane-permute sequence.
+inline void transpose_8x8(const float* const r[kMr], int64_t k, float* out) {
+  __m256 x[kMr], t[kMr];
+  for (int i = 0; i < kMr; ++i) x[i] = _mm256_loadu_ps(r[i] + k);
+  for (int i = 0; i < kMr; i += 2) {
+    t[i] = _mm256_unpacklo_ps(x[i], x[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(x[i], x[i + 1]);
+  }
+  for (int i = 0; i < kMr; i += 4) {
+    x[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    x[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    x[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    x[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int j = 0; j < 4; ++j) {
+    _mm256_storeu_ps(out + kMr * j, _mm256_permute2f128_ps(x[j], x[j + 4], 0x20));
+    _mm256_storeu_ps(out + kMr * (j + 4), _mm256_permute2f128_ps(x[j], x[j + 4], 0x31));
+  }
+}
+
 /// Packs A[r0 .. r0+mc, k0 .. k0+kc] into micro-panels of kMr rows, [kc][kMr] each, the
-/// rows past `rows` zero.
+/// rows past `rows` zero. Whole panels by 8 x 8 transposes (element by element, the
+/// packing took 3% of a 256-token training step).
 void pack_a(const float* A, int64_t lda, int64_t rows, int64_t r0, int64_t mc, int64_t k0,
             int64_t kc, float* out) {
   for (int64_t p = 0; p < mc; p += kMr) {
     float* panel = out + p * kc;
+    int64_t k = 0;
+    if (r0 + p + kMr <= rows) {
+      const float* r[kMr];
+      for (int i = 0; i < kMr; ++i) r[i] = A + (r0 + p + i) * lda + k0;
+      for (; k + kMr <= kc; k += kMr) transpose_8x8(r, k, panel + k * kMr);
+    }
     for (int i = 0; i < kMr; ++i) {
-      const int64_t r = r0 + p + i;
-      if (r < rows) {
-        const float* src = A + r * lda + k0;
-        for (int64_t k = 0; k < kc; ++k) panel[k * kMr + i] = src[k];
+      const int64_t row = r0 + p + i;
+      if (row < rows) {
+        const float* src = A + row * lda + k0;
+        for (int64_t kk = k; kk < kc; ++kk) panel[kk * kMr + i] = src[kk];
       } else {
-        for (int64_t k = 0; k < kc; ++k) panel[k * kMr + i] = 0.0f;
+        for (int64_t kk = k; kk < kc; ++kk) panel[kk * kMr + i] = 0.0f;
       }
     }
   }
