@@ -128,9 +128,11 @@ class MpiCommunicator : public Communicator {
 
   // A reduction to each rank of its block, in pieces: Open MPI's reduce-scatter allocates a
   // temporary of the whole send buffer per call (80 MB a step at the 7B shape under FSDP),
-  // which malloc maps afresh every time: 20 thousand page faults a step. Pieces of 1 MiB
-  // reuse the heap (about 100 faults) and overlap better: a 2 x 80 MB reduce-scatter took
-  // 0.05 s against 0.10 s whole (docs/BENCHMARKS.md, "Minor page faults a step").
+  // which malloc maps afresh every time: 20 thousand page faults a step. The pieces'
+  // temporaries (1 MiB each, together still about the whole buffer while all are in
+  // flight) come from the heap, which keeps them from step to step: about 100 faults a
+  // call. Faster too: 0.05 against 0.10 s for 2 x 80 MB at np 2, 0.30 against 0.37 s at
+  // np 4 (docs/BENCHMARKS.md, "Minor page faults a step").
   static constexpr int64_t reduce_piece = int64_t(1) << 18;
 
   std::unique_ptr<Request> reduce_scatter_sum(const float* send, float* recv,

@@ -88,6 +88,7 @@ inline void micro_kernel(int64_t kc, const float* __restrict ap, const float* __
 /// Transposes 8 rows x 8 columns (rows r[0..7], each 8 floats from its column k) into
 /// out[8 * j + i] = r[i][j]: the classic unpack / shuffle / lane-permute sequence.
 inline void transpose_8x8(const float* const r[kMr], int64_t k, float* out) {
+  static_assert(kMr == 8, "the packing transposes 8 x 8 blocks");
   __m256 x[kMr], t[kMr];
   for (int i = 0; i < kMr; ++i) x[i] = _mm256_loadu_ps(r[i] + k);
   for (int i = 0; i < kMr; i += 2) {

@@ -222,6 +222,10 @@ TEST(DataParallel, ReduceScatterSumsEveryBlockAcrossPieces) {
     wrong += recv[i] != sum;
   }
   EXPECT_EQ(wrong, 0) << "rank " << r << " of " << n;
+  // Nothing to reduce: every rank still joins, and nothing is written.
+  const std::vector<float> before = recv;
+  world->wait(world->reduce_scatter_sum(send.data(), recv.data(), 0));
+  EXPECT_EQ(recv, before);
 }
 
 TEST(DataParallel, BroadcastGivesEveryRankRank0sBytes) {

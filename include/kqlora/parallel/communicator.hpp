@@ -90,7 +90,8 @@ class Communicator {
   virtual std::unique_ptr<Request> allreduce_sum(double* data, int64_t count) = 0;
   /// Every rank's `bytes` from `send` into recv[rank * bytes ...].
   virtual std::unique_ptr<Request> allgather(const void* send, void* recv, int64_t bytes) = 0;
-  /// Sum over ranks of send[r * count ...] into rank r's recv[0 .. count).
+  /// Sum over ranks of send[r * count ...] into rank r's recv[0 .. count); send and recv
+  /// must not overlap.
   virtual std::unique_ptr<Request> reduce_scatter_sum(const float* send, float* recv,
                                                       int64_t count) = 0;
 
