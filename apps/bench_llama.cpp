@@ -5,6 +5,7 @@
 #include <random>
 #include <sstream>
 
+#include "kqlora/core/bfloat16.hpp"
 #include "kqlora/core/error.hpp"
 #include "kqlora/nn/causal_lm.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
@@ -43,12 +44,22 @@ void randomize(CausalLm<Exec>& model, std::mt19937& gen) {
   for (const ParamEntry* e : model.table().of_kind(ParamKind::nf4)) {
     Kokkos::View<float*, Mem> w("kqlora::bench::w", e->numel());
     fill(w, 0.02f, 0.0f, gen);
-    model.nf4[e->offset] =
-        nf4_quantize<float>(exec, Kokkos::View<const float*, Mem>(w), e->nf4_layout(), e->name);
+    const Nf4Layout layout = e->nf4_layout();
+    if (layout.dtype == DType::bfloat16) {  // (a bfloat16 run's NF4: of bfloat16 weights)
+      Kokkos::View<bfloat16*, Mem> w16("kqlora::bench::w16", e->numel());
+      for (int64_t i = 0; i < e->numel(); ++i) w16(i) = bfloat16(w(i));
+      model.nf4[e->offset] =
+          nf4_quantize<bfloat16>(exec, Kokkos::View<const bfloat16*, Mem>(w16), layout, e->name);
+    } else {
+      model.nf4[e->offset] =
+          nf4_quantize<float>(exec, Kokkos::View<const float*, Mem>(w), layout, e->name);
+    }
   }
   for (const ParamEntry* e : model.table().of_kind(ParamKind::dense)) {
     Kokkos::View<float*, Mem> w("kqlora::bench::dense", e->numel());
     fill(w, e->shape.size() == 1 ? 0.1f : 0.02f, e->shape.size() == 1 ? 1.0f : 0.0f, gen);
+    if (e->dtype == DType::bfloat16)  // (as train/init.cpp holds a bfloat16 run's tensors)
+      for (int64_t i = 0; i < e->numel(); ++i) w(i) = round_to_bf16(w(i));
     model.dense[e->offset] = w;
   }
   fill(model.params, 0.02f, 0.0f, gen);

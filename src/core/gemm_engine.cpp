@@ -21,6 +21,8 @@ namespace {
 
 std::atomic<GemmEngine> engine{KQLORA_HAVE_ONEDNN ? GemmEngine::onednn : GemmEngine::blas};
 std::string engine_note = "KQLORA_GEMM unset";  // written once during start-up
+std::atomic<bool> bf16_wanted{true};            // KQLORA_AMX, set_host_bf16_products
+std::string bf16_note = "KQLORA_AMX unset";     // written once during start-up
 
 const char* name(GemmEngine e) {
   return e == GemmEngine::onednn ? "oneDNN" : "BLAS";
@@ -42,7 +44,34 @@ void set_host_gemm_engine(GemmEngine e) {
   engine.store(e, std::memory_order_relaxed);
 }
 
+bool host_bf16_products() {
+  return bf16_wanted.load(std::memory_order_relaxed) && host_gemm_engine() == GemmEngine::onednn &&
+         host_bf16_products_available();
+}
+
+void set_host_bf16_products(bool on) {
+  KQLORA_CHECK(!on || host_bf16_products_available(),
+               "bfloat16 products on AMX: not available here (oneDNN on a CPU with AMX)");
+  bf16_wanted.store(on, std::memory_order_relaxed);
+}
+
+namespace {
+void select_amx() {
+  const char* v = std::getenv("KQLORA_AMX");
+  if (!v || !*v) return;
+  const std::string s(v);
+  if (s == "off") {
+    bf16_wanted.store(false, std::memory_order_relaxed);
+  } else if (s != "on") {
+    throw InputError("KQLORA_AMX=" + s + ": expected on or off");
+  }
+  // (on: where available; a machine without AMX runs the same deck in float32 products)
+  bf16_note = "KQLORA_AMX=" + s;
+}
+}  // namespace
+
 void select_gemm_engine() {
+  select_amx();
   const char* v = std::getenv("KQLORA_GEMM");
   if (!v || !*v) return;
   const std::string s(v);
@@ -73,7 +102,12 @@ std::string describe_gemm_engine() {
 #else
   os << " (built without oneDNN)";
 #endif
-  os << "; " << engine_note;
+  os << "; " << engine_note << "; bfloat16 products: "
+     << (host_bf16_products()             ? "AMX (oneDNN, summed in float32)"
+         : host_bf16_products_available() ? "float32 (AMX turned off)"
+         : e == GemmEngine::onednn        ? "float32 (no AMX here)"
+                                          : "float32")
+     << ", " << bf16_note;
   return os.str();
 }
 
@@ -98,17 +132,30 @@ const OmpThreads& omp_threads() {
   return t;
 }
 }  // namespace
+
+OnednnThreads::OnednnThreads() {
+  const OmpThreads& omp = omp_threads();
+  const int want = omp.wanted();
+  had_ = omp.get && omp.set ? omp.get() : want;
+  if (had_ != want)
+    omp.set(want);
+  else
+    had_ = 0;
+}
+
+OnednnThreads::~OnednnThreads() {
+  if (had_ > 0) omp_threads().set(had_);
+}
+#else
+OnednnThreads::OnednnThreads() {}
+OnednnThreads::~OnednnThreads() {}
 #endif
 
 void onednn_sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A,
                   int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
 #if KQLORA_HAVE_ONEDNN
-  const OmpThreads& omp = omp_threads();
-  const int want = omp.wanted();
-  const int had = omp.get && omp.set ? omp.get() : want;
-  if (had != want) omp.set(want);
+  const OnednnThreads threads;
   const dnnl_status_t st = dnnl_sgemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
-  if (had != want) omp.set(had);
   KQLORA_CHECK(st == dnnl_success, "dnnl_sgemm(" << ta << ", " << tb << ", " << m << ", " << n
                                                  << ", " << k << ") failed: status " << st);
 #else

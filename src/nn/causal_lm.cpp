@@ -349,6 +349,14 @@ auto CausalLm<ExecSpace>::dense_matrix(const ParamEntry* e) const -> Matrix<Mem>
 }
 
 template <class ExecSpace>
+GemmInputs CausalLm<ExecSpace>::head_inputs() const {
+  // (the final norm rounds its output in a bfloat16 run; the head is rounded where its
+  // dtype is bfloat16, train/init.cpp)
+  return this->cfg_.bf16() && head_->dtype == DType::bfloat16 ? GemmInputs::bfloat16
+                                                              : GemmInputs::float32;
+}
+
+template <class ExecSpace>
 auto CausalLm<ExecSpace>::slot_output(Buffers& c, Slot s) -> Matrix<Mem> {
   const bool qk_norm = spec_.norm(NormRole::q) != nullptr;
   switch (s) {
@@ -631,7 +639,7 @@ double CausalLm<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool
   norm_forward(norm_, NormRole::final, buf_[B::kXOut], buf_[B::kNf], buf_[B::kInvF]);
   return lm_head_cross_entropy(exec, buf_[B::kNf], dense_matrix(head_), b.labels, normaliser, bf16,
                                with_grads ? buf_[B::kGN] : Matrix<Mem>(), ce_ws_,
-                               spec_.final_softcap);
+                               spec_.final_softcap, head_inputs());
 }
 
 template <class ExecSpace>
@@ -720,7 +728,7 @@ template <class ExecSpace>
 auto CausalLm<ExecSpace>::logits(const Batch<Mem>& b) -> Matrix<Mem> {
   forward(b, 1.0, false, false);
   Matrix<Mem> out("kqlora::CausalLm::logits", tokens_, spec_.vocab);
-  gemm(this->exec_, "N", "T", 1.0f, buf_[B::kNf], dense_matrix(head_), 0.0f, out);
+  gemm(this->exec_, "N", "T", 1.0f, buf_[B::kNf], dense_matrix(head_), 0.0f, out, head_inputs());
   const bool bf16 = this->cfg_.bf16();
   if (bf16) round_bf16(this->exec_, out);
   const float cap = spec_.final_softcap;

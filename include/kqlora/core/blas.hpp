@@ -106,7 +106,8 @@ ColumnMajorGemm column_major_gemm(const char* ta, const char* tb, const AView& A
 /// What a product's float32 inputs hold. `bfloat16`: both are bfloat16 values (a
 /// bfloat16 run's rounded activations against a bfloat16 NF4 weight), so a GPU may
 /// multiply them on its bfloat16 tensor cores, exactly, accumulating in float32 (cuBLAS'
-/// CUBLAS_COMPUTE_32F_FAST_16BF); a host computes in float32 either way, its fast path.
+/// CUBLAS_COMPUTE_32F_FAST_16BF), and a host with AMX on its tiles through oneDNN
+/// (host_bf16_products()); other hosts compute in float32, their fast path.
 enum class GemmInputs { float32, bfloat16 };
 
 namespace impl {
@@ -142,7 +143,7 @@ constexpr bool cublas_takes() {
 template <class ExecSpace, class AView, class BView, class CView>
 void gemm(const ExecSpace& exec, const char* ta, const char* tb, float alpha, const AView& A,
           const BView& B, float beta, const CView& C, GemmInputs inputs = GemmInputs::float32) {
-  (void)inputs;  // (the host computes in float32 either way)
+  (void)inputs;  // (read by the host and CUDA branches this build has)
 #if defined(KOKKOSKERNELS_ENABLE_TPL_BLAS)
   using Mem = typename CView::memory_space;
   if constexpr (std::is_same<Mem, Kokkos::HostSpace>::value &&
@@ -160,9 +161,14 @@ void gemm(const ExecSpace& exec, const char* ta, const char* tb, float alpha, co
         const impl::BlasOperand& o1 = swap ? b : a;
         const impl::BlasOperand& o2 = swap ? a : b;
         const bool t1 = swap ? !tB : tA, t2 = swap ? !tA : tB;
-        impl::onednn_sgemm(t1 == o1.row_major ? 'T' : 'N', t2 == o2.row_major ? 'T' : 'N',
-                           swap ? n : m, swap ? m : n, k, alpha, swap ? B.data() : A.data(), o1.ld,
-                           swap ? A.data() : B.data(), o2.ld, beta, C.data(), c.ld);
+        using Product = void (*)(char, char, int64_t, int64_t, int64_t, float, const float*,
+                                 int64_t, const float*, int64_t, float, float*, int64_t);
+        const Product product = inputs == GemmInputs::bfloat16 && host_bf16_products()
+                                    ? Product(impl::onednn_bf16_gemm)
+                                    : Product(impl::onednn_sgemm);
+        product(t1 == o1.row_major ? 'T' : 'N', t2 == o2.row_major ? 'T' : 'N', swap ? n : m,
+                swap ? m : n, k, alpha, swap ? B.data() : A.data(), o1.ld,
+                swap ? A.data() : B.data(), o2.ld, beta, C.data(), c.ld);
         return;
       }
       const impl::ColumnMajorGemm g = impl::column_major_gemm(ta, tb, A, B, C);
@@ -194,6 +200,32 @@ void gemm(const ExecSpace& exec, const char* ta, const char* tb, float alpha, co
   (void)exec;  // 3.4: the default instance of the views' space
   KokkosBlas::gemm(ta, tb, alpha, A, B, beta, C);
 #endif
+}
+
+/// C = alpha op(A) op(W) + beta C on the host's AMX tiles (requires host_bf16_products()):
+/// A a host float32 matrix view of bfloat16 values, W a row-major [w_rows, w_cols] matrix
+/// of bfloat16 bits with row stride ldw (a frozen weight's 16-bit copy, a bfloat16 NF4
+/// panel), C row-major or a column block of a row-major matrix.
+template <class AView, class CView>
+void gemm_bf16_weight(const char* ta, const char* tb, float alpha, const AView& A,
+                      const uint16_t* W, int64_t w_rows, int64_t w_cols, int64_t ldw, float beta,
+                      const CView& C) {
+  // (a run-time check: callers compile it for every space and call it on the host only)
+  KQLORA_CHECK(
+      (Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename CView::memory_space>::accessible),
+      "gemm_bf16_weight: host matrices");
+  const auto a = impl::blas_operand(A), c = impl::blas_operand(C);
+  const bool tA = ta[0] == 'T' || ta[0] == 't', tB = tb[0] == 'T' || tb[0] == 't';
+  const int64_t m = C.extent(0), n = C.extent(1), k = tA ? A.extent(0) : A.extent(1);
+  KQLORA_CHECK(a.ok && c.ok && c.row_major && k > 0 && (tB ? w_cols : w_rows) == k &&
+                   (tB ? w_rows : w_cols) == n && ldw >= w_cols,
+               "gemm_bf16_weight: operands " << A.extent(0) << "x" << A.extent(1) << ", " << w_rows
+                                             << "x" << w_cols << ", " << m << "x" << n);
+  if (m == 0 || n == 0) return;
+  // (an A stored column-major is its transpose in row-major terms: its flag flips)
+  impl::onednn_bf16_gemm(tA == a.row_major ? 'T' : 'N', tB ? 'T' : 'N', m, n, k, alpha,
+                         impl::Bf16Operand{A.data(), nullptr, a.ld},
+                         impl::Bf16Operand{nullptr, W, ldw}, beta, C.data(), c.ld);
 }
 
 /// The matrix view `v` moved `offset` elements on (same extents and strides, unmanaged).

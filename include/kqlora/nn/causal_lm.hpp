@@ -126,6 +126,9 @@ class CausalLm : public Model<ExecSpace> {
   DropoutKey dropout_key(int layer, int p, int64_t features) const;
   Kokkos::View<const float*, Mem> dense_vector(const ParamEntry* e) const;
   Matrix<Mem> dense_matrix(const ParamEntry* e) const;
+  /// What the LM head's products multiply: bfloat16 values in a bfloat16 run over a
+  /// bfloat16 head, float32 otherwise.
+  GemmInputs head_inputs() const;
   /// The buffers block `layer` runs on: its own cache, or with activation checkpointing
   /// or activations kept in bfloat16 the one block's buffers over the layer's float32 ones
   /// (then what it keeps in 16 bits is there only after restore_bf16(layer)).

@@ -40,6 +40,20 @@ void gated_mlp_forward(const ExecSpace& exec, const Matrix<M>& g, const Matrix<M
       });
 }
 
+/// One element's gradients: gg = d u act'(z), gu = d act(z).
+template <Activation A, bool BF16>
+KOKKOS_FORCEINLINE_FUNCTION void gated_gradients(float z, float u, float d, float& gg, float& gu) {
+  float s = activation_value(A, z);
+  if (BF16) s = round_to_bf16(s);
+  float vg = d * u * activation_derivative(A, z), vu = d * s;
+  if (BF16) {
+    vg = round_to_bf16(vg);
+    vu = round_to_bf16(vu);
+  }
+  gg = vg;
+  gu = vu;
+}
+
 template <Activation A, bool BF16, class ExecSpace, class M>
 void gated_mlp_backward(const ExecSpace& exec, const Matrix<M>& g, const Matrix<M>& u,
                         const Matrix<M>& ga, const Matrix<M>& gg, const Matrix<M>& gu) {
@@ -50,17 +64,17 @@ void gated_mlp_backward(const ExecSpace& exec, const Matrix<M>& g, const Matrix<
       Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(ga.extent(0)), Kokkos::AUTO),
       KOKKOS_LAMBDA(const Team& team) {
         const int64_t t = team.league_rank();
+        if (team.team_size() == 1) {
+          // A plain loop over the row: through row_for, GCC 12 kept the bfloat16 body a call
+          // per element (too large to inline), scalar (10x slower than the float32 pass).
+          const float *zr = &g(t, 0), *ur = &u(t, 0), *dr = &ga(t, 0);
+          float *ggr = &gg(t, 0), *gur = &gu(t, 0);
+          for (int64_t f = 0; f < F; ++f)
+            gated_gradients<A, BF16>(zr[f], ur[f], dr[f], ggr[f], gur[f]);
+          return;
+        }
         row_for(team, 0, F, [&](int64_t f) {
-          const float z = g(t, f), d = ga(t, f);
-          float s = activation_value(A, z);
-          if (BF16) s = round_to_bf16(s);
-          float vg = d * u(t, f) * activation_derivative(A, z), vu = d * s;
-          if (BF16) {
-            vg = round_to_bf16(vg);
-            vu = round_to_bf16(vu);
-          }
-          gg(t, f) = vg;
-          gu(t, f) = vu;
+          gated_gradients<A, BF16>(g(t, f), u(t, f), ga(t, f), gg(t, f), gu(t, f));
         });
       });
 }

@@ -40,6 +40,8 @@ constexpr int64_t kFusedMaxTokens = 512;
 template <class MemSpace>
 struct LinearNf4Workspace {
   Kokkos::View<float*, MemSpace> panel;
+  /// The panel of a bfloat16 NF4 weight in 16 bits, for the host's AMX products.
+  Kokkos::View<bfloat16*, MemSpace> panel16;
   /// Called after each panel's gemm (the fused kernel: after each block of the summed
   /// index), e.g. to drive outstanding communication.
   std::function<void()> between_panels;
@@ -56,13 +58,23 @@ struct LinearNf4Workspace {
   /// EPYC Zen 3 (OpenBLAS Zen kernel, interleaved pairs against the dense linear,
   /// docs/BENCHMARKS.md): 2048 tokens 1.117x with 4 MiB panels, 1.003x with the whole
   /// weight; 256 tokens 1.046 - 1.055x at 4 - 64 MiB.
-  int64_t reserve(int64_t out_features, int64_t in_features, int64_t block_size, int64_t tokens) {
+  int64_t reserve(int64_t out_features, int64_t in_features, int64_t block_size, int64_t tokens,
+                  bool in_16_bits = false) {
     int64_t target_bytes = std::max(int64_t(4) << 20, 2 * 4 * tokens * in_features);
     if (max_panel_bytes > 0) target_bytes = std::min(target_bytes, max_panel_bytes);
     // Rows per panel must make rows * in_features a multiple of block_size.
     const int64_t step = block_size / std::gcd(block_size, in_features);
     int64_t rows = std::max<int64_t>(step, target_bytes / (4 * in_features) / step * step);
     rows = std::min(rows, (out_features + step - 1) / step * step);
+    if (in_16_bits) {
+      if (rows * in_features > static_cast<int64_t>(panel16.extent(0))) {
+        panel16 = Kokkos::View<bfloat16*, MemSpace>();
+        panel16 = Kokkos::View<bfloat16*, MemSpace>(
+            Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::LinearNf4::panel16"),
+            rows * in_features);
+      }
+      return rows;
+    }
     if (rows * in_features > static_cast<int64_t>(panel.extent(0))) {
       panel = Kokkos::View<float*, MemSpace>();  // (the old one goes first)
       panel = Kokkos::View<float*, MemSpace>(
@@ -79,7 +91,7 @@ namespace impl {
 template <class ExecSpace, class MemSpace>
 bool fused_nf4_gemm(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W, Nf4GemmOp op,
                     const Matrix<MemSpace>& a, float beta, const Matrix<MemSpace>& c,
-                    LinearNf4Workspace<MemSpace>& ws) {
+                    LinearNf4Workspace<MemSpace>& ws, GemmInputs inputs) {
   if constexpr (std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value &&
                 std::is_same<MemSpace, Kokkos::HostSpace>::value) {
     if (ws.product == Nf4Product::panels) return false;
@@ -88,15 +100,18 @@ bool fused_nf4_gemm(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W, Nf4Gemm
                    "linear_nf4: no fused kernel for " << W.layout.shape_string());
       return false;
     }
-    // A multithreaded BLAS would outrun a one-thread Kokkos host space.
+    // A multithreaded BLAS would outrun a one-thread Kokkos host space, and AMX tiles
+    // multiplying bfloat16 panels the fused kernel's float32 FMAs.
     if (ws.product == Nf4Product::automatic &&
         (static_cast<int64_t>(a.extent(0)) > kFusedMaxTokens ||
-         blas_threads() > exec.concurrency()))
+         blas_threads() > exec.concurrency() ||
+         (inputs == GemmInputs::bfloat16 && host_bf16_products())))
       return false;
     nf4_gemm_host(exec, W, op, a.extent(0), a.data(), a.stride(0), beta, c.data(), c.stride(0),
                   ws.panel, ws.between_panels);
     return true;
   } else {
+    (void)inputs;
     KQLORA_CHECK(ws.product != Nf4Product::fused, "linear_nf4: no fused kernel off the host");
     return false;
   }
@@ -118,6 +133,29 @@ void for_each_panel(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W, int64_t
   }
 }
 
+/// The AMX way (host_bf16_products()) for a bfloat16 NF4 weight times bfloat16 values:
+/// W decoded in row panels into 16 bits, f(row0, rows, panel bits) for each.
+template <class ExecSpace, class MemSpace>
+bool amx_panels(const Nf4Tensor<MemSpace>& W, GemmInputs inputs) {
+  return std::is_same<MemSpace, Kokkos::HostSpace>::value &&
+         std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value &&
+         inputs == GemmInputs::bfloat16 && W.layout.dtype == DType::bfloat16 &&
+         host_bf16_products();
+}
+
+template <class ExecSpace, class MemSpace, class F>
+void for_each_panel16(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W, int64_t tokens,
+                      LinearNf4Workspace<MemSpace>& ws, F&& f) {
+  const int64_t out = W.layout.shape[0], in = W.layout.shape[1], bs = W.layout.block_size;
+  const int64_t panel_rows = ws.reserve(out, in, bs, tokens, true);
+  for (int64_t r0 = 0; r0 < out; r0 += panel_rows) {
+    const int64_t rows = std::min(panel_rows, out - r0);
+    nf4_dequantize_blocks(exec, W, r0 * in / bs, rows * in / bs, ws.panel16, Nf4Store::cached);
+    f(r0, rows, reinterpret_cast<const uint16_t*>(ws.panel16.data()));
+    if (ws.between_panels) ws.between_panels();
+  }
+}
+
 }  // namespace impl
 
 /// y = x W^T + beta * y; x [T, in], y [T, out]. `inputs` = bfloat16: x holds bfloat16
@@ -134,8 +172,16 @@ void linear_nf4_forward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
                "linear_nf4_forward: shapes x " << x.extent(0) << "x" << x.extent(1) << ", y "
                                                << y.extent(0) << "x" << y.extent(1) << ", W "
                                                << W.layout.shape_string());
-  if (impl::fused_nf4_gemm(exec, W, Nf4GemmOp::forward, x, beta, y, ws)) return;
-  const int64_t out = W.layout.shape[0];
+  if (impl::fused_nf4_gemm(exec, W, Nf4GemmOp::forward, x, beta, y, ws, inputs)) return;
+  const int64_t out = W.layout.shape[0], in = W.layout.shape[1];
+  if (impl::amx_panels<ExecSpace>(W, inputs) && ws.product != Nf4Product::panels) {
+    impl::for_each_panel16(
+        exec, W, x.extent(0), ws, [&](int64_t r0, int64_t rows, const uint16_t* Wp) {
+          gemm_bf16_weight("N", "T", 1.0f, x, Wp, rows, in, in, beta,
+                           Kokkos::subview(y, Kokkos::ALL, Kokkos::make_pair(r0, r0 + rows)));
+        });
+    return;
+  }
   impl::for_each_panel(
       exec, W, x.extent(0), ws, [&](int64_t r0, int64_t rows, const Matrix<MemSpace>& Wp) {
         if (rows == out)  // one panel: y itself (a plain row-major matrix for any gemm)
@@ -158,8 +204,17 @@ void linear_nf4_backward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
                "linear_nf4_backward: shapes gy " << gy.extent(0) << "x" << gy.extent(1) << ", gx "
                                                  << gx.extent(0) << "x" << gx.extent(1) << ", W "
                                                  << W.layout.shape_string());
-  if (impl::fused_nf4_gemm(exec, W, Nf4GemmOp::input_gradient, gy, beta, gx, ws)) return;
-  const int64_t out = W.layout.shape[0];
+  if (impl::fused_nf4_gemm(exec, W, Nf4GemmOp::input_gradient, gy, beta, gx, ws, inputs)) return;
+  const int64_t out = W.layout.shape[0], in = W.layout.shape[1];
+  if (impl::amx_panels<ExecSpace>(W, inputs) && ws.product != Nf4Product::panels) {
+    impl::for_each_panel16(
+        exec, W, gy.extent(0), ws, [&](int64_t r0, int64_t rows, const uint16_t* Wp) {
+          gemm_bf16_weight("N", "N", 1.0f,
+                           Kokkos::subview(gy, Kokkos::ALL, Kokkos::make_pair(r0, r0 + rows)), Wp,
+                           rows, in, in, r0 == 0 ? beta : 1.0f, gx);
+        });
+    return;
+  }
   impl::for_each_panel(exec, W, gy.extent(0), ws,
                        [&](int64_t r0, int64_t rows, const Matrix<MemSpace>& Wp) {
                          const float b = r0 == 0 ? beta : 1.0f;

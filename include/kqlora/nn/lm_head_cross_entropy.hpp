@@ -48,6 +48,11 @@ struct CrossEntropyWorkspace {
     return std::max<int64_t>(1, std::min({tokens, kMaxChunkTokens, chunk_bytes / (4 * vocab)}));
   }
 
+  /// A bfloat16 head's 16-bit copy for the host's AMX products (host_bf16_products()),
+  /// made from the head at `head16_of` (frozen: made once).
+  Kokkos::View<uint16_t*, M> head16;
+  const float* head16_of = nullptr;
+
   int64_t reserve(int64_t tokens, int64_t vocab) {
     const int64_t chunk = chunk_tokens(tokens, vocab);
     if (static_cast<int64_t>(logits.extent(0)) < chunk ||
@@ -135,26 +140,54 @@ void cross_entropy_rows(const ExecSpace& exec, const L& lg, const TokenMatrix<M>
 }  // namespace impl
 
 /// Returns the loss sum / normaliser; with `gh` non-empty ([tokens, hidden]) writes the
-/// gradient of that into it. `softcap` > 0: the final-logit soft-cap.
+/// gradient of that into it. `softcap` > 0: the final-logit soft-cap. `head_inputs` =
+/// bfloat16: h and W hold bfloat16 values (with `bf16`, the logits' gradient is rounded
+/// too), core/blas.hpp.
 template <class ExecSpace, class M>
 double lm_head_cross_entropy(const ExecSpace& exec, const Matrix<M>& h, const Matrix<M>& W,
                              const TokenMatrix<M>& labels, double normaliser, bool bf16,
                              const Matrix<M>& gh, CrossEntropyWorkspace<M>& ws,
-                             float softcap = 0.0f) {
+                             float softcap = 0.0f, GemmInputs head_inputs = GemmInputs::float32) {
   const int64_t T = h.extent(0), V = W.extent(0);
   const bool grad = gh.data() != nullptr;
   const int64_t chunk = ws.reserve(T, V);
   const float inv = static_cast<float>(1.0 / normaliser);
   const auto row_loss = ws.row_loss;
+  // AMX: the products read the head's 16-bit copy (converting the float32 head for each
+  // chunk's two products would move more bytes than the products).
+  bool amx = false;
+  if constexpr (CrossEntropyWorkspace<M>::kHost)
+    amx = head_inputs == GemmInputs::bfloat16 && host_bf16_products();
+  if (amx && ws.head16_of != W.data()) {
+    ws.head16 = Kokkos::View<uint16_t*, M>();
+    ws.head16 = Kokkos::View<uint16_t*, M>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::cross_entropy::head16"), W.size());
+    const auto w16 = ws.head16;
+    const float* w = W.data();
+    KQLORA_CHECK(W.span_is_contiguous(), "lm_head_cross_entropy: a head with gaps");
+    Kokkos::parallel_for(
+        "kqlora::cross_entropy::head16",
+        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, W.size()),
+        KOKKOS_LAMBDA(int64_t i) { w16(i) = bfloat16::round_bits(w[i]); });
+    ws.head16_of = W.data();
+  }
+  const int64_t H = W.extent(1);
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int64_t n = std::min(chunk, T - t0);
     const auto rows = Kokkos::make_pair(t0, t0 + n);
     const auto lg = Kokkos::subview(ws.logits, Kokkos::make_pair(int64_t(0), n), Kokkos::ALL);
-    gemm(exec, "N", "T", 1.0f, Kokkos::subview(h, rows, Kokkos::ALL), W, 0.0f, lg);
+    if (amx)
+      gemm_bf16_weight("N", "T", 1.0f, Kokkos::subview(h, rows, Kokkos::ALL), ws.head16.data(), V,
+                       H, H, 0.0f, lg);
+    else
+      gemm(exec, "N", "T", 1.0f, Kokkos::subview(h, rows, Kokkos::ALL), W, 0.0f, lg, head_inputs);
     impl::cross_entropy_rows(exec, lg, labels, t0, inv, bf16, grad, row_loss, softcap);
     if (grad) {
       const auto g = Kokkos::subview(gh, rows, Kokkos::ALL);
-      gemm(exec, "N", "N", 1.0f, lg, W, 0.0f, g);
+      if (amx)
+        gemm_bf16_weight("N", "N", 1.0f, lg, ws.head16.data(), V, H, H, 0.0f, g);
+      else
+        gemm(exec, "N", "N", 1.0f, lg, W, 0.0f, g, head_inputs);
       if (bf16)
         Kokkos::parallel_for(
             "kqlora::cross_entropy::round_grad", over(exec, n, g.extent(1)),

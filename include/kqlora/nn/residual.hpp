@@ -10,11 +10,14 @@ namespace kqlora {
 
 template <class ExecSpace, class M>
 void residual_add(const ExecSpace& exec, const Matrix<M>& y, bool bf16, const Matrix<M>& x) {
+  KQLORA_CHECK(y.extent(0) == x.extent(0) && y.extent(1) == x.extent(1) && y.span_is_contiguous(),
+               "residual_add: shapes");
+  const float* yp = y.data();
+  float* xp = x.data();
   Kokkos::parallel_for(
-      "kqlora::residual_add", over(exec, x.extent(0), x.extent(1)),
-      KOKKOS_LAMBDA(int64_t t, int64_t f) {
-        const float v = x(t, f) + y(t, f);
-        x(t, f) = bf16 ? round_to_bf16(v) : v;
+      "kqlora::residual_add", flat_range(exec, x), KOKKOS_LAMBDA(int64_t i) {
+        const float v = xp[i] + yp[i];
+        xp[i] = bf16 ? round_to_bf16(v) : v;
       });
 }
 

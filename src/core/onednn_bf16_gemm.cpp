@@ -1,0 +1,188 @@
+// Products of bfloat16 values on AMX through oneDNN's matmul primitive
+// (core/gemm_engine.hpp; docs/BLAS.md, "bfloat16 products on AMX").
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kqlora/build_config.hpp"
+#include "kqlora/core/bfloat16.hpp"
+#include "kqlora/core/error.hpp"
+#include "kqlora/core/gemm_engine.hpp"
+
+#if KQLORA_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+namespace kqlora {
+
+#if KQLORA_HAVE_ONEDNN
+namespace {
+
+using dnnl::memory;
+
+const dnnl::engine& cpu_engine() {
+  static const dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+/// op(X) [rows, cols] over 16-bit data stored row-major with row stride ld: [rows, cols]
+/// or, with `t`, the transpose of [cols, rows].
+memory::desc bf16_operand(int64_t rows, int64_t cols, bool t, int64_t ld) {
+  return memory::desc({rows, cols}, memory::data_type::bf16,
+                      t ? memory::dims{1, ld} : memory::dims{ld, 1});
+}
+
+/// The matmul primitive of one product shape, made once (making one costs tens of
+/// microseconds: more than a small product).
+struct Product {
+  dnnl::matmul prim;
+  memory::desc a, b, c;
+};
+
+using ProductKey =
+    std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float>;
+
+Product make_product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                     int64_t ldc, float alpha, float beta) {
+  Product p;
+  p.a = bf16_operand(m, k, ta, lda);
+  p.b = bf16_operand(k, n, tb, ldb);
+  p.c = memory::desc({m, n}, memory::data_type::f32, memory::dims{ldc, 1});
+  dnnl::primitive_attr attr;
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops po;
+    po.append_sum(beta);
+    attr.set_post_ops(po);
+  }
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(p.a, p.b, p.c), attr, cpu_engine());
+  p.prim = dnnl::matmul(pd);
+  return p;
+}
+
+const Product& product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                       int64_t ldc, float alpha, float beta) {
+  // One cache per thread: primitives are not shared across threads that may run at once.
+  thread_local std::map<ProductKey, std::unique_ptr<Product>> cache;
+  const ProductKey key{ta, tb, m, n, k, lda, ldb, ldc, alpha, beta};
+  auto it = cache.find(key);
+  if (it == cache.end())
+    it = cache
+             .emplace(key, std::make_unique<Product>(
+                               make_product(ta, tb, m, n, k, lda, ldb, ldc, alpha, beta)))
+             .first;
+  return *it->second;
+}
+
+/// dst [rows, cols] (packed) = the bfloat16 bits of src [rows, cols] (row stride ld).
+void narrow(const float* src, int64_t ld, int64_t rows, int64_t cols, uint16_t* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = src + r * ld;
+    uint16_t* d = dst + r * cols;
+    for (int64_t c = 0; c < cols; ++c) d[c] = bfloat16::round_bits(s[c]);
+  }
+}
+
+/// The 16-bit copies of the operands: bounded, so that no product holds a copy the size
+/// of its largest operand (an LM head's weight): products over a longer summed index run
+/// in blocks of it (docs/BLAS.md).
+constexpr int64_t kOperandBytes = int64_t(4) << 20;
+
+}  // namespace
+
+bool host_bf16_products_available() {
+  static const bool yes = [] {
+    try {
+      const dnnl::matmul::primitive_desc pd(
+          dnnl::matmul::desc(bf16_operand(64, 64, false, 64), bf16_operand(64, 64, false, 64),
+                             memory::desc({64, 64}, memory::data_type::f32, {64, 1})),
+          cpu_engine());
+      return std::string(pd.impl_info_str()).find("amx") != std::string::npos;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return yes;
+}
+
+namespace impl {
+
+void onednn_bf16_gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, Bf16Operand A,
+                      Bf16Operand B, float beta, float* C, int64_t ldc) {
+  KQLORA_CHECK(host_bf16_products_available(), "onednn_bf16_gemm: no AMX bfloat16 products here");
+  KQLORA_CHECK((A.f != nullptr) != (A.bits != nullptr) && (B.f != nullptr) != (B.bits != nullptr),
+               "onednn_bf16_gemm: each operand is float32 or 16-bit data");
+  const bool tA = ta == 'T', tB = tb == 'T';
+  if (m == 0 || n == 0) return;
+  // The summed index in blocks whose B copy fits kOperandBytes (a function of n only, so
+  // that a row's sums do not depend on how many rows a call has), rows in blocks whose A
+  // copy does. 16-bit operands are read in place.
+  const int64_t kb =
+      B.bits ? k : std::min(k, std::max<int64_t>(64, kOperandBytes / 2 / n / 64 * 64));
+  const int64_t mb = A.bits ? m : std::min(m, std::max<int64_t>(1, kOperandBytes / 2 / kb));
+  thread_local std::vector<uint16_t> a16, b16;
+  if (A.f) a16.resize(static_cast<size_t>(mb * kb));
+  if (B.f) b16.resize(static_cast<size_t>(kb * n));
+  const OnednnThreads threads;
+  dnnl::stream stream(cpu_engine());
+  try {
+    for (int64_t k0 = 0; k0 < k; k0 += kb) {
+      const int64_t kn = std::min(kb, k - k0);
+      // op(B) rows k0 .. k0 + kn: stored rows of B, or its columns when transposed.
+      const int64_t b_at = tB ? k0 : k0 * B.ld;
+      const uint16_t* b = B.bits ? B.bits + b_at : b16.data();
+      const int64_t ldb = B.bits ? B.ld : (tB ? kn : n);
+      if (B.f) narrow(B.f + b_at, B.ld, tB ? n : kn, tB ? kn : n, b16.data());
+      const float beta_k = k0 == 0 ? beta : 1.0f;
+      for (int64_t i0 = 0; i0 < m; i0 += mb) {
+        const int64_t mn = std::min(mb, m - i0);
+        const int64_t a_at = tA ? k0 * A.ld + i0 : i0 * A.ld + k0;
+        const uint16_t* a = A.bits ? A.bits + a_at : a16.data();
+        const int64_t lda = A.bits ? A.ld : (tA ? mn : kn);
+        if (A.f) narrow(A.f + a_at, A.ld, tA ? kn : mn, tA ? mn : kn, a16.data());
+        const Product& p = product(tA, tB, mn, n, kn, lda, ldb, ldc, alpha, beta_k);
+        memory ma(p.a, cpu_engine(), const_cast<uint16_t*>(a)),
+            mb16(p.b, cpu_engine(), const_cast<uint16_t*>(b)), mc(p.c, cpu_engine(), C + i0 * ldc);
+        p.prim.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb16}, {DNNL_ARG_DST, mc}});
+      }
+    }
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    KQLORA_CHECK(false, "oneDNN bfloat16 matmul (" << m << " x " << n << " x " << k
+                                                   << ") failed: " << e.what());
+  }
+}
+
+void onednn_bf16_gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha,
+                      const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                      float* C, int64_t ldc) {
+  onednn_bf16_gemm(ta, tb, m, n, k, alpha, Bf16Operand{A, nullptr, lda},
+                   Bf16Operand{B, nullptr, ldb}, beta, C, ldc);
+}
+
+}  // namespace impl
+
+#else  // without oneDNN
+
+bool host_bf16_products_available() {
+  return false;
+}
+
+namespace impl {
+void onednn_bf16_gemm(char, char, int64_t, int64_t, int64_t, float, Bf16Operand, Bf16Operand, float,
+                      float*, int64_t) {
+  KQLORA_CHECK(false, "onednn_bf16_gemm: this kqlora was built without oneDNN");
+}
+void onednn_bf16_gemm(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                      const float*, int64_t, float, float*, int64_t) {
+  KQLORA_CHECK(false, "onednn_bf16_gemm: this kqlora was built without oneDNN");
+}
+}  // namespace impl
+
+#endif
+
+}  // namespace kqlora
