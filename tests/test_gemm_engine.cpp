@@ -1,6 +1,7 @@
 // The host GEMM engines (core/gemm_engine.hpp) against float64 products, for every
 // transpose and every operand layout gemm() accepts (row-major, column-major, a column
-// block of a row-major matrix); and KQLORA_GEMM as the apps read it.
+// block of a row-major matrix), the AMX bfloat16 products too where this CPU has them; and
+// KQLORA_GEMM and KQLORA_AMX as the apps read them.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -8,6 +9,7 @@
 #include <random>
 #include <string>
 
+#include "kqlora/core/bfloat16.hpp"
 #include "kqlora/core/blas.hpp"
 #include "kqlora/core/gemm_engine.hpp"
 
@@ -25,13 +27,14 @@ double at(const V& x, bool t, int64_t i, int64_t j) {
 
 /// gemm into c (holding `c0` first) against float64: alpha op(a) op(b) + beta c0.
 template <class A, class B, class C>
-void expect_product(bool ta, bool tb, const A& a, const B& b, const C& c, const std::string& what) {
+void expect_product(bool ta, bool tb, const A& a, const B& b, const C& c, const std::string& what,
+                    kqlora::GemmInputs inputs = kqlora::GemmInputs::float32) {
   const int64_t m = c.extent(0), n = c.extent(1), k = ta ? a.extent(0) : a.extent(1);
   std::vector<double> c0(m * n);
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) c0[i * n + j] = c(i, j);
   const float alpha = 0.75f, beta = -0.5f;
-  kqlora::gemm(Host(), ta ? "T" : "N", tb ? "T" : "N", alpha, a, b, beta, c);
+  kqlora::gemm(Host(), ta ? "T" : "N", tb ? "T" : "N", alpha, a, b, beta, c, inputs);
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
       double s = 0, mag = 0;
@@ -46,10 +49,11 @@ void expect_product(bool ta, bool tb, const A& a, const B& b, const C& c, const 
 }
 
 template <class V>
-void fill(const V& v, std::mt19937& rng) {
+void fill(const V& v, std::mt19937& rng, bool bf16 = false) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (size_t i = 0; i < v.extent(0); ++i)
-    for (size_t j = 0; j < v.extent(1); ++j) v(i, j) = u(rng);
+    for (size_t j = 0; j < v.extent(1); ++j)
+      v(i, j) = bf16 ? kqlora::round_to_bf16(u(rng)) : u(rng);
 }
 
 class GemmEngines : public ::testing::TestWithParam<kqlora::GemmEngine> {
@@ -97,6 +101,82 @@ INSTANTIATE_TEST_SUITE_P(Host, GemmEngines,
                            return info.param == kqlora::GemmEngine::blas ? "blas" : "onednn";
                          });
 
+/// The AMX bfloat16 products (host_bf16_products()): skipped on a CPU without AMX.
+class AmxProducts : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!kqlora::host_bf16_products_available())
+      GTEST_SKIP() << "oneDNN has no AMX bfloat16 products on this CPU (or no oneDNN)";
+    engine_ = kqlora::host_gemm_engine();
+    on_ = kqlora::host_bf16_products();
+    kqlora::set_host_gemm_engine(kqlora::GemmEngine::onednn);
+    kqlora::set_host_bf16_products(true);
+  }
+  void TearDown() override {
+    if (!kqlora::host_bf16_products_available()) return;
+    kqlora::set_host_gemm_engine(engine_);
+    kqlora::set_host_bf16_products(on_);
+  }
+  kqlora::GemmEngine engine_ = kqlora::GemmEngine::blas;
+  bool on_ = false;
+};
+
+TEST_F(AmxProducts, EveryTransposeAndLayoutMatchesFloat64) {
+  ASSERT_TRUE(kqlora::host_bf16_products());
+  std::mt19937 rng(11);
+  const auto bf16 = kqlora::GemmInputs::bfloat16;
+  const int64_t m = 13, n = 9, k = 37;  // (k past one AMX tile's 32)
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const std::string ops = std::string(ta ? "T" : "N") + (tb ? "T" : "N");
+      RowMajor a("a", ta ? k : m, ta ? m : k), b("b", tb ? n : k, tb ? k : n), c("c", m, n);
+      fill(a, rng, true), fill(b, rng, true), fill(c, rng);
+      expect_product(ta, tb, a, b, c, ops + " row-major", bf16);
+      ColMajor al("al", a.extent(0), a.extent(1)), bl("bl", b.extent(0), b.extent(1)),
+          cl("cl", m, n);
+      fill(al, rng, true), fill(bl, rng, true), fill(cl, rng);
+      expect_product(ta, tb, al, bl, cl, ops + " column-major", bf16);
+      RowMajor aw("aw", a.extent(0), a.extent(1) + 5), bw("bw", b.extent(0), b.extent(1) + 3),
+          cw("cw", m, n + 4);
+      fill(aw, rng, true), fill(bw, rng, true), fill(cw, rng);
+      const auto as = Kokkos::subview(aw, Kokkos::ALL, std::make_pair(size_t(2), 2 + a.extent(1)));
+      const auto bs = Kokkos::subview(bw, Kokkos::ALL, std::make_pair(size_t(1), 1 + b.extent(1)));
+      const auto cs = Kokkos::subview(cw, Kokkos::ALL, std::make_pair(int64_t(3), 3 + n));
+      expect_product(ta, tb, as, bs, cs, ops + " column blocks", bf16);
+    }
+}
+
+// A summed index longer than one block of the 16-bit copies (4 MiB of B: 960 of it at
+// n = 2100), with a tail, and beta applied once.
+TEST_F(AmxProducts, ALongSummedIndexRunsInBlocksAndMatchesFloat64) {
+  std::mt19937 rng(12);
+  const int64_t m = 3, n = 2100, k = 2000;
+  for (bool tb : {false, true}) {
+    RowMajor a("a", m, k), b("b", tb ? n : k, tb ? k : n), c("c", m, n);
+    fill(a, rng, true), fill(b, rng, true), fill(c, rng);
+    expect_product(false, tb, a, b, c, tb ? "NT" : "NN", kqlora::GemmInputs::bfloat16);
+  }
+}
+
+// A weight given as its 16-bit bits (an NF4 panel, the LM head's copy) gives the product
+// of the same weight given as float32 bfloat16 values, bit for bit.
+TEST_F(AmxProducts, SixteenBitWeightEqualsTheFloatOperand) {
+  std::mt19937 rng(13);
+  const int64_t m = 17, n = 40, k = 70;
+  for (bool tb : {false, true}) {
+    RowMajor a("a", m, k), w("w", tb ? n : k, tb ? k : n), c1("c1", m, n), c2("c2", m, n);
+    fill(a, rng, true), fill(w, rng, true), fill(c1, rng);
+    Kokkos::deep_copy(c2, c1);
+    std::vector<uint16_t> bits(w.size());
+    for (size_t i = 0; i < w.size(); ++i) bits[i] = kqlora::bfloat16::round_bits(w.data()[i]);
+    kqlora::gemm(Host(), "N", tb ? "T" : "N", 0.5f, a, w, 2.0f, c1, kqlora::GemmInputs::bfloat16);
+    kqlora::gemm_bf16_weight("N", tb ? "T" : "N", 0.5f, a, bits.data(), w.extent(0), w.extent(1),
+                             w.extent(1), 2.0f, c2);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) ASSERT_EQ(c1(i, j), c2(i, j)) << i << ", " << j;
+  }
+}
+
 /// Runs a shell command: its exit status and output.
 std::pair<int, std::string> run_app(const std::string& cmd) {
   std::string out;
@@ -120,6 +200,22 @@ TEST(GemmEngineChoice, TheAppsNameItAndRefuseAnUnknownOne) {
   std::tie(rc, out) = run_app("env -u KQLORA_GEMM " + app);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find(kqlora::onednn_available() ? "GEMM engine: oneDNN" : "GEMM engine: BLAS"),
+            std::string::npos)
+      << out;
+}
+
+TEST(GemmEngineChoice, KqloraAmxIsReadAndNamed) {
+  const std::string app = std::string(KQLORA_TEST_BIN_DIR) + "/kqlora-bench --version";
+  auto [rc, out] = run_app("KQLORA_AMX=yes " + app);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("KQLORA_AMX=yes: expected on or off"), std::string::npos) << out;
+  std::tie(rc, out) = run_app("KQLORA_AMX=off " + app);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("bfloat16 products: float32"), std::string::npos) << out;
+  std::tie(rc, out) = run_app("env -u KQLORA_AMX -u KQLORA_GEMM " + app);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find(kqlora::host_bf16_products_available() ? "bfloat16 products: AMX"
+                                                            : "bfloat16 products: float32"),
             std::string::npos)
       << out;
 }
