@@ -131,8 +131,13 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
     Matrix<Mem> gq("gq", T, a.q_features()), gk("gk", T, a.kv_features()),
         gv("gv", T, a.kv_features());
     Kokkos::View<float*, Mem> lse("lse", n * a.heads * seq);
-    for (const auto& m : {q, k, v, go})
+    // (a bfloat16 run's attention reads bfloat16 values)
+    auto fill_values = [&](const Matrix<Mem>& m) {
       fill(Kokkos::View<float*, Mem>(m.data(), m.size()), 1.0f, 0.0f, gen);
+      if (bf16)
+        for (size_t i = 0; i < m.size(); ++i) m.data()[i] = round_to_bf16(m.data()[i]);
+    };
+    for (const auto& m : {q, k, v, go}) fill_values(m);
     AttentionWorkspace<Mem> aws;
     const AttentionShape as{n, seq, a.heads, a.kv_heads, a.head_dim};
     const RopeTable<Mem> rope(a.ropes[0].inv_freq, seq, false);
@@ -142,8 +147,8 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
         for (int64_t l = 0; l < a.layers; ++l) {
           rope_apply(exec, rope, seq, a.head_dim, false, false, q);
           rope_apply(exec, rope, seq, a.head_dim, false, false, k);
-          causal_attention_forward(exec, as, q, k, v, false, aws, o, lse);
-          causal_attention_backward(exec, as, q, k, v, o, lse, go, false, aws, gq, gk, gv);
+          causal_attention_forward(exec, as, q, k, v, bf16, aws, o, lse);
+          causal_attention_backward(exec, as, q, k, v, o, lse, go, bf16, aws, gq, gk, gv);
           rope_apply(exec, rope, seq, a.head_dim, true, false, gq);
           rope_apply(exec, rope, seq, a.head_dim, true, false, gk);
         }
@@ -154,7 +159,8 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
     // The fused LM head and cross-entropy, and its two products alone, on random hidden
     // states and the tied head.
     Matrix<Mem> h("h", T, a.hidden), gh("gh", T, a.hidden);
-    fill(Kokkos::View<float*, Mem>(h.data(), h.size()), 1.0f, 0.0f, gen);
+    fill_values(h);
+    const GemmInputs head_inputs = bf16 ? GemmInputs::bfloat16 : GemmInputs::float32;
     const ParamEntry& head =
         model.table().at(a.tied ? "model.embed_tokens.weight" : "lm_head.weight");
     const Matrix<Mem> W(model.dense[head.offset].data(), a.vocab, a.hidden);
@@ -171,7 +177,7 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
     Record fused{prefix + "lm_head_cross_entropy_" + tag};
     if (wanted(fused.name, filter))
       fused.median_s = median_seconds(repeats, [&] {
-        lm_head_cross_entropy(exec, h, W, b.labels, normaliser, false, gh, cws);
+        lm_head_cross_entropy(exec, h, W, b.labels, normaliser, bf16, gh, cws, 0.0f, head_inputs);
       });
     fused.flops = 2.0 * 2 * T * a.vocab * a.hidden;
     if (fused.median_s > 0) out.push_back(fused);
@@ -179,8 +185,18 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
     if (wanted(products.name, filter))
       products.median_s = median_seconds(repeats, [&] {
         chunks([&](int64_t, auto rows, auto lg) {
-          gemm(exec, "N", "T", 1.0f, Kokkos::subview(h, rows, Kokkos::ALL), W, 0.0f, lg);
-          gemm(exec, "N", "N", 1.0f, lg, W, 0.0f, Kokkos::subview(gh, rows, Kokkos::ALL));
+          if (cws.head16_of == W.data()) {  // (the AMX products over the head's 16-bit copy)
+            const uint16_t* w16 = cws.head16.data();
+            gemm_bf16_weight("N", "T", 1.0f, Kokkos::subview(h, rows, Kokkos::ALL), w16, a.vocab,
+                             a.hidden, a.hidden, 0.0f, lg);
+            gemm_bf16_weight("N", "N", 1.0f, lg, w16, a.vocab, a.hidden, a.hidden, 0.0f,
+                             Kokkos::subview(gh, rows, Kokkos::ALL));
+            return;
+          }
+          gemm(exec, "N", "T", 1.0f, Kokkos::subview(h, rows, Kokkos::ALL), W, 0.0f, lg,
+               head_inputs);
+          gemm(exec, "N", "N", 1.0f, lg, W, 0.0f, Kokkos::subview(gh, rows, Kokkos::ALL),
+               head_inputs);
         });
       });
     products.flops = fused.flops;
@@ -191,7 +207,7 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
     if (wanted(ce.name, filter))
       ce.median_s = median_seconds(repeats, [&] {
         chunks([&](int64_t t0, auto, auto lg) {
-          impl::cross_entropy_rows(exec, lg, b.labels, t0, inv, false, true, cws.row_loss);
+          impl::cross_entropy_rows(exec, lg, b.labels, t0, inv, bf16, true, cws.row_loss);
         });
       });
     ce.elements = static_cast<double>(T) * a.vocab;

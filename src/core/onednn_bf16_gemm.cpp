@@ -87,10 +87,15 @@ void narrow(const float* src, int64_t ld, int64_t rows, int64_t cols, uint16_t* 
   }
 }
 
-/// The 16-bit copies of the operands: bounded, so that no product holds a copy the size
-/// of its largest operand (an LM head's weight): products over a longer summed index run
-/// in blocks of it (docs/BLAS.md).
-constexpr int64_t kOperandBytes = int64_t(4) << 20;
+/// The 16-bit copies of the operands are bounded, so that no product holds a copy the
+/// size of its largest operand (an LM head's weight): products over a longer summed index
+/// run in blocks of it (docs/BLAS.md). B's copy is 4 MiB at most; A's 16 MiB, since
+/// oneDNN packs B again for every block of A's rows (an LM head's backward, 256 x 49152 x
+/// 576 over the head's 16-bit copy, ran 1.6x slower in 42-row blocks than in one); and a
+/// 16-bit B is read in blocks of kBitsBlock of the summed index.
+constexpr int64_t kBOperandBytes = int64_t(4) << 20;
+constexpr int64_t kAOperandBytes = int64_t(16) << 20;
+constexpr int64_t kBitsBlock = 8192;
 
 }  // namespace
 
@@ -118,12 +123,14 @@ void onednn_bf16_gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float a
                "onednn_bf16_gemm: each operand is float32 or 16-bit data");
   const bool tA = ta == 'T', tB = tb == 'T';
   if (m == 0 || n == 0) return;
-  // The summed index in blocks whose B copy fits kOperandBytes (a function of n only, so
-  // that a row's sums do not depend on how many rows a call has), rows in blocks whose A
-  // copy does. 16-bit operands are read in place.
+  // The summed index in blocks (of a size that depends on k and n only, so that a row's
+  // sums do not depend on how many rows a call has): whole when both operands are 16-bit,
+  // kBitsBlock with a 16-bit B, else what fits B's copy; rows in blocks whose A copy fits.
+  // 16-bit operands are read in place.
   const int64_t kb =
-      B.bits ? k : std::min(k, std::max<int64_t>(64, kOperandBytes / 2 / n / 64 * 64));
-  const int64_t mb = A.bits ? m : std::min(m, std::max<int64_t>(1, kOperandBytes / 2 / kb));
+      B.bits ? (A.bits ? k : std::min(k, kBitsBlock))
+             : std::min(k, std::max<int64_t>(64, kBOperandBytes / 2 / n / 64 * 64));
+  const int64_t mb = A.bits ? m : std::min(m, std::max<int64_t>(1, kAOperandBytes / 2 / kb));
   thread_local std::vector<uint16_t> a16, b16;
   if (A.f) a16.resize(static_cast<size_t>(mb * kb));
   if (B.f) b16.resize(static_cast<size_t>(kb * n));

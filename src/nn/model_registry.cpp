@@ -68,10 +68,10 @@ int64_t causal_lm_activations(const ModelConfig& c, int64_t rows, int64_t seq_le
           mul(2, tokens));                 // (the per-token losses are doubles)
   const int64_t panel = int64_t(8) << 20;  // linear_nf4's dequantized panel (its default)
   // bfloat16 products on AMX (core/gemm_engine.hpp): the head's 16-bit copy, and the
-  // products' 16-bit operand copies (two of at most 4 MiB) with oneDNN's own packing of
+  // products' 16-bit operand copies (16 and 4 MiB at most) with oneDNN's own packing of
   // one of them.
   const int64_t amx = c.dtype == DType::bfloat16 && host_bf16_products()
-                          ? add(mul(2, mul(s.vocab, s.hidden)), int64_t(16) << 20)
+                          ? add(mul(2, mul(s.vocab, s.hidden)), int64_t(32) << 20)
                           : 0;
   return add(add(add(mul(tokens, mul(s.layers, layer_bytes)),
                      mul(4, add(mul(tokens, add(one_block, shared)), workspaces))),
