@@ -177,6 +177,31 @@ TEST_F(AmxProducts, SixteenBitWeightEqualsTheFloatOperand) {
   }
 }
 
+// A 16-bit weight over a summed index longer than the block it is read in (8192), with
+// a tail, against float64: the LM head's backward (logit gradients times the head).
+TEST_F(AmxProducts, SixteenBitWeightOverALongSummedIndexMatchesFloat64) {
+  std::mt19937 rng(14);
+  const int64_t m = 3, n = 24, k = 8192 + 1000;
+  RowMajor a("a", m, k), w("w", k, n), c("c", m, n);
+  fill(a, rng, true), fill(w, rng, true), fill(c, rng);
+  std::vector<double> c0(m * n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) c0[i * n + j] = c(i, j);
+  std::vector<uint16_t> bits(w.size());
+  for (size_t i = 0; i < w.size(); ++i) bits[i] = kqlora::bfloat16::round_bits(w.data()[i]);
+  kqlora::gemm_bf16_weight("N", "N", 1.0f, a, bits.data(), k, n, n, -1.0f, c);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0, mag = 0;
+      for (int64_t l = 0; l < k; ++l) {
+        s += double(a(i, l)) * w(l, j);
+        mag += std::fabs(double(a(i, l)) * w(l, j));
+      }
+      ASSERT_NEAR(c(i, j), s - c0[i * n + j], 1e-5 * (mag + std::fabs(c0[i * n + j])))
+          << i << ", " << j;
+    }
+}
+
 /// Runs a shell command: its exit status and output.
 std::pair<int, std::string> run_app(const std::string& cmd) {
   std::string out;
