@@ -29,10 +29,14 @@ std::string config_json(const LlamaShape& s) {
   return os.str();
 }
 
-void fill(const Kokkos::View<float*, Mem>& v, float scale, float offset, std::mt19937& gen) {
+void fill(const Kokkos::View<float*, Mem>& v, float scale, float offset, std::mt19937& gen,
+          bool bf16 = false) {
   std::normal_distribution<float> dist;
   auto h = Kokkos::create_mirror_view(v);
-  for (size_t i = 0; i < h.extent(0); ++i) h(i) = offset + scale * dist(gen);
+  for (size_t i = 0; i < h.extent(0); ++i) {
+    const float x = offset + scale * dist(gen);
+    h(i) = bf16 ? round_to_bf16(x) : x;  // (bfloat16 values, as a bfloat16 run holds)
+  }
   Kokkos::deep_copy(v, h);
 }
 
@@ -43,11 +47,14 @@ void randomize(CausalLm<Exec>& model, std::mt19937& gen) {
   const Exec exec;
   for (const ParamEntry* e : model.table().of_kind(ParamKind::nf4)) {
     Kokkos::View<float*, Mem> w("kqlora::bench::w", e->numel());
-    fill(w, 0.02f, 0.0f, gen);
     const Nf4Layout layout = e->nf4_layout();
+    fill(w, 0.02f, 0.0f, gen, layout.dtype == DType::bfloat16);
     if (layout.dtype == DType::bfloat16) {  // (a bfloat16 run's NF4: of bfloat16 weights)
       Kokkos::View<bfloat16*, Mem> w16("kqlora::bench::w16", e->numel());
-      for (int64_t i = 0; i < e->numel(); ++i) w16(i) = bfloat16(w(i));
+      Kokkos::parallel_for(
+          "kqlora::bench::w16",
+          Kokkos::RangePolicy<Exec, Kokkos::IndexType<int64_t>>(0, e->numel()),
+          KOKKOS_LAMBDA(int64_t i) { w16(i) = bfloat16(w(i)); });
       model.nf4[e->offset] =
           nf4_quantize<bfloat16>(exec, Kokkos::View<const bfloat16*, Mem>(w16), layout, e->name);
     } else {
@@ -57,9 +64,9 @@ void randomize(CausalLm<Exec>& model, std::mt19937& gen) {
   }
   for (const ParamEntry* e : model.table().of_kind(ParamKind::dense)) {
     Kokkos::View<float*, Mem> w("kqlora::bench::dense", e->numel());
-    fill(w, e->shape.size() == 1 ? 0.1f : 0.02f, e->shape.size() == 1 ? 1.0f : 0.0f, gen);
-    if (e->dtype == DType::bfloat16)  // (as train/init.cpp holds a bfloat16 run's tensors)
-      for (int64_t i = 0; i < e->numel(); ++i) w(i) = round_to_bf16(w(i));
+    // (bfloat16 values in a bfloat16 run, as train/init.cpp holds them)
+    fill(w, e->shape.size() == 1 ? 0.1f : 0.02f, e->shape.size() == 1 ? 1.0f : 0.0f, gen,
+         e->dtype == DType::bfloat16);
     model.dense[e->offset] = w;
   }
   fill(model.params, 0.02f, 0.0f, gen);
@@ -133,9 +140,7 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
     Kokkos::View<float*, Mem> lse("lse", n * a.heads * seq);
     // (a bfloat16 run's attention reads bfloat16 values)
     auto fill_values = [&](const Matrix<Mem>& m) {
-      fill(Kokkos::View<float*, Mem>(m.data(), m.size()), 1.0f, 0.0f, gen);
-      if (bf16)
-        for (size_t i = 0; i < m.size(); ++i) m.data()[i] = round_to_bf16(m.data()[i]);
+      fill(Kokkos::View<float*, Mem>(m.data(), m.size()), 1.0f, 0.0f, gen, bf16);
     };
     for (const auto& m : {q, k, v, go}) fill_values(m);
     AttentionWorkspace<Mem> aws;

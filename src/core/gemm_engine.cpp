@@ -104,9 +104,9 @@ std::string describe_gemm_engine() {
 #endif
   os << "; " << engine_note << "; bfloat16 products: "
      << (host_bf16_products()             ? "AMX (oneDNN, summed in float32)"
+         : e != GemmEngine::onednn        ? "float32 (the BLAS engine)"
          : host_bf16_products_available() ? "float32 (AMX turned off)"
-         : e == GemmEngine::onednn        ? "float32 (no AMX here)"
-                                          : "float32")
+                                          : "float32 (no AMX here)")
      << ", " << bf16_note;
   return os.str();
 }

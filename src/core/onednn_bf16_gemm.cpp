@@ -17,9 +17,17 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
 
+// Written for oneDNN 2.x's matmul API (Debian 12 has 2.6); 3.x dropped the operation
+// descriptors and output scales it uses, so with 3.x bfloat16 products stay float32.
+#if KQLORA_HAVE_ONEDNN && DNNL_VERSION_MAJOR < 3
+#define KQLORA_AMX_PRODUCTS 1
+#else
+#define KQLORA_AMX_PRODUCTS 0
+#endif
+
 namespace kqlora {
 
-#if KQLORA_HAVE_ONEDNN
+#if KQLORA_AMX_PRODUCTS
 namespace {
 
 using dnnl::memory;
@@ -64,12 +72,18 @@ Product make_product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t 
   return p;
 }
 
+/// Primitives kept per thread at most: a run whose micro-batches are trimmed to their
+/// longest row meets new row counts step after step, and each primitive holds its JIT
+/// code; when full the cache starts again (a run's steady shapes are a few dozen).
+constexpr size_t kMaxProducts = 2048;
+
 const Product& product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
                        int64_t ldc, float alpha, float beta) {
   // One cache per thread: primitives are not shared across threads that may run at once.
   thread_local std::map<ProductKey, std::unique_ptr<Product>> cache;
   const ProductKey key{ta, tb, m, n, k, lda, ldb, ldc, alpha, beta};
   auto it = cache.find(key);
+  if (it == cache.end() && cache.size() >= kMaxProducts) cache.clear();
   if (it == cache.end())
     it = cache
              .emplace(key, std::make_unique<Product>(
@@ -127,9 +141,8 @@ void onednn_bf16_gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float a
   // sums do not depend on how many rows a call has): whole when both operands are 16-bit,
   // kBitsBlock with a 16-bit B, else what fits B's copy; rows in blocks whose A copy fits.
   // 16-bit operands are read in place.
-  const int64_t kb =
-      B.bits ? (A.bits ? k : std::min(k, kBitsBlock))
-             : std::min(k, std::max<int64_t>(64, kBOperandBytes / 2 / n / 64 * 64));
+  const int64_t kb = B.bits ? (A.bits ? k : std::min(k, kBitsBlock))
+                            : std::min(k, std::max<int64_t>(64, kBOperandBytes / 2 / n / 64 * 64));
   const int64_t mb = A.bits ? m : std::min(m, std::max<int64_t>(1, kAOperandBytes / 2 / kb));
   thread_local std::vector<uint16_t> a16, b16;
   if (A.f) a16.resize(static_cast<size_t>(mb * kb));
@@ -173,7 +186,7 @@ void onednn_bf16_gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float a
 
 }  // namespace impl
 
-#else  // without oneDNN
+#else  // without oneDNN 2.x
 
 bool host_bf16_products_available() {
   return false;
@@ -182,11 +195,11 @@ bool host_bf16_products_available() {
 namespace impl {
 void onednn_bf16_gemm(char, char, int64_t, int64_t, int64_t, float, Bf16Operand, Bf16Operand, float,
                       float*, int64_t) {
-  KQLORA_CHECK(false, "onednn_bf16_gemm: this kqlora was built without oneDNN");
+  KQLORA_CHECK(false, "onednn_bf16_gemm: this kqlora was built without oneDNN 2.x");
 }
 void onednn_bf16_gemm(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t,
                       const float*, int64_t, float, float*, int64_t) {
-  KQLORA_CHECK(false, "onednn_bf16_gemm: this kqlora was built without oneDNN");
+  KQLORA_CHECK(false, "onednn_bf16_gemm: this kqlora was built without oneDNN 2.x");
 }
 }  // namespace impl
 

@@ -728,7 +728,10 @@ template <class ExecSpace>
 auto CausalLm<ExecSpace>::logits(const Batch<Mem>& b) -> Matrix<Mem> {
   forward(b, 1.0, false, false);
   Matrix<Mem> out("kqlora::CausalLm::logits", tokens_, spec_.vocab);
-  gemm(this->exec_, "N", "T", 1.0f, buf_[B::kNf], dense_matrix(head_), 0.0f, out, head_inputs());
+  // (the loss's products: over the head's 16-bit copy on AMX, the same sums)
+  const Matrix<Mem> W = dense_matrix(head_);
+  const bool amx = impl::head_on_amx(this->exec_, W, head_inputs(), ce_ws_);
+  impl::head_logits(this->exec_, buf_[B::kNf], W, amx, ce_ws_, head_inputs(), out);
   const bool bf16 = this->cfg_.bf16();
   if (bf16) round_bf16(this->exec_, out);
   const float cap = spec_.final_softcap;

@@ -11,6 +11,7 @@
 #include "kqlora/build_config.hpp"
 #include "kqlora/core/blas_selection.hpp"
 #include "kqlora/core/fma_peak.hpp"
+#include "kqlora/core/gemm_engine.hpp"
 #include "kqlora/core/gpu_device.hpp"
 #include "kqlora/core/human_units.hpp"
 #include "kqlora/core/runtime.hpp"
@@ -77,9 +78,11 @@ bool sum_and_stop(Communicator& comm, double& v, double* tokens = nullptr,
 }
 
 /// The FMA peak of the cores this run computes on (host runs; 0 on a device, whose peak
-/// kqlora does not measure): one core's, measured now, times the threads of all ranks.
-double run_peak_flops(const Communicator& comm) {
+/// kqlora does not measure, and for bfloat16 products on AMX, which the float32 FMA peak
+/// does not bound): one core's, measured now, times the threads of all ranks.
+double run_peak_flops(const Communicator& comm, const Config& cfg) {
   if (!std::is_same<Mem, Kokkos::HostSpace>::value) return 0;
+  if (cfg.dtype == DType::bfloat16 && host_bf16_products()) return 0;
   const int threads = std::max(blas_threads(), Exec().concurrency());
   return fma_peak_flops(0.2) * threads * comm.size();
 }
@@ -179,7 +182,7 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   Optimizer<Exec> opt = dp->make_optimizer(exec, optimizer_config(cfg));
   if (resume) checkpoints->restore_state(*model, *dp, opt);
   // (Measured once the run is set up: a run refused before costs no measurement.)
-  report.set_peak_flops(run_peak_flops(comm));
+  report.set_peak_flops(run_peak_flops(comm, cfg));
   const DataSource data(cfg.data_file, model->input(), cfg.global_bs, cfg.seed, "data_file",
                         cfg.shuffle);
   const InputSpec spec = data.spec();  // (token models: the file's sequence length)

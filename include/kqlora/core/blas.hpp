@@ -217,8 +217,9 @@ void gemm_bf16_weight(const char* ta, const char* tb, float alpha, const AView& 
   const auto a = impl::blas_operand(A), c = impl::blas_operand(C);
   const bool tA = ta[0] == 'T' || ta[0] == 't', tB = tb[0] == 'T' || tb[0] == 't';
   const int64_t m = C.extent(0), n = C.extent(1), k = tA ? A.extent(0) : A.extent(1);
-  KQLORA_CHECK(a.ok && c.ok && c.row_major && k > 0 && (tB ? w_cols : w_rows) == k &&
-                   (tB ? w_rows : w_cols) == n && ldw >= w_cols,
+  KQLORA_CHECK(a.ok && c.ok && c.row_major && k > 0 &&
+                   static_cast<int64_t>(tA ? A.extent(1) : A.extent(0)) == m &&
+                   (tB ? w_cols : w_rows) == k && (tB ? w_rows : w_cols) == n && ldw >= w_cols,
                "gemm_bf16_weight: operands " << A.extent(0) << "x" << A.extent(1) << ", " << w_rows
                                              << "x" << w_cols << ", " << m << "x" << n);
   if (m == 0 || n == 0) return;

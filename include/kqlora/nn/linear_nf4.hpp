@@ -58,9 +58,12 @@ struct LinearNf4Workspace {
   /// EPYC Zen 3 (OpenBLAS Zen kernel, interleaved pairs against the dense linear,
   /// docs/BENCHMARKS.md): 2048 tokens 1.117x with 4 MiB panels, 1.003x with the whole
   /// weight; 256 tokens 1.046 - 1.055x at 4 - 64 MiB.
+  /// `in_16_bits` (the AMX panels): 4 MiB of 16-bit rows whatever the tokens, so that the
+  /// input gradient's sum over the panels has the same order at any token count.
   int64_t reserve(int64_t out_features, int64_t in_features, int64_t block_size, int64_t tokens,
                   bool in_16_bits = false) {
-    int64_t target_bytes = std::max(int64_t(4) << 20, 2 * 4 * tokens * in_features);
+    int64_t target_bytes = in_16_bits ? int64_t(8) << 20  // (counted in float32 bytes below)
+                                      : std::max(int64_t(4) << 20, 2 * 4 * tokens * in_features);
     if (max_panel_bytes > 0) target_bytes = std::min(target_bytes, max_panel_bytes);
     // Rows per panel must make rows * in_features a multiple of block_size.
     const int64_t step = block_size / std::gcd(block_size, in_features);

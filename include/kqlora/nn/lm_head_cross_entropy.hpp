@@ -137,6 +137,43 @@ void cross_entropy_rows(const ExecSpace& exec, const L& lg, const TokenMatrix<M>
       });
 }
 
+/// Whether the head's products run on AMX (bfloat16 values on a host with
+/// host_bf16_products()); then ws.head16 holds the head's 16-bit copy, made once: the
+/// head is frozen, and converting it for each chunk's two products would move more bytes
+/// than the products.
+template <class ExecSpace, class M>
+bool head_on_amx(const ExecSpace& exec, const Matrix<M>& W, GemmInputs head_inputs,
+                 CrossEntropyWorkspace<M>& ws) {
+  bool amx = false;
+  if constexpr (CrossEntropyWorkspace<M>::kHost)
+    amx = head_inputs == GemmInputs::bfloat16 && host_bf16_products();
+  if (amx && ws.head16_of != W.data()) {
+    KQLORA_CHECK(W.span_is_contiguous(), "lm_head_cross_entropy: a head with gaps");
+    ws.head16 = Kokkos::View<uint16_t*, M>();
+    ws.head16 = Kokkos::View<uint16_t*, M>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::cross_entropy::head16"), W.size());
+    const auto w16 = ws.head16;
+    const float* w = W.data();
+    Kokkos::parallel_for(
+        "kqlora::cross_entropy::head16",
+        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, W.size()),
+        KOKKOS_LAMBDA(int64_t i) { w16(i) = bfloat16::round_bits(w[i]); });
+    ws.head16_of = W.data();
+  }
+  return amx;
+}
+
+/// lg = h W^T: over the head's 16-bit copy when `amx` (head_on_amx), else through gemm.
+template <class ExecSpace, class M, class H, class L>
+void head_logits(const ExecSpace& exec, const H& h, const Matrix<M>& W, bool amx,
+                 const CrossEntropyWorkspace<M>& ws, GemmInputs head_inputs, const L& lg) {
+  if (amx)
+    gemm_bf16_weight("N", "T", 1.0f, h, ws.head16.data(), W.extent(0), W.extent(1), W.extent(1),
+                     0.0f, lg);
+  else
+    gemm(exec, "N", "T", 1.0f, h, W, 0.0f, lg, head_inputs);
+}
+
 }  // namespace impl
 
 /// Returns the loss sum / normaliser; with `gh` non-empty ([tokens, hidden]) writes the
@@ -153,34 +190,13 @@ double lm_head_cross_entropy(const ExecSpace& exec, const Matrix<M>& h, const Ma
   const int64_t chunk = ws.reserve(T, V);
   const float inv = static_cast<float>(1.0 / normaliser);
   const auto row_loss = ws.row_loss;
-  // AMX: the products read the head's 16-bit copy (converting the float32 head for each
-  // chunk's two products would move more bytes than the products).
-  bool amx = false;
-  if constexpr (CrossEntropyWorkspace<M>::kHost)
-    amx = head_inputs == GemmInputs::bfloat16 && host_bf16_products();
-  if (amx && ws.head16_of != W.data()) {
-    ws.head16 = Kokkos::View<uint16_t*, M>();
-    ws.head16 = Kokkos::View<uint16_t*, M>(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::cross_entropy::head16"), W.size());
-    const auto w16 = ws.head16;
-    const float* w = W.data();
-    KQLORA_CHECK(W.span_is_contiguous(), "lm_head_cross_entropy: a head with gaps");
-    Kokkos::parallel_for(
-        "kqlora::cross_entropy::head16",
-        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, W.size()),
-        KOKKOS_LAMBDA(int64_t i) { w16(i) = bfloat16::round_bits(w[i]); });
-    ws.head16_of = W.data();
-  }
+  const bool amx = impl::head_on_amx(exec, W, head_inputs, ws);
   const int64_t H = W.extent(1);
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int64_t n = std::min(chunk, T - t0);
     const auto rows = Kokkos::make_pair(t0, t0 + n);
     const auto lg = Kokkos::subview(ws.logits, Kokkos::make_pair(int64_t(0), n), Kokkos::ALL);
-    if (amx)
-      gemm_bf16_weight("N", "T", 1.0f, Kokkos::subview(h, rows, Kokkos::ALL), ws.head16.data(), V,
-                       H, H, 0.0f, lg);
-    else
-      gemm(exec, "N", "T", 1.0f, Kokkos::subview(h, rows, Kokkos::ALL), W, 0.0f, lg, head_inputs);
+    impl::head_logits(exec, Kokkos::subview(h, rows, Kokkos::ALL), W, amx, ws, head_inputs, lg);
     impl::cross_entropy_rows(exec, lg, labels, t0, inv, bf16, grad, row_loss, softcap);
     if (grad) {
       const auto g = Kokkos::subview(gh, rows, Kokkos::ALL);
