@@ -180,15 +180,36 @@ void accumulate_bias_grad(const ExecSpace& exec, const Matrix<M>& g,
 }
 
 /// z = R(z + R(s * u)) with R the bfloat16 rounding: PyTorch's `out + lora_out * scaling`.
+/// `round_first`: z and u are two products' float32 results, rounded here first (one pass
+/// for the three roundings: z = R(R(z) + R(s * R(u)))).
 template <class ExecSpace, class M>
-void add_scaled_bf16(const ExecSpace& exec, float s, const Matrix<M>& u, const Matrix<M>& z) {
+void add_scaled_bf16(const ExecSpace& exec, float s, const Matrix<M>& u, const Matrix<M>& z,
+                     bool round_first = false) {
   KQLORA_CHECK(u.extent(0) == z.extent(0) && u.extent(1) == z.extent(1) && u.span_is_contiguous(),
                "add_scaled_bf16: shapes");
   const float* up = u.data();
   float* zp = z.data();
+  if (round_first)
+    Kokkos::parallel_for(
+        "kqlora::add_scaled_bf16", flat_range(exec, z), KOKKOS_LAMBDA(int64_t i) {
+          zp[i] = round_to_bf16(round_to_bf16(zp[i]) + round_to_bf16(s * round_to_bf16(up[i])));
+        });
+  else
+    Kokkos::parallel_for(
+        "kqlora::add_scaled_bf16", flat_range(exec, z),
+        KOKKOS_LAMBDA(int64_t i) { zp[i] = round_to_bf16(zp[i] + round_to_bf16(s * up[i])); });
+}
+
+/// x = R(x + R(u)): a product's float32 result u, rounded, added to x and rounded.
+template <class ExecSpace, class M>
+void add_rounded_bf16(const ExecSpace& exec, const Matrix<M>& u, const Matrix<M>& x) {
+  KQLORA_CHECK(u.extent(0) == x.extent(0) && u.extent(1) == x.extent(1) && u.span_is_contiguous(),
+               "add_rounded_bf16: shapes");
+  const float* up = u.data();
+  float* xp = x.data();
   Kokkos::parallel_for(
-      "kqlora::add_scaled_bf16", flat_range(exec, z),
-      KOKKOS_LAMBDA(int64_t i) { zp[i] = round_to_bf16(zp[i] + round_to_bf16(s * up[i])); });
+      "kqlora::add_rounded_bf16", flat_range(exec, x),
+      KOKKOS_LAMBDA(int64_t i) { xp[i] = round_to_bf16(xp[i] + round_to_bf16(up[i])); });
 }
 
 /// x = R(x) in place.

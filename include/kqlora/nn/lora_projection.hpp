@@ -13,7 +13,6 @@
 
 #include "kqlora/nn/elementwise.hpp"
 #include "kqlora/nn/linear_nf4.hpp"
-#include "kqlora/nn/residual.hpp"
 
 namespace kqlora {
 
@@ -74,8 +73,8 @@ void lora_projection_forward(const ExecSpace& exec, const Nf4Tensor<M>& W,
   linear_nf4_forward(exec, W, x, y, ws, 0.0f, impl::base_inputs(W, bf16));
   if (bias.data()) {
     add_bias(exec, bias, bf16, y);  // (rounds the sum once)
-  } else if (bf16) {
-    round_bf16(exec, y);
+  } else if (bf16 && !lora) {
+    round_bf16(exec, y);  // (with an adapter: rounded in its add below, one pass for all)
   }
   if (!lora) return;
   gemm(exec, "N", "T", 1.0f, xd, lora->a, 0.0f, h);
@@ -83,8 +82,8 @@ void lora_projection_forward(const ExecSpace& exec, const Nf4Tensor<M>& W,
     round_bf16(exec, h);
     const Matrix<M> tmp(scratch.tmp.data(), y.extent(0), y.extent(1));
     gemm(exec, "N", "T", 1.0f, h, lora->b, 0.0f, tmp);
-    round_bf16(exec, tmp);
-    add_scaled_bf16(exec, lora->scale, tmp, y);
+    // y = R(R(y) + R(scale * R(tmp))) (R(y) of a biased y is y: rounding is idempotent)
+    add_scaled_bf16(exec, lora->scale, tmp, y, true);
   } else {
     gemm(exec, "N", "T", lora->scale, h, lora->b, 1.0f, y);
   }
@@ -116,12 +115,12 @@ void lora_projection_backward(const ExecSpace& exec, const Nf4Tensor<M>& W,
     if (dropout || bf16) {
       const Matrix<M> tmp(scratch.tmp.data(), T, gx.extent(1));
       gemm(exec, "N", "N", 1.0f, gh, lora->a, 0.0f, tmp);  // gh A
-      if (bf16) round_bf16(exec, tmp);
-      if (dropout) {
-        dropout_apply(exec, *dropout, false, tmp, gx, 1.0f);
-      } else {
-        residual_add(exec, tmp, false, gx);
+      if (bf16 && !dropout) {
+        add_rounded_bf16(exec, tmp, gx);  // gx = R(gx + R(gh A)), one pass
+        return;
       }
+      if (bf16) round_bf16(exec, tmp);
+      dropout_apply(exec, *dropout, false, tmp, gx, 1.0f);
     } else {
       gemm(exec, "N", "N", 1.0f, gh, lora->a, 1.0f, gx);  // gx += gh A
     }
