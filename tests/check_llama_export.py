@@ -133,7 +133,13 @@ def main():
     # --gguf (the llama architecture): transformers' GGUF loader, given --merged's config
     # (its loader drops fields), gives kqlora's eval loss: f32 1e-4, bf16 and f16 1e-2,
     # q8_0 within 2% (docs/GGUF.md).
-    if hf_cfg.get("model_type") == "llama":
+    try:
+        import gguf  # noqa: F401  (transformers' GGUF loader needs it)
+        have_gguf = True
+    except ImportError:
+        have_gguf = False
+        print("note: the --gguf checks skipped: Python package gguf not installed")
+    if hf_cfg.get("model_type") == "llama" and have_gguf:
         from transformers import AutoConfig
         merged_cfg = AutoConfig.from_pretrained(os.path.join(work, "merged"))
         for gtype, tol in (("f32", 1e-4), ("f16", 1e-2), ("bf16", 1e-2), ("q8_0", 2e-2)):
