@@ -6,6 +6,7 @@
 #include <random>
 
 #include "exec_spaces.hpp"
+#include "kqlora/core/gemm_engine.hpp"
 #include "kqlora/nn/linear_nf4.hpp"
 #include "kqlora/nn/lora_stack.hpp"
 #include "kqlora/nn/loss.hpp"
@@ -90,6 +91,60 @@ TYPED_TEST(LinearNf4, ForwardAndInputGradientMatchFloat64) {
       double ref = 0;
       for (int64_t o = 0; o < O; ++o) ref += gf[t * O + o] * W[o * I + i];
       ASSERT_NEAR(gxv[t * I + i], ref, 1e-5 * (1 + std::fabs(ref))) << t << "," << i;
+    }
+  }
+}
+
+// A bfloat16 NF4 weight times bfloat16 values on AMX (core/gemm_engine.hpp): the weight in
+// several 16-bit row panels, the last one short, against float64 on the dequantized weight;
+// beta over prior values. Skipped on a CPU without AMX.
+TEST(LinearNf4Amx, SixteenBitPanelsMatchFloat64) {
+  if (!kqlora::host_bf16_products()) GTEST_SKIP() << "no AMX bfloat16 products here";
+  using H = Kokkos::DefaultHostExecutionSpace;
+  using HM = Kokkos::HostSpace;
+  kqlora::Nf4Layout L;
+  L.shape = {96, 80};
+  L.block_size = 32;
+  L.scaler_block_size = 16;
+  L.dtype = kqlora::DType::bfloat16;
+  const auto wf = randn(L.numel(), 21, 0.05f);
+  const HostNf4 Wn =
+      quantize<kqlora::bfloat16, H>(std::vector<kqlora::bfloat16>(wf.begin(), wf.end()), L);
+  const auto W = dequantized(Wn);
+  const int64_t T = 9, O = 96, I = 80;
+  auto bf16_values = [](std::vector<float> v) {
+    for (float& x : v) x = kqlora::round_to_bf16(x);
+    return v;
+  };
+  const auto xf = bf16_values(randn(T * I, 22)), gf = bf16_values(randn(T * O, 23));
+  const auto y0 = randn(T * O, 24), gx0 = randn(T * I, 25);
+  kqlora::LinearNf4Workspace<HM> ws;
+  ws.max_panel_bytes = 20 * I * 2;  // 16 rows of 16 bits: six panels
+  ASSERT_LT(ws.reserve16(O, I, 32), O);
+  const float beta = 0.5f;
+  Matrix<HM> x = to_matrix<HM>(xf, T, I), y = to_matrix<HM>(y0, T, O);
+  Matrix<HM> g = to_matrix<HM>(gf, T, O), gx = to_matrix<HM>(gx0, T, I);
+  const auto in = kqlora::GemmInputs::bfloat16;
+  kqlora::linear_nf4_forward(H(), Wn, x, y, ws, beta, in);
+  kqlora::linear_nf4_backward(H(), Wn, g, gx, ws, beta, in);
+  ASSERT_EQ(ws.panel.extent(0), 0u) << "the float32 panels were used";
+  const auto yv = from_matrix(y), gxv = from_matrix(gx);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t o = 0; o < O; ++o) {
+      double ref = beta * y0[t * O + o], mag = std::fabs(ref);
+      for (int64_t i = 0; i < I; ++i) {
+        ref += xf[t * I + i] * W[o * I + i];
+        mag += std::fabs(xf[t * I + i] * W[o * I + i]);
+      }
+      ASSERT_NEAR(yv[t * O + o], ref, 1e-6 * mag) << "y " << t << "," << o;
+    }
+    for (int64_t i = 0; i < I; ++i) {
+      double ref = beta * gx0[t * I + i], mag = std::fabs(ref);
+      for (int64_t o = 0; o < O; ++o) {
+        ref += gf[t * O + o] * W[o * I + i];
+        mag += std::fabs(gf[t * O + o] * W[o * I + i]);
+      }
+      ASSERT_NEAR(gxv[t * I + i], ref, 1e-6 * mag) << "gx " << t << "," << i;
     }
   }
 }

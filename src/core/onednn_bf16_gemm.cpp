@@ -130,22 +130,22 @@ bool host_bf16_products_available() {
 
 namespace impl {
 
-void onednn_bf16_gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, Bf16Operand A,
-                      Bf16Operand B, float beta, float* C, int64_t ldc) {
+void onednn_bf16_gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha,
+                      const float* A, int64_t lda, Bf16Operand B, float beta, float* C,
+                      int64_t ldc) {
   KQLORA_CHECK(host_bf16_products_available(), "onednn_bf16_gemm: no AMX bfloat16 products here");
-  KQLORA_CHECK((A.f != nullptr) != (A.bits != nullptr) && (B.f != nullptr) != (B.bits != nullptr),
-               "onednn_bf16_gemm: each operand is float32 or 16-bit data");
+  KQLORA_CHECK((B.f != nullptr) != (B.bits != nullptr),
+               "onednn_bf16_gemm: B is float32 or 16-bit data");
   const bool tA = ta == 'T', tB = tb == 'T';
   if (m == 0 || n == 0) return;
   // The summed index in blocks (of a size that depends on k and n only, so that a row's
-  // sums do not depend on how many rows a call has): whole when both operands are 16-bit,
-  // kBitsBlock with a 16-bit B, else what fits B's copy; rows in blocks whose A copy fits.
-  // 16-bit operands are read in place.
-  const int64_t kb = B.bits ? (A.bits ? k : std::min(k, kBitsBlock))
+  // sums do not depend on how many rows a call has): kBitsBlock with a 16-bit B (read in
+  // place), else what fits B's copy; rows in blocks whose A copy fits.
+  const int64_t kb = B.bits ? std::min(k, kBitsBlock)
                             : std::min(k, std::max<int64_t>(64, kBOperandBytes / 2 / n / 64 * 64));
-  const int64_t mb = A.bits ? m : std::min(m, std::max<int64_t>(1, kAOperandBytes / 2 / kb));
+  const int64_t mb = std::min(m, std::max<int64_t>(1, kAOperandBytes / 2 / kb));
   thread_local std::vector<uint16_t> a16, b16;
-  if (A.f) a16.resize(static_cast<size_t>(mb * kb));
+  a16.resize(static_cast<size_t>(mb * kb));
   if (B.f) b16.resize(static_cast<size_t>(kb * n));
   const OnednnThreads threads;
   dnnl::stream stream(cpu_engine());
@@ -160,13 +160,12 @@ void onednn_bf16_gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float a
       const float beta_k = k0 == 0 ? beta : 1.0f;
       for (int64_t i0 = 0; i0 < m; i0 += mb) {
         const int64_t mn = std::min(mb, m - i0);
-        const int64_t a_at = tA ? k0 * A.ld + i0 : i0 * A.ld + k0;
-        const uint16_t* a = A.bits ? A.bits + a_at : a16.data();
-        const int64_t lda = A.bits ? A.ld : (tA ? mn : kn);
-        if (A.f) narrow(A.f + a_at, A.ld, tA ? kn : mn, tA ? mn : kn, a16.data());
-        const Product& p = product(tA, tB, mn, n, kn, lda, ldb, ldc, alpha, beta_k);
-        memory ma(p.a, cpu_engine(), const_cast<uint16_t*>(a)),
-            mb16(p.b, cpu_engine(), const_cast<uint16_t*>(b)), mc(p.c, cpu_engine(), C + i0 * ldc);
+        // op(A) rows i0 .. i0 + mn, summed index k0 .. k0 + kn, packed
+        narrow(tA ? A + k0 * lda + i0 : A + i0 * lda + k0, lda, tA ? kn : mn, tA ? mn : kn,
+               a16.data());
+        const Product& p = product(tA, tB, mn, n, kn, tA ? mn : kn, ldb, ldc, alpha, beta_k);
+        memory ma(p.a, cpu_engine(), a16.data()), mb16(p.b, cpu_engine(), const_cast<uint16_t*>(b)),
+            mc(p.c, cpu_engine(), C + i0 * ldc);
         p.prim.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb16}, {DNNL_ARG_DST, mc}});
       }
     }
@@ -180,8 +179,7 @@ void onednn_bf16_gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float a
 void onednn_bf16_gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha,
                       const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
                       float* C, int64_t ldc) {
-  onednn_bf16_gemm(ta, tb, m, n, k, alpha, Bf16Operand{A, nullptr, lda},
-                   Bf16Operand{B, nullptr, ldb}, beta, C, ldc);
+  onednn_bf16_gemm(ta, tb, m, n, k, alpha, A, lda, Bf16Operand{B, nullptr, ldb}, beta, C, ldc);
 }
 
 }  // namespace impl
@@ -193,8 +191,8 @@ bool host_bf16_products_available() {
 }
 
 namespace impl {
-void onednn_bf16_gemm(char, char, int64_t, int64_t, int64_t, float, Bf16Operand, Bf16Operand, float,
-                      float*, int64_t) {
+void onednn_bf16_gemm(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                      Bf16Operand, float, float*, int64_t) {
   KQLORA_CHECK(false, "onednn_bf16_gemm: this kqlora was built without oneDNN 2.x");
 }
 void onednn_bf16_gemm(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t,

@@ -224,9 +224,8 @@ void gemm_bf16_weight(const char* ta, const char* tb, float alpha, const AView& 
                                              << "x" << w_cols << ", " << m << "x" << n);
   if (m == 0 || n == 0) return;
   // (an A stored column-major is its transpose in row-major terms: its flag flips)
-  impl::onednn_bf16_gemm(tA == a.row_major ? 'T' : 'N', tB ? 'T' : 'N', m, n, k, alpha,
-                         impl::Bf16Operand{A.data(), nullptr, a.ld},
-                         impl::Bf16Operand{nullptr, W, ldw}, beta, C.data(), c.ld);
+  impl::onednn_bf16_gemm(tA == a.row_major ? 'T' : 'N', tB ? 'T' : 'N', m, n, k, alpha, A.data(),
+                         a.ld, impl::Bf16Operand{nullptr, W, ldw}, beta, C.data(), c.ld);
 }
 
 /// The matrix view `v` moved `offset` elements on (same extents and strides, unmanaged).

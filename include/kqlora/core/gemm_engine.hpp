@@ -64,18 +64,20 @@ class OnednnThreads {
 void onednn_sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A,
                   int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
-/// One operand of a bfloat16 product, row-major with row stride ld: float32 data holding
-/// bfloat16 values (`f`), or their 16-bit bits (`bits`), exactly one of the two.
+/// The right operand of a bfloat16 product, row-major with row stride ld: float32 data
+/// holding bfloat16 values (`f`), or their 16-bit bits (`bits`: a weight's 16-bit copy,
+/// read in place), exactly one of the two.
 struct Bf16Operand {
   const float* f = nullptr;
   const uint16_t* bits = nullptr;
   int64_t ld = 0;
 };
 
-/// Row-major C [m, n] = alpha op(A) op(B) + beta C on AMX (as onednn_sgemm's arguments).
-/// Requires host_bf16_products_available().
-void onednn_bf16_gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, Bf16Operand A,
-                      Bf16Operand B, float beta, float* C, int64_t ldc);
+/// Row-major C [m, n] = alpha op(A) op(B) + beta C on AMX (as onednn_sgemm's arguments),
+/// A float32 data holding bfloat16 values. Requires host_bf16_products_available().
+void onednn_bf16_gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha,
+                      const float* A, int64_t lda, Bf16Operand B, float beta, float* C,
+                      int64_t ldc);
 
 /// As onednn_sgemm, with A and B holding bfloat16 values: narrowed to 16 bits (exactly;
 /// other values are rounded to nearest even) and multiplied on AMX, summed in float32.

@@ -58,26 +58,9 @@ struct LinearNf4Workspace {
   /// EPYC Zen 3 (OpenBLAS Zen kernel, interleaved pairs against the dense linear,
   /// docs/BENCHMARKS.md): 2048 tokens 1.117x with 4 MiB panels, 1.003x with the whole
   /// weight; 256 tokens 1.046 - 1.055x at 4 - 64 MiB.
-  /// `in_16_bits` (the AMX panels): 4 MiB of 16-bit rows whatever the tokens, so that the
-  /// input gradient's sum over the panels has the same order at any token count.
-  int64_t reserve(int64_t out_features, int64_t in_features, int64_t block_size, int64_t tokens,
-                  bool in_16_bits = false) {
-    int64_t target_bytes = in_16_bits ? int64_t(8) << 20  // (counted in float32 bytes below)
-                                      : std::max(int64_t(4) << 20, 2 * 4 * tokens * in_features);
-    if (max_panel_bytes > 0) target_bytes = std::min(target_bytes, max_panel_bytes);
-    // Rows per panel must make rows * in_features a multiple of block_size.
-    const int64_t step = block_size / std::gcd(block_size, in_features);
-    int64_t rows = std::max<int64_t>(step, target_bytes / (4 * in_features) / step * step);
-    rows = std::min(rows, (out_features + step - 1) / step * step);
-    if (in_16_bits) {
-      if (rows * in_features > static_cast<int64_t>(panel16.extent(0))) {
-        panel16 = Kokkos::View<bfloat16*, MemSpace>();
-        panel16 = Kokkos::View<bfloat16*, MemSpace>(
-            Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::LinearNf4::panel16"),
-            rows * in_features);
-      }
-      return rows;
-    }
+  int64_t reserve(int64_t out_features, int64_t in_features, int64_t block_size, int64_t tokens) {
+    int64_t target_bytes = std::max(int64_t(4) << 20, 2 * 4 * tokens * in_features);
+    const int64_t rows = panel_rows(out_features, in_features, block_size, target_bytes, 4);
     if (rows * in_features > static_cast<int64_t>(panel.extent(0))) {
       panel = Kokkos::View<float*, MemSpace>();  // (the old one goes first)
       panel = Kokkos::View<float*, MemSpace>(
@@ -86,9 +69,45 @@ struct LinearNf4Workspace {
     }
     return rows;
   }
+
+  /// Rows per 16-bit panel (the AMX products), panel16 grown to hold them: 4 MiB whatever
+  /// the tokens, so that the input gradient's sum over the panels has the same order at
+  /// any token count.
+  int64_t reserve16(int64_t out_features, int64_t in_features, int64_t block_size) {
+    const int64_t rows = panel_rows(out_features, in_features, block_size, int64_t(4) << 20, 2);
+    if (rows * in_features > static_cast<int64_t>(panel16.extent(0))) {
+      panel16 = Kokkos::View<bfloat16*, MemSpace>();
+      panel16 = Kokkos::View<bfloat16*, MemSpace>(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::LinearNf4::panel16"),
+          rows * in_features);
+    }
+    return rows;
+  }
+
+ private:
+  /// Rows of `target_bytes` at most (max_panel_bytes too), whole NF4 blocks each.
+  int64_t panel_rows(int64_t out_features, int64_t in_features, int64_t block_size,
+                     int64_t target_bytes, int64_t bytes_per_value) const {
+    if (max_panel_bytes > 0) target_bytes = std::min(target_bytes, max_panel_bytes);
+    // Rows per panel must make rows * in_features a multiple of block_size.
+    const int64_t step = block_size / std::gcd(block_size, in_features);
+    const int64_t rows =
+        std::max<int64_t>(step, target_bytes / (bytes_per_value * in_features) / step * step);
+    return std::min(rows, (out_features + step - 1) / step * step);
+  }
 };
 
 namespace impl {
+
+/// Whether a product goes to the host's AMX (host_bf16_products()): a bfloat16 NF4 weight
+/// times bfloat16 values, W decoded in 16-bit row panels (for_each_panel16).
+template <class ExecSpace, class MemSpace>
+bool amx_panels(const Nf4Tensor<MemSpace>& W, GemmInputs inputs) {
+  return std::is_same<MemSpace, Kokkos::HostSpace>::value &&
+         std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value &&
+         inputs == GemmInputs::bfloat16 && W.layout.dtype == DType::bfloat16 &&
+         host_bf16_products();
+}
 
 /// The product through the fused host kernel, when it applies: c = a op(W) + beta c.
 template <class ExecSpace, class MemSpace>
@@ -107,8 +126,7 @@ bool fused_nf4_gemm(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W, Nf4Gemm
     // multiplying bfloat16 panels the fused kernel's float32 FMAs.
     if (ws.product == Nf4Product::automatic &&
         (static_cast<int64_t>(a.extent(0)) > kFusedMaxTokens ||
-         blas_threads() > exec.concurrency() ||
-         (inputs == GemmInputs::bfloat16 && host_bf16_products())))
+         blas_threads() > exec.concurrency() || amx_panels<ExecSpace>(W, inputs)))
       return false;
     nf4_gemm_host(exec, W, op, a.extent(0), a.data(), a.stride(0), beta, c.data(), c.stride(0),
                   ws.panel, ws.between_panels);
@@ -136,21 +154,12 @@ void for_each_panel(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W, int64_t
   }
 }
 
-/// The AMX way (host_bf16_products()) for a bfloat16 NF4 weight times bfloat16 values:
-/// W decoded in row panels into 16 bits, f(row0, rows, panel bits) for each.
-template <class ExecSpace, class MemSpace>
-bool amx_panels(const Nf4Tensor<MemSpace>& W, GemmInputs inputs) {
-  return std::is_same<MemSpace, Kokkos::HostSpace>::value &&
-         std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value &&
-         inputs == GemmInputs::bfloat16 && W.layout.dtype == DType::bfloat16 &&
-         host_bf16_products();
-}
-
+/// Calls f(row0, rows, Wp) for each 16-bit row panel of W, Wp its [rows, in] bits.
 template <class ExecSpace, class MemSpace, class F>
-void for_each_panel16(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W, int64_t tokens,
+void for_each_panel16(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
                       LinearNf4Workspace<MemSpace>& ws, F&& f) {
   const int64_t out = W.layout.shape[0], in = W.layout.shape[1], bs = W.layout.block_size;
-  const int64_t panel_rows = ws.reserve(out, in, bs, tokens, true);
+  const int64_t panel_rows = ws.reserve16(out, in, bs);
   for (int64_t r0 = 0; r0 < out; r0 += panel_rows) {
     const int64_t rows = std::min(panel_rows, out - r0);
     nf4_dequantize_blocks(exec, W, r0 * in / bs, rows * in / bs, ws.panel16, Nf4Store::cached);
@@ -178,11 +187,10 @@ void linear_nf4_forward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
   if (impl::fused_nf4_gemm(exec, W, Nf4GemmOp::forward, x, beta, y, ws, inputs)) return;
   const int64_t out = W.layout.shape[0], in = W.layout.shape[1];
   if (impl::amx_panels<ExecSpace>(W, inputs) && ws.product != Nf4Product::panels) {
-    impl::for_each_panel16(
-        exec, W, x.extent(0), ws, [&](int64_t r0, int64_t rows, const uint16_t* Wp) {
-          gemm_bf16_weight("N", "T", 1.0f, x, Wp, rows, in, in, beta,
-                           Kokkos::subview(y, Kokkos::ALL, Kokkos::make_pair(r0, r0 + rows)));
-        });
+    impl::for_each_panel16(exec, W, ws, [&](int64_t r0, int64_t rows, const uint16_t* Wp) {
+      gemm_bf16_weight("N", "T", 1.0f, x, Wp, rows, in, in, beta,
+                       Kokkos::subview(y, Kokkos::ALL, Kokkos::make_pair(r0, r0 + rows)));
+    });
     return;
   }
   impl::for_each_panel(
@@ -210,12 +218,11 @@ void linear_nf4_backward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
   if (impl::fused_nf4_gemm(exec, W, Nf4GemmOp::input_gradient, gy, beta, gx, ws, inputs)) return;
   const int64_t out = W.layout.shape[0], in = W.layout.shape[1];
   if (impl::amx_panels<ExecSpace>(W, inputs) && ws.product != Nf4Product::panels) {
-    impl::for_each_panel16(
-        exec, W, gy.extent(0), ws, [&](int64_t r0, int64_t rows, const uint16_t* Wp) {
-          gemm_bf16_weight("N", "N", 1.0f,
-                           Kokkos::subview(gy, Kokkos::ALL, Kokkos::make_pair(r0, r0 + rows)), Wp,
-                           rows, in, in, r0 == 0 ? beta : 1.0f, gx);
-        });
+    impl::for_each_panel16(exec, W, ws, [&](int64_t r0, int64_t rows, const uint16_t* Wp) {
+      gemm_bf16_weight("N", "N", 1.0f,
+                       Kokkos::subview(gy, Kokkos::ALL, Kokkos::make_pair(r0, r0 + rows)), Wp, rows,
+                       in, in, r0 == 0 ? beta : 1.0f, gx);
+    });
     return;
   }
   impl::for_each_panel(exec, W, gy.extent(0), ws,
