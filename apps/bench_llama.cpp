@@ -170,15 +170,7 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
         model.table().at(a.tied ? "model.embed_tokens.weight" : "lm_head.weight");
     const Matrix<Mem> W(model.dense[head.offset].data(), a.vocab, a.hidden);
     CrossEntropyWorkspace<Mem> cws;
-    const int64_t chunk = cws.reserve(T, a.vocab);
     const float inv = static_cast<float>(1.0 / normaliser);
-    auto chunks = [&](auto&& f) {
-      for (int64_t t0 = 0; t0 < T; t0 += chunk) {
-        const int64_t m = std::min(chunk, T - t0);
-        f(t0, Kokkos::make_pair(t0, t0 + m),
-          Kokkos::subview(cws.logits, Kokkos::make_pair(int64_t(0), m), Kokkos::ALL));
-      }
-    };
     Record fused{prefix + "lm_head_cross_entropy_" + tag};
     if (wanted(fused.name, filter))
       fused.median_s = median_seconds(repeats, [&] {
@@ -186,22 +178,40 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
       });
     fused.flops = 2.0 * 2 * T * a.vocab * a.hidden;
     if (fused.median_s > 0) out.push_back(fused);
+    // Its parts in the call's own geometry (nn/lm_head_cross_entropy.hpp): f(t0, tokens,
+    // v0, logits) for each pass of tokens and vocabulary chunk (float32), or each chunk of
+    // tokens over the whole vocabulary (v0 -1: bfloat16).
+    if (cws.logits.extent(0) == 0)
+      lm_head_cross_entropy(exec, h, W, b.labels, normaliser, bf16, gh, cws, 0.0f, head_inputs);
+    const bool by_vocab = CrossEntropyWorkspace<Mem>::by_vocab_chunks(bf16);
+    const int64_t pass = by_vocab ? std::min(T, cws.pass_tokens) : cws.chunk_tokens(T, a.vocab);
+    const int64_t vchunk = by_vocab ? std::min(a.vocab, cws.vocab_chunk) : a.vocab;
+    auto chunks = [&](auto&& f) {
+      for (int64_t t0 = 0; t0 < T; t0 += pass) {
+        const int64_t m = std::min(pass, T - t0);
+        for (int64_t v0 = 0; v0 < a.vocab; v0 += vchunk) {
+          const int64_t vc = std::min(vchunk, a.vocab - v0);
+          f(t0, Kokkos::make_pair(t0, t0 + m), by_vocab ? v0 : -1,
+            Matrix<Mem>(cws.logits.data(), m, vc));
+        }
+      }
+    };
     Record products{prefix + "lm_head_products_" + tag};
     if (wanted(products.name, filter))
       products.median_s = median_seconds(repeats, [&] {
-        chunks([&](int64_t, auto rows, auto lg) {
+        chunks([&](int64_t, auto rows, int64_t v0, const Matrix<Mem>& lg) {
+          const auto hs = Kokkos::subview(h, rows, Kokkos::ALL);
+          const auto g = Kokkos::subview(gh, rows, Kokkos::ALL);
           if (cws.head16_of == W.data()) {  // (the AMX products over the head's 16-bit copy)
             const uint16_t* w16 = cws.head16.data();
-            gemm_bf16_weight("N", "T", 1.0f, Kokkos::subview(h, rows, Kokkos::ALL), w16, a.vocab,
-                             a.hidden, a.hidden, 0.0f, lg);
-            gemm_bf16_weight("N", "N", 1.0f, lg, w16, a.vocab, a.hidden, a.hidden, 0.0f,
-                             Kokkos::subview(gh, rows, Kokkos::ALL));
+            gemm_bf16_weight("N", "T", 1.0f, hs, w16, a.vocab, a.hidden, a.hidden, 0.0f, lg);
+            gemm_bf16_weight("N", "N", 1.0f, lg, w16, a.vocab, a.hidden, a.hidden, 0.0f, g);
             return;
           }
-          gemm(exec, "N", "T", 1.0f, Kokkos::subview(h, rows, Kokkos::ALL), W, 0.0f, lg,
-               head_inputs);
-          gemm(exec, "N", "N", 1.0f, lg, W, 0.0f, Kokkos::subview(gh, rows, Kokkos::ALL),
-               head_inputs);
+          const int64_t w0 = std::max<int64_t>(v0, 0), wn = static_cast<int64_t>(lg.extent(1));
+          const auto Wc = Kokkos::subview(W, Kokkos::make_pair(w0, w0 + wn), Kokkos::ALL);
+          gemm(exec, "N", "T", 1.0f, hs, Wc, 0.0f, lg, head_inputs);
+          gemm(exec, "N", "N", 1.0f, lg, Wc, v0 > 0 ? 1.0f : 0.0f, g, head_inputs);
         });
       });
     products.flops = fused.flops;
@@ -211,8 +221,18 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
     Record ce{prefix + "cross_entropy_" + tag};
     if (wanted(ce.name, filter))
       ce.median_s = median_seconds(repeats, [&] {
-        chunks([&](int64_t t0, auto, auto lg) {
-          impl::cross_entropy_rows(exec, lg, b.labels, t0, inv, bf16, true, cws.row_loss);
+        chunks([&](int64_t t0, auto rows, int64_t v0, const Matrix<Mem>& lg) {
+          if (v0 < 0) {
+            impl::cross_entropy_rows(exec, lg, b.labels, t0, inv, bf16, true, cws.row_loss);
+            return;
+          }
+          const Matrix<Mem> g = Kokkos::subview(gh, rows, Kokkos::ALL);
+          if (v0 == 0) impl::vocab_chunk_start(exec, cws.rows, lg.extent(0));
+          impl::vocab_chunk_softmax(exec, lg, b.labels, t0, v0, 0.0f, true, cws.rows);
+          if (v0 > 0) impl::vocab_chunk_rescale(exec, cws.rows, g);
+          if (v0 + static_cast<int64_t>(lg.extent(1)) == a.vocab)
+            impl::vocab_chunk_finish(exec, b.labels, t0, lg.extent(0), inv, W, cws.rows,
+                                     cws.row_loss, g);
         });
       });
     ce.elements = static_cast<double>(T) * a.vocab;

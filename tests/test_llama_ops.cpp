@@ -300,37 +300,42 @@ TYPED_TEST(LlamaOps, FusedLmHeadCrossEntropyInChunks) {
   Kokkos::deep_copy(lab, hl);
   auto h = matrix<M>(hf, T, H), W = matrix<M>(wf, V, H);
   kqlora::Matrix<M> gh("gh", T, H);
-  kqlora::CrossEntropyWorkspace<M> ws;
-  ws.chunk_bytes = 4 * 4 * V;            // chunks of 4 tokens: 4 chunks, the last partial
-  for (const double cap : {0.0, 1.5}) {  // none, and Gemma's final-logit soft-cap (bending)
-    const double loss = kqlora::lm_head_cross_entropy(TypeParam(), h, W, lab, count, false, gh, ws,
-                                                      static_cast<float>(cap));
-    // Float64: logits at t scored against labels[t + 1] within each sequence.
-    const D W64 = widen(wf);
-    auto ref_loss = [&](const D& x) {
-      double sum = 0;
-      for (int64_t t = 0; t < T; ++t) {
-        if (t % S + 1 >= S || labels[t + 1] == kqlora::kIgnoreLabel) continue;
-        D z(static_cast<size_t>(V), 0.0);
-        double m = -1e300, e = 0;
-        for (int64_t v = 0; v < V; ++v) {
-          for (int64_t f = 0; f < H; ++f) z[v] += x[t * H + f] * W64[v * H + f];
-          if (cap > 0) z[v] = cap * std::tanh(z[v] / cap);
-          m = std::max(m, z[v]);
+  // float32 goes over the vocabulary in chunks: one pass of one chunk (the defaults), and
+  // passes of 4 tokens over chunks of 4 entries (the last of each partial), where the
+  // running maximum moves between chunks.
+  for (const int64_t pieces : {int64_t(0), int64_t(4)})
+    for (const double cap : {0.0, 1.5}) {  // none, and Gemma's final-logit soft-cap (bending)
+      kqlora::CrossEntropyWorkspace<M> ws;
+      if (pieces > 0) ws.pass_tokens = ws.vocab_chunk = pieces;
+      const std::string tag = "cap " + std::to_string(cap) + ", pieces " + std::to_string(pieces);
+      const double loss = kqlora::lm_head_cross_entropy(TypeParam(), h, W, lab, count, false, gh,
+                                                        ws, static_cast<float>(cap));
+      // Float64: logits at t scored against labels[t + 1] within each sequence.
+      const D W64 = widen(wf);
+      auto ref_loss = [&](const D& x) {
+        double sum = 0;
+        for (int64_t t = 0; t < T; ++t) {
+          if (t % S + 1 >= S || labels[t + 1] == kqlora::kIgnoreLabel) continue;
+          D z(static_cast<size_t>(V), 0.0);
+          double m = -1e300, e = 0;
+          for (int64_t v = 0; v < V; ++v) {
+            for (int64_t f = 0; f < H; ++f) z[v] += x[t * H + f] * W64[v * H + f];
+            if (cap > 0) z[v] = cap * std::tanh(z[v] / cap);
+            m = std::max(m, z[v]);
+          }
+          for (double zv : z) e += std::exp(zv - m);
+          sum += std::log(e) + m - z[labels[t + 1]];
         }
-        for (double zv : z) e += std::exp(zv - m);
-        sum += std::log(e) + m - z[labels[t + 1]];
-      }
-      return D{sum / count};
-    };
-    EXPECT_NEAR(loss, ref_loss(widen(hf))[0], 1e-6 * std::fabs(loss)) << "cap " << cap;
-    expect_close(host(gh), finite_difference(ref_loss, widen(hf), D{1.0}), 1e-5,
-                 "d hidden, cap " + std::to_string(cap));
-    // Without gradients: the same loss.
-    const double again = kqlora::lm_head_cross_entropy(
-        TypeParam(), h, W, lab, count, false, kqlora::Matrix<M>(), ws, static_cast<float>(cap));
-    EXPECT_EQ(again, loss);
-  }
+        return D{sum / count};
+      };
+      EXPECT_NEAR(loss, ref_loss(widen(hf))[0], 1e-6 * std::fabs(loss)) << tag;
+      expect_close(host(gh), finite_difference(ref_loss, widen(hf), D{1.0}), 1e-5,
+                   "d hidden, " + tag);
+      // Without gradients: the same loss.
+      const double again = kqlora::lm_head_cross_entropy(
+          TypeParam(), h, W, lab, count, false, kqlora::Matrix<M>(), ws, static_cast<float>(cap));
+      EXPECT_EQ(again, loss);
+    }
 }
 
 TYPED_TEST(LlamaOps, LoraProjectionWithDropoutForwardAndBackward) {

@@ -70,11 +70,12 @@ int64_t causal_lm_activations(const ModelConfig& c, int64_t rows, int64_t seq_le
     if (!kept || in_16_bits) one_block = add(one_block, x.width);
   }
   for (const auto& x : b.shared) shared = add(shared, x.width);
-  const int64_t chunk = CrossEntropyWorkspace<Mem>().chunk_tokens(tokens, s.vocab);
+  const int64_t logits = CrossEntropyWorkspace<Mem>().floats(
+      tokens, s.vocab, CrossEntropyWorkspace<Mem>::by_vocab_chunks(c.bf16()));
   const int64_t workspaces =
       add(add(AttentionWorkspace<Mem>::floats(S, s.attn_softcap > 0,
                                               attention_batches_heads<Mem>() ? s.heads : 1),
-              mul(chunk, s.vocab)),
+              logits),
           mul(2, tokens));                 // (the per-token losses are doubles)
   const int64_t panel = int64_t(8) << 20;  // linear_nf4's dequantized panel (its default)
   // bfloat16 products on AMX: the head's 16-bit copy (nn/lm_head_cross_entropy.hpp) too.

@@ -70,8 +70,6 @@ class CausalLm : public Model<ExecSpace> {
   const DecoderSpec& spec() const { return spec_; }
   /// config.json's defaults taken ("vocab_size: default 32000", ...).
   std::vector<std::string> notes() const override;
-  /// Bytes of one chunk of the fused LM head's logits (tests: several chunks).
-  void set_logits_chunk_bytes(int64_t bytes) { ce_ws_.chunk_bytes = bytes; }
 
  private:
   using Buffers = std::vector<Matrix<Mem>>;  // indexed by BlockBuffer / SharedBuffer

@@ -1,6 +1,12 @@
 #pragma once
-// The LM head fused with the next-token cross-entropy, chunked over tokens so that the
-// [tokens, vocab] logits never exist at once: for each chunk of tokens,
+// The LM head fused with the next-token cross-entropy, in chunks so that the [tokens,
+// vocab] logits never exist at once. float32 runs go over the vocabulary in chunks with an
+// online log-sum-exp (nn/vocab_chunk_cross_entropy.hpp): the head is read once a pass of
+// up to 2048 tokens, in products of all of them (on the 135M shape's 49152 x 576 head at
+// 1024 tokens, one thread, Xeon model 167: the two products 14% faster than over chunks
+// of 256 tokens, and the logits of a chunk 4 MiB instead of 48; docs/BENCHMARKS.md).
+// bfloat16 runs round each logit's gradient before its product, which needs the final
+// log-sum-exp, so they go over the tokens in chunks; for each chunk of tokens,
 //   logits = h W^T                    (W the frozen dense head [vocab, hidden]; float32,
 //                                      rounded to bfloat16 first when `bf16`, as the
 //                                      model's logits are before the loss upcasts them)
@@ -25,27 +31,46 @@
 #include "kqlora/nn/batch.hpp"
 #include "kqlora/nn/elementwise.hpp"
 #include "kqlora/nn/row_loops.hpp"
+#include "kqlora/nn/vocab_chunk_cross_entropy.hpp"
 
 namespace kqlora {
 
 template <class M>
 struct CrossEntropyWorkspace {
-  Matrix<M> logits;                   // [chunk, vocab]
+  Kokkos::View<float*, M> logits;     // a chunk's: [chunk, vocab] or [pass, vocab chunk]
   Kokkos::View<double*, M> row_loss;  // [tokens]
-  /// At most this many bytes of logits, and at most kMaxChunkTokens tokens, per chunk: the
-  /// head W is read once per chunk by each product, so the products run faster with more
-  /// tokens a chunk (oneDNN on an AVX-512 Xeon, a 49152 x 576 head: 116 and 154 GFLOP/s at
-  /// 85 tokens, 145 and 163 at 256, 148 and 167 at 512; docs/BENCHMARKS.md), while the
-  /// softmax's passes over a chunk's logits are a small share either way. On a GPU the
+  VocabChunkRows<M> rows;             // (vocabulary chunks) [pass]
+  /// Token chunks (bfloat16 runs): at most this many bytes of logits, and at most
+  /// kMaxChunkTokens tokens, per chunk: the head W is read once per chunk by each product, so the
+  /// products run faster with more tokens a chunk (oneDNN on an AVX-512 Xeon, a 49152 x 576 head:
+  /// 116 and 154 GFLOP/s at 85 tokens, 145 and 163 at 256, 148 and 167 at 512; docs/BENCHMARKS.md),
+  /// while the softmax's passes over a chunk's logits are a small share either way. On a GPU the
   /// chunk is larger (512 MiB, 4096 tokens): its products need thousands of rows to fill
   /// the device, and a chunk's logits are not sized for a CPU's cache there.
   static constexpr bool kHost = std::is_same<M, Kokkos::HostSpace>::value;
   int64_t chunk_bytes = kHost ? int64_t(64) << 20 : int64_t(512) << 20;
   static constexpr int64_t kMaxChunkTokens = kHost ? 256 : 4096;
 
-  /// Tokens per chunk for a call over `tokens` (the memory estimate uses it too).
+  /// Tokens per chunk for a call over `tokens` (token chunks).
   int64_t chunk_tokens(int64_t tokens, int64_t vocab) const {
     return std::max<int64_t>(1, std::min({tokens, kMaxChunkTokens, chunk_bytes / (4 * vocab)}));
+  }
+
+  /// Vocabulary chunks: tokens per pass over the head, and vocabulary entries per chunk. The
+  /// chunk does not depend on the tokens, so that a token's sums are the same at any world
+  /// size and micro-batch. On the host a chunk's logits (4 MiB at 1024 tokens) stay in
+  /// cache between their two products; 512 - 1024 entries ran the products fastest there.
+  int64_t pass_tokens = kHost ? 2048 : 4096;
+  int64_t vocab_chunk = kHost ? 1024 : 16384;
+
+  /// Whether a call goes over vocabulary chunks: float32 runs (see the top of this file).
+  static bool by_vocab_chunks(bool bf16) { return !bf16; }
+
+  /// The floats of the workspace a call over `tokens` holds (the memory estimate).
+  int64_t floats(int64_t tokens, int64_t vocab, bool vocab_chunks) const {
+    if (!vocab_chunks) return chunk_tokens(tokens, vocab) * vocab;
+    const int64_t pass = std::min(tokens, pass_tokens);
+    return pass * (std::min(vocab, vocab_chunk) + VocabChunkRows<M>::kFloatsPerToken);
   }
 
   /// A bfloat16 head's 16-bit copy for the host's AMX products (host_bf16_products()),
@@ -53,16 +78,16 @@ struct CrossEntropyWorkspace {
   Kokkos::View<uint16_t*, M> head16;
   const float* head16_of = nullptr;
 
-  int64_t reserve(int64_t tokens, int64_t vocab) {
-    const int64_t chunk = chunk_tokens(tokens, vocab);
-    if (static_cast<int64_t>(logits.extent(0)) < chunk ||
-        static_cast<int64_t>(logits.extent(1)) != vocab)
-      logits = Matrix<M>(
-          Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::cross_entropy::logits"), chunk,
-          vocab);
+  /// The buffers of a call grown to hold `logit_floats` and `tokens` losses.
+  void reserve(int64_t logit_floats, int64_t tokens) {
+    if (static_cast<int64_t>(logits.extent(0)) < logit_floats) {
+      logits = Kokkos::View<float*, M>();  // (the old one goes first)
+      logits = Kokkos::View<float*, M>(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::cross_entropy::logits"),
+          logit_floats);
+    }
     if (static_cast<int64_t>(row_loss.extent(0)) < tokens)
       row_loss = Kokkos::View<double*, M>("kqlora::cross_entropy::row_loss", tokens);
-    return chunk;
   }
 };
 
@@ -176,6 +201,46 @@ void head_logits(const ExecSpace& exec, const H& h, const Matrix<M>& W, bool amx
 
 }  // namespace impl
 
+namespace impl {
+
+/// The float32 call: passes of tokens over vocabulary chunks (vocab_chunk_cross_entropy.hpp).
+template <class ExecSpace, class M>
+void lm_head_cross_entropy_vocab_chunks(const ExecSpace& exec, const Matrix<M>& h,
+                                        const Matrix<M>& W, const TokenMatrix<M>& labels, float inv,
+                                        const Matrix<M>& gh, CrossEntropyWorkspace<M>& ws,
+                                        float softcap) {
+  const int64_t T = h.extent(0), V = W.extent(0);
+  const bool grad = gh.data() != nullptr;
+  const int64_t pass = std::max<int64_t>(1, std::min(T, ws.pass_tokens));
+  const int64_t chunk = std::max<int64_t>(1, std::min(V, ws.vocab_chunk));
+  ws.reserve(pass * chunk, T);
+  if (ws.rows.capacity() < pass) {
+    ws.rows = VocabChunkRows<M>();
+    ws.rows = VocabChunkRows<M>(pass);
+  }
+  for (int64_t t0 = 0; t0 < T; t0 += pass) {
+    const int64_t n = std::min(pass, T - t0);
+    const auto tokens = Kokkos::make_pair(t0, t0 + n);
+    const auto hs = Kokkos::subview(h, tokens, Kokkos::ALL);
+    Matrix<M> g;
+    if (grad) g = Kokkos::subview(gh, tokens, Kokkos::ALL);
+    vocab_chunk_start(exec, ws.rows, n);
+    for (int64_t v0 = 0; v0 < V; v0 += chunk) {
+      const int64_t vc = std::min(chunk, V - v0);
+      const Matrix<M> lg(ws.logits.data(), n, vc);
+      const auto Wc = Kokkos::subview(W, Kokkos::make_pair(v0, v0 + vc), Kokkos::ALL);
+      gemm(exec, "N", "T", 1.0f, hs, Wc, 0.0f, lg);
+      vocab_chunk_softmax(exec, lg, labels, t0, v0, softcap, grad, ws.rows);
+      if (!grad) continue;
+      if (v0 > 0) vocab_chunk_rescale(exec, ws.rows, g);
+      gemm(exec, "N", "N", 1.0f, lg, Wc, v0 > 0 ? 1.0f : 0.0f, g);
+    }
+    vocab_chunk_finish(exec, labels, t0, n, inv, W, ws.rows, ws.row_loss, g);
+  }
+}
+
+}  // namespace impl
+
 /// Returns the loss sum / normaliser; with `gh` non-empty ([tokens, hidden]) writes the
 /// gradient of that into it. `softcap` > 0: the final-logit soft-cap. `head_inputs` =
 /// bfloat16: h and W hold bfloat16 values (with `bf16`, the logits' gradient is rounded
@@ -185,20 +250,22 @@ double lm_head_cross_entropy(const ExecSpace& exec, const Matrix<M>& h, const Ma
                              const TokenMatrix<M>& labels, double normaliser, bool bf16,
                              const Matrix<M>& gh, CrossEntropyWorkspace<M>& ws,
                              float softcap = 0.0f, GemmInputs head_inputs = GemmInputs::float32) {
-  const int64_t T = h.extent(0), V = W.extent(0);
+  const int64_t T = h.extent(0), V = W.extent(0), H = W.extent(1);
   const bool grad = gh.data() != nullptr;
-  const int64_t chunk = ws.reserve(T, V);
   const float inv = static_cast<float>(1.0 / normaliser);
-  const auto row_loss = ws.row_loss;
-  const bool amx = impl::head_on_amx(exec, W, head_inputs, ws);
-  const int64_t H = W.extent(1);
-  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
-    const int64_t n = std::min(chunk, T - t0);
-    const auto rows = Kokkos::make_pair(t0, t0 + n);
-    const auto lg = Kokkos::subview(ws.logits, Kokkos::make_pair(int64_t(0), n), Kokkos::ALL);
-    impl::head_logits(exec, Kokkos::subview(h, rows, Kokkos::ALL), W, amx, ws, head_inputs, lg);
-    impl::cross_entropy_rows(exec, lg, labels, t0, inv, bf16, grad, row_loss, softcap);
-    if (grad) {
+  if (CrossEntropyWorkspace<M>::by_vocab_chunks(bf16)) {
+    impl::lm_head_cross_entropy_vocab_chunks(exec, h, W, labels, inv, gh, ws, softcap);
+  } else {
+    const int64_t chunk = ws.chunk_tokens(T, V);
+    ws.reserve(chunk * V, T);
+    const bool amx = impl::head_on_amx(exec, W, head_inputs, ws);
+    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+      const int64_t n = std::min(chunk, T - t0);
+      const auto rows = Kokkos::make_pair(t0, t0 + n);
+      const Matrix<M> lg(ws.logits.data(), n, V);
+      impl::head_logits(exec, Kokkos::subview(h, rows, Kokkos::ALL), W, amx, ws, head_inputs, lg);
+      impl::cross_entropy_rows(exec, lg, labels, t0, inv, bf16, grad, ws.row_loss, softcap);
+      if (!grad) continue;
       const auto g = Kokkos::subview(gh, rows, Kokkos::ALL);
       if (amx)
         gemm_bf16_weight("N", "N", 1.0f, lg, ws.head16.data(), V, H, H, 0.0f, g);
@@ -210,11 +277,12 @@ double lm_head_cross_entropy(const ExecSpace& exec, const Matrix<M>& h, const Ma
             KOKKOS_LAMBDA(int64_t i, int64_t f) { g(i, f) = round_to_bf16(g(i, f)); });
     }
   }
+  const auto losses = ws.row_loss;
   double sum = 0;
   Kokkos::parallel_reduce(
       "kqlora::cross_entropy::sum",
       Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, T),
-      KOKKOS_LAMBDA(int64_t t, double& acc) { acc += row_loss(t); }, sum);
+      KOKKOS_LAMBDA(int64_t t, double& acc) { acc += losses(t); }, sum);
   return sum / normaliser;
 }
 
