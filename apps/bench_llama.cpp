@@ -181,7 +181,9 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
     // Its parts in the call's own geometry (nn/lm_head_cross_entropy.hpp): f(t0, tokens,
     // v0, logits) for each pass of tokens and vocabulary chunk (float32), or each chunk of
     // tokens over the whole vocabulary (v0 -1: bfloat16).
-    if (cws.logits.extent(0) == 0)
+    const bool parts = wanted(prefix + "lm_head_products_" + tag, filter) ||
+                       wanted(prefix + "cross_entropy_" + tag, filter);
+    if (parts && cws.logits.extent(0) == 0)  // (the workspace, and a head's 16-bit copy)
       lm_head_cross_entropy(exec, h, W, b.labels, normaliser, bf16, gh, cws, 0.0f, head_inputs);
     const bool by_vocab = CrossEntropyWorkspace<Mem>::by_vocab_chunks(bf16);
     const int64_t pass = by_vocab ? std::min(T, cws.pass_tokens) : cws.chunk_tokens(T, a.vocab);
@@ -217,7 +219,8 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
     products.flops = fused.flops;
     if (products.median_s > 0) out.push_back(products);
     // The softmax, loss and gradient alone, over logits the products left (each run turns
-    // them into gradients: finite values, the same work).
+    // them into gradients, or the weights of G's terms: finite values, the same work), with
+    // G's rescaling and the gradient's final pass in float32.
     Record ce{prefix + "cross_entropy_" + tag};
     if (wanted(ce.name, filter))
       ce.median_s = median_seconds(repeats, [&] {
@@ -236,7 +239,7 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
         });
       });
     ce.elements = static_cast<double>(T) * a.vocab;
-    ce.bytes = 2.0 * 4 * ce.elements;
+    ce.bytes = 2.0 * 4 * ce.elements;  // (and, over vocabulary chunks, passes over G [T, hidden])
     if (ce.median_s > 0) out.push_back(ce);
     if (step.median_s == 0 || att.median_s == 0 || ce.median_s == 0 || products.median_s == 0)
       continue;  // (the shares need every part)

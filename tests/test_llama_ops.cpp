@@ -300,9 +300,34 @@ TYPED_TEST(LlamaOps, FusedLmHeadCrossEntropyInChunks) {
   Kokkos::deep_copy(lab, hl);
   auto h = matrix<M>(hf, T, H), W = matrix<M>(wf, V, H);
   kqlora::Matrix<M> gh("gh", T, H);
+  const D W64 = widen(wf);
+  // Float64: logits at t scored against labels[t + 1] within each sequence (rounded to
+  // bfloat16 first with `bf16`); `first_max_after` receives how many scored rows have
+  // their largest logit at or past that vocabulary entry.
+  auto ref_loss = [&](const D& x, double cap, bool bf16, int64_t first_max_after = 0,
+                      int64_t* past = nullptr) {
+    double sum = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (t % S + 1 >= S || labels[t + 1] == kqlora::kIgnoreLabel) continue;
+      D z(static_cast<size_t>(V), 0.0);
+      double m = -1e300, e = 0;
+      int64_t arg = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        for (int64_t f = 0; f < H; ++f) z[v] += x[t * H + f] * W64[v * H + f];
+        if (bf16) z[v] = kqlora::round_to_bf16(static_cast<float>(z[v]));
+        if (cap > 0) z[v] = cap * std::tanh(z[v] / cap);
+        if (z[v] > m) arg = v;
+        m = std::max(m, z[v]);
+      }
+      if (past && arg >= first_max_after) ++*past;
+      for (double zv : z) e += std::exp(zv - m);
+      sum += std::log(e) + m - z[labels[t + 1]];
+    }
+    return D{sum / count};
+  };
   // float32 goes over the vocabulary in chunks: one pass of one chunk (the defaults), and
   // passes of 4 tokens over chunks of 4 entries (the last of each partial), where the
-  // running maximum moves between chunks.
+  // running maximum of some rows moves to a later chunk (asserted below).
   for (const int64_t pieces : {int64_t(0), int64_t(4)})
     for (const double cap : {0.0, 1.5}) {  // none, and Gemma's final-logit soft-cap (bending)
       kqlora::CrossEntropyWorkspace<M> ws;
@@ -310,32 +335,30 @@ TYPED_TEST(LlamaOps, FusedLmHeadCrossEntropyInChunks) {
       const std::string tag = "cap " + std::to_string(cap) + ", pieces " + std::to_string(pieces);
       const double loss = kqlora::lm_head_cross_entropy(TypeParam(), h, W, lab, count, false, gh,
                                                         ws, static_cast<float>(cap));
-      // Float64: logits at t scored against labels[t + 1] within each sequence.
-      const D W64 = widen(wf);
-      auto ref_loss = [&](const D& x) {
-        double sum = 0;
-        for (int64_t t = 0; t < T; ++t) {
-          if (t % S + 1 >= S || labels[t + 1] == kqlora::kIgnoreLabel) continue;
-          D z(static_cast<size_t>(V), 0.0);
-          double m = -1e300, e = 0;
-          for (int64_t v = 0; v < V; ++v) {
-            for (int64_t f = 0; f < H; ++f) z[v] += x[t * H + f] * W64[v * H + f];
-            if (cap > 0) z[v] = cap * std::tanh(z[v] / cap);
-            m = std::max(m, z[v]);
-          }
-          for (double zv : z) e += std::exp(zv - m);
-          sum += std::log(e) + m - z[labels[t + 1]];
-        }
-        return D{sum / count};
-      };
-      EXPECT_NEAR(loss, ref_loss(widen(hf))[0], 1e-6 * std::fabs(loss)) << tag;
-      expect_close(host(gh), finite_difference(ref_loss, widen(hf), D{1.0}), 1e-5,
-                   "d hidden, " + tag);
+      int64_t moved = 0;
+      EXPECT_NEAR(loss, ref_loss(widen(hf), cap, false, 4, &moved)[0], 1e-6 * std::fabs(loss))
+          << tag;
+      EXPECT_GT(moved, 0) << tag << ": no row's largest logit past the first chunk";
+      expect_close(
+          host(gh),
+          finite_difference([&](const D& x) { return ref_loss(x, cap, false); }, widen(hf), D{1.0}),
+          1e-5, "d hidden, " + tag);
       // Without gradients: the same loss.
       const double again = kqlora::lm_head_cross_entropy(
           TypeParam(), h, W, lab, count, false, kqlora::Matrix<M>(), ws, static_cast<float>(cap));
       EXPECT_EQ(again, loss);
     }
+  // bfloat16 goes over the tokens in chunks (its logits' gradient is rounded too): four of
+  // 4 tokens, the last partial. Against float64 with the logits rounded alike (the loss)
+  // and unrounded (the gradient: within bfloat16's rounding of each logit and its gradient).
+  kqlora::CrossEntropyWorkspace<M> ws;
+  ws.chunk_bytes = 4 * 4 * V;
+  const double loss = kqlora::lm_head_cross_entropy(TypeParam(), h, W, lab, count, true, gh, ws);
+  EXPECT_NEAR(loss, ref_loss(widen(hf), 0.0, true)[0], 1e-3 * std::fabs(loss)) << "bfloat16";
+  expect_close(
+      host(gh),
+      finite_difference([&](const D& x) { return ref_loss(x, 0.0, false); }, widen(hf), D{1.0}),
+      3e-2, "d hidden, bfloat16");
 }
 
 TYPED_TEST(LlamaOps, LoraProjectionWithDropoutForwardAndBackward) {

@@ -54,7 +54,8 @@ int64_t lora_stack_activations(const ModelConfig& c, int64_t rows, int64_t) {
 // block's buffers, with activation checkpointing its input only; bfloat16 values in 2 bytes
 // when kept so), one block's float32 buffers (those a layer does not keep, and those it keeps
 // in 16 bits), the shared ones, and the workspaces: the attention's score blocks, the LM
-// head's chunk of logits and its per-token losses, the NF4 products' dequantized panel.
+// head's chunk of logits, its per-token state and losses, the NF4 products' dequantized
+// panel.
 int64_t causal_lm_activations(const ModelConfig& c, int64_t rows, int64_t seq_len) {
   const DecoderSpec s = decoder_spec_of(c);
   const DecoderBuffers b =

@@ -1,10 +1,11 @@
 #pragma once
 // The LM head fused with the next-token cross-entropy, in chunks so that the [tokens,
 // vocab] logits never exist at once. float32 runs go over the vocabulary in chunks with an
-// online log-sum-exp (nn/vocab_chunk_cross_entropy.hpp): the head is read once a pass of
-// up to 2048 tokens, in products of all of them (on the 135M shape's 49152 x 576 head at
-// 1024 tokens, one thread, Xeon model 167: the two products 14% faster than over chunks
-// of 256 tokens, and the logits of a chunk 4 MiB instead of 48; docs/BENCHMARKS.md).
+// online log-sum-exp (nn/vocab_chunk_cross_entropy.hpp): each of the two products reads
+// the head once a pass of up to 2048 tokens, with all of them as its rows (on the 135M
+// shape's 49152 x 576 head at 1024 tokens, one thread, Xeon model 167: the two products
+// 12% faster than over chunks of 256 tokens, and a chunk's logits 4 MiB instead of 48;
+// docs/BENCHMARKS.md, "The LM head over vocabulary chunks").
 // bfloat16 runs round each logit's gradient before its product, which needs the final
 // log-sum-exp, so they go over the tokens in chunks; for each chunk of tokens,
 //   logits = h W^T                    (W the frozen dense head [vocab, hidden]; float32,
@@ -57,9 +58,11 @@ struct CrossEntropyWorkspace {
   }
 
   /// Vocabulary chunks: tokens per pass over the head, and vocabulary entries per chunk. The
-  /// chunk does not depend on the tokens, so that a token's sums are the same at any world
-  /// size and micro-batch. On the host a chunk's logits (4 MiB at 1024 tokens) stay in
-  /// cache between their two products; 512 - 1024 entries ran the products fastest there.
+  /// chunking of the vocabulary does not depend on the token count (each token's sum over
+  /// the chunks runs in the same order at any world size and micro-batch). On the host a
+  /// chunk's logits (4 MiB at 1024 tokens, 8 MiB at a full pass) stay in cache between
+  /// their two products; chunks of 512 - 2048 entries ran within a few percent of each
+  /// other at 256 and 1024 tokens (docs/BENCHMARKS.md).
   int64_t pass_tokens = kHost ? 2048 : 4096;
   int64_t vocab_chunk = kHost ? 1024 : 16384;
 

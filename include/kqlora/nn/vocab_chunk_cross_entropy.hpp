@@ -6,10 +6,11 @@
 //   sum_t  = sum_t exp(m_old - m_t) + sum_v exp(lg[t, v] - m_t)
 //   G_t    = G_t exp(m_old - m_t) + sum_v exp(lg[t, v] - m_t) W_c[v]
 // and at the end loss_t = log(sum_t) + m_t - lg[t, label], and the logits' gradient times
-// the head, gh_t = (G_t / sum_t - W[label]) / normaliser. The head is read once a pass for
-// all of its tokens, and the chunk's logits stay in cache (nn/lm_head_cross_entropy.hpp
-// has the numbers). Under a final-logit soft-cap the logits are capped first and each
-// term of G and the label's row carry the cap's derivative 1 - tanh^2.
+// the head, gh_t = (G_t / sum_t - W[label]) / normaliser. Each of the two products reads
+// the head once a pass, for all of its tokens, and the chunk's logits stay in cache
+// between them (nn/lm_head_cross_entropy.hpp has the numbers). Under a final-logit soft-cap the
+// logits are capped first and each term of G and the label's row carry the cap's derivative 1 -
+// tanh^2.
 
 #include <Kokkos_Core.hpp>
 
