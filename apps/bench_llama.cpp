@@ -181,13 +181,13 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
     // Its parts in the call's own geometry (nn/lm_head_cross_entropy.hpp): f(t0, tokens,
     // v0, logits) for each pass of tokens and vocabulary chunk (float32), or each chunk of
     // tokens over the whole vocabulary (v0 -1: bfloat16).
-    const bool parts = wanted(prefix + "lm_head_products_" + tag, filter) ||
-                       wanted(prefix + "cross_entropy_" + tag, filter);
-    if (parts && cws.logits.extent(0) == 0)  // (the workspace, and a head's 16-bit copy)
-      lm_head_cross_entropy(exec, h, W, b.labels, normaliser, bf16, gh, cws, 0.0f, head_inputs);
+    Record products{prefix + "lm_head_products_" + tag}, ce{prefix + "cross_entropy_" + tag};
+    if ((wanted(products.name, filter) || wanted(ce.name, filter)) && cws.logits.extent(0) == 0)
+      lm_head_cross_entropy(exec, h, W, b.labels, normaliser, bf16, gh, cws, 0.0f,
+                            head_inputs);  // (the workspace, and a head's 16-bit copy)
     const bool by_vocab = CrossEntropyWorkspace<Mem>::by_vocab_chunks(bf16);
-    const int64_t pass = by_vocab ? std::min(T, cws.pass_tokens) : cws.chunk_tokens(T, a.vocab);
-    const int64_t vchunk = by_vocab ? std::min(a.vocab, cws.vocab_chunk) : a.vocab;
+    const auto chunking = cws.chunking(T, a.vocab, bf16);
+    const int64_t pass = chunking.tokens, vchunk = chunking.vocab;
     auto chunks = [&](auto&& f) {
       for (int64_t t0 = 0; t0 < T; t0 += pass) {
         const int64_t m = std::min(pass, T - t0);
@@ -198,7 +198,6 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
         }
       }
     };
-    Record products{prefix + "lm_head_products_" + tag};
     if (wanted(products.name, filter))
       products.median_s = median_seconds(repeats, [&] {
         chunks([&](int64_t, auto rows, int64_t v0, const Matrix<Mem>& lg) {
@@ -221,7 +220,6 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
     // The softmax, loss and gradient alone, over logits the products left (each run turns
     // them into gradients, or the weights of G's terms: finite values, the same work), with
     // G's rescaling and the gradient's final pass in float32.
-    Record ce{prefix + "cross_entropy_" + tag};
     if (wanted(ce.name, filter))
       ce.median_s = median_seconds(repeats, [&] {
         chunks([&](int64_t t0, auto rows, int64_t v0, const Matrix<Mem>& lg) {

@@ -71,8 +71,7 @@ int64_t causal_lm_activations(const ModelConfig& c, int64_t rows, int64_t seq_le
     if (!kept || in_16_bits) one_block = add(one_block, x.width);
   }
   for (const auto& x : b.shared) shared = add(shared, x.width);
-  const int64_t logits = CrossEntropyWorkspace<Mem>().floats(
-      tokens, s.vocab, CrossEntropyWorkspace<Mem>::by_vocab_chunks(c.bf16()));
+  const int64_t logits = CrossEntropyWorkspace<Mem>().floats(tokens, s.vocab, c.bf16());
   const int64_t workspaces =
       add(add(AttentionWorkspace<Mem>::floats(S, s.attn_softcap > 0,
                                               attention_batches_heads<Mem>() ? s.heads : 1),

@@ -52,11 +52,6 @@ struct CrossEntropyWorkspace {
   int64_t chunk_bytes = kHost ? int64_t(64) << 20 : int64_t(512) << 20;
   static constexpr int64_t kMaxChunkTokens = kHost ? 256 : 4096;
 
-  /// Tokens per chunk for a call over `tokens` (token chunks).
-  int64_t chunk_tokens(int64_t tokens, int64_t vocab) const {
-    return std::max<int64_t>(1, std::min({tokens, kMaxChunkTokens, chunk_bytes / (4 * vocab)}));
-  }
-
   /// Vocabulary chunks: tokens per pass over the head, and vocabulary entries per chunk. The
   /// chunking of the vocabulary does not depend on the token count (each token's sum over
   /// the chunks runs in the same order at any world size and micro-batch). On the host a
@@ -69,11 +64,22 @@ struct CrossEntropyWorkspace {
   /// Whether a call goes over vocabulary chunks: float32 runs (see the top of this file).
   static bool by_vocab_chunks(bool bf16) { return !bf16; }
 
+  /// A call's chunks: tokens per chunk (a pass over the head), vocabulary entries per chunk.
+  struct Chunking {
+    int64_t tokens, vocab;
+  };
+  Chunking chunking(int64_t tokens, int64_t vocab, bool bf16) const {
+    if (!by_vocab_chunks(bf16))
+      return {std::max<int64_t>(1, std::min({tokens, kMaxChunkTokens, chunk_bytes / (4 * vocab)})),
+              vocab};
+    return {std::max<int64_t>(1, std::min(tokens, pass_tokens)),
+            std::max<int64_t>(1, std::min(vocab, vocab_chunk))};
+  }
+
   /// The floats of the workspace a call over `tokens` holds (the memory estimate).
-  int64_t floats(int64_t tokens, int64_t vocab, bool vocab_chunks) const {
-    if (!vocab_chunks) return chunk_tokens(tokens, vocab) * vocab;
-    const int64_t pass = std::min(tokens, pass_tokens);
-    return pass * (std::min(vocab, vocab_chunk) + VocabChunkRows<M>::kFloatsPerToken);
+  int64_t floats(int64_t tokens, int64_t vocab, bool bf16) const {
+    const Chunking c = chunking(tokens, vocab, bf16);
+    return c.tokens * (c.vocab + (by_vocab_chunks(bf16) ? VocabChunkRows<M>::kFloatsPerToken : 0));
   }
 
   /// A bfloat16 head's 16-bit copy for the host's AMX products (host_bf16_products()),
@@ -214,8 +220,7 @@ void lm_head_cross_entropy_vocab_chunks(const ExecSpace& exec, const Matrix<M>& 
                                         float softcap) {
   const int64_t T = h.extent(0), V = W.extent(0);
   const bool grad = gh.data() != nullptr;
-  const int64_t pass = std::max<int64_t>(1, std::min(T, ws.pass_tokens));
-  const int64_t chunk = std::max<int64_t>(1, std::min(V, ws.vocab_chunk));
+  const auto [pass, chunk] = ws.chunking(T, V, false);
   ws.reserve(pass * chunk, T);
   if (ws.rows.capacity() < pass) {
     ws.rows = VocabChunkRows<M>();
@@ -259,7 +264,7 @@ double lm_head_cross_entropy(const ExecSpace& exec, const Matrix<M>& h, const Ma
   if (CrossEntropyWorkspace<M>::by_vocab_chunks(bf16)) {
     impl::lm_head_cross_entropy_vocab_chunks(exec, h, W, labels, inv, gh, ws, softcap);
   } else {
-    const int64_t chunk = ws.chunk_tokens(T, V);
+    const int64_t chunk = ws.chunking(T, V, true).tokens;
     ws.reserve(chunk * V, T);
     const bool amx = impl::head_on_amx(exec, W, head_inputs, ws);
     for (int64_t t0 = 0; t0 < T; t0 += chunk) {
