@@ -45,10 +45,12 @@ enum class Update { assign, scale_add, add };
 /// C[rows, kNr] (op) = A_p[kc, kMr] B_p[kc, kNr]; A_p and B_p packed, zero-padded. The
 /// next tile's C rows (`c_next`, null if none) are fetched during the first steps: C
 /// is read again once per block of kc, from beyond L2 at a few hundred tokens, each row a
-/// page of its own, and the fetches overlap the products.
+/// page of its own, and the fetches overlap the products. The next tile's A micro-panel
+/// (`a_next`, null if none) is fetched into L1 a line every two steps: the hardware's
+/// prefetchers leave it in L2.
 inline void micro_kernel(int64_t kc, const float* __restrict ap, const float* __restrict bp,
                          float* c, int64_t ldc, int rows, const __mmask16* m, Update u, float beta,
-                         const float* c_next) {
+                         const float* c_next, const float* a_next) {
   __m512 acc[kMr][kNv];
   for (int i = 0; i < kMr; ++i)
     for (int v = 0; v < kNv; ++v) acc[i][v] = _mm512_setzero_ps();
@@ -67,6 +69,14 @@ inline void micro_kernel(int64_t kc, const float* __restrict ap, const float* __
       _mm_prefetch(reinterpret_cast<const char*>(c_next + (k / kNv) * ldc + (k % kNv) * 16),
                    _MM_HINT_T0);
       step(k);
+    }
+  }
+  if (a_next != nullptr) {
+    static_assert(2 * kMr == 16, "a line of A_p holds two steps");
+    for (; k + 2 <= kc; k += 2) {
+      _mm_prefetch(reinterpret_cast<const char*>(a_next + kMr * k), _MM_HINT_T0);
+      step(k);
+      step(k + 1);
     }
   }
   for (; k < kc; ++k) step(k);
@@ -268,8 +278,9 @@ struct Nf4GemmStrips {
       if (r <= 0) break;
       float* c = C + (r0 + p) * ldc + n0;
       const bool next_full = fetch && p + kMr < mc && r0 + p + 2 * kMr <= rows;
+      const bool next_panel = p + kMr < mc && r0 + p + kMr < rows;
       micro_kernel(kc, ap + p * kc, bp, c, ldc, r, m, update, beta,
-                   next_full ? c + kMr * ldc : nullptr);
+                   next_full ? c + kMr * ldc : nullptr, next_panel ? ap + (p + kMr) * kc : nullptr);
     }
   }
 };
