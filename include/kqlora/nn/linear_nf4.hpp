@@ -32,8 +32,9 @@ enum class Nf4Product { automatic, panels, fused };
 
 /// Above this many tokens the BLAS's own kernel, fed dequantized panels, is as fast or
 /// faster than the fused one (its decode and packing are then a small share of the product):
-/// measured side by side on an AVX-512 Xeon, docs/BENCHMARKS.md ("The fused NF4 GEMM").
-constexpr int64_t kFusedMaxTokens = 512;
+/// measured side by side on AVX-512 Xeons, docs/BENCHMARKS.md ("The fused NF4 GEMM"; 1024
+/// since the fused kernel prefetches its activations, "Speed (issue 25), fifth session").
+constexpr int64_t kFusedMaxTokens = 1024;
 
 /// Scratch for the dequantized panels (or the fused kernel's packed activations); one per
 /// model, reused by every layer and call.
