@@ -38,6 +38,7 @@ constexpr int kNv = 3;         // vectors of 16 columns in the register tile (op
 constexpr int kNr = 16 * kNv;  // columns of the register tile
 constexpr int64_t kKc = 512;   // the summed index per block (C is rewritten k / kc times)
 constexpr int64_t kMc = (int64_t(1) << 20) / (4 * kKc) / kMr * kMr;  // a 1 MiB packed A block
+static_assert(2 * kMr * sizeof(float) == 64, "micro_kernel fetches A_p a line per two steps");
 
 /// What the register tile does with C's tile.
 enum class Update { assign, scale_add, add };
@@ -71,8 +72,7 @@ inline void micro_kernel(int64_t kc, const float* __restrict ap, const float* __
       step(k);
     }
   }
-  if (a_next != nullptr) {
-    static_assert(2 * kMr == 16, "a line of A_p holds two steps");
+  if (a_next != nullptr) {  // (a 64-byte line of A_p holds two steps: kMr is 8)
     for (; k + 2 <= kc; k += 2) {
       _mm_prefetch(reinterpret_cast<const char*>(a_next + kMr * k), _MM_HINT_T0);
       step(k);

@@ -33,7 +33,8 @@ enum class Nf4Product { automatic, panels, fused };
 /// Above this many tokens the BLAS's own kernel, fed dequantized panels, is as fast or
 /// faster than the fused one (its decode and packing are then a small share of the product):
 /// measured side by side on AVX-512 Xeons, docs/BENCHMARKS.md ("The fused NF4 GEMM"; 1024
-/// since the fused kernel prefetches its activations, "Speed (issue 25), fifth session").
+/// since the fused kernel prefetches its activations: "Speed (issue 25, continued),
+/// 2026-12-04, fifth session").
 constexpr int64_t kFusedMaxTokens = 1024;
 
 /// Scratch for the dequantized panels (or the fused kernel's packed activations); one per
