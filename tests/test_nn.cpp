@@ -214,6 +214,120 @@ TEST(LinearNf4Fused, ForwardAndInputGradientMatchFloat64) {
   }
 }
 
+// The fused kernel's side products (an adapter's thin products computed from each packed
+// block of A) against float64: x A^T with the forward (V read across A's rows), s gy B and
+// s h^T gy with the input gradient (V = B), at ranks 8 and 11 (a partial pass of 8), rows
+// past 512-row blocks, a summed index past a 512 block, the left product written and
+// accumulated; and the added terms y += s (x A^T) B^T, gx += (s gy B) A in registers.
+TEST(LinearNf4Fused, SideProductsMatchFloat64) {
+  using H = Kokkos::DefaultHostExecutionSpace;
+  using HM = Kokkos::HostSpace;
+  if (H().concurrency() != 1) GTEST_SKIP() << "side products run with one host thread only";
+  struct Shape {
+    int64_t out, in, tokens, rank;
+  };
+  for (const Shape& sh : {Shape{200, 576, 1030, 8}, Shape{530, 128, 37, 11}}) {
+    kqlora::Nf4Layout L;
+    L.shape = {sh.out, sh.in};
+    L.block_size = 64;
+    L.scaler_block_size = 256;
+    if (!kqlora::impl::nf4_gemm_host_supports(L)) GTEST_SKIP() << "no fused kernel in this build";
+    const HostNf4 Wn = quantize(randn(L.numel(), 31, 0.05f), L);
+    const int64_t T = sh.tokens, O = sh.out, I = sh.in, r = sh.rank;
+    const float s = 0.75f;
+    const auto xf = randn(T * I, 32), gf = randn(T * O, 33), af = randn(r * I, 34);
+    const auto bf = randn(O * r, 35), hf = randn(T * r, 36), prior = randn(r * O, 37);
+    for (bool accumulate : {false, true}) {
+      kqlora::LinearNf4Workspace<HM> ws;
+      ws.product = kqlora::Nf4Product::fused;
+      Matrix<HM> x = to_matrix<HM>(xf, T, I), y("y", T, O), g = to_matrix<HM>(gf, T, O);
+      Matrix<HM> gx("gx", T, I), A = to_matrix<HM>(af, r, I), B = to_matrix<HM>(bf, O, r);
+      Matrix<HM> h = to_matrix<HM>(hf, T, r), xa("xa", T, r), gyb("gyb", T, r);
+      Matrix<HM> left = to_matrix<HM>(prior, r, O);
+      kqlora::Nf4GemmSideProducts fwd;
+      fwd.rank = r;
+      fwd.right = xa.data();
+      fwd.ldr = r;
+      fwd.v = A.data();
+      fwd.v_stride_k = 1;
+      fwd.v_stride_j = I;
+      fwd.u = B.data();
+      fwd.u_stride_j = 1;
+      fwd.u_stride_n = r;
+      fwd.u_alpha = s;
+      ASSERT_TRUE(
+          kqlora::linear_nf4_forward(H(), Wn, x, y, ws, 0.0f, kqlora::GemmInputs::float32, &fwd));
+      kqlora::Nf4GemmSideProducts bwd;
+      bwd.rank = r;
+      bwd.right = gyb.data();
+      bwd.ldr = r;
+      bwd.v = B.data();
+      bwd.v_stride_k = r;
+      bwd.v_stride_j = 1;
+      bwd.right_alpha = s;
+      bwd.left = left.data();
+      bwd.ldl = O;
+      bwd.h = h.data();
+      bwd.ldh = r;
+      bwd.left_alpha = s;
+      bwd.left_accumulate = accumulate;
+      bwd.u = A.data();
+      bwd.u_stride_j = I;
+      bwd.u_stride_n = 1;
+      ASSERT_TRUE(
+          kqlora::linear_nf4_backward(H(), Wn, g, gx, ws, 0.0f, kqlora::GemmInputs::float32, &bwd));
+      // got[i][j] against base[i][j] + alpha sum_k a(i, k) b(k, j), within 1e-6 of the sum
+      // of the terms' magnitudes.
+      auto expect = [&](const char* what, const std::vector<double>& got, int64_t rows,
+                        int64_t cols, int64_t len, double alpha, auto&& base, auto&& a, auto&& b) {
+        for (int64_t i = 0; i < rows; ++i) {
+          for (int64_t j = 0; j < cols; ++j) {
+            double ref = base(i, j), mag = std::fabs(ref);
+            for (int64_t k = 0; k < len; ++k) {
+              const double term = alpha * a(i, k) * b(k, j);
+              ref += term;
+              mag += std::fabs(term);
+            }
+            ASSERT_NEAR(got[i * cols + j], ref, 1e-6 * (1 + mag)) << what << " " << i << "," << j;
+          }
+        }
+      };
+      auto zero = [](int64_t, int64_t) { return 0.0; };
+      expect(
+          "x A^T", from_matrix(xa), T, r, I, 1.0, zero,
+          [&](int64_t t, int64_t k) { return double(xf[t * I + k]); },
+          [&](int64_t k, int64_t j) { return double(af[j * I + k]); });
+      expect(
+          "s g B", from_matrix(gyb), T, r, O, s, zero,
+          [&](int64_t t, int64_t k) { return double(gf[t * O + k]); },
+          [&](int64_t k, int64_t j) { return double(bf[k * r + j]); });
+      // y = x W^T + s (x A^T) B^T and gx = gy W + (s gy B) A in float64 from the rounded
+      // side products (their own accuracy is checked above).
+      const auto W = dequantized(Wn);
+      const auto xa_got = from_matrix(xa), gyb_got = from_matrix(gyb);
+      expect(
+          "y", from_matrix(y), T, O, I + r, 1.0, zero,
+          [&](int64_t t, int64_t k) {
+            return k < I ? double(xf[t * I + k]) : xa_got[t * r + k - I];
+          },
+          [&](int64_t k, int64_t o) {
+            return k < I ? W[o * I + k] : s * double(bf[o * r + k - I]);
+          });
+      expect(
+          "gx", from_matrix(gx), T, I, O + r, 1.0, zero,
+          [&](int64_t t, int64_t k) {
+            return k < O ? double(gf[t * O + k]) : gyb_got[t * r + k - O];
+          },
+          [&](int64_t k, int64_t i) { return k < O ? W[k * I + i] : double(af[(k - O) * I + i]); });
+      expect(
+          "s h^T g", from_matrix(left), r, O, T, s,
+          [&](int64_t j, int64_t o) { return accumulate ? double(prior[j * O + o]) : 0.0; },
+          [&](int64_t j, int64_t t) { return double(hf[t * r + j]); },
+          [&](int64_t t, int64_t o) { return double(gf[t * O + o]); });
+    }
+  }
+}
+
 namespace {
 
 struct Case {

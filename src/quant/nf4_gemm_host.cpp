@@ -23,6 +23,7 @@
 #include "kqlora/core/bfloat16.hpp"
 #include "kqlora/core/error.hpp"
 #include "kqlora/quant/nf4_codebook.hpp"
+#include "nf4_gemm_side_host.hpp"
 #include "nf4_host_simd_intrinsics.hpp"
 
 namespace kqlora::impl {
@@ -39,6 +40,7 @@ constexpr int kNr = 16 * kNv;  // columns of the register tile
 constexpr int64_t kKc = 512;   // the summed index per block (C is rewritten k / kc times)
 constexpr int64_t kMc = (int64_t(1) << 20) / (4 * kKc) / kMr * kMr;  // a 1 MiB packed A block
 static_assert(2 * kMr * sizeof(float) == 64, "micro_kernel fetches A_p a line per two steps");
+static_assert(kKc <= kSideMaxKc && kMc <= kSideMaxRows && kMr == 8, "side products' blocks");
 
 /// What the register tile does with C's tile.
 enum class Update { assign, scale_add, add };
@@ -49,9 +51,18 @@ enum class Update { assign, scale_add, add };
 /// page of its own, and the fetches overlap the products. The next tile's A micro-panel
 /// (`a_next`, null if none) is fetched into L1 a line every two steps: the hardware's
 /// prefetchers leave it in L2.
+/// An added term of rank `rank` (`e` non-null): acc[i] += sum_j e[i][j] ut[j] before the
+/// update, e[i] the term's row i (rows past `rows`: any row), ut [rank][kNr].
+struct AddedTerm {
+  const float* const* e;
+  const float* ut;
+  int64_t rank;
+};
+
+template <bool kAdded>  // (a compile-time choice: a run-time one slowed the step 2-4%)
 inline void micro_kernel(int64_t kc, const float* __restrict ap, const float* __restrict bp,
                          float* c, int64_t ldc, int rows, const __mmask16* m, Update u, float beta,
-                         const float* c_next, const float* a_next) {
+                         const float* c_next, const float* a_next, const AddedTerm* added) {
   __m512 acc[kMr][kNv];
   for (int i = 0; i < kMr; ++i)
     for (int v = 0; v < kNv; ++v) acc[i][v] = _mm512_setzero_ps();
@@ -80,6 +91,16 @@ inline void micro_kernel(int64_t kc, const float* __restrict ap, const float* __
     }
   }
   for (; k < kc; ++k) step(k);
+  if constexpr (kAdded) {
+    for (int64_t j = 0; j < added->rank; ++j) {
+      __m512 b[kNv];
+      for (int v = 0; v < kNv; ++v) b[v] = _mm512_load_ps(added->ut + kNr * j + 16 * v);
+      for (int i = 0; i < kMr; ++i) {
+        const __m512 a = _mm512_set1_ps(added->e[i][j]);
+        for (int v = 0; v < kNv; ++v) acc[i][v] = _mm512_fmadd_ps(a, b[v], acc[i][v]);
+      }
+    }
+  }
   const __m512 vb = _mm512_set1_ps(beta);
   for (int i = 0; i < kMr; ++i) {
     if (i >= rows) break;
@@ -256,6 +277,7 @@ struct Nf4GemmStrips {
   int64_t ldc;
   Update update;
   float beta;
+  const Nf4GemmSideProducts* added;  // its term C += right U (the last block of k), or null
 
   void operator()(int64_t strip) const {
     alignas(64) float bp[kKc * kNr];
@@ -266,6 +288,14 @@ struct Nf4GemmStrips {
       decode_rows(w, k0, kc, n0, bp);
     }
     const int cols = static_cast<int>(std::min<int64_t>(kNr, n - n0));
+    alignas(64) float ut[kNf4GemmMaxAddedRank * kNr];
+    if (added != nullptr) {  // u_alpha U's columns n0 .. n0 + kNr (zero past n)
+      const Nf4GemmSideProducts& s = *added;
+      for (int64_t j = 0; j < s.rank; ++j)
+        for (int q = 0; q < kNr; ++q)
+          ut[j * kNr + q] =
+              q < cols ? s.u_alpha * s.u[j * s.u_stride_j + (n0 + q) * s.u_stride_n] : 0.0f;
+    }
     __mmask16 m[kNv];
     for (int v = 0; v < kNv; ++v) {
       const int live = std::clamp(cols - 16 * v, 0, 16);
@@ -279,8 +309,18 @@ struct Nf4GemmStrips {
       float* c = C + (r0 + p) * ldc + n0;
       const bool next_full = fetch && p + kMr < mc && r0 + p + 2 * kMr <= rows;
       const bool next_panel = p + kMr < mc && r0 + p + kMr < rows;
-      micro_kernel(kc, ap + p * kc, bp, c, ldc, r, m, update, beta,
-                   next_full ? c + kMr * ldc : nullptr, next_panel ? ap + (p + kMr) * kc : nullptr);
+      const float* e[kMr];
+      AddedTerm term{e, ut, added != nullptr ? added->rank : 0};
+      if (added != nullptr)
+        for (int i = 0; i < kMr; ++i) e[i] = added->right + (r0 + p + (i < r ? i : 0)) * added->ldr;
+      const float* c_next = next_full ? c + kMr * ldc : nullptr;
+      const float* a_next = next_panel ? ap + (p + kMr) * kc : nullptr;
+      if (added != nullptr) {
+        micro_kernel<true>(kc, ap + p * kc, bp, c, ldc, r, m, update, beta, c_next, a_next, &term);
+      } else {
+        micro_kernel<false>(kc, ap + p * kc, bp, c, ldc, r, m, update, beta, c_next, a_next,
+                            nullptr);
+      }
     }
   }
 };
@@ -296,13 +336,17 @@ bool nf4_gemm_host_supports(const Nf4Layout& L) {
 void nf4_gemm_host(const Host& exec, const Nf4Tensor<Kokkos::HostSpace>& W, Nf4GemmOp op,
                    int64_t rows, const float* A, int64_t lda, float beta, float* C, int64_t ldc,
                    Kokkos::View<float*, Kokkos::HostSpace>& scratch,
-                   const std::function<void()>& between) {
+                   const std::function<void()>& between, const Nf4GemmSideProducts* side) {
   const Nf4Layout& L = W.layout;
   KQLORA_CHECK(nf4_gemm_host_supports(L), "nf4_gemm_host: layout " << L.shape_string());
   const bool forward = op == Nf4GemmOp::forward;
   const int64_t out = L.shape[0], in = L.shape[1];
   const int64_t k = forward ? in : out, n = forward ? out : in;
   if (rows == 0) return;
+  KQLORA_CHECK(
+      side == nullptr || side->u == nullptr ||
+          (side->right != nullptr && side->rank <= kNf4GemmMaxAddedRank),
+      "nf4_gemm_host: an added term needs the right product, rank <= " << kNf4GemmMaxAddedRank);
   const int64_t mc_max = std::min<int64_t>(kMc, (rows + kMr - 1) / kMr * kMr);
   if (static_cast<int64_t>(scratch.extent(0)) < mc_max * kKc) {
     scratch = Kokkos::View<float*, Kokkos::HostSpace>();
@@ -329,11 +373,15 @@ void nf4_gemm_host(const Host& exec, const Nf4Tensor<Kokkos::HostSpace>& W, Nf4G
       const int64_t mc = std::min(kMc, rows - r0);
       const int64_t mc_padded = (mc + kMr - 1) / kMr * kMr;
       pack_a(A, lda, rows, r0, mc_padded, k0, kc, scratch.data());
+      if (side != nullptr)
+        nf4_gemm_side_block(*side, A, lda, rows, r0, mc_padded, k0, kc, scratch.data());
+      // (right is complete for these rows once the last block of k is packed)
+      const bool add_term = side != nullptr && side->u != nullptr && k0 + kc == k;
       Kokkos::parallel_for(
           forward ? "kqlora::LinearNf4::fused_forward" : "kqlora::LinearNf4::fused_backward",
           Kokkos::RangePolicy<Host, Kokkos::IndexType<int64_t>>(exec, 0, strips),
-          Nf4GemmStrips{w, forward, scratch.data(), k0, kc, r0, mc_padded, rows, n, C, ldc, u,
-                        beta});
+          Nf4GemmStrips{w, forward, scratch.data(), k0, kc, r0, mc_padded, rows, n, C, ldc, u, beta,
+                        add_term ? side : nullptr});
       exec.fence();
     }
     if (between) between();
@@ -348,7 +396,8 @@ bool nf4_gemm_host_supports(const Nf4Layout&) {
 
 void nf4_gemm_host(const Kokkos::DefaultHostExecutionSpace&, const Nf4Tensor<Kokkos::HostSpace>&,
                    Nf4GemmOp, int64_t, const float*, int64_t, float, float*, int64_t,
-                   Kokkos::View<float*, Kokkos::HostSpace>&, const std::function<void()>&) {
+                   Kokkos::View<float*, Kokkos::HostSpace>&, const std::function<void()>&,
+                   const Nf4GemmSideProducts*) {
   KQLORA_CHECK(false, "nf4_gemm_host: not in this build");
 }
 

@@ -111,11 +111,15 @@ bool amx_panels(const Nf4Tensor<MemSpace>& W, GemmInputs inputs) {
          host_bf16_products();
 }
 
-/// The product through the fused host kernel, when it applies: c = a op(W) + beta c.
+/// The product through the fused host kernel, when it applies: c = a op(W) + beta c, and
+/// `side`'s products of a when set and the host space runs one thread (they run on the
+/// calling thread; *side_done says whether they were).
 template <class ExecSpace, class MemSpace>
 bool fused_nf4_gemm(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W, Nf4GemmOp op,
                     const Matrix<MemSpace>& a, float beta, const Matrix<MemSpace>& c,
-                    LinearNf4Workspace<MemSpace>& ws, GemmInputs inputs) {
+                    LinearNf4Workspace<MemSpace>& ws, GemmInputs inputs,
+                    const Nf4GemmSideProducts* side, bool* side_done) {
+  *side_done = false;
   if constexpr (std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value &&
                 std::is_same<MemSpace, Kokkos::HostSpace>::value) {
     if (ws.product == Nf4Product::panels) return false;
@@ -130,11 +134,14 @@ bool fused_nf4_gemm(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W, Nf4Gemm
         (static_cast<int64_t>(a.extent(0)) > kFusedMaxTokens ||
          blas_threads() > exec.concurrency() || amx_panels<ExecSpace>(W, inputs)))
       return false;
+    if (exec.concurrency() != 1 || a.extent(0) == 0) side = nullptr;  // (none to compute)
     nf4_gemm_host(exec, W, op, a.extent(0), a.data(), a.stride(0), beta, c.data(), c.stride(0),
-                  ws.panel, ws.between_panels);
+                  ws.panel, ws.between_panels, side);
+    *side_done = side != nullptr;
     return true;
   } else {
     (void)inputs;
+    (void)side;
     KQLORA_CHECK(ws.product != Nf4Product::fused, "linear_nf4: no fused kernel off the host");
     return false;
   }
@@ -174,26 +181,30 @@ void for_each_panel16(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
 
 /// y = x W^T + beta * y; x [T, in], y [T, out]. `inputs` = bfloat16: x holds bfloat16
 /// values and W is a bfloat16 NF4 tensor (a GPU may use its bfloat16 tensor cores, exactly;
-/// core/blas.hpp).
+/// core/blas.hpp). `side`: products of x to compute with it where the fused kernel can
+/// (quant/nf4_gemm.hpp); returns whether they were computed.
 template <class ExecSpace, class MemSpace>
-void linear_nf4_forward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
+bool linear_nf4_forward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
                         const Matrix<MemSpace>& x, const Matrix<MemSpace>& y,
                         LinearNf4Workspace<MemSpace>& ws, float beta = 0.0f,
-                        GemmInputs inputs = GemmInputs::float32) {
+                        GemmInputs inputs = GemmInputs::float32,
+                        const Nf4GemmSideProducts* side = nullptr) {
   static_assert(accessible_from<ExecSpace, MemSpace>(), "memory not accessible from exec");
   KQLORA_CHECK(!(W.layout.shape.size() != 2 || x.extent(1) != size_t(W.layout.shape[1]) ||
                  y.extent(1) != size_t(W.layout.shape[0]) || x.extent(0) != y.extent(0)),
                "linear_nf4_forward: shapes x " << x.extent(0) << "x" << x.extent(1) << ", y "
                                                << y.extent(0) << "x" << y.extent(1) << ", W "
                                                << W.layout.shape_string());
-  if (impl::fused_nf4_gemm(exec, W, Nf4GemmOp::forward, x, beta, y, ws, inputs)) return;
+  bool side_done = false;
+  if (impl::fused_nf4_gemm(exec, W, Nf4GemmOp::forward, x, beta, y, ws, inputs, side, &side_done))
+    return side_done;
   const int64_t out = W.layout.shape[0], in = W.layout.shape[1];
   if (impl::amx_panels<ExecSpace>(W, inputs) && ws.product != Nf4Product::panels) {
     impl::for_each_panel16(exec, W, ws, [&](int64_t r0, int64_t rows, const uint16_t* Wp) {
       gemm_bf16_weight("N", "T", 1.0f, x, Wp, rows, in, in, beta,
                        Kokkos::subview(y, Kokkos::ALL, Kokkos::make_pair(r0, r0 + rows)));
     });
-    return;
+    return false;
   }
   impl::for_each_panel(
       exec, W, x.extent(0), ws, [&](int64_t r0, int64_t rows, const Matrix<MemSpace>& Wp) {
@@ -203,21 +214,27 @@ void linear_nf4_forward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
           gemm(exec, "N", "T", 1.0f, x, Wp, beta,
                Kokkos::subview(y, Kokkos::ALL, Kokkos::make_pair(r0, r0 + rows)), inputs);
       });
+  return false;
 }
 
 /// gx = gy W + beta * gx; gy [T, out], gx [T, in]. `inputs`: as the forward's (gy bfloat16).
+/// `side`: products of gy, as the forward's of x.
 template <class ExecSpace, class MemSpace>
-void linear_nf4_backward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
+bool linear_nf4_backward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
                          const Matrix<MemSpace>& gy, const Matrix<MemSpace>& gx,
                          LinearNf4Workspace<MemSpace>& ws, float beta = 0.0f,
-                         GemmInputs inputs = GemmInputs::float32) {
+                         GemmInputs inputs = GemmInputs::float32,
+                         const Nf4GemmSideProducts* side = nullptr) {
   static_assert(accessible_from<ExecSpace, MemSpace>(), "memory not accessible from exec");
   KQLORA_CHECK(!(W.layout.shape.size() != 2 || gx.extent(1) != size_t(W.layout.shape[1]) ||
                  gy.extent(1) != size_t(W.layout.shape[0]) || gx.extent(0) != gy.extent(0)),
                "linear_nf4_backward: shapes gy " << gy.extent(0) << "x" << gy.extent(1) << ", gx "
                                                  << gx.extent(0) << "x" << gx.extent(1) << ", W "
                                                  << W.layout.shape_string());
-  if (impl::fused_nf4_gemm(exec, W, Nf4GemmOp::input_gradient, gy, beta, gx, ws, inputs)) return;
+  bool side_done = false;
+  if (impl::fused_nf4_gemm(exec, W, Nf4GemmOp::input_gradient, gy, beta, gx, ws, inputs, side,
+                           &side_done))
+    return side_done;
   const int64_t out = W.layout.shape[0], in = W.layout.shape[1];
   if (impl::amx_panels<ExecSpace>(W, inputs) && ws.product != Nf4Product::panels) {
     impl::for_each_panel16(exec, W, ws, [&](int64_t r0, int64_t rows, const uint16_t* Wp) {
@@ -225,7 +242,7 @@ void linear_nf4_backward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
                        Kokkos::subview(gy, Kokkos::ALL, Kokkos::make_pair(r0, r0 + rows)), Wp, rows,
                        in, in, r0 == 0 ? beta : 1.0f, gx);
     });
-    return;
+    return false;
   }
   impl::for_each_panel(exec, W, gy.extent(0), ws,
                        [&](int64_t r0, int64_t rows, const Matrix<MemSpace>& Wp) {
@@ -237,6 +254,7 @@ void linear_nf4_backward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
                                 Kokkos::subview(gy, Kokkos::ALL, Kokkos::make_pair(r0, r0 + rows)),
                                 Wp, b, gx, inputs);
                        });
+  return false;
 }
 
 }  // namespace kqlora

@@ -35,20 +35,25 @@ struct LoraScratch {
 
 namespace impl {
 
-/// dB = s gy^T h + beta dB ([out, rank]) as the transpose of s h^T gy ([rank, out]): the
-/// host GEMM engine ran the [1536, 8] product over 1024 tokens 2.5x slower than the [8, 1536]
-/// one (oneDNN 2.6, docs/BENCHMARKS.md), and the transpose of a rank-wide matrix is cheap.
-template <class ExecSpace, class M>
-void lora_b_gradient(const ExecSpace& exec, float s, const Matrix<M>& gy, const Matrix<M>& h,
-                     float beta, LoraScratch<M>& scratch, const Matrix<M>& gb) {
-  const int64_t out = gb.extent(0), r = gb.extent(1);
+/// dB^T [rank, out] in the scratch: dB = s gy^T h + beta dB ([out, rank]) is computed as
+/// the transpose of s h^T gy ([rank, out]): the host GEMM engine ran the [1536, 8] product
+/// over 1024 tokens 2.5x slower than the [8, 1536] one (oneDNN 2.6, docs/BENCHMARKS.md), and
+/// the transpose of a rank-wide matrix is cheap.
+template <class M>
+Matrix<M> lora_b_gradient_transposed(LoraScratch<M>& scratch, int64_t out, int64_t r) {
   if (static_cast<int64_t>(scratch.gbt.extent(0)) < out * r)
     scratch.gbt = Kokkos::View<float*, M>(
         Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::LoraScratch::gbt"), out * r);
-  const Matrix<M> t(scratch.gbt.data(), r, out);
-  gemm(exec, "T", "N", s, h, gy, 0.0f, t);
+  return Matrix<M>(scratch.gbt.data(), r, out);
+}
+
+/// gb = t^T + beta gb.
+template <class ExecSpace, class M>
+void lora_b_gradient_store(const ExecSpace& exec, const Matrix<M>& t, float beta,
+                           const Matrix<M>& gb) {
   Kokkos::parallel_for(
-      "kqlora::lora::b_gradient", over(exec, out, r), KOKKOS_LAMBDA(int64_t o, int64_t j) {
+      "kqlora::lora::b_gradient", over(exec, gb.extent(0), gb.extent(1)),
+      KOKKOS_LAMBDA(int64_t o, int64_t j) {
         gb(o, j) = beta == 0.0f ? t(j, o) : beta * gb(o, j) + t(j, o);
       });
 }
@@ -70,14 +75,33 @@ void lora_projection_forward(const ExecSpace& exec, const Nf4Tensor<M>& W,
                              const Matrix<M>& xd, bool bf16, const Matrix<M>& h,
                              LoraScratch<M>& scratch, LinearNf4Workspace<M>& ws, const Matrix<M>& y,
                              const Kokkos::View<const float*, M>& bias = {}) {
-  linear_nf4_forward(exec, W, x, y, ws, 0.0f, impl::base_inputs(W, bf16));
+  // h = x A^T within the base product where its fused kernel can (x is A's input: no
+  // dropout), and in float32 y += scale h B^T with it too.
+  Nf4GemmSideProducts side;
+  if (lora && xd.data() == x.data()) {
+    side.rank = lora->a.extent(0);
+    side.right = h.data();
+    side.ldr = h.stride(0);
+    side.v = lora->a.data();
+    side.v_stride_k = 1;
+    side.v_stride_j = lora->a.stride(0);
+    if (!bf16 && side.rank <= kNf4GemmMaxAddedRank) {
+      side.u = lora->b.data();
+      side.u_stride_j = 1;
+      side.u_stride_n = lora->b.stride(0);
+      side.u_alpha = lora->scale;
+    }
+  }
+  const bool h_done = linear_nf4_forward(exec, W, x, y, ws, 0.0f, impl::base_inputs(W, bf16),
+                                         side.rank > 0 ? &side : nullptr);
+  const bool out_done = h_done && side.u != nullptr;
   if (bias.data()) {
     add_bias(exec, bias, bf16, y);  // (rounds the sum once)
   } else if (bf16 && !lora) {
     round_bf16(exec, y);  // (with an adapter: rounded in its add below, one pass for all)
   }
-  if (!lora) return;
-  gemm(exec, "N", "T", 1.0f, xd, lora->a, 0.0f, h);
+  if (!lora || out_done) return;
+  if (!h_done) gemm(exec, "N", "T", 1.0f, xd, lora->a, 0.0f, h);
   if (bf16) {
     round_bf16(exec, h);
     const Matrix<M> tmp(scratch.tmp.data(), y.extent(0), y.extent(1));
@@ -100,18 +124,51 @@ void lora_projection_backward(const ExecSpace& exec, const Nf4Tensor<M>& W,
                               LinearNf4Workspace<M>& ws, float gx_beta, const Matrix<M>& gx) {
   const float beta = accumulate ? 1.0f : 0.0f;
   const int64_t T = gy.extent(0);
+  const GemmInputs inputs = impl::base_inputs(W, bf16);
+  bool base_done = false, out_done = false;
   Matrix<M> gh;
   if (lora) {
     const float s = lora->scale;
-    gh = Matrix<M>(scratch.gh.data(), T, lora->a.extent(0));
-    impl::lora_b_gradient(exec, s, gy, h, beta, scratch, lora->gb);  // dB = s gy^T h
-    gemm(exec, "N", "N", s, gy, lora->b, 0.0f, gh);                  // gh = s gy B
+    const int64_t r = lora->a.extent(0);
+    gh = Matrix<M>(scratch.gh.data(), T, r);
+    const Matrix<M> gbt = impl::lora_b_gradient_transposed(scratch, gy.extent(1), r);
+    bool side_done = false;
+    // gh = s gy B and dB^T = s h^T gy within the base product where it can, and in float32
+    // without dropout gx += gh A with it too.
+    if (gx.data()) {
+      Nf4GemmSideProducts side;
+      side.rank = r;
+      side.right = gh.data();
+      side.ldr = gh.stride(0);
+      side.v = lora->b.data();
+      side.v_stride_k = lora->b.stride(0);
+      side.v_stride_j = 1;
+      side.right_alpha = s;
+      side.left = gbt.data();
+      side.ldl = gbt.stride(0);
+      side.h = h.data();
+      side.ldh = h.stride(0);
+      side.left_alpha = s;
+      if (!bf16 && !dropout && r <= kNf4GemmMaxAddedRank) {
+        side.u = lora->a.data();
+        side.u_stride_j = lora->a.stride(0);
+        side.u_stride_n = 1;
+      }
+      side_done = linear_nf4_backward(exec, W, gy, gx, ws, gx_beta, inputs, &side);
+      base_done = true;
+      out_done = side_done && side.u != nullptr;
+    }
+    if (!side_done) {
+      gemm(exec, "T", "N", s, h, gy, 0.0f, gbt);       // dB^T = s h^T gy
+      gemm(exec, "N", "N", s, gy, lora->b, 0.0f, gh);  // gh = s gy B
+    }
+    impl::lora_b_gradient_store(exec, gbt, beta, lora->gb);
     if (bf16) round_bf16(exec, gh);
     gemm(exec, "T", "N", 1.0f, gh, xd, beta, lora->ga);  // dA = gh^T x_d
   }
   if (!gx.data()) return;
-  linear_nf4_backward(exec, W, gy, gx, ws, gx_beta, impl::base_inputs(W, bf16));
-  if (lora) {
+  if (!base_done) linear_nf4_backward(exec, W, gy, gx, ws, gx_beta, inputs);
+  if (lora && !out_done) {
     if (dropout || bf16) {
       const Matrix<M> tmp(scratch.tmp.data(), T, gx.extent(1));
       gemm(exec, "N", "N", 1.0f, gh, lora->a, 0.0f, tmp);  // gh A
