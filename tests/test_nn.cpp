@@ -151,9 +151,9 @@ TEST(LinearNf4Amx, SixteenBitPanelsMatchFloat64) {
 
 // The fused host kernel (AVX-512 builds) against float64 on the dequantized weights: tile
 // edges in every dimension (rows past an 8-row tile and past 512-row blocks, columns past
-// a 48-column strip, a summed index past a 512 block in both products and not a multiple
-// of the 8 x 8 transposes that pack A), beta 0 / 1 / 0.5
-// over prior values of the output, float32 and bfloat16 NF4, partial scaler blocks.
+// a 48-column strip, a summed index past one block -- 640, then blocks of 512 -- in both
+// products and not a multiple of the 8 x 8 transposes that pack A), beta 0 / 1 / 0.5 over
+// prior values of the output, float32 and bfloat16 NF4, partial scaler blocks.
 TEST(LinearNf4Fused, ForwardAndInputGradientMatchFloat64) {
   struct Shape {
     int64_t out, in, block, scaler_block, tokens;
@@ -162,7 +162,7 @@ TEST(LinearNf4Fused, ForwardAndInputGradientMatchFloat64) {
   const Shape shapes[] = {{70, 320, 64, 256, 1030, kqlora::DType::float32},
                           {48, 272, 16, 3, 15, kqlora::DType::bfloat16},
                           {33, 64, 64, 5, 1, kqlora::DType::float32},
-                          {530, 576, 64, 7, 20, kqlora::DType::float32}};
+                          {706, 704, 64, 7, 20, kqlora::DType::float32}};
   using H = Kokkos::DefaultHostExecutionSpace;
   using HM = Kokkos::HostSpace;
   for (const Shape& sh : shapes) {
@@ -217,8 +217,9 @@ TEST(LinearNf4Fused, ForwardAndInputGradientMatchFloat64) {
 // The fused kernel's side products (an adapter's thin products computed from each packed
 // block of A) against float64: x A^T with the forward (V read across A's rows), s gy B and
 // s h^T gy with the input gradient (V = B), at ranks 8 and 11 (a partial pass of 8), rows
-// past 512-row blocks, a summed index past a 512 block, the left product written and
-// accumulated; and the added terms y += s (x A^T) B^T, gx += (s gy B) A in registers.
+// past 512-row blocks, summed indices past one block (640, then blocks of 512; 706 = 512 +
+// 194 also past the left product's tiles of 4), the left product written and accumulated; and the
+// added terms y += s (x A^T) B^T, gx += (s gy B) A in registers.
 TEST(LinearNf4Fused, SideProductsMatchFloat64) {
   using H = Kokkos::DefaultHostExecutionSpace;
   using HM = Kokkos::HostSpace;
@@ -226,7 +227,7 @@ TEST(LinearNf4Fused, SideProductsMatchFloat64) {
   struct Shape {
     int64_t out, in, tokens, rank;
   };
-  for (const Shape& sh : {Shape{200, 576, 1030, 8}, Shape{530, 128, 37, 11}}) {
+  for (const Shape& sh : {Shape{200, 704, 1030, 8}, Shape{706, 128, 37, 11}}) {
     kqlora::Nf4Layout L;
     L.shape = {sh.out, sh.in};
     L.block_size = 64;

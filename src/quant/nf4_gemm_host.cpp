@@ -4,8 +4,8 @@
 // Blocking as in BLIS/GotoBLAS, with W as the "B" operand: for each block of kc (the
 // summed index) and mc rows of A, A's block is packed once into mr-row micro-panels (L2);
 // for each 48-column strip of op(W), its kc x 48 micro-panel is decoded from the NF4 bytes
-// onto the stack (96 KiB at kc = 512: L1 and L2) and multiplied with every micro-panel of
-// A by an 8 x 48 register tile (24 accumulators; 8 broadcasts and 3 loads a step, and 8
+// onto the stack (96 - 120 KiB at kc 512 - 640: L1 and L2) and multiplied with every
+// micro-panel of A by an 8 x 48 register tile (24 accumulators; 8 broadcasts and 3 loads a step, and 8
 // rows and 48 columns divide the usual 256-token calls and 192-, 576- and 1536-wide weights
 // exactly, where 14 x 32 padded 256 rows to 266). The strips are independent: they are
 // the Kokkos work items. The block sizes were chosen by measurement (docs/BENCHMARKS.md,
@@ -34,13 +34,14 @@ namespace {
 
 using Host = Kokkos::DefaultHostExecutionSpace;
 
-constexpr int kMr = 8;         // rows of the register tile (A, broadcast)
-constexpr int kNv = 3;         // vectors of 16 columns in the register tile (op(W))
-constexpr int kNr = 16 * kNv;  // columns of the register tile
-constexpr int64_t kKc = 512;   // the summed index per block (C is rewritten k / kc times)
+constexpr int kMr = 8;           // rows of the register tile (A, broadcast)
+constexpr int kNv = 3;           // vectors of 16 columns in the register tile (op(W))
+constexpr int kNr = 16 * kNv;    // columns of the register tile
+constexpr int64_t kKc = 512;     // the summed index per block (C is rewritten k / kc times)
+constexpr int64_t kKcMax = 640;  // a summed index up to this is one block (576: not 512 + 64)
 constexpr int64_t kMc = (int64_t(1) << 20) / (4 * kKc) / kMr * kMr;  // a 1 MiB packed A block
 static_assert(2 * kMr * sizeof(float) == 64, "micro_kernel fetches A_p a line per two steps");
-static_assert(kKc <= kSideMaxKc && kMc <= kSideMaxRows && kMr == 8, "side products' blocks");
+static_assert(kKcMax <= kSideMaxKc && kMc <= kSideMaxRows && kMr == 8, "side products' blocks");
 
 /// What the register tile does with C's tile.
 enum class Update { assign, scale_add, add };
@@ -209,7 +210,7 @@ struct Nf4Parts {
 
 /// Input gradient strip: bp[kk][j] = W[k0 + kk][n0 + j] for kk < kc, j < kNr (0 past in).
 void decode_rows(const Nf4Parts& w, int64_t k0, int64_t kc, int64_t n0, float* bp) {
-  alignas(64) float scale[kNv][kKc];  // per 16 columns: the scale of each row's block
+  alignas(64) float scale[kNv][kKcMax];  // per 16 columns: the scale of each row's block
   // in is a multiple of 16: each group of 16 columns is all in or all out.
   const int groups = static_cast<int>(std::min<int64_t>(kNv, (w.in - n0) / 16));
   for (int h = 0; h < groups; ++h) {
@@ -280,7 +281,7 @@ struct Nf4GemmStrips {
   const Nf4GemmSideProducts* added;  // its term C += right U (the last block of k), or null
 
   void operator()(int64_t strip) const {
-    alignas(64) float bp[kKc * kNr];
+    alignas(64) float bp[kKcMax * kNr];
     const int64_t n0 = strip * kNr;
     if (forward) {
       decode_columns(w, k0, kc, n0, bp);
@@ -348,10 +349,12 @@ void nf4_gemm_host(const Host& exec, const Nf4Tensor<Kokkos::HostSpace>& W, Nf4G
           (side->right != nullptr && side->rank <= kNf4GemmMaxAddedRank),
       "nf4_gemm_host: an added term needs the right product, rank <= " << kNf4GemmMaxAddedRank);
   const int64_t mc_max = std::min<int64_t>(kMc, (rows + kMr - 1) / kMr * kMr);
-  if (static_cast<int64_t>(scratch.extent(0)) < mc_max * kKc) {
+  const int64_t kc_block = k <= kKcMax ? k : kKc;
+  if (static_cast<int64_t>(scratch.extent(0)) < mc_max * kc_block) {
     scratch = Kokkos::View<float*, Kokkos::HostSpace>();
     scratch = Kokkos::View<float*, Kokkos::HostSpace>(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::LinearNf4::panel"), mc_max * kKc);
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::LinearNf4::panel"),
+        mc_max * kc_block);
   }
   Nf4Parts w{W.quantized_data.data(),
              W.quantized_scalers.data(),
@@ -366,8 +369,8 @@ void nf4_gemm_host(const Host& exec, const Nf4Tensor<Kokkos::HostSpace>& W, Nf4G
   w.codebook =
       _mm512_loadu_ps(w.bf16 ? Nf4Codebook::make<bfloat16>().v : Nf4Codebook::make<float>().v);
   const int64_t strips = (n + kNr - 1) / kNr;
-  for (int64_t k0 = 0; k0 < k; k0 += kKc) {
-    const int64_t kc = std::min(kKc, k - k0);
+  for (int64_t k0 = 0; k0 < k; k0 += kc_block) {
+    const int64_t kc = std::min(kc_block, k - k0);
     const Update u = k0 > 0 ? Update::add : (beta == 0.0f ? Update::assign : Update::scale_add);
     for (int64_t r0 = 0; r0 < rows; r0 += kMc) {
       const int64_t mc = std::min(kMc, rows - r0);

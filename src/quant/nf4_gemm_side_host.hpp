@@ -11,7 +11,7 @@ namespace kqlora::impl {
 
 /// The most rows and summed indices of one block (the fused kernel's kMc and kKc at most).
 constexpr int64_t kSideMaxRows = 512;
-constexpr int64_t kSideMaxKc = 512;
+constexpr int64_t kSideMaxKc = 640;
 
 /// s's products over A's block of rows [r0, min(r0 + mc_padded, rows)) and columns
 /// [k0, k0 + kc): `packed` holds it as [mc_padded / 8][kc][8] micro-panels (rows past
