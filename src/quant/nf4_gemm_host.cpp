@@ -5,10 +5,10 @@
 // summed index) and mc rows of A, A's block is packed once into mr-row micro-panels (L2);
 // for each 48-column strip of op(W), its kc x 48 micro-panel is decoded from the NF4 bytes
 // onto the stack (96 - 120 KiB at kc 512 - 640: L1 and L2) and multiplied with every
-// micro-panel of A by an 8 x 48 register tile (24 accumulators; 8 broadcasts and 3 loads a step, and 8
-// rows and 48 columns divide the usual 256-token calls and 192-, 576- and 1536-wide weights
-// exactly, where 14 x 32 padded 256 rows to 266). The strips are independent: they are
-// the Kokkos work items. The block sizes were chosen by measurement (docs/BENCHMARKS.md,
+// micro-panel of A by an 8 x 48 register tile (24 accumulators; 8 broadcasts and 3 loads a
+// step, and 8 rows and 48 columns divide the usual 256-token calls and 192-, 576- and
+// 1536-wide weights exactly, where 14 x 32 padded 256 rows to 266). The strips are
+// independent: they are the Kokkos work items. The block sizes were chosen by measurement (docs/BENCHMARKS.md,
 // "The fused NF4 GEMM").
 //
 // Decoding a strip: the input gradient's op(W) = W rows are contiguous in W, one block
