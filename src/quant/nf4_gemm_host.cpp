@@ -8,8 +8,8 @@
 // micro-panel of A by an 8 x 48 register tile (24 accumulators; 8 broadcasts and 3 loads a
 // step, and 8 rows and 48 columns divide the usual 256-token calls and 192-, 576- and
 // 1536-wide weights exactly, where 14 x 32 padded 256 rows to 266). The strips are
-// independent: they are the Kokkos work items. The block sizes were chosen by measurement (docs/BENCHMARKS.md,
-// "The fused NF4 GEMM").
+// independent: they are the Kokkos work items. The block sizes were chosen by measurement
+// (docs/BENCHMARKS.md, "The fused NF4 GEMM").
 //
 // Decoding a strip: the input gradient's op(W) = W rows are contiguous in W, one block
 // table lookup per 16 values (as nf4_decode_block_simd). The forward's op(W) = W^T needs
