@@ -2,7 +2,7 @@
 // thin products (rank 8 or so) computed where the fused kernel has A's block in cache. On
 // their own, through the host GEMM engine, they ran at a third of the FMA peak (oneDNN 2.6:
 // 65 GFLOP/s for [1024, 576] x [576, 8] with A in cache) and read A from memory once more
-// each (docs/BENCHMARKS.md, "Speed (issue 25, continued)").
+// each (docs/BENCHMARKS.md, "Speed (issue 25, continued), 2026-12-05, sixth session").
 //
 // Both read the packed block, as the strips will next (A's own rows, read again, pushed it
 // out of L2). right = alpha A V: 48 rows (six micro-panels, two to a vector) by 8 columns
