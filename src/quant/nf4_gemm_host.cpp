@@ -46,12 +46,6 @@ static_assert(kKcMax <= kSideMaxKc && kMc <= kSideMaxRows && kMr == 8, "side pro
 /// What the register tile does with C's tile.
 enum class Update { assign, scale_add, add };
 
-/// C[rows, kNr] (op) = A_p[kc, kMr] B_p[kc, kNr]; A_p and B_p packed, zero-padded. The
-/// next tile's C rows (`c_next`, null if none) are fetched during the first steps: C
-/// is read again once per block of kc, from beyond L2 at a few hundred tokens, each row a
-/// page of its own, and the fetches overlap the products. The next tile's A micro-panel
-/// (`a_next`, null if none) is fetched into L1 a line every two steps: the hardware's
-/// prefetchers leave it in L2.
 /// An added term of rank `rank` (`e` non-null): acc[i] += sum_j e[i][j] ut[j] before the
 /// update, e[i] the term's row i (rows past `rows`: any row), ut [rank][kNr].
 struct AddedTerm {
@@ -60,6 +54,12 @@ struct AddedTerm {
   int64_t rank;
 };
 
+/// C[rows, kNr] (op) = A_p[kc, kMr] B_p[kc, kNr]; A_p and B_p packed, zero-padded. The
+/// next tile's C rows (`c_next`, null if none) are fetched during the first steps: C
+/// is read again once per block of kc, from beyond L2 at a few hundred tokens, each row a
+/// page of its own, and the fetches overlap the products. The next tile's A micro-panel
+/// (`a_next`, null if none) is fetched into L1 a line every two steps: the hardware's
+/// prefetchers leave it in L2. With kAdded, `added`'s term too.
 template <bool kAdded>  // (a compile-time choice: a run-time one slowed the step 2-4%)
 inline void micro_kernel(int64_t kc, const float* __restrict ap, const float* __restrict bp,
                          float* c, int64_t ldc, int rows, const __mmask16* m, Update u, float beta,
