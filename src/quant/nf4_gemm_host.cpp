@@ -382,8 +382,7 @@ void nf4_gemm_host(const Host& exec, const Nf4Tensor<Kokkos::HostSpace>& W, Nf4G
       const int64_t mc = std::min(kMc, rows - r0);
       const int64_t mc_padded = (mc + kMr - 1) / kMr * kMr;
       pack_a(A, lda, rows, r0, mc_padded, k0, kc, scratch.data());
-      if (side != nullptr)
-        nf4_gemm_side_block(*side, A, lda, rows, r0, mc_padded, k0, kc, scratch.data());
+      if (side != nullptr) nf4_gemm_side_block(*side, rows, r0, mc_padded, k0, kc, scratch.data());
       // (right is complete for these rows once the last block of k is packed)
       const bool add_term = side != nullptr && side->u != nullptr && k0 + kc == k;
       Kokkos::parallel_for(

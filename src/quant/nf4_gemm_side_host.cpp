@@ -71,18 +71,22 @@ inline float sum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
 }
 
-/// L[j][kk] (+)= alpha sum_i ht[i][j] P(i, kk) for j < jn, kk < kc, from the packed panels
-/// ([panels][kc][8]; rows past the valid ones zero in both P and ht): their lines are in
-/// cache from the right product, where a pass over A's own rows pushed the packed block
-/// out of L2 before the strips read it. A vector holds two of P's summed indices for a
-/// panel's 8 rows; the 8 rows' sums are folded once per tile of kLeftPairs pairs.
-void left_block(const float* packed, int64_t kc, int64_t panels, const float* ht, int jn,
-                float alpha, bool add, float* L, int64_t ldl) {
-  // hv[p][j]: column j of ht over panel p's 8 rows, twice (the two indices of a vector).
-  alignas(64) static thread_local float hv[kSideMaxRows / kPanel * kJ * 16];
+/// L[j][kk] (+)= alpha sum_i H[i][j0 + j] P(i, kk) for j < jn, kk < kc, from the packed
+/// panels ([panels][kc][8]; rows from `valid` on zero in P and not read in H): their lines
+/// are in cache from the right product, where a pass over A's own rows pushed the packed
+/// block out of L2 before the strips read it. A vector holds two of P's summed indices for
+/// a panel's 8 rows; the 8 rows' sums are folded once per tile of kLeftPairs pairs.
+void left_block(const float* packed, int64_t kc, int64_t panels, int64_t valid, const float* H,
+                int64_t ldh, int64_t j0, int jn, float alpha, bool add, float* L, int64_t ldl) {
+  // hv[p][j]: H's column j0 + j over panel p's 8 rows, twice (the two indices of a vector);
+  // zero past jn and past the valid rows.
+  alignas(64) float hv[kSideMaxRows / kPanel * kJ * 16];
   for (int64_t p = 0; p < panels; ++p)
     for (int j = 0; j < kJ; ++j)
-      for (int l = 0; l < 16; ++l) hv[(p * kJ + j) * 16 + l] = ht[(p * kPanel + l % 8) * kJ + j];
+      for (int l = 0; l < 16; ++l) {
+        const int64_t i = p * kPanel + l % 8;
+        hv[(p * kJ + j) * 16 + l] = j < jn && i < valid ? H[i * ldh + j0 + j] : 0.0f;
+      }
   auto store = [&](int j, int64_t kk, float sum) {
     float* l = L + j * ldl + kk;
     *l = add ? *l + alpha * sum : alpha * sum;
@@ -113,7 +117,7 @@ void left_block(const float* packed, int64_t kc, int64_t panels, const float* ht
       float sum = 0.0f;
       for (int64_t p = 0; p < panels; ++p)
         for (int i = 0; i < kPanel; ++i)
-          sum += ht[(p * kPanel + i) * kJ + j] * packed[(p * kc + kk) * kPanel + i];
+          sum += hv[(p * kJ + j) * 16 + i] * packed[(p * kc + kk) * kPanel + i];
       store(j, kk, sum);
     }
   }
@@ -121,12 +125,12 @@ void left_block(const float* packed, int64_t kc, int64_t panels, const float* ht
 
 }  // namespace
 
-void nf4_gemm_side_block(const Nf4GemmSideProducts& s, const float* A, int64_t lda, int64_t rows,
-                         int64_t r0, int64_t mc_padded, int64_t k0, int64_t kc,
-                         const float* packed) {
+void nf4_gemm_side_block(const Nf4GemmSideProducts& s, int64_t rows, int64_t r0, int64_t mc_padded,
+                         int64_t k0, int64_t kc, const float* packed) {
   const int64_t valid = std::min(mc_padded, rows - r0);
   KQLORA_CHECK(valid <= kSideMaxRows && kc <= kSideMaxKc && mc_padded % kPanel == 0,
                "nf4_gemm_side_block: block " << mc_padded << " x " << kc);
+  const int64_t panels = (valid + kPanel - 1) / kPanel;
   for (int64_t j0 = 0; j0 < s.rank; j0 += kJ) {
     const int jn = static_cast<int>(std::min<int64_t>(kJ, s.rank - j0));
     if (s.right != nullptr) {
@@ -134,25 +138,19 @@ void nf4_gemm_side_block(const Nf4GemmSideProducts& s, const float* A, int64_t l
       for (int64_t kk = 0; kk < kc; ++kk)
         for (int j = 0; j < kJ; ++j)
           vt[kk * kJ + j] = j < jn ? s.v[(k0 + kk) * s.v_stride_k + (j0 + j) * s.v_stride_j] : 0.0f;
-      right_block(packed, kc, mc_padded / kPanel, valid, vt, jn, s.right_alpha, k0 > 0,
+      right_block(packed, kc, panels, valid, vt, jn, s.right_alpha, k0 > 0,
                   s.right + r0 * s.ldr + j0, s.ldr);
     }
-    if (s.left != nullptr) {
-      alignas(64) float ht[kSideMaxRows * kJ];
-      const int64_t padded = (valid + kPanel - 1) / kPanel * kPanel;
-      for (int64_t i = 0; i < padded; ++i)
-        for (int j = 0; j < kJ; ++j)
-          ht[i * kJ + j] = j < jn && i < valid ? s.h[(r0 + i) * s.ldh + j0 + j] : 0.0f;
-      left_block(packed, kc, padded / kPanel, ht, jn, s.left_alpha, r0 > 0 || s.left_accumulate,
-                 s.left + j0 * s.ldl + k0, s.ldl);
-    }
+    if (s.left != nullptr)
+      left_block(packed, kc, panels, valid, s.h + r0 * s.ldh, s.ldh, j0, jn, s.left_alpha,
+                 r0 > 0 || s.left_accumulate, s.left + j0 * s.ldl + k0, s.ldl);
   }
 }
 
 #else  // the fused kernel, and so its side products, need AVX-512
 
-void nf4_gemm_side_block(const Nf4GemmSideProducts&, const float*, int64_t, int64_t, int64_t,
-                         int64_t, int64_t, int64_t, const float*) {
+void nf4_gemm_side_block(const Nf4GemmSideProducts&, int64_t, int64_t, int64_t, int64_t, int64_t,
+                         const float*) {
   KQLORA_CHECK(false, "nf4_gemm_side_block: not in this build");
 }
 
