@@ -14,6 +14,7 @@
 #include "kqlora/nn/gated_mlp.hpp"
 #include "kqlora/nn/lm_head_cross_entropy.hpp"
 #include "kqlora/nn/lora_projection.hpp"
+#include "kqlora/nn/residual.hpp"
 #include "kqlora/nn/rotary.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
 #include "matrix_util.hpp"
@@ -434,4 +435,24 @@ TYPED_TEST(LlamaOps, EmbeddingGathersRows) {
   for (int64_t t = 0; t < n * S; ++t)
     for (int64_t f = 0; f < F; ++f)
       ASSERT_EQ(got[t * F + f], table[((t * 5) % V) * F + f]) << t << "," << f;
+}
+
+// The residual stream's sum out = x + y in one pass: each element the float sum of the two
+// (float64's sum rounded to float), in bfloat16 rounded once more; x and y untouched.
+TYPED_TEST(LlamaOps, ResidualSumIsTheElementwiseSum) {
+  using M = typename TypeParam::memory_space;
+  const int64_t T = 6, F = 40;
+  const auto xf = nf4test::randn(T * F, 71), yf = nf4test::randn(T * F, 72);
+  for (const bool bf16 : {false, true}) {
+    auto x = kqlora_test::matrix<M>(xf, T, F), y = kqlora_test::matrix<M>(yf, T, F);
+    kqlora::Matrix<M> out("out", T, F);
+    kqlora::residual_sum(TypeParam(), x, y, bf16, out);
+    const auto got = host(out), xs = host(x), ys = host(y);
+    for (int64_t i = 0; i < T * F; ++i) {
+      const float sum = static_cast<float>(static_cast<double>(xf[i]) + yf[i]);
+      ASSERT_EQ(got[i], bf16 ? kqlora::round_to_bf16(sum) : sum) << i;
+      ASSERT_EQ(xs[i], xf[i]) << i;
+      ASSERT_EQ(ys[i], yf[i]) << i;
+    }
+  }
 }

@@ -91,3 +91,40 @@ TYPED_TEST(RmsNorm, Bfloat16RoundsTheNormalisedInputAndTheOutput) {
       ASSERT_EQ(yh(t, f), kqlora::round_to_bf16(wf[f] * n)) << t << "," << f;
     }
 }
+
+// NormGradOut::add: gx += the input gradient in the same pass (the residual stream's
+// gradient), against the written gradient plus gx's values in float64; in bfloat16 the sum
+// rounded once, as residual_add rounds it.
+TYPED_TEST(RmsNorm, AddedInputGradientIsTheWrittenOnePlusTheStream) {
+  using M = typename TypeParam::memory_space;
+  const int64_t T = 4, F = 72;
+  const auto xf = nf4test::randn(T * F, 6), gf = nf4test::randn(T * F, 7),
+             sf = nf4test::randn(T * F, 8);
+  const auto wf = nf4test::randn(F, 9);
+  Kokkos::View<float*, M> w("w", F), inv("inv", T);
+  Kokkos::deep_copy(w, Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
+                           wf.data(), wf.size()));
+  auto x = matrix<M>(xf, T, F), gy = matrix<M>(gf, T, F);
+  kqlora::Matrix<M> y("y", T, F), written("written", T, F);
+  kqlora::rms_norm_forward(TypeParam(), x, Kokkos::View<const float*, M>(w), 1e-6f, false, y, inv);
+  const Kokkos::View<const float*, M> wc(w), ic(inv);
+  kqlora::rms_norm_backward(TypeParam(), x, wc, ic, gy, written);
+  auto wh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), written);
+  for (const bool bf16 : {false, true}) {
+    auto added = matrix<M>(sf, T, F);
+    kqlora::rms_norm_backward(TypeParam(), x, wc, ic, gy, added, kqlora::NormKind::scale,
+                              kqlora::NormGradOut::add, bf16);
+    auto ah = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), added);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t f = 0; f < F; ++f) {
+        const double want = static_cast<double>(sf[t * F + f]) + wh(t, f);
+        const double a = std::fabs(sf[t * F + f]) + std::fabs(wh(t, f));
+        if (bf16) {
+          ASSERT_EQ(ah(t, f), kqlora::round_to_bf16(ah(t, f))) << t << "," << f;
+          ASSERT_NEAR(ah(t, f), want, std::ldexp(std::fabs(want), -8) + 1e-6 * a) << t << "," << f;
+        } else {
+          ASSERT_NEAR(ah(t, f), want, 1e-6 * a + 1e-30) << t << "," << f;
+        }
+      }
+  }
+}

@@ -188,4 +188,50 @@ TYPED_TEST(RowLoops, SoftmaxPassesOverARowPointerMatchFloat64) {
   }
 }
 
+// row_exp alone: each row's [lo, hi) replaced by exp(x - shift), every other entry left as
+// it was (the tail past the 16-lane blocks goes through a full vector of its own).
+template <class Exec, class X, class L>
+void run_row_exp(const X& x, const L& len, float shift) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  Kokkos::parallel_for(
+      Kokkos::TeamPolicy<Exec>(static_cast<int>(x.extent(0)), Kokkos::AUTO),
+      KOKKOS_LAMBDA(const Team& t) {
+        const int64_t r = t.league_rank(), lo = r % 5, hi = lo + len(r);
+        kqlora::row_exp(t, &x(r, 0), lo, hi, shift);
+      });
+}
+
+TYPED_TEST(RowLoops, ExpOfARangeMatchesFloat64AndLeavesTheRestOfTheRow) {
+  using Exec = TypeParam;
+  using Mem = typename Exec::memory_space;
+  const std::vector<int64_t> lens = {0, 1, 2, 7, 15, 16, 17, 30, 31, 32, 33, 47, 100, 257};
+  const int64_t R = static_cast<int64_t>(lens.size()), W = 264;
+  const float shift = 1.5f;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 4.0f);
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> x("x", R, W);
+  Kokkos::View<int64_t*, Mem> len("len", R);
+  auto hx = Kokkos::create_mirror(x);
+  auto hl = Kokkos::create_mirror_view(len);
+  for (int64_t r = 0; r < R; ++r) {
+    hl(r) = lens[r];
+    for (int64_t j = 0; j < W; ++j) hx(r, j) = nd(rng);
+  }
+  Kokkos::deep_copy(x, hx);
+  Kokkos::deep_copy(len, hl);
+  run_row_exp<Exec>(x, len, shift);
+  auto he = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t lo = r % 5, hi = lo + lens[r];
+    for (int64_t j = 0; j < W; ++j) {
+      if (j < lo || j >= hi) {
+        EXPECT_EQ(he(r, j), hx(r, j)) << "outside the range: " << r << ", " << j;
+        continue;
+      }
+      const float d = hx(r, j) - shift;  // (the difference is rounded to float first)
+      EXPECT_LE(ulps(he(r, j), std::exp(static_cast<double>(d))), 2.0) << r << ", " << j;
+    }
+  }
+}
+
 }  // namespace

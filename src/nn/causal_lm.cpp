@@ -493,10 +493,10 @@ void CausalLm<ExecSpace>::norm_forward(const ParamEntry* w, NormRole role, const
 template <class ExecSpace>
 void CausalLm<ExecSpace>::norm_backward(const ParamEntry* w, NormRole role, const Matrix<Mem>& x,
                                         const Matrix<Mem>& inv, const Matrix<Mem>& gy,
-                                        const Matrix<Mem>& gx) {
+                                        const Matrix<Mem>& gx, NormGradOut out) {
   const NormSpec* n = spec_.norm(role);
   rms_norm_backward(this->exec_, x, dense_vector(w), Kokkos::View<const float*, Mem>(flat(inv)), gy,
-                    gx, n->kind);
+                    gx, n->kind, out, this->cfg_.bf16());
 }
 
 template <class ExecSpace>
@@ -562,8 +562,7 @@ void CausalLm<ExecSpace>::block_forward(int l, Buffers& c, const Matrix<Mem>& ne
   if (norm_of(NormRole::attn_out))
     norm_forward(norm_of(NormRole::attn_out), NormRole::attn_out, c[B::kORaw], buf_[B::kProjOut],
                  c[B::kInvO]);
-  Kokkos::deep_copy(exec, c[B::kMid], c[B::kX]);
-  residual_add(exec, buf_[B::kProjOut], bf16, c[B::kMid]);
+  residual_sum(exec, c[B::kX], buf_[B::kProjOut], bf16, c[B::kMid]);
   norm_forward(norm_of(NormRole::mlp_in), NormRole::mlp_in, c[B::kMid], c[B::kN2], c[B::kInv2]);
   project_all(ProjectionInput::mlp_norm);
   gated_mlp_forward(exec, spec_.mlp_activation, c[B::kGate], c[B::kUp], bf16, c[B::kAct]);
@@ -572,8 +571,7 @@ void CausalLm<ExecSpace>::block_forward(int l, Buffers& c, const Matrix<Mem>& ne
     norm_forward(norm_of(NormRole::mlp_out), NormRole::mlp_out, c[B::kDRaw], buf_[B::kProjOut],
                  c[B::kInvD]);
   if (!next.data()) return;  // a recomputation: the backward needs no block output
-  Kokkos::deep_copy(exec, next, c[B::kMid]);
-  residual_add(exec, buf_[B::kProjOut], bf16, next);
+  residual_sum(exec, c[B::kMid], buf_[B::kProjOut], bf16, next);
 }
 
 template <class ExecSpace>
@@ -672,8 +670,7 @@ void CausalLm<ExecSpace>::backward(bool accumulate) {
                        s[B::kGGate], s[B::kGUp]);
     project_back_all(l, ProjectionInput::mlp_norm, c, accumulate, s[B::kGN]);
     norm_backward(norm_of(NormRole::mlp_in), NormRole::mlp_in, c[B::kMid], c[B::kInv2], s[B::kGN],
-                  s[B::kGTmp]);
-    residual_add(exec, s[B::kGTmp], bf16, s[B::kG]);
+                  s[B::kG], NormGradOut::add);
     // Attention: g is now the gradient of mid (and of the block's input).
     Matrix<Mem> g_o = s[B::kG];
     if (norm_of(NormRole::attn_out)) {
@@ -703,8 +700,7 @@ void CausalLm<ExecSpace>::backward(bool accumulate) {
     project_back_all(l, ProjectionInput::attn_norm, c, accumulate, gx);
     if (l > 0) {
       norm_backward(norm_of(NormRole::attn_in), NormRole::attn_in, c[B::kX], c[B::kInv1], s[B::kGN],
-                    s[B::kGTmp]);
-      residual_add(exec, s[B::kGTmp], bf16, s[B::kG]);
+                    s[B::kG], NormGradOut::add);
     }
     this->release(group);
     this->group_done(group);

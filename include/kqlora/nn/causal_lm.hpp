@@ -27,6 +27,7 @@
 #include "kqlora/nn/lm_head_cross_entropy.hpp"
 #include "kqlora/nn/lora_projection.hpp"
 #include "kqlora/nn/model.hpp"
+#include "kqlora/nn/rms_norm.hpp"
 #include "kqlora/nn/rotary.hpp"
 
 namespace kqlora {
@@ -154,7 +155,8 @@ class CausalLm : public Model<ExecSpace> {
   void norm_forward(const ParamEntry* w, NormRole role, const Matrix<Mem>& x, const Matrix<Mem>& y,
                     const Matrix<Mem>& inv);
   void norm_backward(const ParamEntry* w, NormRole role, const Matrix<Mem>& x,
-                     const Matrix<Mem>& inv, const Matrix<Mem>& gy, const Matrix<Mem>& gx);
+                     const Matrix<Mem>& inv, const Matrix<Mem>& gy, const Matrix<Mem>& gx,
+                     NormGradOut out = NormGradOut::write);
   AttentionShape attention_shape(int layer) const;
 };
 

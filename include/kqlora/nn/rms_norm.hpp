@@ -52,13 +52,20 @@ void rms_norm_forward(const ExecSpace& exec, const Matrix<M>& x,
       });
 }
 
-/// gx = d rmsnorm(x) * w / dx . gy, from the forward's x and inv (gx may not alias x).
+/// Where rms_norm_backward's gradient goes: written to gx, or added to it (the residual
+/// stream's gradient, which the norm's input also feeds: one pass where a write and a
+/// residual_add made three), rounded to bfloat16 after the sum when `bf16` as residual_add.
+enum class NormGradOut { write, add };
+
+/// gx = d rmsnorm(x) * w / dx . gy, from the forward's x and inv (gx may not alias x; with
+/// NormGradOut::add, gx += it, and gx may not alias gy either).
 template <class ExecSpace, class M>
 void rms_norm_backward(const ExecSpace& exec, const Matrix<M>& x,
                        const Kokkos::View<const float*, M>& w,
                        const Kokkos::View<const float*, M>& inv, const Matrix<M>& gy,
-                       const Matrix<M>& gx, NormKind kind = NormKind::scale) {
-  const bool one_plus = kind == NormKind::one_plus;
+                       const Matrix<M>& gx, NormKind kind = NormKind::scale,
+                       NormGradOut out = NormGradOut::write, bool bf16 = false) {
+  const bool one_plus = kind == NormKind::one_plus, add = out == NormGradOut::add;
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const int64_t F = x.extent(1);
   Kokkos::parallel_for(
@@ -72,9 +79,17 @@ void rms_norm_backward(const ExecSpace& exec, const Matrix<M>& x,
           return wf * gy(t, f) * x(t, f) * r;
         });
         const float mean = dot / static_cast<float>(F);
+        if (!add) {
+          row_for(team, 0, F, [&](int64_t f) {
+            const float wf = one_plus ? 1.0f + w(f) : w(f);
+            gx(t, f) = r * (wf * gy(t, f) - x(t, f) * r * mean);
+          });
+          return;
+        }
         row_for(team, 0, F, [&](int64_t f) {
           const float wf = one_plus ? 1.0f + w(f) : w(f);
-          gx(t, f) = r * (wf * gy(t, f) - x(t, f) * r * mean);
+          const float v = gx(t, f) + r * (wf * gy(t, f) - x(t, f) * r * mean);
+          gx(t, f) = bf16 ? round_to_bf16(v) : v;
         });
       });
 }

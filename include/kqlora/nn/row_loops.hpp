@@ -121,7 +121,18 @@ KOKKOS_INLINE_FUNCTION void row_exp(const Team& team, float* x, int64_t lo, int6
                                     float shift) {
   if (team.team_size() != 1)
     return row_for(team, lo, hi, [&](int64_t j) { x[j] = fast_exp(x[j] - shift); });
-  for (int64_t j = lo; j < hi; ++j) x[j] = fast_exp(x[j] - shift);
+  int64_t j = lo;
+  for (; j + kRowLanes <= hi; j += kRowLanes)
+    for (int l = 0; l < kRowLanes; ++l) x[j + l] = fast_exp(x[j + l] - shift);
+  if (j == hi) return;
+  // The tail as one full vector through a copy: left to the compiler, its up to 15
+  // exponentials ran scalar, about as long as the rest of an attention row (rows of the
+  // causal blocks are rarely a multiple of 16 long).
+  const int n = static_cast<int>(hi - j);
+  float t[kRowLanes];
+  for (int l = 0; l < kRowLanes; ++l) t[l] = l < n ? x[j + l] : shift;
+  for (int l = 0; l < kRowLanes; ++l) t[l] = fast_exp(t[l] - shift);
+  for (int l = 0; l < n; ++l) x[j + l] = t[l];
 }
 
 /// x[j] *= s for j in [lo, hi).
