@@ -83,7 +83,7 @@ LlamaShape llama_shape(const std::string& name) {
 
 void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches, int64_t seq,
                    int repeats, const std::string& filter, std::vector<Record>& out,
-                   std::ostream& report, bool bf16) {
+                   std::ostream& report, bool bf16, int64_t prompt) {
   const std::string prefix = "llama_";
   const char* kinds[] = {"fwd_bwd_", "attention_fwd_bwd_", "cross_entropy_", "lm_head_products_"};
   bool any = false;
@@ -108,8 +108,9 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
 
   for (int64_t n : batches) {
     const int64_t T = n * seq;
-    const std::string tag =
-        shape.name + "_b" + std::to_string(n) + "_t" + std::to_string(seq) + (bf16 ? "_bf16" : "");
+    const std::string tag = shape.name + "_b" + std::to_string(n) + "_t" + std::to_string(seq) +
+                            (bf16 ? "_bf16" : "") +
+                            (prompt > 0 ? "_p" + std::to_string(prompt) : "");
     Batch<Mem> b;
     b.tokens = TokenMatrix<Mem>("kqlora::bench::ids", n, seq);
     b.labels = TokenMatrix<Mem>("kqlora::bench::labels", n, seq);
@@ -118,9 +119,12 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
     for (int64_t i = 0; i < n; ++i)
       for (int64_t t = 0; t < seq; ++t) ids(i, t) = tok(gen);
     Kokkos::deep_copy(b.tokens, ids);
+    for (int64_t i = 0; i < n; ++i)  // (a prompt's labels are not scored)
+      for (int64_t t = 0; t < std::min(prompt, seq); ++t) ids(i, t) = kIgnoreLabel;
     Kokkos::deep_copy(b.labels, ids);
     b.global_bs = n;
-    const double normaliser = static_cast<double>(n * (seq - 1));
+    const double normaliser =
+        static_cast<double>(std::max<int64_t>(1, n * (seq - std::max<int64_t>(prompt, 1))));
 
     Record step{prefix + "fwd_bwd_" + tag};
     if (wanted(step.name, filter)) {
@@ -229,11 +233,12 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
           }
           const Matrix<Mem> g = Kokkos::subview(gh, rows, Kokkos::ALL);
           if (v0 == 0) impl::vocab_chunk_start(exec, cws.rows, lg.extent(0));
-          impl::vocab_chunk_softmax(exec, lg, b.labels, t0, v0, 0.0f, true, cws.rows);
+          impl::vocab_chunk_softmax(exec, lg, RowLabels<Mem>(b.labels), t0, v0, 0.0f, true,
+                                    cws.rows);
           if (v0 > 0) impl::vocab_chunk_rescale(exec, cws.rows, g);
           if (v0 + static_cast<int64_t>(lg.extent(1)) == a.vocab)
-            impl::vocab_chunk_finish(exec, b.labels, t0, lg.extent(0), inv, W, cws.rows,
-                                     cws.row_loss, g);
+            impl::vocab_chunk_finish(exec, RowLabels<Mem>(b.labels), t0, lg.extent(0), inv, W,
+                                     cws.rows, cws.row_loss, g);
         });
       });
     ce.elements = static_cast<double>(T) * a.vocab;

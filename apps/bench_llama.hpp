@@ -27,9 +27,11 @@ LlamaShape llama_shape(const std::string& name);
 /// llama_lm_head_products_..., llama_cross_entropy_... (every layer's attention forward
 /// and backward; the fused LM head and cross-entropy; its two products alone; its softmax,
 /// loss and gradient alone). Prints each part's share of the step. A bfloat16 run
-/// (`bf16`: NF4 and compute in bfloat16) names its records with "_bf16" at the end.
+/// (`bf16`: NF4 and compute in bfloat16) names its records with "_bf16" at the end; with
+/// `prompt` > 0 the first `prompt` tokens of each sequence are a prompt (label -100, not
+/// scored) and the names end in "_p<prompt>".
 void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches, int64_t seq,
                    int repeats, const std::string& filter, std::vector<Record>& out,
-                   std::ostream& report, bool bf16 = false);
+                   std::ostream& report, bool bf16 = false, int64_t prompt = 0);
 
 }  // namespace kqlora::bench

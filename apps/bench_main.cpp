@@ -75,6 +75,8 @@ const char* usage =
     "                  none: no Llama records\n"
     "  --llama-batches LIST  sequences per step (default 1,4)\n"
     "  --llama-seq T   tokens per sequence (default 256)\n"
+    "  --llama-prompt N  the first N tokens of each sequence are a prompt: not scored\n"
+    "                  (label -100; default 0); the records' names end in _pN\n"
     "  --llama-dtype D float32 (default) or bfloat16: the NF4 weights and the compute (the\n"
     "                  records' names end in _bf16)\n"
     "  --version       version and build configuration\n";
@@ -378,6 +380,11 @@ int bench_main(std::vector<std::string>& args) {
   if (kqlora::app::take_option(args, "--llama-seq", &v))
     llama_seq = kqlora::parse_integer(v, "--llama-seq");
   KQLORA_INPUT_CHECK(llama_seq >= 2, "--llama-seq must be at least 2");
+  int64_t llama_prompt = 0;
+  if (kqlora::app::take_option(args, "--llama-prompt", &v))
+    llama_prompt = kqlora::parse_integer(v, "--llama-prompt");
+  KQLORA_INPUT_CHECK(llama_prompt >= 0 && llama_prompt < llama_seq,
+                     "--llama-prompt must be in 0.." << llama_seq - 1 << ", got " << llama_prompt);
   const auto llama_batches = positive_list(llama_batches_text, "--llama-batches");
   for (int64_t b : llama_batches)
     kqlora::checked_mul(b, llama_seq, "--llama-batches x --llama-seq");
@@ -414,7 +421,8 @@ int bench_main(std::vector<std::string>& args) {
                                          filter, records, llama_report);
   if (llama != "none")
     kqlora::bench::llama_records(kqlora::bench::llama_shape(llama), llama_batches, llama_seq,
-                                 repeats, filter, records, llama_report, llama_dtype == "bfloat16");
+                                 repeats, filter, records, llama_report, llama_dtype == "bfloat16",
+                                 llama_prompt);
 
   // Columns that do not apply to a record stay empty.
   std::cout << std::left << std::setw(32) << "record" << std::right << std::setw(12) << "median ms"

@@ -328,27 +328,45 @@ TYPED_TEST(LlamaOps, FusedLmHeadCrossEntropyInChunks) {
   };
   // float32 goes over the vocabulary in chunks: one pass of one chunk (the defaults), and
   // passes of 4 tokens over chunks of 4 entries (the last of each partial), where the
-  // running maximum of some rows moves to a later chunk (asserted below).
+  // running maximum of some rows moves to a later chunk (asserted below). With h given up
+  // as scratch, over the 9 scored tokens only (h's copy is overwritten).
+  using kqlora::HiddenAfter;
   for (const int64_t pieces : {int64_t(0), int64_t(4)})
-    for (const double cap : {0.0, 1.5}) {  // none, and Gemma's final-logit soft-cap (bending)
-      kqlora::CrossEntropyWorkspace<M> ws;
-      if (pieces > 0) ws.pass_tokens = ws.vocab_chunk = pieces;
-      const std::string tag = "cap " + std::to_string(cap) + ", pieces " + std::to_string(pieces);
-      const double loss = kqlora::lm_head_cross_entropy(TypeParam(), h, W, lab, count, false, gh,
-                                                        ws, static_cast<float>(cap));
-      int64_t moved = 0;
-      EXPECT_NEAR(loss, ref_loss(widen(hf), cap, false, 4, &moved)[0], 1e-6 * std::fabs(loss))
-          << tag;
-      EXPECT_GT(moved, 0) << tag << ": no row's largest logit past the first chunk";
-      expect_close(
-          host(gh),
-          finite_difference([&](const D& x) { return ref_loss(x, cap, false); }, widen(hf), D{1.0}),
-          1e-5, "d hidden, " + tag);
-      // Without gradients: the same loss.
-      const double again = kqlora::lm_head_cross_entropy(
-          TypeParam(), h, W, lab, count, false, kqlora::Matrix<M>(), ws, static_cast<float>(cap));
-      EXPECT_EQ(again, loss);
-    }
+    for (const double cap : {0.0, 1.5})  // none, and Gemma's final-logit soft-cap (bending)
+      for (const HiddenAfter hidden : {HiddenAfter::kept, HiddenAfter::scratch}) {
+        kqlora::CrossEntropyWorkspace<M> ws;
+        if (pieces > 0) ws.pass_tokens = ws.vocab_chunk = pieces;
+        const std::string tag = "cap " + std::to_string(cap) + ", pieces " +
+                                std::to_string(pieces) +
+                                (hidden == HiddenAfter::scratch ? ", scored rows only" : "");
+        const auto hin = matrix<M>(hf, T, H);
+        Kokkos::deep_copy(gh, 7.0f);  // (every row is written)
+        const double loss = kqlora::lm_head_cross_entropy(TypeParam(), hin, W, lab, count, false,
+                                                          gh, ws, static_cast<float>(cap),
+                                                          kqlora::GemmInputs::float32, hidden);
+        if (hidden == HiddenAfter::scratch) {
+          const auto g = host(gh);
+          for (int64_t t = 0; t < T; ++t)
+            if (t % S + 1 >= S || labels[t + 1] == kqlora::kIgnoreLabel)
+              for (int64_t f = 0; f < H; ++f) EXPECT_EQ(g[t * H + f], 0.0) << tag << ", row " << t;
+        }
+        int64_t moved = 0;
+        EXPECT_NEAR(loss, ref_loss(widen(hf), cap, false, 4, &moved)[0], 1e-6 * std::fabs(loss))
+            << tag;
+        EXPECT_GT(moved, 0) << tag << ": no row's largest logit past the first chunk";
+        expect_close(host(gh),
+                     finite_difference([&](const D& x) { return ref_loss(x, cap, false); },
+                                       widen(hf), D{1.0}),
+                     1e-5, "d hidden, " + tag);
+        // Without gradients: the same loss (over every row: the products' sums may differ
+        // in the last bits with their row count).
+        const double again = kqlora::lm_head_cross_entropy(
+            TypeParam(), h, W, lab, count, false, kqlora::Matrix<M>(), ws, static_cast<float>(cap));
+        if (hidden == HiddenAfter::kept)
+          EXPECT_EQ(again, loss) << tag;
+        else
+          EXPECT_NEAR(again, loss, 1e-6 * std::fabs(loss)) << tag;
+      }
   // bfloat16 goes over the tokens in chunks (its logits' gradient is rounded too): four of
   // 4 tokens, the last partial. Against float64 with the logits rounded alike (the loss)
   // and unrounded (the gradient: within bfloat16's rounding of each logit and its gradient).

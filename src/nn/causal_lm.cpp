@@ -635,9 +635,10 @@ double CausalLm<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool
     this->release(group);
   }
   norm_forward(norm_, NormRole::final, buf_[B::kXOut], buf_[B::kNf], buf_[B::kInvF]);
+  // (kNf, the final norm's output, is read by the head alone: its rows are scratch there)
   return lm_head_cross_entropy(exec, buf_[B::kNf], dense_matrix(head_), b.labels, normaliser, bf16,
                                with_grads ? buf_[B::kGN] : Matrix<Mem>(), ce_ws_,
-                               spec_.final_softcap, head_inputs());
+                               spec_.final_softcap, head_inputs(), HiddenAfter::scratch);
 }
 
 template <class ExecSpace>

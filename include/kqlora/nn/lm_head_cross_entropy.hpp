@@ -20,11 +20,18 @@
 // logits at p are scored against labels[s, p + 1]; the last position and label -100 are
 // not scored. The result is the summed loss divided by `normaliser` (the global count of
 // scored tokens: the same at any world size and micro-batching).
+// A float32 call with gradients whose caller gives h up as scratch (HiddenAfter::scratch:
+// the decoder's final norm output, read by nothing else) runs the head over the scored
+// tokens only: their rows gathered into gh, the two products over those, their gradient
+// scattered back (zero rows for the rest). Fine-tuning data whose prompts are masked
+// (docs/FINETUNING.md) skips the prompts' share of the head, about a fifth of a 135M step;
+// PyTorch computes every position's logits.
 
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <type_traits>
 
 #include "kqlora/core/blas.hpp"
@@ -36,11 +43,17 @@
 
 namespace kqlora {
 
+/// What lm_head_cross_entropy may do with its hidden states h: leave them, or overwrite
+/// them (a float32 call with gradients then computes the scored tokens' logits only).
+enum class HiddenAfter { kept, scratch };
+
 template <class M>
 struct CrossEntropyWorkspace {
   Kokkos::View<float*, M> logits;     // a chunk's: [chunk, vocab] or [pass, vocab chunk]
   Kokkos::View<double*, M> row_loss;  // [tokens]
   VocabChunkRows<M> rows;             // (vocabulary chunks) [pass]
+  // (HiddenAfter::scratch) the token of each scored row, the row of each token (-1: none)
+  Kokkos::View<int32_t*, M> token_of, row_of;
   /// Token chunks (bfloat16 runs): at most this many bytes of logits, and at most
   /// kMaxChunkTokens tokens, per chunk: the head W is read once per chunk by each product, so the
   /// products run faster with more tokens a chunk (oneDNN on an AVX-512 Xeon, a 49152 x 576 head:
@@ -79,7 +92,8 @@ struct CrossEntropyWorkspace {
   /// The floats of the workspace a call over `tokens` holds (the memory estimate).
   int64_t floats(int64_t tokens, int64_t vocab, bool bf16) const {
     const Chunking c = chunking(tokens, vocab, bf16);
-    return c.tokens * (c.vocab + (by_vocab_chunks(bf16) ? VocabChunkRows<M>::kFloatsPerToken : 0));
+    if (!by_vocab_chunks(bf16)) return c.tokens * c.vocab;
+    return c.tokens * (c.vocab + VocabChunkRows<M>::kFloatsPerToken) + 2 * tokens;  // (+ rows)
   }
 
   /// A bfloat16 head's 16-bit copy for the host's AMX products (host_bf16_products()),
@@ -97,6 +111,16 @@ struct CrossEntropyWorkspace {
     }
     if (static_cast<int64_t>(row_loss.extent(0)) < tokens)
       row_loss = Kokkos::View<double*, M>("kqlora::cross_entropy::row_loss", tokens);
+  }
+  /// token_of and row_of grown to `tokens`.
+  void reserve_rows(int64_t tokens) {
+    auto grow = [&](Kokkos::View<int32_t*, M>& v, const char* label) {
+      if (static_cast<int64_t>(v.extent(0)) < tokens)
+        v = Kokkos::View<int32_t*, M>(
+            Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), tokens);
+    };
+    grow(token_of, "kqlora::cross_entropy::token_of");
+    grow(row_of, "kqlora::cross_entropy::row_of");
   }
 };
 
@@ -215,7 +239,7 @@ namespace impl {
 /// The float32 call: passes of tokens over vocabulary chunks (vocab_chunk_cross_entropy.hpp).
 template <class ExecSpace, class M>
 void lm_head_cross_entropy_vocab_chunks(const ExecSpace& exec, const Matrix<M>& h,
-                                        const Matrix<M>& W, const TokenMatrix<M>& labels, float inv,
+                                        const Matrix<M>& W, const RowLabels<M>& labels, float inv,
                                         const Matrix<M>& gh, CrossEntropyWorkspace<M>& ws,
                                         float softcap) {
   const int64_t T = h.extent(0), V = W.extent(0);
@@ -247,22 +271,81 @@ void lm_head_cross_entropy_vocab_chunks(const ExecSpace& exec, const Matrix<M>& 
   }
 }
 
+/// ws.token_of and ws.row_of for the first T tokens of `labels`; returns how many are scored.
+template <class ExecSpace, class M>
+int64_t scored_rows(const ExecSpace& exec, const TokenMatrix<M>& labels, int64_t T,
+                    CrossEntropyWorkspace<M>& ws) {
+  ws.reserve_rows(T);
+  const auto token_of = ws.token_of, row_of = ws.row_of;
+  int64_t n = 0;
+  Kokkos::parallel_scan(
+      "kqlora::cross_entropy::scored_rows",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, T),
+      KOKKOS_LAMBDA(int64_t t, int64_t & before, bool final) {
+        const bool scored = next_token_label(labels, t) != kIgnoreLabel;
+        if (final) {
+          row_of(t) = scored ? static_cast<int32_t>(before) : -1;
+          if (scored) token_of(before) = static_cast<int32_t>(t);
+        }
+        if (scored) before += 1;
+      },
+      n);
+  return n;
+}
+
+/// dst's first n rows = src's rows token_of(0 .. n).
+template <class ExecSpace, class M>
+void gather_rows(const ExecSpace& exec, const Matrix<M>& src,
+                 const Kokkos::View<int32_t*, M>& token_of, int64_t n, const Matrix<M>& dst) {
+  Kokkos::parallel_for(
+      "kqlora::cross_entropy::gather_rows", over(exec, n, src.extent(1)),
+      KOKKOS_LAMBDA(int64_t r, int64_t f) { dst(r, f) = src(token_of(r), f); });
+}
+
+/// dst's row t = src's row row_of(t), or zeros where row_of(t) < 0.
+template <class ExecSpace, class M>
+void scatter_rows(const ExecSpace& exec, const Matrix<M>& src,
+                  const Kokkos::View<int32_t*, M>& row_of, const Matrix<M>& dst) {
+  Kokkos::parallel_for(
+      "kqlora::cross_entropy::scatter_rows", over(exec, dst.extent(0), dst.extent(1)),
+      KOKKOS_LAMBDA(int64_t t, int64_t f) {
+        const int32_t r = row_of(t);
+        dst(t, f) = r >= 0 ? src(r, f) : 0.0f;
+      });
+}
+
 }  // namespace impl
 
 /// Returns the loss sum / normaliser; with `gh` non-empty ([tokens, hidden]) writes the
 /// gradient of that into it. `softcap` > 0: the final-logit soft-cap. `head_inputs` =
 /// bfloat16: h and W hold bfloat16 values (with `bf16`, the logits' gradient is rounded
-/// too), core/blas.hpp.
+/// too), core/blas.hpp. `hidden`: whether h may be overwritten (the top of this file).
 template <class ExecSpace, class M>
 double lm_head_cross_entropy(const ExecSpace& exec, const Matrix<M>& h, const Matrix<M>& W,
                              const TokenMatrix<M>& labels, double normaliser, bool bf16,
                              const Matrix<M>& gh, CrossEntropyWorkspace<M>& ws,
-                             float softcap = 0.0f, GemmInputs head_inputs = GemmInputs::float32) {
+                             float softcap = 0.0f, GemmInputs head_inputs = GemmInputs::float32,
+                             HiddenAfter hidden = HiddenAfter::kept) {
   const int64_t T = h.extent(0), V = W.extent(0), H = W.extent(1);
   const bool grad = gh.data() != nullptr;
   const float inv = static_cast<float>(1.0 / normaliser);
+  int64_t rows = T;  // (the rows whose losses are summed)
   if (CrossEntropyWorkspace<M>::by_vocab_chunks(bf16)) {
-    impl::lm_head_cross_entropy_vocab_chunks(exec, h, W, labels, inv, gh, ws, softcap);
+    const int64_t scored =
+        grad && hidden == HiddenAfter::scratch ? impl::scored_rows(exec, labels, T, ws) : T;
+    if (scored < T) {  // the scored rows into gh, their gradient into h, then back to gh
+      rows = scored;
+      const auto first = Kokkos::make_pair(int64_t(0), scored);
+      const Matrix<M> hs = Kokkos::subview(gh, first, Kokkos::ALL);
+      const Matrix<M> gs = Kokkos::subview(h, first, Kokkos::ALL);
+      impl::gather_rows(exec, h, ws.token_of, scored, hs);
+      impl::lm_head_cross_entropy_vocab_chunks(exec, hs, W, RowLabels<M>(labels, ws.token_of), inv,
+                                               gs, ws, softcap);
+      impl::scatter_rows(exec, gs, ws.row_of, gh);
+    } else {
+      impl::lm_head_cross_entropy_vocab_chunks(exec, h, W, RowLabels<M>(labels), inv, gh, ws,
+                                               softcap);
+    }
   } else {
     const int64_t chunk = ws.chunking(T, V, true).tokens;
     ws.reserve(chunk * V, T);
@@ -289,7 +372,7 @@ double lm_head_cross_entropy(const ExecSpace& exec, const Matrix<M>& h, const Ma
   double sum = 0;
   Kokkos::parallel_reduce(
       "kqlora::cross_entropy::sum",
-      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, T),
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, rows),
       KOKKOS_LAMBDA(int64_t t, double& acc) { acc += losses(t); }, sum);
   return sum / normaliser;
 }

@@ -51,6 +51,24 @@ KOKKOS_INLINE_FUNCTION int32_t next_token_label(const TokenMatrix<M>& labels, in
   return p + 1 < S ? labels(t / S, p + 1) : kIgnoreLabel;
 }
 
+}  // namespace impl
+
+/// The label of each row of a call's hidden states: row t is token t, or, over the scored
+/// tokens only (lm_head_cross_entropy's HiddenAfter::scratch), token token_of(t).
+template <class M>
+struct RowLabels {
+  TokenMatrix<M> labels;
+  Kokkos::View<const int32_t*, M> token_of;  // (empty: row t is token t)
+  explicit RowLabels(const TokenMatrix<M>& l) : labels(l) {}
+  RowLabels(const TokenMatrix<M>& l, const Kokkos::View<const int32_t*, M>& rows)
+      : labels(l), token_of(rows) {}
+  KOKKOS_INLINE_FUNCTION int32_t operator()(int64_t t) const {
+    return impl::next_token_label(labels, token_of.data() ? token_of(t) : t);
+  }
+};
+
+namespace impl {
+
 /// The state of n tokens before the first chunk.
 template <class ExecSpace, class M>
 void vocab_chunk_start(const ExecSpace& exec, const VocabChunkRows<M>& st, int64_t n) {
@@ -70,7 +88,7 @@ void vocab_chunk_start(const ExecSpace& exec, const VocabChunkRows<M>& st, int64
 /// `grad`, lg then holds each term's weight in G: exp(lg - m) (times the cap's
 /// derivative), 0 for unscored tokens, and st.rescale the factor of G's earlier terms.
 template <class ExecSpace, class M>
-void vocab_chunk_softmax(const ExecSpace& exec, const Matrix<M>& lg, const TokenMatrix<M>& labels,
+void vocab_chunk_softmax(const ExecSpace& exec, const Matrix<M>& lg, const RowLabels<M>& labels,
                          int64_t t0, int64_t v0, float cap, bool grad,
                          const VocabChunkRows<M>& st) {
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
@@ -80,7 +98,7 @@ void vocab_chunk_softmax(const ExecSpace& exec, const Matrix<M>& lg, const Token
       Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(lg.extent(0)), Kokkos::AUTO),
       KOKKOS_LAMBDA(const Team& team) {
         const int64_t r = team.league_rank();
-        const int32_t label = next_token_label(labels, t0 + r);
+        const int32_t label = labels(t0 + r);
         float* x = &lg(r, 0);
         if (label == kIgnoreLabel) {
           if (grad) row_fill(team, x, 0, vc, 0.0f);
@@ -141,7 +159,7 @@ void vocab_chunk_rescale(const ExecSpace& exec, const VocabChunkRows<M>& st, con
 
 /// Each token's loss into row_loss(t0 + r); with g non-empty, G turned into the gradient.
 template <class ExecSpace, class M, class G, class W>
-void vocab_chunk_finish(const ExecSpace& exec, const TokenMatrix<M>& labels, int64_t t0, int64_t n,
+void vocab_chunk_finish(const ExecSpace& exec, const RowLabels<M>& labels, int64_t t0, int64_t n,
                         float inv, const W& head, const VocabChunkRows<M>& st,
                         const Kokkos::View<double*, M>& row_loss, const G& g) {
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
@@ -152,7 +170,7 @@ void vocab_chunk_finish(const ExecSpace& exec, const TokenMatrix<M>& labels, int
       Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(n), Kokkos::AUTO),
       KOKKOS_LAMBDA(const Team& team) {
         const int64_t r = team.league_rank(), t = t0 + r;
-        const int32_t label = next_token_label(labels, t);
+        const int32_t label = labels(t);
         if (label == kIgnoreLabel) {
           Kokkos::single(Kokkos::PerTeam(team), [&] { row_loss(t) = 0.0; });
           if (grad) row_fill(team, &g(r, 0), 0, H, 0.0f);
