@@ -19,4 +19,4 @@ cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DKQLORA_SANITIZE=address,undefined ${KQLORA_CMAKE_ARGS:-}
 cmake --build build-sanitize -j"$(nproc)"
 cd build-sanitize
-ctest --output-on-failure -E "^(build_without_mpi_hdf5|install_tree|install_consumer)$"
+ctest --output-on-failure -j"$(nproc)" -E "^(build_without_mpi_hdf5|install_tree|install_consumer)$"

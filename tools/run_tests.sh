@@ -5,5 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/build.sh
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
+# The tests side by side, one per core (the Python reference checks alone take 6 minutes
+# on 2 cores when torch and transformers are installed), one BLAS thread each.
+export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 cd build
-ctest --output-on-failure
+ctest --output-on-failure -j"$(nproc)"
