@@ -119,8 +119,9 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
     for (int64_t i = 0; i < n; ++i)
       for (int64_t t = 0; t < seq; ++t) ids(i, t) = tok(gen);
     Kokkos::deep_copy(b.tokens, ids);
-    auto lab = Kokkos::create_mirror_view(b.labels);  // (ids may be b.tokens itself)
-    for (int64_t i = 0; i < n; ++i)  // (a prompt's labels are not scored)
+    // A prompt's labels are not scored (their own mirror: ids may be b.tokens itself).
+    auto lab = Kokkos::create_mirror_view(b.labels);
+    for (int64_t i = 0; i < n; ++i)
       for (int64_t t = 0; t < seq; ++t) lab(i, t) = t < prompt ? kIgnoreLabel : ids(i, t);
     Kokkos::deep_copy(b.labels, lab);
     b.global_bs = n;
