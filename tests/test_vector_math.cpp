@@ -62,6 +62,26 @@ TEST(FastExp, TanhViaExpIsWithinItsAbsoluteBound) {
 
 // Each row's sum and max over [lo, hi) into out, then that range doubled in place (a free
 // function: CUDA's lambdas may not live in a test's private body).
+/// Rows of W normal values (sd 4; hx on the host, x to be copied from it) and each row's
+/// range length in len (on the device already).
+template <class Mem>
+struct RandomRows {
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> x;
+  Kokkos::View<int64_t*, Mem> len;
+  typename Kokkos::View<float**, Kokkos::LayoutRight, Mem>::HostMirror hx;
+  RandomRows(const std::vector<int64_t>& lens, int64_t W, unsigned seed)
+      : x("x", lens.size(), W), len("len", lens.size()), hx(Kokkos::create_mirror(x)) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 4.0f);
+    auto hl = Kokkos::create_mirror_view(len);
+    for (size_t r = 0; r < lens.size(); ++r) {
+      hl(r) = lens[r];
+      for (int64_t j = 0; j < W; ++j) hx(r, j) = nd(rng);
+    }
+    Kokkos::deep_copy(len, hl);
+  }
+};
+
 template <class Exec, class X, class L, class O>
 void run_row_loops(const X& x, const L& len, const O& out) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
@@ -153,20 +173,12 @@ TYPED_TEST(RowLoops, SoftmaxPassesOverARowPointerMatchFloat64) {
   // value in its tail.
   const std::vector<int64_t> lens = {1, 7, 15, 16, 17, 31, 33, 100, 257};
   const int64_t R = static_cast<int64_t>(lens.size()), W = 264;
-  std::mt19937 rng(5);
-  std::normal_distribution<float> nd(0.0f, 4.0f);
-  Kokkos::View<float**, Kokkos::LayoutRight, Mem> x("x", R, W);
-  Kokkos::View<int64_t*, Mem> len("len", R);
-  auto hx = Kokkos::create_mirror(x);
-  auto hl = Kokkos::create_mirror_view(len);
-  for (int64_t r = 0; r < R; ++r) {
-    hl(r) = lens[r];
-    for (int64_t j = 0; j < W; ++j) hx(r, j) = nd(rng);
-  }
+  RandomRows<Mem> rows(lens, W, 5);
+  auto &x = rows.x, &len = rows.len;
+  auto& hx = rows.hx;
   hx(7, 2 + 3) = -INFINITY;
   hx(7, 2 + 99) = 40.0f;
   Kokkos::deep_copy(x, hx);
-  Kokkos::deep_copy(len, hl);
   Kokkos::View<float* [2], Mem> out("out", R);
   run_row_passes<Exec>(x, len, out);
   auto ho = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
@@ -207,18 +219,10 @@ TYPED_TEST(RowLoops, ExpOfARangeMatchesFloat64AndLeavesTheRestOfTheRow) {
   const std::vector<int64_t> lens = {0, 1, 2, 7, 15, 16, 17, 30, 31, 32, 33, 47, 100, 257};
   const int64_t R = static_cast<int64_t>(lens.size()), W = 264;
   const float shift = 1.5f;
-  std::mt19937 rng(11);
-  std::normal_distribution<float> nd(0.0f, 4.0f);
-  Kokkos::View<float**, Kokkos::LayoutRight, Mem> x("x", R, W);
-  Kokkos::View<int64_t*, Mem> len("len", R);
-  auto hx = Kokkos::create_mirror(x);
-  auto hl = Kokkos::create_mirror_view(len);
-  for (int64_t r = 0; r < R; ++r) {
-    hl(r) = lens[r];
-    for (int64_t j = 0; j < W; ++j) hx(r, j) = nd(rng);
-  }
+  RandomRows<Mem> rows(lens, W, 11);
+  auto &x = rows.x, &len = rows.len;
+  auto& hx = rows.hx;
   Kokkos::deep_copy(x, hx);
-  Kokkos::deep_copy(len, hl);
   run_row_exp<Exec>(x, len, shift);
   auto he = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
   for (int64_t r = 0; r < R; ++r) {
