@@ -53,6 +53,7 @@ try:
 except ImportError as e:  # the suite must not need them
     print("SKIPPED: %s (pip install torch transformers gguf h5py to run this test)" % e)
     sys.exit(77)
+from tool_in_process import run_tool  # noqa: E402
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 32,
@@ -80,6 +81,13 @@ REFUSED = {"gemma2": "attention_bias", "gemma3_text": "query_pre_attn_scalar",
            "qwen2": "layer_types", "qwen3": "attention_bias", "phi3": "sliding_window",
            "phi3_long": "rope_parameters", "mistral_window": "sliding_window"}
 ROWS, T = 3, 64
+
+
+def make_hf_model(*argv):
+    """tools/make_hf_model.py in this Python (tests/tool_in_process.py), failing like run."""
+    status, log = run_tool("make_hf_model", list(argv))
+    if status != 0:
+        raise SystemExit("make_hf_model.py failed (%d): %s\n%s" % (status, " ".join(argv), log))
 
 
 def run(*cmd, ok=True):
@@ -119,8 +127,8 @@ def check_case(name, family, over, train_bin, export_bin, work, checks):
     work = os.path.join(work, name)
     os.makedirs(work)
     model = os.path.join(work, "model")
-    run(sys.executable, os.path.join(ROOT, "tools", "make_hf_model.py"), model, "--family",
-        family, "--preset", "tiny", "--config", json.dumps(over), "--dtype", "f32")
+    make_hf_model(model, "--family", family, "--preset", "tiny", "--config", json.dumps(over),
+                  "--dtype", "f32")
     cfg = json.load(open(os.path.join(model, "config.json")))
     g = torch.Generator().manual_seed(7)
     ids = torch.randint(3, cfg["vocab_size"], (ROWS, T), generator=g)

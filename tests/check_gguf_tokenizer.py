@@ -55,6 +55,7 @@ except ImportError as e:
     print("SKIPPED: %s (bash tools/install_llama_cpp.sh; pip install tokenizers transformers "
           "gguf h5py)" % e)
     sys.exit(77)
+from tool_in_process import run_tool  # noqa: E402
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
@@ -117,6 +118,13 @@ def bpe_dir(kind, root):
     return tk.get_vocab_size()
 
 
+def make_hf_model(*argv):
+    """tools/make_hf_model.py in this Python (tests/tool_in_process.py), failing like run."""
+    status, log = run_tool("make_hf_model", list(argv))
+    if status != 0:
+        raise SystemExit("make_hf_model.py failed (%d): %s\n%s" % (status, " ".join(argv), log))
+
+
 def run(*cmd, ok=True):
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if ok and p.returncode != 0:
@@ -126,9 +134,8 @@ def run(*cmd, ok=True):
 
 def checkpoint(train, model_dir, vocab, work):
     """A tiny llama of `vocab` tokens beside the tokenizer files of model_dir, one step."""
-    run(sys.executable, os.path.join(ROOT, "tools", "make_hf_model.py"), model_dir, "--family",
-        "llama", "--preset", "tiny", "--config", json.dumps({"vocab_size": vocab}), "--dtype",
-        "f32")
+    make_hf_model(model_dir, "--family", "llama", "--preset", "tiny", "--config",
+                  json.dumps({"vocab_size": vocab}), "--dtype", "f32")
     return checkpoint_existing(train, model_dir, vocab, work)
 
 
@@ -260,10 +267,9 @@ def main():
         tmp = os.path.join(w, "shape")
         ckpt_vocab = cfg["vocab_size"]
         # The tiny model beside SmolLM2's tokenizer files (its config.json from make_hf_model).
-        run(sys.executable, os.path.join(ROOT, "tools", "make_hf_model.py"), tmp, "--family",
-            "llama", "--preset", "tiny", "--config", json.dumps(
-                {"vocab_size": ckpt_vocab, "bos_token_id": cfg.get("bos_token_id"),
-                 "eos_token_id": cfg.get("eos_token_id"), "pad_token_id": cfg.get("pad_token_id")}),
+        make_hf_model(tmp, "--family", "llama", "--preset", "tiny", "--config", json.dumps(
+            {"vocab_size": ckpt_vocab, "bos_token_id": cfg.get("bos_token_id"),
+             "eos_token_id": cfg.get("eos_token_id"), "pad_token_id": cfg.get("pad_token_id")}),
             "--dtype", "f32")
         for f in os.listdir(tmp):
             if f not in keep:

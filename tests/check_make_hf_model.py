@@ -25,9 +25,9 @@ try:
 except ImportError as e:
     print("SKIPPED: %s (pip install torch transformers h5py to run this test)" % e)
     sys.exit(77)
+from tool_in_process import run_tool  # noqa: E402
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3"]
-TOOL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "make_hf_model.py")
 
 
 def main():
@@ -37,11 +37,11 @@ def main():
     ok = True
     for family in FAMILIES:
         model = os.path.join(work, family)
-        out = subprocess.run([sys.executable, TOOL, model, "--family", family, "--preset", "tiny",
-                              "--dtype", "bf16", "--shard-mb", "0.1", "--check"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if out.returncode != 0:
-            print("FAILED: make_hf_model.py %s\n%s" % (family, out.stdout))
+        # In this Python: torch and transformers imported once (tests/tool_in_process.py).
+        status, log = run_tool("make_hf_model", [model, "--family", family, "--preset", "tiny",
+                                                 "--dtype", "bf16", "--shard-mb", "0.1", "--check"])
+        if status != 0:
+            print("FAILED: make_hf_model.py %s\n%s" % (family, log))
             ok = False
             continue
         shards = [f for f in os.listdir(model) if f.endswith(".safetensors")]

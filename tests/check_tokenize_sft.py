@@ -26,6 +26,7 @@ try:
 except ImportError as e:
     print("SKIPPED: %s (pip install transformers h5py to run this test)" % e)
     sys.exit(77)
+from tool_in_process import run_tool  # noqa: E402
 
 TOOL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "tokenize_sft.py")
 SPECIALS = ["<pad>", "<s>", "<|im_start|>", "<|im_end|>", "[UNK]"]
@@ -56,16 +57,21 @@ def make_model(d, template):
     return vocab
 
 
-def run(model, lines, out, *flags, expect=0):
+def run(model, lines, out, *flags, expect=0, process=False):
+    """The tool's exit status checked, its output returned. In this Python (the imports paid
+    once: tests/tool_in_process.py), or as a process when `process`."""
     src = out + ".jsonl"
     with open(src, "w") as f:
         f.write("".join(line + "\n" for line in lines))
-    p = subprocess.run([sys.executable, TOOL, "--model", model, "--input", src, "--output", out]
-                       + list(flags), capture_output=True, text=True)
-    if p.returncode != expect:
-        sys.exit("FAILED: %s exit %d (expected %d):\n%s%s"
-                 % (" ".join(flags), p.returncode, expect, p.stdout, p.stderr))
-    return p.stdout + p.stderr
+    argv = ["--model", model, "--input", src, "--output", out] + list(flags)
+    if process:
+        p = subprocess.run([sys.executable, TOOL] + argv, capture_output=True, text=True)
+        status, log = p.returncode, p.stdout + p.stderr
+    else:
+        status, log = run_tool("tokenize_sft", argv)
+    if status != expect:
+        sys.exit("FAILED: %s exit %d (expected %d):\n%s" % (" ".join(flags), status, expect, log))
+    return log
 
 
 def read(out):
@@ -186,7 +192,7 @@ def main():
         log = run(m, lines[:3], os.path.join(work, "refused.h5"), "--max-len", str(T))
         check("refused: %s: 2" % reason in log, "refusal '%s': %s" % (reason, log))
     log = run(model, lines[:1] + ['{"messages": [{"role": "bot", "content": "hi"}]}'],
-              os.path.join(work, "bad.h5"), "--max-len", str(T), expect=2)
+              os.path.join(work, "bad.h5"), "--max-len", str(T), expect=2, process=True)
     check("bad.h5.jsonl:2:" in log and "role" in log, "bad line: " + log)
     print("refusals counted by reason, a bad line refused with its place: ok")
 

@@ -236,7 +236,7 @@ def pack(pieces, max_len, window=64):
     return rows
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n".join(__doc__.split("\n")[4:]))
@@ -248,7 +248,7 @@ def main():
     ap.add_argument("--overlong", choices=("drop", "truncate", "split"), default="drop",
                     help="an example longer than --max-len (default: drop)")
     ap.add_argument("--system", default=None, help="a system message for chats without one")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.max_len < 2:
         fail("--max-len must be at least 2")
     if not os.path.isfile(args.input):
