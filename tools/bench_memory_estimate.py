@@ -5,8 +5,8 @@ with and without activation checkpointing.
 
     python3 tools/bench_memory_estimate.py [--presets smollm2-135m,llama3.2-1b]
         [--np 1,2] [--parallel ddp,fsdp] [--ac off,on] [--global-bs 2] [--seq 256]
-        [--steps 2] [--dtype float32] [--activation-dtype auto] [--bin build/bin]
-        [--json FILE]
+        [--steps 2] [--dtype float32] [--activation-dtype auto] [--set KEY=VALUE ...]
+        [--bin build/bin] [--json FILE]
 
 Each model is a directory tools/make_hf_model.py writes under run/bench_memory (bfloat16
 shards, random weights, never committed; written once). Each run trains --steps steps of
@@ -16,7 +16,9 @@ the estimate per rank and every rank's peak (tracked allocations, RSS above star
 rank's peak is the larger of the two. The check holds when every rank's estimate is at
 least its peak and at most 1.5x it. Prints a table, exits 1 when any run misses. --dtype
 and --activation-dtype are the runs' dtype and activation_dtype (docs/MODELS.md: bfloat16
-keeps a bfloat16 run's activations in 16 bits).
+keeps a bfloat16 run's activations in 16 bits). --set gives any other deck key (or one of
+the above, replacing it): micro_bs=1 (gradient accumulation), lora_rank=64, eval_every=1
+with eval_file=..., ... (docs/TRAINING.md).
 """
 import argparse
 import json
@@ -54,6 +56,8 @@ def run(args, model, data, np_, parallel, ac, work):
            "activation_checkpointing=" + ac, "save_dir=" + os.path.join(work, "ck"),
            "metrics_file=" + metrics, "dtype=" + args.dtype,
            "activation_dtype=" + args.activation_dtype]
+    given = {kv.split("=", 1)[0] for kv in args.set}
+    cmd = [c for c in cmd if c.split("=", 1)[0] not in given] + args.set
     if np_ > 1:
         cmd = ["mpirun", "-np", str(np_), "--oversubscribe"] + cmd
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -72,9 +76,14 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--activation-dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="another deck key for every run (repeatable)")
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    for kv in args.set:
+        if "=" not in kv:
+            ap.error("--set %s: expected KEY=VALUE" % kv)
     for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(v, "1")
     os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
