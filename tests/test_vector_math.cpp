@@ -174,7 +174,8 @@ TYPED_TEST(RowLoops, SoftmaxPassesOverARowPointerMatchFloat64) {
   const std::vector<int64_t> lens = {1, 7, 15, 16, 17, 31, 33, 100, 257};
   const int64_t R = static_cast<int64_t>(lens.size()), W = 264;
   RandomRows<Mem> rows(lens, W, 5);
-  auto &x = rows.x, &len = rows.len;
+  auto& x = rows.x;
+  auto& len = rows.len;
   auto& hx = rows.hx;
   hx(7, 2 + 3) = -INFINITY;
   hx(7, 2 + 99) = 40.0f;
@@ -220,7 +221,8 @@ TYPED_TEST(RowLoops, ExpOfARangeMatchesFloat64AndLeavesTheRestOfTheRow) {
   const int64_t R = static_cast<int64_t>(lens.size()), W = 264;
   const float shift = 1.5f;
   RandomRows<Mem> rows(lens, W, 11);
-  auto &x = rows.x, &len = rows.len;
+  auto& x = rows.x;
+  auto& len = rows.len;
   auto& hx = rows.hx;
   Kokkos::deep_copy(x, hx);
   run_row_exp<Exec>(x, len, shift);

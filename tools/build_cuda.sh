@@ -8,7 +8,8 @@
 #   bash tools/build_cuda.sh --patch-only KOKKOS_SRC     (patches that tree in place)
 #
 # KOKKOS_SRC / KOKKOS_KERNELS_SRC: checkouts of github.com/kokkos/kokkos and
-# kokkos-kernels (checked: tags 4.6.01 and 4.6.02). They are copied into DIR/src and the
+# kokkos-kernels (checked: tags 4.6.01 and 4.6.02, and the 4.6.99 / 4.7.99 development
+# trees of 2026-12). They are copied into DIR/src and the
 # copies patched for CUDA 13 where needed (your trees are left as they are):
 #   - Kokkos_Cuda_Instance.hpp: cudaGraphAddDependencies takes edge data, and
 #     cudaMemAdvise / cudaMemPrefetchAsync a cudaMemLocation, in CUDA 13;
@@ -49,12 +50,14 @@ for old, new in edits:
     if old in s:
         s = s.replace(old, new)
         print("patched:", old.split("(")[0].replace("return ", ""))
-pat = re.compile(r"return cudaMemPrefetchAsync\(devPtr, count, dstDevice,\s*get_input_stream\(stream\)\);")
+# (the stream argument: get_input_stream(stream) in 4.6, m_stream in later trees)
+pat = re.compile(r"return cudaMemPrefetchAsync\(devPtr, count, dstDevice,\s*([^;]*?)\);")
 if pat.search(s):
-    s = pat.sub("#if CUDART_VERSION >= 13000\n    cudaMemLocation loc{dstDevice == cudaCpuDeviceId ? cudaMemLocationTypeHost\n"
+    s = pat.sub(lambda m: "#if CUDART_VERSION >= 13000\n    cudaMemLocation loc{dstDevice == cudaCpuDeviceId ? cudaMemLocationTypeHost\n"
                 "                                                     : cudaMemLocationTypeDevice, dstDevice};\n"
-                "    return cudaMemPrefetchAsync(devPtr, count, loc, 0, get_input_stream(stream));\n"
-                "#else\n    return cudaMemPrefetchAsync(devPtr, count, dstDevice, get_input_stream(stream));\n#endif", s)
+                "    return cudaMemPrefetchAsync(devPtr, count, loc, 0, %s);\n"
+                "#else\n    return cudaMemPrefetchAsync(devPtr, count, dstDevice, %s);\n#endif"
+                % (m.group(1), m.group(1)), s)
     print("patched: cudaMemPrefetchAsync")
 open(inst, "w").write(s)
 w = root + "/bin/nvcc_wrapper"
