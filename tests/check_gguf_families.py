@@ -53,7 +53,7 @@ try:
 except ImportError as e:  # the suite must not need them
     print("SKIPPED: %s (pip install torch transformers gguf h5py to run this test)" % e)
     sys.exit(77)
-from tool_in_process import run_tool  # noqa: E402
+from tool_in_process import make_hf_model  # noqa: E402
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 32,
@@ -81,13 +81,6 @@ REFUSED = {"gemma2": "attention_bias", "gemma3_text": "query_pre_attn_scalar",
            "qwen2": "layer_types", "qwen3": "attention_bias", "phi3": "sliding_window",
            "phi3_long": "rope_parameters", "mistral_window": "sliding_window"}
 ROWS, T = 3, 64
-
-
-def make_hf_model(*argv):
-    """tools/make_hf_model.py in this Python (tests/tool_in_process.py), failing like run."""
-    status, log = run_tool("make_hf_model", list(argv))
-    if status != 0:
-        raise SystemExit("make_hf_model.py failed (%d): %s\n%s" % (status, " ".join(argv), log))
 
 
 def run(*cmd, ok=True):

@@ -55,7 +55,7 @@ except ImportError as e:
     print("SKIPPED: %s (bash tools/install_llama_cpp.sh; pip install tokenizers transformers "
           "gguf h5py)" % e)
     sys.exit(77)
-from tool_in_process import run_tool  # noqa: E402
+from tool_in_process import make_hf_model  # noqa: E402
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
@@ -116,13 +116,6 @@ def bpe_dir(kind, root):
                    "chat_template": "{% for m in messages %}<|im_start|>{{ m['content'] }}"
                                     "<|im_end|>{% endfor %}"}, f)
     return tk.get_vocab_size()
-
-
-def make_hf_model(*argv):
-    """tools/make_hf_model.py in this Python (tests/tool_in_process.py), failing like run."""
-    status, log = run_tool("make_hf_model", list(argv))
-    if status != 0:
-        raise SystemExit("make_hf_model.py failed (%d): %s\n%s" % (status, " ".join(argv), log))
 
 
 def run(*cmd, ok=True):

@@ -40,3 +40,10 @@ def run_tool(name, argv):
                 print(e.code, file=sys.stderr)
                 status = 1
     return status, out.getvalue()
+
+
+def make_hf_model(*argv):
+    """tools/make_hf_model.py with these arguments; a failure ends the test with its output."""
+    status, log = run_tool("make_hf_model", list(argv))
+    if status != 0:
+        raise SystemExit("make_hf_model.py failed (%d): %s\n%s" % (status, " ".join(argv), log))
