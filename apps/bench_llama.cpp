@@ -168,7 +168,8 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
     if (att.median_s > 0) out.push_back(att);
 
     // The fused LM head and cross-entropy, and its two products alone, on random hidden
-    // states and the tied head.
+    // states and the tied head, over every token: with --llama-prompt only the step's
+    // fwd_bwd record takes the scored rows alone (h is kept here, to repeat the call).
     Matrix<Mem> h("h", T, a.hidden), gh("gh", T, a.hidden);
     fill_values(h);
     const GemmInputs head_inputs = bf16 ? GemmInputs::bfloat16 : GemmInputs::float32;

@@ -380,6 +380,28 @@ TYPED_TEST(LlamaOps, FusedLmHeadCrossEntropyInChunks) {
       3e-2, "d hidden, bfloat16");
 }
 
+// No token scored (a micro-batch of prompts only): a zero loss and a zero gradient, with h
+// kept and with h given up as scratch (where no row is gathered).
+TYPED_TEST(LlamaOps, FusedLmHeadCrossEntropyWithNoScoredToken) {
+  using M = typename TypeParam::memory_space;
+  const int64_t n = 2, S = 4, T = n * S, H = 6, V = 11;
+  const auto hf = nf4test::randn(T * H, 43), wf = nf4test::randn(V * H, 44);
+  kqlora::TokenMatrix<M> lab("labels", n, S);
+  Kokkos::deep_copy(lab, kqlora::kIgnoreLabel);
+  const auto W = matrix<M>(wf, V, H);
+  kqlora::Matrix<M> gh("gh", T, H);
+  using kqlora::HiddenAfter;
+  for (const HiddenAfter hidden : {HiddenAfter::kept, HiddenAfter::scratch}) {
+    kqlora::CrossEntropyWorkspace<M> ws;
+    Kokkos::deep_copy(gh, 7.0f);
+    const double loss =
+        kqlora::lm_head_cross_entropy(TypeParam(), matrix<M>(hf, T, H), W, lab, 1.0, false, gh, ws,
+                                      0.0f, kqlora::GemmInputs::float32, hidden);
+    EXPECT_EQ(loss, 0.0);
+    for (const float g : host(gh)) ASSERT_EQ(g, 0.0f);
+  }
+}
+
 TYPED_TEST(LlamaOps, LoraProjectionWithDropoutForwardAndBackward) {
   using M = typename TypeParam::memory_space;
   const int64_t T = 6, in = 32, out = 24, r = 3;

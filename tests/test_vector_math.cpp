@@ -60,8 +60,6 @@ TEST(FastExp, TanhViaExpIsWithinItsAbsoluteBound) {
   EXPECT_LE(worst, 2.5e-7);
 }
 
-// Each row's sum and max over [lo, hi) into out, then that range doubled in place (a free
-// function: CUDA's lambdas may not live in a test's private body).
 /// Rows of W normal values (sd 4; hx on the host, x to be copied from it) and each row's
 /// range length in len (on the device already).
 template <class Mem>
@@ -82,6 +80,8 @@ struct RandomRows {
   }
 };
 
+// Each row's sum and max over [lo, hi) into out, then that range doubled in place (a free
+// function: CUDA's lambdas may not live in a test's private body).
 template <class Exec, class X, class L, class O>
 void run_row_loops(const X& x, const L& len, const O& out) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;

@@ -81,9 +81,16 @@ def main():
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    # The keys this script sets itself and reads back: the token file is written for
+    # --global-bs rows, the metrics file is where the peaks are read.
+    owned = ("hf_model_dir", "data_file", "metrics_file", "save_dir", "global_bs")
     for kv in args.set:
-        if "=" not in kv:
+        key = kv.split("=", 1)[0].strip()
+        if "=" not in kv or not key:
             ap.error("--set %s: expected KEY=VALUE" % kv)
+        if key in owned:
+            ap.error("--set %s: %s is set by this script (use --global-bs for global_bs)"
+                     % (kv, key))
     for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(v, "1")
     os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")

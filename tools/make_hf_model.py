@@ -37,6 +37,7 @@ Phi-3 presets' longrope factor lists are synthetic (smooth, deterministic), of t
 length (rotary_dim / 2); the weights of every preset are random, never a real model's.
 """
 import argparse
+import copy
 import hashlib
 import json
 import math
@@ -398,14 +399,14 @@ def main(argv=None):
 
     fields = {}
     if args.preset == "tiny":
-        fields = dict(TINY[args.family])
+        fields = copy.deepcopy(TINY[args.family])  # transformers fills nested dicts in place
     elif args.preset:
         if args.preset not in PRESETS:
             sys.exit("unknown preset '%s' (tiny, %s)" % (args.preset, ", ".join(PRESETS)))
         fam, preset = PRESETS[args.preset]
         if fam != args.family:
             sys.exit("preset %s is a %s model, not %s" % (args.preset, fam, args.family))
-        fields = json.loads(json.dumps(preset))  # a deep copy
+        fields = copy.deepcopy(preset)
     if args.config:
         over = load_config_arg(args.config)
         if not isinstance(over, dict):

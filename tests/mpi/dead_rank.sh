@@ -21,7 +21,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 job=$!
 cleanup() { pkill -9 -f "$dir/deck.in" 2>/dev/null; }
 trap cleanup EXIT
-for _ in $(seq 300); do grep -q "^step" "$dir/log" && break; sleep 0.1; done
+# (60 s: under ctest -j the build without MPI may be compiling on every core)
+for _ in $(seq 600); do grep -q "^step" "$dir/log" && break; sleep 0.1; done
 grep -q "^step" "$dir/log" || { echo "FAILED: training did not start"; cat "$dir/log"; exit 1; }
 victim=$(pgrep -f "$train $dir/deck.in" | sort -n | sed -n 2p)
 [ -n "$victim" ] || { echo "FAILED: no rank process found"; exit 1; }

@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 
@@ -275,6 +276,7 @@ void lm_head_cross_entropy_vocab_chunks(const ExecSpace& exec, const Matrix<M>& 
 template <class ExecSpace, class M>
 int64_t scored_rows(const ExecSpace& exec, const TokenMatrix<M>& labels, int64_t T,
                     CrossEntropyWorkspace<M>& ws) {
+  KQLORA_CHECK(T <= INT32_MAX, "lm_head_cross_entropy: over 2^31 tokens in one call");
   ws.reserve_rows(T);
   const auto token_of = ws.token_of, row_of = ws.row_of;
   int64_t n = 0;
