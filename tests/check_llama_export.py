@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """kqlora's adapters of a Hugging Face decoder back in the ecosystem (ctest
-llama_export_transformers, family_export_<case>):
+llama_export_transformers, family_export):
 
-    python3 tests/check_llama_export.py KQLORA_TRAIN KQLORA_EXPORT CASE_DIR WORKDIR
+    python3 tests/check_llama_export.py KQLORA_TRAIN KQLORA_EXPORT CASE_DIR WORKDIR \
+        [CASE_DIR WORKDIR ...]
 
 CASE_DIR is a tests/data/llama_reference or family_reference case (config.json,
-model.safetensors, data.h5). transformers runs with eager attention (its soft-caps and
+model.safetensors, data.h5). Several cases run in one process, so torch, transformers and
+PEFT are imported once (11 s on a slow CPU); each is checked even after one fails. transformers runs with eager attention (its soft-caps and
 windows are the eager path's).
 Trains 5 AdamW steps with kqlora-train (LoRA dropout on, eval over data.h5 after the last
 step), exports --peft, --base and --merged, then, with transformers and PEFT in float32:
@@ -44,7 +46,26 @@ def linear_names(case):
 
 
 def main():
-    train, export, case, work = sys.argv[1:5]
+    train, export, pairs = sys.argv[1], sys.argv[2], sys.argv[3:]
+    if len(pairs) < 2 or len(pairs) % 2:
+        sys.exit("usage: check_llama_export.py KQLORA_TRAIN KQLORA_EXPORT CASE_DIR WORKDIR "
+                 "[CASE_DIR WORKDIR ...]")
+    failed = []
+    for case, work in zip(pairs[0::2], pairs[1::2]):
+        print("== %s" % case, flush=True)
+        try:
+            ok = check_case(train, export, case, work)
+        except subprocess.CalledProcessError as e:  # a kqlora app failed: its output
+            print("FAILED: %s exited %d\n%s" % (" ".join(e.cmd), e.returncode, e.stdout))
+            ok = False
+        if not ok:
+            failed.append(case)
+    print("Passed!" if not failed else "Failed: " + ", ".join(failed))
+    return 0 if not failed else 1
+
+
+def check_case(train, export, case, work):
+    """True when every check of one case passes (each printed)."""
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     deck = os.path.join(work, "deck.in")
@@ -198,8 +219,7 @@ def main():
     for name, passed in checks:
         print("%s: %s" % ("ok" if passed else "FAILED", name))
         ok &= passed
-    print("Passed!" if ok else "Failed!")
-    return 0 if ok else 1
+    return ok
 
 
 if __name__ == "__main__":
