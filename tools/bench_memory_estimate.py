@@ -66,7 +66,8 @@ def run(args, model, data, np_, parallel, ac, work):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__,  # --help shows the whole usage
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", default="smollm2-135m,llama3.2-1b")
     ap.add_argument("--np", default="1,2")
     ap.add_argument("--parallel", default="ddp,fsdp")
