@@ -210,7 +210,7 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
         chunks([&](int64_t, auto rows, int64_t v0, const Matrix<Mem>& lg) {
           const auto hs = Kokkos::subview(h, rows, Kokkos::ALL);
           const auto g = Kokkos::subview(gh, rows, Kokkos::ALL);
-          if (cws.head16_of == W.data()) {  // (the AMX products over the head's 16-bit copy)
+          if (cws.head16_of == W.data()) {  // (the bfloat16 products over the head's 16-bit copy)
             const uint16_t* w16 = cws.head16.data();
             gemm_bf16_weight("N", "T", 1.0f, hs, w16, a.vocab, a.hidden, a.hidden, 0.0f, lg);
             gemm_bf16_weight("N", "N", 1.0f, lg, w16, a.vocab, a.hidden, a.hidden, 0.0f, g);

@@ -1,6 +1,7 @@
 // The host GEMM engines (core/gemm_engine.hpp) against float64 products, for every
 // transpose and every operand layout gemm() accepts (row-major, column-major, a column
-// block of a row-major matrix), the AMX bfloat16 products too where this CPU has them; and
+// block of a row-major matrix), the bfloat16 products too where this CPU has them (AMX, AMD's
+// AVX512_BF16); and
 // KQLORA_GEMM and KQLORA_AMX as the apps read them.
 #include <gtest/gtest.h>
 
@@ -101,12 +102,13 @@ INSTANTIATE_TEST_SUITE_P(Host, GemmEngines,
                            return info.param == kqlora::GemmEngine::blas ? "blas" : "onednn";
                          });
 
-/// The AMX bfloat16 products (host_bf16_products()): skipped on a CPU without AMX.
-class AmxProducts : public ::testing::Test {
+/// The bfloat16 products (host_bf16_products()): skipped on a CPU without them.
+class Bf16Products : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!kqlora::host_bf16_products_available())
-      GTEST_SKIP() << "oneDNN has no AMX bfloat16 products on this CPU (or no oneDNN)";
+      GTEST_SKIP()
+          << "oneDNN has no bfloat16 products on this CPU (AMX, AMD AVX512_BF16; or no oneDNN)";
     engine_ = kqlora::host_gemm_engine();
     on_ = kqlora::host_bf16_products();
     kqlora::set_host_gemm_engine(kqlora::GemmEngine::onednn);
@@ -121,7 +123,7 @@ class AmxProducts : public ::testing::Test {
   bool on_ = false;
 };
 
-TEST_F(AmxProducts, EveryTransposeAndLayoutMatchesFloat64) {
+TEST_F(Bf16Products, EveryTransposeAndLayoutMatchesFloat64) {
   ASSERT_TRUE(kqlora::host_bf16_products());
   std::mt19937 rng(11);
   const auto bf16 = kqlora::GemmInputs::bfloat16;
@@ -148,7 +150,7 @@ TEST_F(AmxProducts, EveryTransposeAndLayoutMatchesFloat64) {
 
 // A summed index longer than one block of the 16-bit copies (4 MiB of B: 960 of it at
 // n = 2100), with a tail, and beta applied once.
-TEST_F(AmxProducts, ALongSummedIndexRunsInBlocksAndMatchesFloat64) {
+TEST_F(Bf16Products, ALongSummedIndexRunsInBlocksAndMatchesFloat64) {
   std::mt19937 rng(12);
   const int64_t m = 3, n = 2100, k = 2000;
   for (bool tb : {false, true}) {
@@ -160,7 +162,7 @@ TEST_F(AmxProducts, ALongSummedIndexRunsInBlocksAndMatchesFloat64) {
 
 // A weight given as its 16-bit bits (an NF4 panel, the LM head's copy) gives the product
 // of the same weight given as float32 bfloat16 values, bit for bit.
-TEST_F(AmxProducts, SixteenBitWeightEqualsTheFloatOperand) {
+TEST_F(Bf16Products, SixteenBitWeightEqualsTheFloatOperand) {
   std::mt19937 rng(13);
   const int64_t m = 17, n = 40, k = 70;
   for (bool tb : {false, true}) {
@@ -179,7 +181,7 @@ TEST_F(AmxProducts, SixteenBitWeightEqualsTheFloatOperand) {
 
 // A 16-bit weight over a summed index longer than the block it is read in (8192), with
 // a tail, against float64: the LM head's backward (logit gradients times the head).
-TEST_F(AmxProducts, SixteenBitWeightOverALongSummedIndexMatchesFloat64) {
+TEST_F(Bf16Products, SixteenBitWeightOverALongSummedIndexMatchesFloat64) {
   std::mt19937 rng(14);
   const int64_t m = 3, n = 24, k = 8192 + 1000;
   RowMajor a("a", m, k), w("w", k, n), c("c", m, n);
@@ -239,8 +241,9 @@ TEST(GemmEngineChoice, KqloraAmxIsReadAndNamed) {
   EXPECT_NE(out.find("bfloat16 products: float32"), std::string::npos) << out;
   std::tie(rc, out) = run_app("env -u KQLORA_AMX -u KQLORA_GEMM " + app);
   EXPECT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find(kqlora::host_bf16_products_available() ? "bfloat16 products: AMX"
-                                                            : "bfloat16 products: float32"),
+  EXPECT_NE(out.find(kqlora::host_bf16_products_available()
+                         ? "bfloat16 products: " + kqlora::host_bf16_products_unit() + " (oneDNN"
+                         : std::string("bfloat16 products: float32")),
             std::string::npos)
       << out;
 }

@@ -51,7 +51,8 @@ bool host_bf16_products() {
 
 void set_host_bf16_products(bool on) {
   KQLORA_CHECK(!on || host_bf16_products_available(),
-               "bfloat16 products on AMX: not available here (oneDNN on a CPU with AMX)");
+               "bfloat16 products: not available here (oneDNN on a CPU with AMX, or an AMD "
+               "CPU with AVX512_BF16)");
   bf16_wanted.store(on, std::memory_order_relaxed);
 }
 
@@ -65,7 +66,7 @@ void select_amx() {
   } else if (s != "on") {
     throw InputError("KQLORA_AMX=" + s + ": expected on or off");
   }
-  // (on: where available; a machine without AMX runs the same deck in float32 products)
+  // (on: where available; a machine without runs the same deck in float32 products)
   bf16_note = "KQLORA_AMX=" + s;
 }
 }  // namespace
@@ -103,10 +104,10 @@ std::string describe_gemm_engine() {
   os << " (built without oneDNN)";
 #endif
   os << "; " << engine_note << "; bfloat16 products: "
-     << (host_bf16_products()             ? "AMX (oneDNN, summed in float32)"
-         : e != GemmEngine::onednn        ? "float32 (the BLAS engine)"
-         : host_bf16_products_available() ? "float32 (AMX turned off)"
-                                          : "float32 (no AMX here)")
+     << (host_bf16_products()      ? host_bf16_products_unit() + " (oneDNN, summed in float32)"
+         : e != GemmEngine::onednn ? std::string("float32 (the BLAS engine)")
+         : host_bf16_products_available() ? "float32 (" + host_bf16_products_unit() + " turned off)"
+                                          : std::string("float32 (no AMX or AMD AVX512_BF16 here)"))
      << ", " << bf16_note;
   return os.str();
 }

@@ -725,10 +725,10 @@ template <class ExecSpace>
 auto CausalLm<ExecSpace>::logits(const Batch<Mem>& b) -> Matrix<Mem> {
   forward(b, 1.0, false, false);
   Matrix<Mem> out("kqlora::CausalLm::logits", tokens_, spec_.vocab);
-  // (the loss's products: over the head's 16-bit copy on AMX, the same sums)
+  // (the loss's products: over the head's 16-bit copy on bfloat16 hardware, the same sums)
   const Matrix<Mem> W = dense_matrix(head_);
-  const bool amx = impl::head_on_amx(this->exec_, W, head_inputs(), ce_ws_);
-  impl::head_logits(this->exec_, buf_[B::kNf], W, amx, ce_ws_, head_inputs(), out);
+  const bool bf16_unit = impl::head_on_bf16_unit(this->exec_, W, head_inputs(), ce_ws_);
+  impl::head_logits(this->exec_, buf_[B::kNf], W, bf16_unit, ce_ws_, head_inputs(), out);
   const bool bf16 = this->cfg_.bf16();
   if (bf16) round_bf16(this->exec_, out);
   const float cap = spec_.final_softcap;

@@ -36,9 +36,9 @@ ModelFootprint lora_stack_footprint(const ModelConfig& c) {
 
 // Per layer: its input, output and the gradient flowing back (rows x dim floats each) and
 // the rank-wide intermediate; plus one layer's dequantized weight (the panel workspace).
-// bfloat16 products on AMX (core/gemm_engine.hpp): the products' 16-bit operand copies
-// (16 and 4 MiB at most) with oneDNN's own packing of one of them.
-int64_t amx_operand_copies(const ModelConfig& c) {
+// bfloat16 products on bfloat16 hardware (core/gemm_engine.hpp): the products' 16-bit operand
+// copies (16 and 4 MiB at most) with oneDNN's own packing of one of them.
+int64_t bf16_operand_copies(const ModelConfig& c) {
   return std::is_same<Mem, Kokkos::HostSpace>::value && c.dtype == DType::bfloat16 &&
                  host_bf16_products()
              ? int64_t(32) << 20
@@ -47,7 +47,7 @@ int64_t amx_operand_copies(const ModelConfig& c) {
 
 int64_t lora_stack_activations(const ModelConfig& c, int64_t rows, int64_t) {
   const int64_t per_layer = mul(rows, add(mul(3, c.dim), c.rank));
-  return add(mul(4, add(mul(c.num_layers, per_layer), mul(c.dim, c.dim))), amx_operand_copies(c));
+  return add(mul(4, add(mul(c.num_layers, per_layer), mul(c.dim, c.dim))), bf16_operand_copies(c));
 }
 
 // From the decoder's buffer table (nn/decoder_buffers.hpp): what every layer keeps (each
@@ -78,13 +78,14 @@ int64_t causal_lm_activations(const ModelConfig& c, int64_t rows, int64_t seq_le
               logits),
           mul(2, tokens));                 // (the per-token losses are doubles)
   const int64_t panel = int64_t(8) << 20;  // linear_nf4's dequantized panel (its default)
-  // bfloat16 products on AMX: the head's 16-bit copy (nn/lm_head_cross_entropy.hpp) too.
-  const int64_t amx =
-      amx_operand_copies(c) > 0 ? add(mul(2, mul(s.vocab, s.hidden)), amx_operand_copies(c)) : 0;
+  // bfloat16 products on bfloat16 hardware: the head's 16-bit copy (nn/lm_head_cross_entropy.hpp)
+  // too.
+  const int64_t bf16_unit =
+      bf16_operand_copies(c) > 0 ? add(mul(2, mul(s.vocab, s.hidden)), bf16_operand_copies(c)) : 0;
   return add(add(add(mul(tokens, mul(s.layers, layer_bytes)),
                      mul(4, add(mul(tokens, add(one_block, shared)), workspaces))),
                  panel),
-             amx);
+             bf16_unit);
 }
 
 std::map<std::string, ModelKind>& registry() {

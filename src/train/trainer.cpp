@@ -78,8 +78,8 @@ bool sum_and_stop(Communicator& comm, double& v, double* tokens = nullptr,
 }
 
 /// The FMA peak of the cores this run computes on (host runs; 0 on a device, whose peak
-/// kqlora does not measure, and for bfloat16 products on AMX, which the float32 FMA peak
-/// does not bound): one core's, measured now, times the threads of all ranks.
+/// kqlora does not measure, and for bfloat16 products on bfloat16 hardware, which the float32 FMA
+/// peak does not bound): one core's, measured now, times the threads of all ranks.
 double run_peak_flops(const Communicator& comm, const Config& cfg) {
   if (!std::is_same<Mem, Kokkos::HostSpace>::value) return 0;
   if (cfg.dtype == DType::bfloat16 && host_bf16_products()) return 0;

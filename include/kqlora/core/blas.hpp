@@ -106,7 +106,7 @@ ColumnMajorGemm column_major_gemm(const char* ta, const char* tb, const AView& A
 /// What a product's float32 inputs hold. `bfloat16`: both are bfloat16 values (a
 /// bfloat16 run's rounded activations against a bfloat16 NF4 weight), so a GPU may
 /// multiply them on its bfloat16 tensor cores, exactly, accumulating in float32 (cuBLAS'
-/// CUBLAS_COMPUTE_32F_FAST_16BF), and a host with AMX on its tiles through oneDNN
+/// CUBLAS_COMPUTE_32F_FAST_16BF), and a host with AMX or AMD's AVX512_BF16 through oneDNN
 /// (host_bf16_products()); other hosts compute in float32, their fast path.
 enum class GemmInputs { float32, bfloat16 };
 
@@ -202,7 +202,7 @@ void gemm(const ExecSpace& exec, const char* ta, const char* tb, float alpha, co
 #endif
 }
 
-/// C = alpha op(A) op(W) + beta C on the host's AMX tiles (requires host_bf16_products()):
+/// C = alpha op(A) op(W) + beta C on the host's bfloat16 hardware (host_bf16_products()):
 /// A a host float32 matrix view of bfloat16 values, W a row-major [w_rows, w_cols] matrix
 /// of bfloat16 bits with row stride ldw (a frozen weight's 16-bit copy, a bfloat16 NF4
 /// panel), C row-major or a column block of a row-major matrix.

@@ -27,18 +27,25 @@ bool onednn_available();
 void select_gemm_engine();
 
 /// Whether products of bfloat16 values (GemmInputs::bfloat16, core/blas.hpp) run on
-/// bfloat16 hardware: the engine is oneDNN, oneDNN multiplies bfloat16 on this CPU's AMX
-/// tiles (probed once) and KQLORA_AMX is not "off". The inputs are exact there, products
-/// are summed in float32: the numbers differ from float32 products only in the summation
-/// order (docs/BLAS.md, "bfloat16 products on AMX").
+/// bfloat16 hardware: the engine is oneDNN, oneDNN multiplies bfloat16 faster than float32
+/// on this CPU (host_bf16_products_unit()) and KQLORA_AMX is not "off". The inputs are exact
+/// there, products are summed in float32: the numbers differ from float32 products only in
+/// the summation order (docs/BLAS.md, "bfloat16 products").
 bool host_bf16_products();
 
-/// Turns the AMX bfloat16 products off or on (tests compare the two); on needs them
+/// Turns the bfloat16 products off or on (tests compare the two); on needs them
 /// available (host_bf16_products_available()).
 void set_host_bf16_products(bool on);
 
-/// Whether oneDNN multiplies bfloat16 on AMX here (a oneDNN build on a CPU with AMX).
-bool host_bf16_products_available();
+/// The bfloat16 hardware oneDNN multiplies on here, probed once: "AMX" (Intel Sapphire
+/// Rapids and later), "AVX512_BF16" (AMD Zen 4 and later, whose bfloat16 dot product runs at
+/// twice the float32 FMA rate), or "" (none that beats float32 products, or no oneDNN 2.x).
+std::string host_bf16_products_unit();
+
+/// Whether host_bf16_products_unit() names one.
+inline bool host_bf16_products_available() {
+  return !host_bf16_products_unit().empty();
+}
 
 /// One line for logs and --version, e.g. "oneDNN 2.6.3 (OpenMP runtime, threads as the
 /// BLAS's); KQLORA_GEMM unset".
@@ -73,15 +80,15 @@ struct Bf16Operand {
   int64_t ld = 0;
 };
 
-/// Row-major C [m, n] = alpha op(A) op(B) + beta C on AMX (as onednn_sgemm's arguments),
-/// A float32 data holding bfloat16 values. Requires host_bf16_products_available().
+/// Row-major C [m, n] = alpha op(A) op(B) + beta C on bfloat16 hardware (as onednn_sgemm's
+/// arguments), A float32 data holding bfloat16 values. Requires host_bf16_products_available().
 void onednn_bf16_gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha,
                       const float* A, int64_t lda, Bf16Operand B, float beta, float* C,
                       int64_t ldc);
 
 /// As onednn_sgemm, with A and B holding bfloat16 values: narrowed to 16 bits (exactly;
-/// other values are rounded to nearest even) and multiplied on AMX, summed in float32.
-/// Requires host_bf16_products_available().
+/// other values are rounded to nearest even) and multiplied on bfloat16 hardware, summed in
+/// float32. Requires host_bf16_products_available().
 void onednn_bf16_gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha,
                       const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
                       float* C, int64_t ldc);

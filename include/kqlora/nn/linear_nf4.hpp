@@ -42,7 +42,7 @@ constexpr int64_t kFusedMaxTokens = 1024;
 template <class MemSpace>
 struct LinearNf4Workspace {
   Kokkos::View<float*, MemSpace> panel;
-  /// The panel of a bfloat16 NF4 weight in 16 bits, for the host's AMX products.
+  /// The panel of a bfloat16 NF4 weight in 16 bits, for the host's bfloat16 products.
   Kokkos::View<bfloat16*, MemSpace> panel16;
   /// Called after each panel's gemm (the fused kernel: after each block of the summed
   /// index), e.g. to drive outstanding communication.
@@ -72,7 +72,7 @@ struct LinearNf4Workspace {
     return rows;
   }
 
-  /// Rows per 16-bit panel (the AMX products), panel16 grown to hold them: 4 MiB whatever
+  /// Rows per 16-bit panel (the bfloat16 products), panel16 grown to hold them: 4 MiB whatever
   /// the tokens, so that the input gradient's sum over the panels has the same order at
   /// any token count.
   int64_t reserve16(int64_t out_features, int64_t in_features, int64_t block_size) {
@@ -101,10 +101,10 @@ struct LinearNf4Workspace {
 
 namespace impl {
 
-/// Whether a product goes to the host's AMX (host_bf16_products()): a bfloat16 NF4 weight
-/// times bfloat16 values, W decoded in 16-bit row panels (for_each_panel16).
+/// Whether a product goes to the host's bfloat16 hardware (host_bf16_products()): a bfloat16 NF4
+/// weight times bfloat16 values, W decoded in 16-bit row panels (for_each_panel16).
 template <class ExecSpace, class MemSpace>
-bool amx_panels(const Nf4Tensor<MemSpace>& W, GemmInputs inputs) {
+bool bf16_unit_panels(const Nf4Tensor<MemSpace>& W, GemmInputs inputs) {
   return std::is_same<MemSpace, Kokkos::HostSpace>::value &&
          std::is_same<ExecSpace, Kokkos::DefaultHostExecutionSpace>::value &&
          inputs == GemmInputs::bfloat16 && W.layout.dtype == DType::bfloat16 &&
@@ -128,11 +128,11 @@ bool fused_nf4_gemm(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W, Nf4Gemm
                    "linear_nf4: no fused kernel for " << W.layout.shape_string());
       return false;
     }
-    // A multithreaded BLAS would outrun a one-thread Kokkos host space, and AMX tiles
+    // A multithreaded BLAS would outrun a one-thread Kokkos host space, and bfloat16 hardware
     // multiplying bfloat16 panels the fused kernel's float32 FMAs.
     if (ws.product == Nf4Product::automatic &&
         (static_cast<int64_t>(a.extent(0)) > kFusedMaxTokens ||
-         blas_threads() > exec.concurrency() || amx_panels<ExecSpace>(W, inputs)))
+         blas_threads() > exec.concurrency() || bf16_unit_panels<ExecSpace>(W, inputs)))
       return false;
     if (exec.concurrency() != 1 || a.extent(0) == 0) side = nullptr;  // (none to compute)
     nf4_gemm_host(exec, W, op, a.extent(0), a.data(), a.stride(0), beta, c.data(), c.stride(0),
@@ -199,7 +199,7 @@ bool linear_nf4_forward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
   if (impl::fused_nf4_gemm(exec, W, Nf4GemmOp::forward, x, beta, y, ws, inputs, side, &side_done))
     return side_done;
   const int64_t out = W.layout.shape[0], in = W.layout.shape[1];
-  if (impl::amx_panels<ExecSpace>(W, inputs) && ws.product != Nf4Product::panels) {
+  if (impl::bf16_unit_panels<ExecSpace>(W, inputs) && ws.product != Nf4Product::panels) {
     impl::for_each_panel16(exec, W, ws, [&](int64_t r0, int64_t rows, const uint16_t* Wp) {
       gemm_bf16_weight("N", "T", 1.0f, x, Wp, rows, in, in, beta,
                        Kokkos::subview(y, Kokkos::ALL, Kokkos::make_pair(r0, r0 + rows)));
@@ -236,7 +236,7 @@ bool linear_nf4_backward(const ExecSpace& exec, const Nf4Tensor<MemSpace>& W,
                            &side_done))
     return side_done;
   const int64_t out = W.layout.shape[0], in = W.layout.shape[1];
-  if (impl::amx_panels<ExecSpace>(W, inputs) && ws.product != Nf4Product::panels) {
+  if (impl::bf16_unit_panels<ExecSpace>(W, inputs) && ws.product != Nf4Product::panels) {
     impl::for_each_panel16(exec, W, ws, [&](int64_t r0, int64_t rows, const uint16_t* Wp) {
       gemm_bf16_weight("N", "N", 1.0f,
                        Kokkos::subview(gy, Kokkos::ALL, Kokkos::make_pair(r0, r0 + rows)), Wp, rows,

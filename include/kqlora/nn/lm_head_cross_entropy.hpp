@@ -97,7 +97,7 @@ struct CrossEntropyWorkspace {
     return c.tokens * (c.vocab + VocabChunkRows<M>::kFloatsPerToken) + 2 * tokens;  // (+ rows)
   }
 
-  /// A bfloat16 head's 16-bit copy for the host's AMX products (host_bf16_products()),
+  /// A bfloat16 head's 16-bit copy for the host's bfloat16 products (host_bf16_products()),
   /// made from the head at `head16_of` (frozen: made once).
   Kokkos::View<uint16_t*, M> head16;
   const float* head16_of = nullptr;
@@ -196,17 +196,17 @@ void cross_entropy_rows(const ExecSpace& exec, const L& lg, const TokenMatrix<M>
       });
 }
 
-/// Whether the head's products run on AMX (bfloat16 values on a host with
+/// Whether the head's products run on bfloat16 hardware (bfloat16 values on a host with
 /// host_bf16_products()); then ws.head16 holds the head's 16-bit copy, made once: the
 /// head is frozen, and converting it for each chunk's two products would move more bytes
 /// than the products.
 template <class ExecSpace, class M>
-bool head_on_amx(const ExecSpace& exec, const Matrix<M>& W, GemmInputs head_inputs,
-                 CrossEntropyWorkspace<M>& ws) {
-  bool amx = false;
+bool head_on_bf16_unit(const ExecSpace& exec, const Matrix<M>& W, GemmInputs head_inputs,
+                       CrossEntropyWorkspace<M>& ws) {
+  bool bf16_unit = false;
   if constexpr (CrossEntropyWorkspace<M>::kHost)
-    amx = head_inputs == GemmInputs::bfloat16 && host_bf16_products();
-  if (amx && ws.head16_of != W.data()) {
+    bf16_unit = head_inputs == GemmInputs::bfloat16 && host_bf16_products();
+  if (bf16_unit && ws.head16_of != W.data()) {
     KQLORA_CHECK(W.span_is_contiguous(), "lm_head_cross_entropy: a head with gaps");
     ws.head16 = Kokkos::View<uint16_t*, M>();
     ws.head16 = Kokkos::View<uint16_t*, M>(
@@ -219,14 +219,14 @@ bool head_on_amx(const ExecSpace& exec, const Matrix<M>& W, GemmInputs head_inpu
         KOKKOS_LAMBDA(int64_t i) { w16(i) = bfloat16::round_bits(w[i]); });
     ws.head16_of = W.data();
   }
-  return amx;
+  return bf16_unit;
 }
 
-/// lg = h W^T: over the head's 16-bit copy when `amx` (head_on_amx), else through gemm.
+/// lg = h W^T: over the head's 16-bit copy when `bf16_unit` (head_on_bf16_unit), else through gemm.
 template <class ExecSpace, class M, class H, class L>
-void head_logits(const ExecSpace& exec, const H& h, const Matrix<M>& W, bool amx,
+void head_logits(const ExecSpace& exec, const H& h, const Matrix<M>& W, bool bf16_unit,
                  const CrossEntropyWorkspace<M>& ws, GemmInputs head_inputs, const L& lg) {
-  if (amx)
+  if (bf16_unit)
     gemm_bf16_weight("N", "T", 1.0f, h, ws.head16.data(), W.extent(0), W.extent(1), W.extent(1),
                      0.0f, lg);
   else
@@ -351,16 +351,17 @@ double lm_head_cross_entropy(const ExecSpace& exec, const Matrix<M>& h, const Ma
   } else {
     const int64_t chunk = ws.chunking(T, V, true).tokens;
     ws.reserve(chunk * V, T);
-    const bool amx = impl::head_on_amx(exec, W, head_inputs, ws);
+    const bool bf16_unit = impl::head_on_bf16_unit(exec, W, head_inputs, ws);
     for (int64_t t0 = 0; t0 < T; t0 += chunk) {
       const int64_t n = std::min(chunk, T - t0);
       const auto rows = Kokkos::make_pair(t0, t0 + n);
       const Matrix<M> lg(ws.logits.data(), n, V);
-      impl::head_logits(exec, Kokkos::subview(h, rows, Kokkos::ALL), W, amx, ws, head_inputs, lg);
+      impl::head_logits(exec, Kokkos::subview(h, rows, Kokkos::ALL), W, bf16_unit, ws, head_inputs,
+                        lg);
       impl::cross_entropy_rows(exec, lg, labels, t0, inv, bf16, grad, ws.row_loss, softcap);
       if (!grad) continue;
       const auto g = Kokkos::subview(gh, rows, Kokkos::ALL);
-      if (amx)
+      if (bf16_unit)
         gemm_bf16_weight("N", "N", 1.0f, lg, ws.head16.data(), V, H, H, 0.0f, g);
       else
         gemm(exec, "N", "N", 1.0f, lg, W, 0.0f, g, head_inputs);
