@@ -127,7 +127,8 @@ TEST_F(Bf16Products, EveryTransposeAndLayoutMatchesFloat64) {
   ASSERT_TRUE(kqlora::host_bf16_products());
   std::mt19937 rng(11);
   const auto bf16 = kqlora::GemmInputs::bfloat16;
-  const int64_t m = 13, n = 9, k = 37;  // (k past one AMX tile's 32)
+  const int64_t m = 13, n = 9,
+                k = 37;  // (k past one AMX tile's 32, odd: half a pair of AVX512_BF16's)
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
       const std::string ops = std::string(ta ? "T" : "N") + (tb ? "T" : "N");

@@ -98,7 +98,7 @@ TYPED_TEST(LinearNf4, ForwardAndInputGradientMatchFloat64) {
 // A bfloat16 NF4 weight times bfloat16 values on bfloat16 hardware (core/gemm_engine.hpp): the
 // weight in several 16-bit row panels, the last one short, against float64 on the dequantized
 // weight; beta over prior values. Skipped on a CPU without them (host_bf16_products_unit()).
-TEST(LinearNf4Amx, SixteenBitPanelsMatchFloat64) {
+TEST(LinearNf4Bf16Products, SixteenBitPanelsMatchFloat64) {
   if (!kqlora::host_bf16_products())
     GTEST_SKIP() << "no bfloat16 products here (AMX, AMD AVX512_BF16)";
   using H = Kokkos::DefaultHostExecutionSpace;

@@ -66,7 +66,7 @@ void select_amx() {
   } else if (s != "on") {
     throw InputError("KQLORA_AMX=" + s + ": expected on or off");
   }
-  // (on: where available; a machine without runs the same deck in float32 products)
+  // (on: where available; a machine without bfloat16 hardware runs the deck in float32)
   bf16_note = "KQLORA_AMX=" + s;
 }
 }  // namespace

@@ -114,7 +114,7 @@ constexpr int64_t kBitsBlock = 8192;
 
 }  // namespace
 
-std::string host_bf16_products_unit() {
+const std::string& host_bf16_products_unit() {
   static const std::string unit = []() -> std::string {
     try {
       const dnnl::matmul::primitive_desc pd(
@@ -194,8 +194,9 @@ void onednn_bf16_gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float a
 
 #else  // without oneDNN 2.x
 
-std::string host_bf16_products_unit() {
-  return "";
+const std::string& host_bf16_products_unit() {
+  static const std::string none;
+  return none;
 }
 
 namespace impl {

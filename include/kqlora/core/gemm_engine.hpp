@@ -40,7 +40,7 @@ void set_host_bf16_products(bool on);
 /// The bfloat16 hardware oneDNN multiplies on here, probed once: "AMX" (Intel Sapphire
 /// Rapids and later), "AVX512_BF16" (AMD Zen 4 and later, whose bfloat16 dot product runs at
 /// twice the float32 FMA rate), or "" (none that beats float32 products, or no oneDNN 2.x).
-std::string host_bf16_products_unit();
+const std::string& host_bf16_products_unit();
 
 /// Whether host_bf16_products_unit() names one.
 inline bool host_bf16_products_available() {
