@@ -85,7 +85,8 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
                    int repeats, const std::string& filter, std::vector<Record>& out,
                    std::ostream& report, bool bf16, int64_t prompt) {
   const std::string prefix = "llama_";
-  const char* kinds[] = {"fwd_bwd_", "attention_fwd_bwd_", "cross_entropy_", "lm_head_products_"};
+  const char* kinds[] = {"fwd_bwd_", "attention_fwd_bwd_", "attention_gemm_fwd_bwd_",
+                         "cross_entropy_", "lm_head_products_"};
   bool any = false;
   for (const char* k : kinds) any |= wanted(prefix + k + shape.name, filter);
   if (!any) return;
@@ -149,23 +150,34 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
       fill(Kokkos::View<float*, Mem>(m.data(), m.size()), 1.0f, 0.0f, gen, bf16);
     };
     for (const auto& m : {q, k, v, go}) fill_values(m);
-    AttentionWorkspace<Mem> aws;
     const AttentionShape as{n, seq, a.heads, a.kv_heads, a.head_dim};
     const RopeTable<Mem> rope(a.ropes[0].inv_freq, seq, false);
-    Record att{prefix + "attention_fwd_bwd_" + tag};
-    if (wanted(att.name, filter))
-      att.median_s = median_seconds(repeats, [&] {
-        for (int64_t l = 0; l < a.layers; ++l) {
-          rope_apply(exec, rope, seq, a.head_dim, false, false, q);
-          rope_apply(exec, rope, seq, a.head_dim, false, false, k);
-          causal_attention_forward(exec, as, q, k, v, bf16, aws, o, lse);
-          causal_attention_backward(exec, as, q, k, v, o, lse, go, bf16, aws, gq, gk, gv);
-          rope_apply(exec, rope, seq, a.head_dim, true, false, gq);
-          rope_apply(exec, rope, seq, a.head_dim, true, false, gk);
-        }
-      });
-    att.flops = a.layers * a.heads * 6 * 2 * (n * seq * (seq + 1) / 2.0) * a.head_dim;
+    // The step's attention (on a host in float32 the fused kernel, nn/attention_host.hpp)
+    // and, where that is fused, the gemm path beside it.
+    auto attention_record = [&](const std::string& name, bool fused) {
+      AttentionWorkspace<Mem> aws;
+      aws.fused_host = fused;
+      Record att{name};
+      if (wanted(att.name, filter))
+        att.median_s = median_seconds(repeats, [&] {
+          for (int64_t l = 0; l < a.layers; ++l) {
+            rope_apply(exec, rope, seq, a.head_dim, false, false, q);
+            rope_apply(exec, rope, seq, a.head_dim, false, false, k);
+            causal_attention_forward(exec, as, q, k, v, bf16, aws, o, lse);
+            causal_attention_backward(exec, as, q, k, v, o, lse, go, bf16, aws, gq, gk, gv);
+            rope_apply(exec, rope, seq, a.head_dim, true, false, gq);
+            rope_apply(exec, rope, seq, a.head_dim, true, false, gk);
+          }
+        });
+      att.flops = a.layers * a.heads * 6 * 2 * (n * seq * (seq + 1) / 2.0) * a.head_dim;
+      return att;
+    };
+    const Record att = attention_record(prefix + "attention_fwd_bwd_" + tag, true);
     if (att.median_s > 0) out.push_back(att);
+    if (impl::takes_fused_host_attention(AttentionWorkspace<Mem>(), bf16)) {
+      const Record gemm_att = attention_record(prefix + "attention_gemm_fwd_bwd_" + tag, false);
+      if (gemm_att.median_s > 0) out.push_back(gemm_att);
+    }
 
     // The fused LM head and cross-entropy, and its two products alone, on random hidden
     // states and the tied head, over every token: with --llama-prompt only the step's

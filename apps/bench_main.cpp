@@ -56,6 +56,8 @@ const char* usage =
     "  llama_lm_head_products_..., llama_cross_entropy_...  its parts: every layer's\n"
     "                           attention, the fused LM head and cross-entropy, its two\n"
     "                           products alone, its softmax, loss and gradient alone\n"
+    "  llama_attention_gemm_fwd_bwd_...  the attention through gemm, beside the host's\n"
+    "                           fused float32 kernel (AVX-512 builds)\n"
     "  gemm_engine_PRODUCT_SHAPE_tN_blas|onednn  the step's products at N = B x T tokens\n"
     "                           (projections, LM head chunk, attention block, LoRA) through\n"
     "                           each host GEMM engine, as --pairs interleaved pairs; the\n"

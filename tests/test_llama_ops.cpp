@@ -159,12 +159,13 @@ TYPED_TEST(LlamaOps, CausalGroupedQueryAttentionForwardAndBackward) {
   auto go = matrix<M>(gf, T, Q);
   kqlora::Matrix<M> o("o", T, Q), gq("gq", T, Q), gk("gk", T, KV), gv("gv", T, KV);
   Kokkos::View<float*, M> lse("lse", kSeqs * kHeads * kS);
-  // One head at a time (the host's way) and every head of a row block at once (a GPU's:
-  // strided-batched products), each against float64.
-  for (bool batched : {false, true}) {
+  // The host's fused kernel (where built), one head at a time through gemm and every head
+  // of a row block at once (a GPU's way: strided-batched products), each against float64.
+  for (int mode = 0; mode < 3; ++mode) {
     kqlora::AttentionWorkspace<M> ws;
-    ws.batch_heads = batched;
-    const std::string tag = batched ? " (heads at once)" : "";
+    ws.fused_host = mode == 0;
+    ws.batch_heads = mode == 2;
+    const std::string tag = mode == 0 ? " (fused)" : mode == 1 ? " (gemm)" : " (heads at once)";
     const kqlora::AttentionShape shape{kSeqs, kS, kHeads, kKv, kDim};
     kqlora::causal_attention_forward(TypeParam(), shape, q, k, v, false, ws, o, lse);
     kqlora::causal_attention_backward(TypeParam(), shape, q, k, v, o, lse, go, false, ws, gq, gk,
@@ -210,9 +211,10 @@ TYPED_TEST(LlamaOps, WindowedSoftCappedAttentionWithDocumentsForwardAndBackward)
     Kokkos::deep_copy(d, hd);
     docs = d;
   }
-  for (int run = 0; run < 4; ++run) {
-    // With and without documents, one head at a time and every head at once.
-    const bool with_docs = run % 2 == 1, batched = run >= 2;
+  for (int run = 0; run < 6; ++run) {
+    // With and without documents; fused (the host's), one head at a time through gemm and
+    // every head at once.
+    const bool with_docs = run % 2 == 1, batched = run >= 4, fused = run < 2;
     AttentionOptions o_ref = opt;
     if (!with_docs) o_ref.doc_start.clear();
     const kqlora::DocStarts<M> d = with_docs ? docs : kqlora::DocStarts<M>();
@@ -220,6 +222,7 @@ TYPED_TEST(LlamaOps, WindowedSoftCappedAttentionWithDocumentsForwardAndBackward)
     Kokkos::View<float*, M> lse("lse", kSeqs * kHeads * kS);
     kqlora::AttentionWorkspace<M> ws;
     ws.batch_heads = batched;
+    ws.fused_host = fused;
     kqlora::AttentionShape shape{kSeqs, kS, kHeads, kKv, kDim};
     shape.attn_scale = static_cast<float>(opt.scale);
     shape.softcap = static_cast<float>(opt.softcap);
@@ -229,7 +232,9 @@ TYPED_TEST(LlamaOps, WindowedSoftCappedAttentionWithDocumentsForwardAndBackward)
                                       gv, d);
     const D q64 = widen(qf), k64 = widen(kf), v64 = widen(vf), g64 = widen(gf);
     const std::string tag =
-        std::string(with_docs ? " (documents)" : "") + (batched ? " (heads at once)" : "");
+        std::string(with_docs ? " (documents)" : "") + (fused     ? " (fused)"
+                                                        : batched ? " (heads at once)"
+                                                                  : " (gemm)");
     expect_close(host(o), attention_ref(q64, k64, v64, o_ref), 1e-6, "forward" + tag);
     auto f = [&](const D& x, int which) {
       return attention_ref(which == 0 ? x : q64, which == 1 ? x : k64, which == 2 ? x : v64, o_ref);
@@ -493,6 +498,119 @@ TYPED_TEST(LlamaOps, ResidualSumIsTheElementwiseSum) {
       ASSERT_EQ(got[i], bf16 ? kqlora::round_to_bf16(sum) : sum) << i;
       ASSERT_EQ(xs[i], xf[i]) << i;
       ASSERT_EQ(ys[i], yf[i]) << i;
+    }
+  }
+}
+
+namespace {
+
+// Attention at a model's sizes in double: o and, from go, the gradients by the backward's
+// formulas (the small cases above check those against finite differences). q [T, H*Dh],
+// k, v [T, KV*Dh]; a window and, optionally, documents.
+struct AttentionRef64 {
+  int64_t seqs, S, H, KV, Dh, window;
+  double scale, softcap;
+  std::vector<int32_t> doc_start;  // [seqs * S] or empty
+  D o, gq, gk, gv;
+  void run(const D& q, const D& k, const D& v, const D& go) {
+    const int64_t Q = H * Dh, KVW = KV * Dh, group = H / KV;
+    o.assign(q.size(), 0.0);
+    gq.assign(q.size(), 0.0);
+    gk.assign(k.size(), 0.0);
+    gv.assign(v.size(), 0.0);
+    for (int64_t s = 0; s < seqs; ++s)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t g = h / group;
+        auto Qa = [&](int64_t i, int64_t d) { return q[(s * S + i) * Q + h * Dh + d]; };
+        auto Ka = [&](int64_t j, int64_t d) { return k[(s * S + j) * KVW + g * Dh + d]; };
+        auto Va = [&](int64_t j, int64_t d) { return v[(s * S + j) * KVW + g * Dh + d]; };
+        auto dO = [&](int64_t i, int64_t d) { return go[(s * S + i) * Q + h * Dh + d]; };
+        for (int64_t i = 0; i < S; ++i) {
+          int64_t first = window > 0 ? std::max<int64_t>(0, i - window + 1) : 0;
+          if (!doc_start.empty()) first = std::max<int64_t>(first, doc_start[s * S + i]);
+          D p(static_cast<size_t>(S), 0.0), t(static_cast<size_t>(S), 0.0);
+          double m = -1e300, z = 0;
+          for (int64_t j = first; j <= i; ++j) {
+            double sc = 0;
+            for (int64_t d = 0; d < Dh; ++d) sc += Qa(i, d) * Ka(j, d);
+            p[j] = sc * scale;
+            if (softcap > 0) p[j] = softcap * (t[j] = std::tanh(p[j] / softcap));
+            m = std::max(m, p[j]);
+          }
+          for (int64_t j = first; j <= i; ++j) z += (p[j] = std::exp(p[j] - m));
+          for (int64_t j = first; j <= i; ++j) p[j] /= z;
+          double rowdot = 0;
+          for (int64_t d = 0; d < Dh; ++d) {
+            double od = 0;
+            for (int64_t j = first; j <= i; ++j) od += p[j] * Va(j, d);
+            o[(s * S + i) * Q + h * Dh + d] = od;
+            rowdot += od * dO(i, d);
+          }
+          for (int64_t j = first; j <= i; ++j) {
+            double dp = 0;
+            for (int64_t d = 0; d < Dh; ++d) {
+              dp += dO(i, d) * Va(j, d);
+              gv[(s * S + j) * KVW + g * Dh + d] += p[j] * dO(i, d);
+            }
+            double ds = p[j] * (dp - rowdot);
+            if (softcap > 0) ds *= 1 - t[j] * t[j];
+            for (int64_t d = 0; d < Dh; ++d) {
+              gq[(s * S + i) * Q + h * Dh + d] += scale * ds * Ka(j, d);
+              gk[(s * S + j) * KVW + g * Dh + d] += scale * ds * Qa(i, d);
+            }
+          }
+        }
+      }
+  }
+};
+
+}  // namespace
+
+// At a model's sizes (head_dim 80: a register tile's columns and a part; 150 positions:
+// three row blocks, the last partial; 3 query heads a kv head), with a window of 70 and
+// documents starting at 41 and 100 in the first sequence, with and without a soft-cap:
+// the host's fused kernel, gemm one head at a time and every head at once against double.
+TYPED_TEST(LlamaOps, AttentionAtModelSizesAgainstFloat64) {
+  using M = typename TypeParam::memory_space;
+  AttentionRef64 ref{2, 150, 6, 2, 80, 70, 0.11, 0, {}, {}, {}, {}, {}};
+  const int64_t T = ref.seqs * ref.S, Q = ref.H * ref.Dh, KV = ref.KV * ref.Dh;
+  const auto qf = nf4test::randn(T * Q, 31, 1.5f), kf = nf4test::randn(T * KV, 32, 1.5f),
+             vf = nf4test::randn(T * KV, 33), gf = nf4test::randn(T * Q, 34);
+  auto q = matrix<M>(qf, T, Q), k = matrix<M>(kf, T, KV), v = matrix<M>(vf, T, KV);
+  auto go = matrix<M>(gf, T, Q);
+  ref.doc_start.assign(static_cast<size_t>(T), 0);
+  for (int64_t i = 41; i < ref.S; ++i) ref.doc_start[i] = i < 100 ? 41 : 100;
+  Kokkos::View<int32_t**, Kokkos::LayoutRight, M> docs("docs", ref.seqs, ref.S);
+  {
+    auto hd = Kokkos::create_mirror_view(docs);
+    for (int64_t t = 0; t < T; ++t) hd(t / ref.S, t % ref.S) = ref.doc_start[t];
+    Kokkos::deep_copy(docs, hd);
+  }
+  for (const double cap : {0.0, 2.0}) {
+    ref.softcap = cap;
+    ref.run(widen(qf), widen(kf), widen(vf), widen(gf));
+    for (int mode = 0; mode < 3; ++mode) {
+      kqlora::AttentionWorkspace<M> ws;
+      ws.fused_host = mode == 0;
+      ws.batch_heads = mode == 2;
+      kqlora::AttentionShape shape{ref.seqs, ref.S, ref.H, ref.KV, ref.Dh};
+      shape.attn_scale = static_cast<float>(ref.scale);
+      shape.softcap = static_cast<float>(cap);
+      shape.window = ref.window;
+      kqlora::Matrix<M> o("o", T, Q), gq("gq", T, Q), gk("gk", T, KV), gv("gv", T, KV);
+      Kokkos::View<float*, M> lse("lse", ref.seqs * ref.H * ref.S);
+      kqlora::causal_attention_forward(TypeParam(), shape, q, k, v, false, ws, o, lse,
+                                       kqlora::DocStarts<M>(docs));
+      kqlora::causal_attention_backward(TypeParam(), shape, q, k, v, o, lse, go, false, ws, gq, gk,
+                                        gv, kqlora::DocStarts<M>(docs));
+      const std::string tag =
+          std::string(cap > 0 ? " soft-capped" : "") + (mode == 0   ? " (fused)"
+                                                        : mode == 1 ? " (gemm)"
+                                                                    : " (heads at once)");
+      expect_close(host(o), ref.o, 2e-6, "o" + tag);
+      expect_close(host(gq), ref.gq, 1e-5, "dq" + tag);
+      expect_close(host(gk), ref.gk, 1e-5, "dk" + tag);
+      expect_close(host(gv), ref.gv, 1e-5, "dv" + tag);
     }
   }
 }

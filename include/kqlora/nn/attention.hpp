@@ -14,9 +14,11 @@
 // [S, S] probabilities of every head never exist at once, as in FlashAttention):
 //   dV += P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dO * O)) (* (1 - tanh^2) capped),
 //   dQ = scale dS K,  dK += scale dS^T Q.
-// The products go through the library's gemm (core/blas.hpp) on a reused scratch of
-// 64-row blocks. On a host one sequence, head and row block at a time (the blocks stay in
-// cache). On a GPU every head of a row block at once: the products as strided-batched
+// On a host in float32 (AVX-512 builds) one fused kernel runs it, a sequence and kv head
+// per work item, every product through its own register tile (nn/attention_host.hpp).
+// Otherwise the products go through the library's gemm (core/blas.hpp) on a reused scratch
+// of 64-row blocks: on a host one sequence, head and row block at a time (the blocks stay
+// in cache); on a GPU every head of a row block at once: the products as strided-batched
 // cuBLAS calls over the kv heads (one a query head of each group) and each softmax pass as
 // one kernel over all heads' rows, a few launches per block where one head at a time made
 // 3-4 forward and 7 backward per head (docs/GPU.md).
@@ -30,40 +32,16 @@
 
 #include "kqlora/core/blas.hpp"
 #include "kqlora/core/fast_exp.hpp"
+#include "kqlora/nn/attention_host.hpp"
+#include "kqlora/nn/attention_shape.hpp"
 #include "kqlora/nn/elementwise.hpp"
 #include "kqlora/nn/row_loops.hpp"
 
 namespace kqlora {
 
-struct AttentionShape {
-  int64_t sequences = 0, S = 0, heads = 0, kv_heads = 0, head_dim = 0;
-  float attn_scale = 0;  // 0: 1 / sqrt(head_dim)
-  float softcap = 0;     // 0: none
-  int64_t window = 0;    // 0: full causal attention
-  // Packed rows: each token's document start, [sequences * S] in host memory (the
-  // attention's DocStarts, read where the blocks are planned); null: a document a row.
-  const int32_t* host_doc_start = nullptr;
-  float scale() const {
-    return attn_scale > 0 ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
-  }
-  /// The first key any query of rows [i0, ...) of sequence s may see: a row's document
-  /// starts no earlier than the one of the row before it.
-  int64_t first_key(int64_t s, int64_t i0) const {
-    const int64_t by_window = window > 0 ? std::max<int64_t>(0, i0 - window + 1) : 0;
-    return host_doc_start ? std::max<int64_t>(by_window, host_doc_start[s * S + i0]) : by_window;
-  }
-};
-
 /// Per token of [sequences, S]: the position its document starts at (int32).
 template <class M>
 using DocStarts = Kokkos::View<const int32_t**, Kokkos::LayoutRight, M>;
-
-/// Query rows per block: a block's scores reach only up to its last row's position, so the
-/// masked upper triangle is mostly not computed (at S = 256: 10 of 16 blocks of 64 x 64).
-/// Measured on the 135M shape at 4 x 256 tokens, every layer's forward and backward, one
-/// thread (AMD EPYC Zen 3): 1.17 - 1.30 s with blocks of 64, 1.24 - 1.29 s with 128,
-/// 1.55 - 1.62 s unblocked.
-constexpr int64_t kAttentionRowBlock = 64;
 
 /// Whether the attention runs every head of a row block at once by default: on a GPU
 /// (a host keeps one head at a time, in cache).
@@ -73,31 +51,64 @@ constexpr bool attention_batches_heads() {
 }
 
 /// Scratch of the attention kernels: two [rows, S] blocks of scores, and a third for the
-/// soft-cap's tanh; a block per head when the heads run at once.
+/// soft-cap's tanh; a block per head when the heads run at once. The host's fused float32
+/// kernel (nn/attention_host.hpp) has its own: K^T, V^T and the blocks per thread.
 template <class M>
 struct AttentionWorkspace {
-  Kokkos::View<float*, M> scores, dscores, tanh;
+  Kokkos::View<float*, M> scores, dscores, tanh, fused;
   /// Every head of a row block at once (strided-batched products); the memory space's
   /// default unless set (tests run both ways on a host).
   bool batch_heads = attention_batches_heads<M>();
+  /// The host's fused kernel for float32 where built (tests turn it off to check the gemm
+  /// path too).
+  bool fused_host = true;
   void reserve(int64_t S, bool softcap, int64_t heads = 1) {
     const int64_t n = std::min(S, kAttentionRowBlock) * S * (batch_heads ? heads : 1);
-    auto grow = [&](Kokkos::View<float*, M>& v, const char* label) {
-      if (static_cast<int64_t>(v.extent(0)) < n)
-        v = Kokkos::View<float*, M>(
-            Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n);
-    };
-    grow(scores, "kqlora::attention::scores");
-    grow(dscores, "kqlora::attention::dscores");
-    if (softcap) grow(tanh, "kqlora::attention::tanh");
+    grow(scores, "kqlora::attention::scores", n);
+    grow(dscores, "kqlora::attention::dscores", n);
+    if (softcap) grow(tanh, "kqlora::attention::tanh", n);
   }
-  /// Floats held per [rows, S] block, of `heads` heads at once (the memory estimate).
-  static int64_t floats(int64_t S, bool softcap, int64_t heads = 1) {
-    return (softcap ? 3 : 2) * std::min(S, kAttentionRowBlock) * S * heads;
+  void reserve_fused(int64_t S, int64_t head_dim, bool softcap) {
+    grow(fused, "kqlora::attention::fused",
+         impl::host_fused_attention_concurrency() *
+             impl::host_fused_attention_item_floats(S, head_dim, softcap));
+  }
+  /// Floats held at most (the memory estimate): the gemm path's blocks of `heads` heads at
+  /// once, or on a host the fused kernel's scratch.
+  static int64_t floats(int64_t S, bool softcap, int64_t heads, int64_t head_dim) {
+    const int64_t blocks = (softcap ? 3 : 2) * std::min(S, kAttentionRowBlock) * S * heads;
+    if (!std::is_same<M, Kokkos::HostSpace>::value || !impl::host_fused_attention_built())
+      return blocks;
+    return std::max(blocks, impl::host_fused_attention_concurrency() *
+                                impl::host_fused_attention_item_floats(S, head_dim, softcap));
+  }
+
+ private:
+  static void grow(Kokkos::View<float*, M>& v, const char* label, int64_t n) {
+    if (static_cast<int64_t>(v.extent(0)) < n)
+      v = Kokkos::View<float*, M>(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n);
   }
 };
 
 namespace impl {
+
+/// Whether a call takes the host's fused float32 kernel.
+template <class M>
+bool takes_fused_host_attention(const AttentionWorkspace<M>& ws, bool bf16) {
+  return std::is_same<M, Kokkos::HostSpace>::value && !ws.batch_heads && ws.fused_host && !bf16 &&
+         host_fused_attention_built();
+}
+
+template <class M>
+HostHeads host_heads(const Matrix<M>& x) {
+  return HostHeads{x.data(), static_cast<int64_t>(x.stride(0))};
+}
+
+template <class M>
+HostHeadsOut host_heads_out(const Matrix<M>& x) {
+  return HostHeadsOut{x.data(), static_cast<int64_t>(x.stride(0))};
+}
 
 /// Rows [row0, row0 + rows) and head `head` of sequence `seq`'s [tokens, heads * D] block.
 template <class M>
@@ -312,6 +323,14 @@ void causal_attention_forward(const ExecSpace& exec, const AttentionShape& a, co
   const int64_t S = a.S, D = a.head_dim;
   // (a bfloat16 run's q, k, v and probabilities are bfloat16 values)
   const GemmInputs in = bf16 ? GemmInputs::bfloat16 : GemmInputs::float32;
+  if (impl::takes_fused_host_attention(ws, bf16)) {
+    exec.fence();
+    ws.reserve_fused(S, D, a.softcap > 0);
+    impl::host_fused_attention_forward(a, impl::host_heads(q), impl::host_heads(k),
+                                       impl::host_heads(v), impl::host_heads_out(o), lse.data(),
+                                       docs.data(), ws.fused.data());
+    return;
+  }
   ws.reserve(S, a.softcap > 0, a.heads);
   if (ws.batch_heads) {
     impl::attention_forward_all_heads(exec, a, q, k, v, bf16, ws, o, lse, docs);
@@ -344,9 +363,18 @@ void causal_attention_backward(const ExecSpace& exec, const AttentionShape& a, c
   const int64_t S = a.S, D = a.head_dim;
   const float scale = a.scale();
   const GemmInputs in = bf16 ? GemmInputs::bfloat16 : GemmInputs::float32;  // (as the forward)
-  ws.reserve(S, a.softcap > 0, a.heads);
   Kokkos::deep_copy(exec, gk, 0.0f);  // (summed over query blocks and the heads of a group)
   Kokkos::deep_copy(exec, gv, 0.0f);
+  if (impl::takes_fused_host_attention(ws, bf16)) {
+    exec.fence();
+    ws.reserve_fused(S, D, a.softcap > 0);
+    impl::host_fused_attention_backward(
+        a, impl::host_heads(q), impl::host_heads(k), impl::host_heads(v), impl::host_heads(o),
+        lse.data(), impl::host_heads(go), impl::host_heads_out(gq), impl::host_heads_out(gk),
+        impl::host_heads_out(gv), docs.data(), ws.fused.data());
+    return;
+  }
+  ws.reserve(S, a.softcap > 0, a.heads);
   if (ws.batch_heads) {
     impl::attention_backward_all_heads(exec, a, q, k, v, o, lse, go, bf16, ws, gq, gk, gv, docs);
   } else {
