@@ -231,11 +231,15 @@ void gemm_bf16_weight(const char* ta, const char* tb, float alpha, const AView& 
 /// The matrix view `v` moved `offset` elements on (same extents and strides, unmanaged).
 /// (The strides are given explicitly: Kokkos 3.4's layout() of a strided subview has lost
 /// them.)
-template <class View>
+/// Its device is ExecSpace's on the view's memory: Kokkos Kernels 4.x's portable gemm takes
+/// no views of another execution space (a Serial call on HostSpace views of an OpenMP build
+/// did not compile).
+template <class ExecSpace, class View>
 auto shifted(const View& v, int64_t offset) {
   static_assert(View::rank == 2, "shifted: a matrix view");
   const Kokkos::LayoutStride layout(v.extent(0), v.stride(0), v.extent(1), v.stride(1));
-  return Kokkos::View<typename View::data_type, Kokkos::LayoutStride, typename View::memory_space,
+  return Kokkos::View<typename View::data_type, Kokkos::LayoutStride,
+                      Kokkos::Device<ExecSpace, typename View::memory_space>,
                       Kokkos::MemoryUnmanaged>(v.data() + offset, layout);
 }
 
@@ -267,8 +271,8 @@ void gemm_strided_batched(const ExecSpace& exec, const char* ta, const char* tb,
   }
 #endif
   for (int64_t b = 0; b < batch; ++b)
-    gemm(exec, ta, tb, alpha, shifted(A, b * stride_a), shifted(B, b * stride_b), beta,
-         shifted(C, b * stride_c), inputs);
+    gemm(exec, ta, tb, alpha, shifted<ExecSpace>(A, b * stride_a),
+         shifted<ExecSpace>(B, b * stride_b), beta, shifted<ExecSpace>(C, b * stride_c), inputs);
 }
 
 }  // namespace kqlora
