@@ -1,7 +1,7 @@
 #pragma once
 // The host's float32 attention (nn/attention.hpp's semantics) as one fused kernel per
 // sequence and kv head, compiled inside the library with AVX-512 (src/nn/attention_host.cpp).
-// Where the gemm path makes 3 calls a head and 64-row block forward and 7 backward
+// Where the gemm path makes 2 calls a head and 64-row block forward and 5 backward
 // (about 30 000 small products a 4 x 256-token step of the 135M shape, each a library
 // call that packs its operands), this one runs every product of a block through one
 // register-tiled micro-kernel on operands in place: K and V transposed once per sequence
