@@ -23,10 +23,12 @@ struct LlamaShape {
 LlamaShape llama_shape(const std::string& name);
 
 /// For each batch count B, sequences of `seq` tokens: llama_fwd_bwd_<shape>_b<B>_t<seq>
-/// (model FLOPs), and llama_attention_fwd_bwd_..., llama_lm_head_cross_entropy_...,
+/// (model FLOPs), and llama_attention_fwd_bwd_..., llama_attention_gemm_fwd_bwd_... (where
+/// the host's fused attention is built), llama_lm_head_cross_entropy_...,
 /// llama_lm_head_products_..., llama_cross_entropy_... (every layer's attention forward
-/// and backward; the fused LM head and cross-entropy; its two products alone; its softmax,
-/// loss and gradient alone). Prints each part's share of the step. A bfloat16 run
+/// and backward, fused and through gemm; the fused LM head and cross-entropy; its two products
+/// alone; its softmax, loss and gradient alone). Prints each part's share of the step. A bfloat16
+/// run
 /// (`bf16`: NF4 and compute in bfloat16) names its records with "_bf16" at the end; with
 /// `prompt` > 0 the first `prompt` tokens of each sequence are a prompt (label -100, not
 /// scored) and the names end in "_p<prompt>".

@@ -566,51 +566,70 @@ struct AttentionRef64 {
 
 }  // namespace
 
-// At a model's sizes (head_dim 80: a register tile's columns and a part; 150 positions:
-// three row blocks, the last partial; 3 query heads a kv head), with a window of 70 and
-// documents starting at 41 and 100 in the first sequence, with and without a soft-cap:
-// the host's fused kernel, gemm one head at a time and every head at once against double.
+// At a model's sizes against double, with and without a soft-cap, through the host's fused
+// kernel (where built), gemm one head at a time and every head at once: head_dim 80 (a
+// register tile's columns and a part), 150 positions (three row blocks, the last partial),
+// 3 query heads a kv head, a window of 70 and documents starting at 41 and 100 in the
+// first sequence; and head_dim 72 over 40 positions (one partial row block: the fused
+// kernel's blocks are shorter than 64 rows), 4 query heads of one kv head, no window, a
+// document starting at 13 in the second sequence.
 TYPED_TEST(LlamaOps, AttentionAtModelSizesAgainstFloat64) {
   using M = typename TypeParam::memory_space;
-  AttentionRef64 ref{2, 150, 6, 2, 80, 70, 0.11, 0, {}, {}, {}, {}, {}};
-  const int64_t T = ref.seqs * ref.S, Q = ref.H * ref.Dh, KV = ref.KV * ref.Dh;
-  const auto qf = nf4test::randn(T * Q, 31, 1.5f), kf = nf4test::randn(T * KV, 32, 1.5f),
-             vf = nf4test::randn(T * KV, 33), gf = nf4test::randn(T * Q, 34);
-  auto q = matrix<M>(qf, T, Q), k = matrix<M>(kf, T, KV), v = matrix<M>(vf, T, KV);
-  auto go = matrix<M>(gf, T, Q);
-  ref.doc_start.assign(static_cast<size_t>(T), 0);
-  for (int64_t i = 41; i < ref.S; ++i) ref.doc_start[i] = i < 100 ? 41 : 100;
-  Kokkos::View<int32_t**, Kokkos::LayoutRight, M> docs("docs", ref.seqs, ref.S);
-  {
-    auto hd = Kokkos::create_mirror_view(docs);
-    for (int64_t t = 0; t < T; ++t) hd(t / ref.S, t % ref.S) = ref.doc_start[t];
-    Kokkos::deep_copy(docs, hd);
-  }
-  for (const double cap : {0.0, 2.0}) {
-    ref.softcap = cap;
-    ref.run(widen(qf), widen(kf), widen(vf), widen(gf));
-    for (int mode = 0; mode < 3; ++mode) {
-      kqlora::AttentionWorkspace<M> ws;
-      ws.fused_host = mode == 0;
-      ws.batch_heads = mode == 2;
-      kqlora::AttentionShape shape{ref.seqs, ref.S, ref.H, ref.KV, ref.Dh};
-      shape.attn_scale = static_cast<float>(ref.scale);
-      shape.softcap = static_cast<float>(cap);
-      shape.window = ref.window;
-      kqlora::Matrix<M> o("o", T, Q), gq("gq", T, Q), gk("gk", T, KV), gv("gv", T, KV);
-      Kokkos::View<float*, M> lse("lse", ref.seqs * ref.H * ref.S);
-      kqlora::causal_attention_forward(TypeParam(), shape, q, k, v, false, ws, o, lse,
-                                       kqlora::DocStarts<M>(docs));
-      kqlora::causal_attention_backward(TypeParam(), shape, q, k, v, o, lse, go, false, ws, gq, gk,
-                                        gv, kqlora::DocStarts<M>(docs));
-      const std::string tag =
-          std::string(cap > 0 ? " soft-capped" : "") + (mode == 0   ? " (fused)"
-                                                        : mode == 1 ? " (gemm)"
-                                                                    : " (heads at once)");
-      expect_close(host(o), ref.o, 2e-6, "o" + tag);
-      expect_close(host(gq), ref.gq, 1e-5, "dq" + tag);
-      expect_close(host(gk), ref.gk, 1e-5, "dk" + tag);
-      expect_close(host(gv), ref.gv, 1e-5, "dv" + tag);
+  struct Case {
+    AttentionRef64 ref;
+    std::vector<std::pair<int64_t, int32_t>> docs;  // (token, its document's start) a run on
+  };
+  std::vector<Case> cases = {
+      {{2, 150, 6, 2, 80, 70, 0.11, 0, {}, {}, {}, {}, {}}, {{41, 41}, {100, 100}}},
+      {{3, 40, 4, 1, 72, 0, 0.12, 0, {}, {}, {}, {}, {}}, {{40 + 13, 13}, {80, 0}}}};
+  for (Case& c : cases) {
+    AttentionRef64& ref = c.ref;
+    const int64_t T = ref.seqs * ref.S, Q = ref.H * ref.Dh, KV = ref.KV * ref.Dh;
+    const auto qf = nf4test::randn(T * Q, 31, 1.5f), kf = nf4test::randn(T * KV, 32, 1.5f),
+               vf = nf4test::randn(T * KV, 33), gf = nf4test::randn(T * Q, 34);
+    auto q = matrix<M>(qf, T, Q), k = matrix<M>(kf, T, KV), v = matrix<M>(vf, T, KV);
+    auto go = matrix<M>(gf, T, Q);
+    // Each listed token starts a run of tokens whose document starts at the given position
+    // (up to the next listed token); tokens before the first: their row's position 0.
+    ref.doc_start.assign(static_cast<size_t>(T), 0);
+    for (size_t r = 0; r < c.docs.size(); ++r) {
+      const int64_t end = r + 1 < c.docs.size() ? c.docs[r + 1].first : T;
+      for (int64_t t = c.docs[r].first; t < end; ++t)
+        ref.doc_start[t] = t / ref.S == c.docs[r].first / ref.S ? c.docs[r].second : 0;
+    }
+    Kokkos::View<int32_t**, Kokkos::LayoutRight, M> docs("docs", ref.seqs, ref.S);
+    {
+      auto hd = Kokkos::create_mirror_view(docs);
+      for (int64_t t = 0; t < T; ++t) hd(t / ref.S, t % ref.S) = ref.doc_start[t];
+      Kokkos::deep_copy(docs, hd);
+    }
+    for (const double cap : {0.0, 2.0}) {
+      ref.softcap = cap;
+      ref.run(widen(qf), widen(kf), widen(vf), widen(gf));
+      for (int mode = 0; mode < 3; ++mode) {
+        kqlora::AttentionWorkspace<M> ws;
+        ws.fused_host = mode == 0;
+        ws.batch_heads = mode == 2;
+        kqlora::AttentionShape shape{ref.seqs, ref.S, ref.H, ref.KV, ref.Dh};
+        shape.attn_scale = static_cast<float>(ref.scale);
+        shape.softcap = static_cast<float>(cap);
+        shape.window = ref.window;
+        kqlora::Matrix<M> o("o", T, Q), gq("gq", T, Q), gk("gk", T, KV), gv("gv", T, KV);
+        Kokkos::View<float*, M> lse("lse", ref.seqs * ref.H * ref.S);
+        kqlora::causal_attention_forward(TypeParam(), shape, q, k, v, false, ws, o, lse,
+                                         kqlora::DocStarts<M>(docs));
+        kqlora::causal_attention_backward(TypeParam(), shape, q, k, v, o, lse, go, false, ws, gq,
+                                          gk, gv, kqlora::DocStarts<M>(docs));
+        const bool fused = kqlora::impl::takes_fused_host_attention(ws, false);
+        const std::string tag = " S " + std::to_string(ref.S) + (cap > 0 ? " soft-capped" : "") +
+                                (fused       ? " (fused)"
+                                 : mode == 2 ? " (heads at once)"
+                                             : " (gemm)");
+        expect_close(host(o), ref.o, 2e-6, "o" + tag);
+        expect_close(host(gq), ref.gq, 1e-5, "dq" + tag);
+        expect_close(host(gk), ref.gk, 1e-5, "dk" + tag);
+        expect_close(host(gv), ref.gv, 1e-5, "dv" + tag);
+      }
     }
   }
 }

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kqlora/core/error.hpp"
+
 #if defined(__AVX512F__) && !defined(__CUDA_ARCH__)
 #include <immintrin.h>
 #define KQLORA_FUSED_ATTENTION 1
@@ -133,13 +135,13 @@ void product(const Product& p, int64_t M, int64_t N, Range range) {
   }
 }
 
-/// exp(x) of 16 lanes, fast_exp's method (core/fast_exp.hpp) as vector instructions; only
-/// finite arguments at most 0 reach it here (scores minus their row's maximum or
-/// log-sum-exp), so its clamps are the lower one.
+/// exp(x) of 16 lanes, fast_exp's method (core/fast_exp.hpp) as vector instructions. Its
+/// arguments are scores minus their row's maximum or log-sum-exp, at most 0, so the clamp
+/// is the lower one; NaN stays NaN (max_ps returns its second operand where either is NaN).
 inline __m512 exp16(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-87.3365479f), shifter = _mm512_set1_ps(12582912.0f);
   const __mmask16 underflow = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-  const __m512 xc = _mm512_max_ps(x, lo);
+  const __m512 xc = _mm512_max_ps(lo, x);
   const __m512 n =
       _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504f), shifter), shifter);
   __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145752f), xc);
@@ -405,11 +407,15 @@ bool host_fused_attention_built() {
 }
 
 void host_fused_attention_forward(const AttentionShape&, HostHeads, HostHeads, HostHeads,
-                                  HostHeadsOut, float*, const int32_t*, float*) {}
+                                  HostHeadsOut, float*, const int32_t*, float*) {
+  KQLORA_CHECK(false, "host_fused_attention_forward: not built (no AVX-512)");
+}
 
 void host_fused_attention_backward(const AttentionShape&, HostHeads, HostHeads, HostHeads,
                                    HostHeads, const float*, HostHeads, HostHeadsOut, HostHeadsOut,
-                                   HostHeadsOut, const int32_t*, float*) {}
+                                   HostHeadsOut, const int32_t*, float*) {
+  KQLORA_CHECK(false, "host_fused_attention_backward: not built (no AVX-512)");
+}
 
 #endif
 

@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 
@@ -98,6 +99,41 @@ template <class M>
 bool takes_fused_host_attention(const AttentionWorkspace<M>& ws, bool bf16) {
   return std::is_same<M, Kokkos::HostSpace>::value && !ws.batch_heads && ws.fused_host && !bf16 &&
          host_fused_attention_built();
+}
+
+/// The fused kernel reads raw pointers: the operands' shapes it assumes, checked, and the
+/// document starts (packed rows) never decreasing along a row, which its row tiles assume
+/// (each starts at its first row's first key; the data loader checks the positions).
+template <class M>
+void check_fused_attention(const AttentionShape& a, std::initializer_list<const Matrix<M>*> q_like,
+                           std::initializer_list<const Matrix<M>*> kv_like,
+                           const Kokkos::View<float*, M>& lse, const DocStarts<M>& docs) {
+  const int64_t T = a.sequences * a.S, D = a.head_dim;
+  KQLORA_CHECK(a.kv_heads > 0 && a.heads % a.kv_heads == 0 &&
+                   static_cast<int64_t>(lse.extent(0)) >= a.sequences * a.heads * a.S,
+               "causal attention: " << a.heads << " heads over " << a.kv_heads
+                                    << " kv heads, log-sum-exp of " << lse.extent(0));
+  for (const auto* x : q_like)
+    KQLORA_CHECK(
+        static_cast<int64_t>(x->extent(0)) == T &&
+            static_cast<int64_t>(x->extent(1)) >= a.heads * D && x->stride(1) == 1,
+        "causal attention: a query-shaped operand of " << x->extent(0) << " x " << x->extent(1));
+  for (const auto* x : kv_like)
+    KQLORA_CHECK(
+        static_cast<int64_t>(x->extent(0)) == T &&
+            static_cast<int64_t>(x->extent(1)) >= a.kv_heads * D && x->stride(1) == 1,
+        "causal attention: a key-shaped operand of " << x->extent(0) << " x " << x->extent(1));
+  if constexpr (!std::is_same<M, Kokkos::HostSpace>::value) return;  // (the host's kernel)
+  if (docs.data() == nullptr) return;
+  KQLORA_CHECK(
+      static_cast<int64_t>(docs.extent(0)) == a.sequences &&
+          static_cast<int64_t>(docs.extent(1)) == a.S && docs.span_is_contiguous(),
+      "causal attention: document starts of " << docs.extent(0) << " x " << docs.extent(1));
+  for (int64_t s = 0; s < a.sequences; ++s)
+    for (int64_t i = 0; i < a.S; ++i)
+      KQLORA_CHECK(docs(s, i) >= 0 && docs(s, i) <= i && (i == 0 || docs(s, i) >= docs(s, i - 1)),
+                   "causal attention: document start " << docs(s, i) << " at position " << i
+                                                       << " of row " << s);
 }
 
 template <class M>
@@ -325,6 +361,7 @@ void causal_attention_forward(const ExecSpace& exec, const AttentionShape& a, co
   const GemmInputs in = bf16 ? GemmInputs::bfloat16 : GemmInputs::float32;
   if (impl::takes_fused_host_attention(ws, bf16)) {
     exec.fence();
+    impl::check_fused_attention(a, {&q, &o}, {&k, &v}, lse, docs);
     ws.reserve_fused(S, D, a.softcap > 0);
     impl::host_fused_attention_forward(a, impl::host_heads(q), impl::host_heads(k),
                                        impl::host_heads(v), impl::host_heads_out(o), lse.data(),
@@ -367,6 +404,7 @@ void causal_attention_backward(const ExecSpace& exec, const AttentionShape& a, c
   Kokkos::deep_copy(exec, gv, 0.0f);
   if (impl::takes_fused_host_attention(ws, bf16)) {
     exec.fence();
+    impl::check_fused_attention(a, {&q, &o, &go, &gq}, {&k, &v, &gk, &gv}, lse, docs);
     ws.reserve_fused(S, D, a.softcap > 0);
     impl::host_fused_attention_backward(
         a, impl::host_heads(q), impl::host_heads(k), impl::host_heads(v), impl::host_heads(o),

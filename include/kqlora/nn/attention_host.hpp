@@ -7,11 +7,11 @@
 // register-tiled micro-kernel on operands in place: K and V transposed once per sequence
 // and kv head, the rows of Q, dO, K and V read directly, the probabilities and their
 // gradient read across or down. Tiles past a row tile's last visible key are not
-// computed, nor are the key tiles of dK and dV before their first visible query.
+// computed, and each key tile of dK and dV sums only over the queries that can see it.
 //
 // Each sequence and kv head is one work item of the default host execution space: the
 // products of a query head group add into that kv head's gradient in a fixed order, so
-// results do not depend on the number of threads.
+// results do not depend on the number of threads (and no more threads than items work).
 
 #include <cstdint>
 
