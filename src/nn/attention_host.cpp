@@ -284,28 +284,29 @@ TileRange queries_of_keys(const Item& it, const Block& b, int64_t m0, int64_t m1
   return TileRange{0, it.a.head_dim, kb, std::max(kb, ke)};
 }
 
+/// f(block) for the row blocks of query heads [h0, h1) (of the item's kv head).
 template <class F>
-void for_each_block(const Item& it, F f) {
+void for_each_block(const Item& it, int64_t h0, int64_t h1, F f) {
   const AttentionShape& a = it.a;
-  const int64_t group = a.heads / a.kv_heads;
-  for (int64_t h = it.g * group; h < (it.g + 1) * group; ++h)
+  for (int64_t h = h0; h < h1; ++h)
     for (int64_t i0 = 0; i0 < a.S; i0 += kAttentionRowBlock) {
       const int64_t rows = std::min(kAttentionRowBlock, a.S - i0), j0 = a.first_key(it.s, i0);
       f(Block{h, i0, rows, j0, i0 + rows - j0});
     }
 }
 
-/// f(s, g, scratch) for every sequence and kv head, the items spread over the host's threads.
+/// f(s, j, scratch) for every sequence s and j < per_sequence, the items spread over the
+/// host's threads, each with its own scratch.
 template <class F>
-void for_each_item(const AttentionShape& a, float* scratch, F f) {
+void for_each_item(const AttentionShape& a, int64_t per_sequence, float* scratch, F f) {
   const int64_t item_floats = host_fused_attention_item_floats(a.S, a.head_dim, a.softcap > 0);
   Kokkos::Experimental::UniqueToken<Host> token;
   Kokkos::parallel_for(
       "kqlora::attention::fused_host",
-      Kokkos::RangePolicy<Host, Kokkos::IndexType<int64_t>>(0, a.sequences * a.kv_heads),
+      Kokkos::RangePolicy<Host, Kokkos::IndexType<int64_t>>(0, a.sequences * per_sequence),
       [=](int64_t n) {
         const int id = token.acquire();
-        f(n / a.kv_heads, n % a.kv_heads, scratch + id * item_floats);
+        f(n / per_sequence, n % per_sequence, scratch + id * item_floats);
         token.release(id);
       });
   Host().fence();
@@ -317,11 +318,13 @@ void host_fused_attention_forward(const AttentionShape& a, HostHeads q, HostHead
                                   HostHeadsOut o, float* lse, const int32_t* docs, float* scratch) {
   AttentionShape shape = a;
   shape.host_doc_start = docs;
-  for_each_item(shape, scratch, [=](int64_t s, int64_t g, float* mine) {
-    const Item it{shape, s, g, mine};
+  // A query head an item (its kv head's K^T packed by each of its group): the forward
+  // writes nothing two heads share, and more items keep more threads busy.
+  for_each_item(shape, shape.heads, scratch, [=](int64_t s, int64_t h, float* mine) {
+    const Item it{shape, s, h / (shape.heads / shape.kv_heads), mine};
     const int64_t L = it.L(), S = shape.S;
     pack_transposed(it, k, it.kt());
-    for_each_block(it, [&](const Block& b) {
+    for_each_block(it, h, h + 1, [&](const Block& b) {
       scores(it, b, q, false);
       float* l = lse + (s * shape.heads + b.h) * S;
       for_each_row(it, b, [&](int64_t r, int64_t i, int64_t lo, int64_t hi) {
@@ -334,7 +337,7 @@ void host_fused_attention_forward(const AttentionShape& a, HostHeads q, HostHead
         zero_row(x, hi, b.cols);
       });
       product(
-          Product{it.p(), L, 1, it.at(v, b.j0, g), v.ld, it.at(o, b.i0, b.h), o.ld, 1.0f, false},
+          Product{it.p(), L, 1, it.at(v, b.j0, it.g), v.ld, it.at(o, b.i0, b.h), o.ld, 1.0f, false},
           b.rows, shape.head_dim,
           [&](int64_t m0, int64_t m1) { return keys_of_rows(it, b, m0, m1); });
     });
@@ -347,13 +350,14 @@ void host_fused_attention_backward(const AttentionShape& a, HostHeads q, HostHea
                                    float* scratch) {
   AttentionShape shape = a;
   shape.host_doc_start = docs;
-  for_each_item(shape, scratch, [=](int64_t s, int64_t g, float* mine) {
+  // A kv head an item: its group's query heads add into its dK and dV in a fixed order.
+  for_each_item(shape, shape.kv_heads, scratch, [=](int64_t s, int64_t g, float* mine) {
     const Item it{shape, s, g, mine};
-    const int64_t L = it.L(), S = shape.S, D = shape.head_dim;
+    const int64_t L = it.L(), S = shape.S, D = shape.head_dim, group = shape.heads / shape.kv_heads;
     const bool capped = shape.softcap > 0;
     pack_transposed(it, k, it.kt());
     pack_transposed(it, v, it.vt());
-    for_each_block(it, [&](const Block& b) {
+    for_each_block(it, g * group, (g + 1) * group, [&](const Block& b) {
       scores(it, b, q, true);
       const float* l = lse + (s * shape.heads + b.h) * S;
       for_each_row(it, b, [&](int64_t r, int64_t i, int64_t lo, int64_t hi) {

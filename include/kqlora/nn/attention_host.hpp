@@ -9,9 +9,10 @@
 // gradient read across or down. Tiles past a row tile's last visible key are not
 // computed, and each key tile of dK and dV sums only over the queries that can see it.
 //
-// Each sequence and kv head is one work item of the default host execution space: the
-// products of a query head group add into that kv head's gradient in a fixed order, so
-// results do not depend on the number of threads (and no more threads than items work).
+// The work items run on the default host execution space's threads: a sequence and query
+// head each forward, a sequence and kv head each backward (the products of a query head
+// group add into that kv head's gradient in a fixed order), so results do not depend on
+// the number of threads; no more threads than items work.
 
 #include <cstdint>
 
