@@ -33,18 +33,25 @@ KOKKOS_INLINE_FUNCTION void row_for(const Team& team, int64_t lo, int64_t hi, co
 }
 
 /// The sum of f(j) over j in [lo, hi) (f may also store, e.g. an exponential kept).
+/// The one-thread form (a host team of one, and the host's fused attention, whose rows run
+/// inside its own work items: nn/attention_host.hpp).
+template <class F>
+KOKKOS_INLINE_FUNCTION float row_sum_one_thread(int64_t lo, int64_t hi, const F& f) {
+  float acc[kRowLanes] = {};
+  int64_t j = lo;
+  for (; j + kRowLanes <= hi; j += kRowLanes)
+    for (int l = 0; l < kRowLanes; ++l) acc[l] += f(j + l);
+  for (int l = 0; j + l < hi; ++l) acc[l] += f(j + l);
+  for (int w = kRowLanes / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
+}
+
 template <class Team, class F>
 KOKKOS_INLINE_FUNCTION float row_sum(const Team& team, int64_t lo, int64_t hi, const F& f) {
   float s = 0.0f;
   if (team.team_size() == 1) {
-    float acc[kRowLanes] = {};
-    int64_t j = lo;
-    for (; j + kRowLanes <= hi; j += kRowLanes)
-      for (int l = 0; l < kRowLanes; ++l) acc[l] += f(j + l);
-    for (int l = 0; j + l < hi; ++l) acc[l] += f(j + l);
-    for (int w = kRowLanes / 2; w > 0; w /= 2)
-      for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
-    s = acc[0];
+    s = row_sum_one_thread(lo, hi, f);
   } else {
     Kokkos::parallel_reduce(
         Kokkos::TeamThreadRange(team, lo, hi), [&](int64_t j, float& a) { a += f(j); }, s);
@@ -89,10 +96,8 @@ KOKKOS_INLINE_FUNCTION float row_max(const Team& team, int64_t lo, int64_t hi, c
 typedef float RowLanes __attribute__((vector_size(4 * kRowLanes)));
 #endif
 
-/// The largest x[j] over j in [lo, hi); -INFINITY for an empty range.
-template <class Team>
-KOKKOS_INLINE_FUNCTION float row_max(const Team& team, const float* x, int64_t lo, int64_t hi) {
-  if (team.team_size() != 1) return row_max(team, lo, hi, [&](int64_t j) { return x[j]; });
+/// The largest x[j] over j in [lo, hi); -INFINITY for an empty range. One thread.
+KOKKOS_INLINE_FUNCTION float row_max_one_thread(const float* x, int64_t lo, int64_t hi) {
   float m = -INFINITY;
   int64_t j = lo;
 #ifdef KQLORA_ROW_VECTORS
@@ -109,18 +114,21 @@ KOKKOS_INLINE_FUNCTION float row_max(const Team& team, const float* x, int64_t l
   return m;
 }
 
+/// The largest x[j] over j in [lo, hi); -INFINITY for an empty range.
+template <class Team>
+KOKKOS_INLINE_FUNCTION float row_max(const Team& team, const float* x, int64_t lo, int64_t hi) {
+  if (team.team_size() != 1) return row_max(team, lo, hi, [&](int64_t j) { return x[j]; });
+  return row_max_one_thread(x, lo, hi);
+}
+
 /// The sum of x[j] over j in [lo, hi), in kRowLanes partial sums on the host.
 template <class Team>
 KOKKOS_INLINE_FUNCTION float row_sum(const Team& team, const float* x, int64_t lo, int64_t hi) {
   return row_sum(team, lo, hi, [&](int64_t j) { return x[j]; });
 }
 
-/// x[j] = exp(x[j] - shift) for j in [lo, hi) (core/fast_exp.hpp).
-template <class Team>
-KOKKOS_INLINE_FUNCTION void row_exp(const Team& team, float* x, int64_t lo, int64_t hi,
-                                    float shift) {
-  if (team.team_size() != 1)
-    return row_for(team, lo, hi, [&](int64_t j) { x[j] = fast_exp(x[j] - shift); });
+/// x[j] = exp(x[j] - shift) for j in [lo, hi) (core/fast_exp.hpp). One thread.
+KOKKOS_INLINE_FUNCTION void row_exp_one_thread(float* x, int64_t lo, int64_t hi, float shift) {
   int64_t j = lo;
   for (; j + kRowLanes <= hi; j += kRowLanes)
     for (int l = 0; l < kRowLanes; ++l) x[j + l] = fast_exp(x[j + l] - shift);
@@ -133,6 +141,15 @@ KOKKOS_INLINE_FUNCTION void row_exp(const Team& team, float* x, int64_t lo, int6
   for (int l = 0; l < kRowLanes; ++l) t[l] = l < n ? x[j + l] : shift;
   for (int l = 0; l < kRowLanes; ++l) t[l] = fast_exp(t[l] - shift);
   for (int l = 0; l < n; ++l) x[j + l] = t[l];
+}
+
+/// x[j] = exp(x[j] - shift) for j in [lo, hi) (core/fast_exp.hpp).
+template <class Team>
+KOKKOS_INLINE_FUNCTION void row_exp(const Team& team, float* x, int64_t lo, int64_t hi,
+                                    float shift) {
+  if (team.team_size() != 1)
+    return row_for(team, lo, hi, [&](int64_t j) { x[j] = fast_exp(x[j] - shift); });
+  row_exp_one_thread(x, lo, hi, shift);
 }
 
 /// x[j] *= s for j in [lo, hi).
