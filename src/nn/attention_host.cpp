@@ -54,6 +54,15 @@ bool host_fused_attention_built() {
 
 namespace {
 
+// GCC's unroll pragma, which nvcc's front end does not know (a CUDA build's host code: no
+// pragma, no warning).
+#if defined(__NVCC__)
+#define KQLORA_UNROLL(n)
+#else
+#define KQLORA_PRAGMA(x) _Pragma(#x)
+#define KQLORA_UNROLL(n) KQLORA_PRAGMA(GCC unroll n)
+#endif
+
 constexpr int kMr = 6;  // rows of the register tile
 constexpr int kNv = 4;  // its 16-float vectors of columns: 6 x 64, 24 accumulators
 
@@ -80,30 +89,32 @@ void tile(const Product& p, int64_t m0, int64_t n0, int64_t kb, int64_t ke, __mm
   // (the unroll pragmas keep acc in registers: without them GCC 12 stored every
   // accumulator to the stack at each step, at half the FMA rate)
   __m512 acc[MR][NV];
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
+  KQLORA_UNROLL(8)
+  for (int i = 0; i < MR; ++i) {
+    KQLORA_UNROLL(4)
     for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
+  }
   const float* a = p.a + m0 * p.am;
   for (int64_t k = kb; k < ke; ++k) {
     const float* bk = p.b + k * p.ldb + n0;
     __m512 b[NV];
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v)
+    KQLORA_UNROLL(4)
+    for (int v = 0; v < NV; ++v) {
       b[v] = v + 1 < NV ? _mm512_loadu_ps(bk + 16 * v) : _mm512_maskz_loadu_ps(last, bk + 16 * v);
+    }
     const float* ak = a + k * p.ak;
-#pragma GCC unroll 8
+    KQLORA_UNROLL(8)
     for (int i = 0; i < MR; ++i) {
       const __m512 x = _mm512_set1_ps(ak[i * p.am]);
-#pragma GCC unroll 4
+      KQLORA_UNROLL(4)
       for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(x, b[v], acc[i][v]);
     }
   }
   const __m512 alpha = _mm512_set1_ps(p.alpha);
-#pragma GCC unroll 8
+  KQLORA_UNROLL(8)
   for (int i = 0; i < MR; ++i) {
     float* c = p.c + (m0 + i) * p.ldc + n0;
-#pragma GCC unroll 4
+    KQLORA_UNROLL(4)
     for (int v = 0; v < NV; ++v) {
       const __mmask16 lanes = v + 1 < NV ? __mmask16(0xffff) : last;
       __m512 r = _mm512_mul_ps(acc[i][v], alpha);
