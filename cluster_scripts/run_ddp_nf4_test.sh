@@ -30,7 +30,7 @@ launch() {  # launch NP command...
   if [ -n "${KQLORA_LAUNCHER:-}" ]; then
     ${KQLORA_LAUNCHER} -np "$np" "$@"
   elif [ -n "${SLURM_JOB_ID:-}" ] && command -v srun > /dev/null; then
-    srun --ntasks="$np" "$@"
+    srun --kill-on-bad-exit=1 --ntasks="$np" "$@"   # a dead rank ends the step
   else
     [ "$(id -u)" -ne 0 ] || export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     mpirun --oversubscribe -np "$np" "$@"

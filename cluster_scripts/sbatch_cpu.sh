@@ -14,4 +14,6 @@ shift || true
 export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
 export OMP_PROC_BIND=spread OMP_PLACES=threads
 export OPENBLAS_NUM_THREADS=1                    # one BLAS thread per OpenMP thread
-srun --cpu-bind=cores build/bin/kqlora-train "$deck" "$@"
+# --kill-on-bad-exit=1: a rank that dies ends the whole step, instead of leaving the
+# others waiting in a collective until the time limit.
+srun --kill-on-bad-exit=1 --cpu-bind=cores build/bin/kqlora-train "$deck" "$@"

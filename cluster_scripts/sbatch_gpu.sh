@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# kqlora-train on GPU nodes: one task per GPU, each task sees the GPU of its SLURM_LOCALID.
+# kqlora-train on GPU nodes: one task per GPU, each task sees the GPU of its node-local rank.
 # Needs a build with Kokkos CUDA (and NCCL for comm = nccl).
 # Edit the resources and the deck, then: sbatch cluster_scripts/sbatch_gpu.sh input/seed.in
 #SBATCH --job-name=kqlora-gpu
@@ -14,4 +14,6 @@ deck=${1:-input/seed.in}
 shift || true
 # module load cuda nccl openmpi hdf5/parallel kokkos   # your site's modules
 export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
-srun --gpu-bind=none cluster_scripts/gpu_bind.sh build/bin/kqlora-train "$deck" device=cuda "$@"
+# --kill-on-bad-exit=1: a rank that dies ends the whole step, instead of leaving the
+# others waiting in a collective until the time limit.
+srun --kill-on-bad-exit=1 --gpu-bind=none cluster_scripts/gpu_bind.sh build/bin/kqlora-train "$deck" device=cuda "$@"

@@ -19,7 +19,9 @@ shift $(( $# > 2 ? 2 : $# ))
 export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1} OMP_PROC_BIND=spread OMP_PLACES=threads
 extra=()
 [ -f "$save_dir/latest" ] && extra+=(restart=latest)   # a requeued run resumes
-srun build/bin/kqlora-train "$deck" save_dir="$save_dir" "${extra[@]}" "$@"
+# --kill-on-bad-exit=1: a rank that dies ends the whole step, instead of leaving the
+# others waiting in a collective until the time limit.
+srun --kill-on-bad-exit=1 build/bin/kqlora-train "$deck" save_dir="$save_dir" "${extra[@]}" "$@"
 rc=$?
 if [ "$rc" -eq 75 ]; then
   echo "kqlora-train was preempted after a checkpoint; requeueing job $SLURM_JOB_ID"

@@ -24,6 +24,13 @@ check 1 SLURM_LOCALID=1                                 # no list: the rank
 check 2 OMPI_COMM_WORLD_LOCAL_RANK=2                    # Open MPI's mpirun
 check GPU-bbb OMPI_COMM_WORLD_LOCAL_RANK=1 CUDA_VISIBLE_DEVICES=GPU-aaa,GPU-bbb  # UUIDs
 check 0                                                 # no launcher: rank 0
+# mpirun inside a Slurm allocation: every rank inherits the batch step's SLURM_LOCALID=0,
+# the launcher's local rank must win (the old order put all of them on GPU 0)
+check 3 SLURM_LOCALID=0 OMPI_COMM_WORLD_LOCAL_RANK=1 CUDA_VISIBLE_DEVICES=2,3
+check 1 SLURM_LOCALID=0 OMPI_COMM_WORLD_LOCAL_RANK=1
+check 6 SLURM_LOCALID=0 MPI_LOCALRANKID=1 CUDA_VISIBLE_DEVICES=4,6   # MPICH / Intel MPI
+check 2 SLURM_LOCALID=0 PMI_LOCAL_RANK=2                             # other PMI launchers
+check 1 MPI_LOCALRANKID=1 PMI_LOCAL_RANK=0   # both set: the fixed order decides
 if env -i PATH="$PATH" SLURM_LOCALID=x bash "$bind" true 2>/dev/null; then
   echo "FAILED: a rank that is not a number was accepted"
   fail=1
