@@ -1,5 +1,7 @@
 #include "app_main.hpp"
 
+#include <Kokkos_Core.hpp>
+
 #include <cstdlib>
 #include <exception>
 #include <iostream>
@@ -23,9 +25,22 @@ int run(int argc, char** argv, const std::string& name, const std::string& usage
       return 0;
     }
   }
+#ifdef KOKKOS_ENABLE_CUDA
+  // A CUDA build says what it is without a GPU (the GPU check asks every binary first):
+  // the Runtime below starts Kokkos on the device.
+  for (const auto& a : args) {
+    if (a == "--version") {
+      std::cout << build_configuration();
+      return 0;
+    }
+  }
+#endif
   std::unique_ptr<Runtime> runtime;
   try {
     runtime = std::make_unique<Runtime>(argc, argv);
+  } catch (const InputError& e) {  // (no GPU, or one this build's code cannot run on)
+    std::cerr << name << ": error: " << e.what() << "\n";
+    return 2;
   } catch (const std::exception& e) {
     std::cerr << name << ": error: cannot start MPI/Kokkos: " << e.what() << "\n";
     return 1;

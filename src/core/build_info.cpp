@@ -8,6 +8,7 @@
 #include "kqlora/core/blas_selection.hpp"
 #include "kqlora/core/cpu_features.hpp"
 #include "kqlora/core/gemm_engine.hpp"
+#include "kqlora/core/gpu_arch.hpp"
 #if KQLORA_HAVE_MPI
 #include <mpi.h>
 #endif
@@ -39,6 +40,9 @@ std::string build_configuration() {
   os << " CUDA";
 #endif
   os << " (default: " << Kokkos::DefaultExecutionSpace::name() << ")\n";
+#ifdef KOKKOS_ENABLE_CUDA
+  os << "  GPU code: " << describe_gpu_code() << "\n";
+#endif
 #if KQLORA_HAVE_MPI
   char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
   int len = 0;

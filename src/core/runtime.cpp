@@ -12,6 +12,7 @@
 #endif
 
 #include "kqlora/core/blas_selection.hpp"
+#include "kqlora/core/gpu_arch.hpp"
 #include "kqlora/core/mpi_check.hpp"
 
 namespace kqlora {
@@ -87,7 +88,10 @@ Runtime::Runtime(int& argc, char**& argv) {
 #else
   select_blas_threads(1);
 #endif
-  if (!Kokkos::is_initialized()) Kokkos::initialize(argc, argv);
+  if (!Kokkos::is_initialized()) {
+    check_gpus_run_this_build();  // (a CUDA build on no GPU or too old a one: a clear refusal)
+    Kokkos::initialize(argc, argv);
+  }
 }
 
 namespace {
