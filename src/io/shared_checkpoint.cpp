@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <sstream>
 
 #include "kqlora/core/build_info.hpp"
 #include "kqlora/core/error.hpp"
@@ -157,10 +158,25 @@ void create_layout(hid_t file, const SharedCheckpoint& s, const std::vector<Shar
   h5::write_attribute(data, "source", c.data_source);
 }
 
+/// What a rank blocked in the shared write was waiting for, in the watchdog's line.
+class WritePhase {
+ public:
+  WritePhase(Watchdog::Guard& guard, std::string head) : guard_(guard), head_(std::move(head)) {}
+  void operator()(const std::string& what) { guard_.set_message(head_ + what + tail_); }
+
+ private:
+  Watchdog::Guard& guard_;
+  std::string head_;
+  const std::string tail_ =
+      ": another rank is hung or dead (or the file system stalled); "
+      "ending the job";
+};
+
 /// Every part into the laid-out file: whole chunks written by their rank, then the partial
 /// chunks of the parts that have any (on any rank) written collectively.
 void write_parts(hid_t file, hid_t dxpl, const std::vector<SharedPart>& parts, Communicator& comm,
-                 StreamingWriteback& writeback) {
+                 StreamingWriteback& writeback, WritePhase& phase) {
+  phase("the collective opening of the file's datasets (H5Dopen2, collective metadata)");
   std::vector<Handle> sets;  // opened by every rank alike (collective metadata reads)
   for (const auto& p : parts)
     sets.emplace_back(KQLORA_H5(H5Dopen2(file, p.path.c_str(), H5P_DEFAULT)));
@@ -169,6 +185,7 @@ void write_parts(hid_t file, hid_t dxpl, const std::vector<SharedPart>& parts, C
   std::vector<std::vector<Range>> left(parts.size());
   std::vector<double> flags(parts.size() + 1, 0.0);  // partial chunks per part; last: failed
   std::string error;
+  phase("its own whole chunks' writes (independent)");
   try {
     std::vector<char> buf;
     for (size_t i = 0; i < parts.size(); ++i) {
@@ -181,14 +198,49 @@ void write_parts(hid_t file, hid_t dxpl, const std::vector<SharedPart>& parts, C
     error = e.what();
     flags.back() = 1.0;
   }
+  phase("the other ranks' whole chunks (the allreduce after them)");
   comm.wait(comm.allreduce_sum(flags.data(), static_cast<int64_t>(flags.size())));
   KQLORA_CHECK(flags.back() <= 0,
                (error.empty() ? "another rank failed to write its chunks (see its error)" : error));
   for (size_t i = 0; i < parts.size(); ++i)
-    if (flags[i] > 0) write_pieces(sets[i], dxpl, parts[i], left[i]);
+    if (flags[i] > 0) {
+      phase("the collective write of " + parts[i].path + "'s partial chunks (H5Dwrite, MPI-IO)");
+      write_pieces(sets[i], dxpl, parts[i], left[i]);
+    }
+  phase("the collective closing of the file's datasets (H5Dclose)");
 }
 
+/// The bytes of the whole file's datasets (every rank lists every dataset).
+int64_t file_bytes(const std::vector<SharedPart>& parts) {
+  int64_t bytes = 0;
+  for (const auto& p : parts) {
+    int64_t n = static_cast<int64_t>(H5Tget_size(file_type(p.type)));
+    for (int64_t d : p.dims) n *= d;
+    bytes += n;
+  }
+  return bytes;
+}
+
+/// The communicator's timeout for a scope (restored on the way out, errors included).
+class ScopedTimeout {
+ public:
+  ScopedTimeout(Communicator& comm, double seconds) : comm_(comm), saved_(comm.timeout()) {
+    comm_.set_timeout(seconds);
+  }
+  ~ScopedTimeout() { comm_.set_timeout(saved_); }
+  ScopedTimeout(const ScopedTimeout&) = delete;
+  ScopedTimeout& operator=(const ScopedTimeout&) = delete;
+
+ private:
+  Communicator& comm_;
+  double saved_;
+};
+
 }  // namespace
+
+double shared_write_deadline_s(double comm_timeout_s, int64_t file_bytes) {
+  return comm_timeout_s + static_cast<double>(file_bytes) / kSharedWriteFloorBytesPerS;
+}
 
 std::string write_checkpoint_shared(const std::string& save_dir, const SharedCheckpoint& s,
                                     int64_t keep_last, Communicator& comm) {
@@ -200,6 +252,23 @@ std::string write_checkpoint_shared(const std::string& save_dir, const SharedChe
     auto parts = s.parts;
     parts.push_back({SharedPart::Type::i64, "rng/seed", {1}, 0, mine, &seed});
     parts.push_back({SharedPart::Type::i64, "data/next_step", {1}, 0, mine, &next});
+
+    // MPI-IO's collectives (the open, the collective writes, the close) cannot time out:
+    // a rank that died or hung inside them would hold every other rank until the job's
+    // time limit. The whole write runs under the watchdog instead (docs/CHECKPOINTS.md,
+    // "A rank that hangs during a checkpoint"): past comm_timeout_s plus the file at
+    // 10 MB/s, the rank still inside prints what it waits for and ends the job (exit 1).
+    // The waits for other ranks in between (allreduces) get the same bound.
+    const int64_t bytes = file_bytes(parts);
+    const double deadline_s = shared_write_deadline_s(comm.timeout(), bytes);
+    std::ostringstream head;
+    head << "checkpoint of step " << s.header.step << " (shared layout, " << path << "): rank "
+         << comm.rank() << " of " << comm.size() << " waited more than " << deadline_s
+         << " s (comm_timeout_s " << comm.timeout() << " s + " << bytes << " bytes at 10 MB/s) in ";
+    Watchdog::Guard guard(deadline_s, head.str());
+    WritePhase phase(guard, head.str());
+    ScopedTimeout timeout(comm, deadline_s);
+    phase("the layout's creation (rank 0) and its allreduce");
 
     Handle fapl(KQLORA_H5(H5Pcreate(H5P_FILE_ACCESS)));
     KQLORA_H5(H5Pset_fapl_mpio(fapl, comm.mpi_comm(), MPI_INFO_NULL));
@@ -224,15 +293,18 @@ std::string write_checkpoint_shared(const std::string& save_dir, const SharedChe
     double failed = error.empty() ? 0.0 : 1.0;
     comm.wait(comm.allreduce_sum(&failed, 1));
     KQLORA_CHECK(failed <= 0, (comm.rank() == 0 ? error : "rank 0 could not create " + path));
+    phase("the collective open of the file (H5Fopen through MPI-IO)");
     Handle file(KQLORA_H5(H5Fopen(path.c_str(), H5F_ACC_RDWR, fapl)));
     Handle dxpl(KQLORA_H5(H5Pcreate(H5P_DATASET_XFER)));
     KQLORA_H5(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE));
     StreamingWriteback writeback(path);  // (measured: 0.71 - 0.99 s against 1.5 - 1.74 s)
-    write_parts(file, dxpl, parts, comm, writeback);
+    write_parts(file, dxpl, parts, comm, writeback, phase);
     dxpl.reset();
+    phase("the collective close of the file (H5Fclose through MPI-IO)");
     file.close();
     // Every rank syncs what it wrote (on a parallel file system one client's fsync does
     // not cover another's writes; on a local disk the second finds nothing to do).
+    phase("its fsync of the file");
     fsync_file(path);
   });
 }

@@ -28,17 +28,39 @@ struct WatchdogState {
       for (;;) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
         const int64_t d = deadline_ns.load();
-        const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                std::chrono::steady_clock::now().time_since_epoch())
-                                .count();
-        if (d != 0 && now > d) {
+        if (d != 0 && now_ns() > d) {
           std::lock_guard<std::mutex> lock(m);
+          if (deadline_ns.load() != d) continue;  // the guard ended meanwhile
           std::fprintf(stderr, "kqlora: error: %s\n", message.c_str());
           std::fflush(stderr);
-          _exit(1);  // the launcher sees a failed rank and ends the job
+          end_job();
         }
       }
     }).detach();
+  }
+
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  // The main thread is blocked inside MPI (or a device wait): only MPI_Abort makes the
+  // launcher end the other ranks too, whatever its options (srun without
+  // --kill-on-bad-exit would leave them running after a plain exit). A second thread
+  // exits after 10 s in case MPI_Abort itself does not come back.
+  [[noreturn]] static void end_job() {
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::seconds(10));
+      _exit(1);
+    }).detach();
+#if KQLORA_HAVE_MPI
+    int initialized = 0, finalized = 0;
+    if (MPI_Initialized(&initialized) == MPI_SUCCESS && initialized &&
+        MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized)
+      MPI_Abort(MPI_COMM_WORLD, 1);
+#endif
+    _exit(1);
   }
 };
 
@@ -50,24 +72,46 @@ WatchdogState& watchdog() {
 }  // namespace
 
 Watchdog::Guard::Guard(const Communicator& comm, const std::string& what) {
+  std::ostringstream os;
+  os << comm.backend() << " " << what << " did not complete within " << comm.timeout()
+     << " s (comm_timeout_s) on rank " << comm.rank() << " of " << comm.size()
+     << ": another rank is hung or dead";
+  arm(comm.timeout(), os.str());
+}
+
+Watchdog::Guard::Guard(double seconds, const std::string& message) {
+  arm(seconds, message);
+}
+
+void Watchdog::Guard::arm(double seconds, const std::string& message) {
   auto& w = watchdog();
+  outer_deadline_ns_ = w.deadline_ns.exchange(0);  // (disarmed while the message changes)
   {
     std::lock_guard<std::mutex> lock(w.m);
-    std::ostringstream os;
-    os << comm.backend() << " " << what << " did not complete within " << comm.timeout()
-       << " s (comm_timeout_s) on rank " << comm.rank() << " of " << comm.size()
-       << ": another rank is hung or dead";
-    w.message = os.str();
+    outer_message_ = std::move(w.message);
+    w.message = message;
   }
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(comm.timeout()));
+                            std::chrono::duration<double>(seconds));
   w.deadline_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count();
 }
 
+void Watchdog::Guard::set_message(const std::string& message) {
+  auto& w = watchdog();
+  std::lock_guard<std::mutex> lock(w.m);
+  w.message = message;
+}
+
 Watchdog::Guard::~Guard() {
-  watchdog().deadline_ns = 0;
+  auto& w = watchdog();
+  w.deadline_ns = 0;
+  {
+    std::lock_guard<std::mutex> lock(w.m);
+    w.message = std::move(outer_message_);
+  }
+  w.deadline_ns = outer_deadline_ns_;  // the enclosing guard's, or 0: disarmed
 }
 
 void Communicator::wait(Request& r) {

@@ -3,11 +3,15 @@
 // $KQLORA_FAULT_AFTER_BYTES bytes have been written there (a disk that fills up, a disk
 // that fails); with $KQLORA_FAULT_OPEN_ERRNO (EROFS or EACCES), creating a file or a
 // directory there fails at once (a read-only file system, a directory without permission,
-// which root cannot otherwise be refused). Everything else passes through.
+// which root cannot otherwise be refused). With $KQLORA_FAULT_STOP_RANK, the process of
+// that MPI rank (the launcher's OMPI_COMM_WORLD_RANK, PMI_RANK or PMIX_RANK) stops itself
+// (SIGSTOP: a hung rank) when it opens a file under $KQLORA_FAULT_DIR whose name ends with
+// $KQLORA_FAULT_STOP_AT. Everything else passes through.
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -59,6 +63,24 @@ static int open_fault(const char* path, int flags) {
   return err && (flags & (O_WRONLY | O_RDWR | O_CREAT)) && under_dir(path) ? err : 0;
 }
 
+static const char* launcher_rank(void) {
+  const char* names[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i) {
+    const char* v = getenv(names[i]);
+    if (v && *v) return v;
+  }
+  return NULL;
+}
+
+static void maybe_stop(const char* path) {
+  const char* rank = getenv("KQLORA_FAULT_STOP_RANK");
+  const char* suffix = getenv("KQLORA_FAULT_STOP_AT");
+  const char* mine = launcher_rank();
+  if (!rank || !suffix || !*suffix || !mine || strcmp(rank, mine) || !under_dir(path)) return;
+  const size_t n = strlen(path), k = strlen(suffix);
+  if (n >= k && !strcmp(path + n - k, suffix)) raise(SIGSTOP);
+}
+
 #define NEXT(name) ((__typeof__(&name))dlsym(RTLD_NEXT, #name))
 
 ssize_t write(int fd, const void* buf, size_t count) {
@@ -104,6 +126,7 @@ ssize_t pwritev(int fd, const struct iovec* iov, int n, off_t offset) {
     va_start(ap, flags);                                            \
     const mode_t mode = (flags & O_CREAT) ? va_arg(ap, mode_t) : 0; \
     va_end(ap);                                                     \
+    maybe_stop(path);                                               \
     const int err = open_fault(path, flags);                        \
     if (err) return errno = err, -1;                                \
     return NEXT(name) args;                                         \

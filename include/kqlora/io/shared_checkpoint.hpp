@@ -41,7 +41,16 @@ struct SharedCheckpoint {
   std::vector<SharedPart> parts;  // every rank lists every dataset, in the same order
 };
 
-/// Writes and commits save_dir/step-XXXXXXXX/checkpoint.h5 (collective).
+/// The slowest write a healthy file system is taken to sustain for a shared checkpoint's
+/// whole file (all ranks together): 10 MB/s.
+constexpr double kSharedWriteFloorBytesPerS = 10e6;
+/// How long a rank may spend in a shared checkpoint's write before the watchdog ends the
+/// job (exit 1): comm_timeout_s plus the whole file at kSharedWriteFloorBytesPerS.
+double shared_write_deadline_s(double comm_timeout_s, int64_t file_bytes);
+
+/// Writes and commits save_dir/step-XXXXXXXX/checkpoint.h5 (collective). A rank that
+/// hangs or dies inside the write ends the job after shared_write_deadline_s (the
+/// watchdog, parallel/communicator.hpp), naming the step, the rank and what it waited for.
 std::string write_checkpoint_shared(const std::string& save_dir, const SharedCheckpoint& s,
                                     int64_t keep_last, Communicator& comm);
 

@@ -21,16 +21,29 @@ namespace kqlora {
 
 class Communicator;
 
-/// Ends the process when a blocking call outlasts the communicator's timeout: a thread
-/// that waits for the deadline unless the guarded call returns first.
+/// Ends the job when a blocking call outlasts its deadline: a thread that waits for the
+/// deadline unless the guarded call returns first, then prints the guard's line and calls
+/// MPI_Abort(MPI_COMM_WORLD, 1) (the launcher ends every rank, exit 1; `_exit(1)` where MPI
+/// is not running, or if MPI_Abort has not ended the process 10 s later). Guards nest on
+/// one thread: the inner one's deadline holds until it ends, then the outer one's again.
 class Watchdog {
  public:
   class Guard {
    public:
+    /// A blocking call of `comm`, within its timeout (comm_timeout_s); `what` names it.
     Guard(const Communicator& comm, const std::string& what);
+    /// Any blocking section: `seconds` from now, then `message` is the line printed.
+    Guard(double seconds, const std::string& message);
     ~Guard();
+    /// Replaces the line printed (the phase a long section has reached); same deadline.
+    void set_message(const std::string& message);
     Guard(const Guard&) = delete;
     Guard& operator=(const Guard&) = delete;
+
+   private:
+    void arm(double seconds, const std::string& message);
+    int64_t outer_deadline_ns_ = 0;
+    std::string outer_message_;
   };
 };
 
