@@ -5,6 +5,7 @@
 #   bash tools/build_cuda.sh KOKKOS_SRC KOKKOS_KERNELS_SRC [--arch HOPPER90] [--out DIR]
 #        [--jobs N] [--targets "kqlora-train test_llama ..."] [--no-host-blas]
 #        [--deps-only | --kqlora-only] [--kqlora-cmake "-DKQLORA_ENABLE_MPI=OFF ..."]
+#        [-- KQLORA_CMAKE_ARG ...]
 #   bash tools/build_cuda.sh --patch-only KOKKOS_SRC     (patches that tree in place)
 #
 # KOKKOS_SRC / KOKKOS_KERNELS_SRC: checkouts of github.com/kokkos/kokkos and
@@ -24,8 +25,10 @@
 # end (the build is expected warning-free) and written to DIR/warnings.txt.
 # --no-host-blas: Kokkos Kernels without a host BLAS (its own host kernels; where no BLAS
 # library is installed, e.g. a GPU image); --deps-only / --kqlora-only: the Kokkos half or
-# the kqlora half (DIR/install already there); --kqlora-cmake: more arguments for kqlora's
-# configuration (tools/gpu_check.sh passes MPI and HDF5 there).
+# the kqlora half (DIR/install already there); --kqlora-cmake (split at spaces) and the
+# arguments after -- (each kept whole): more arguments for kqlora's
+# configuration (tools/gpu_prep.sh passes MPI, HDF5 and static runtimes there). Kokkos and
+# Kokkos Kernels are static libraries, compiled position-independent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
@@ -76,6 +79,7 @@ fi
 kokkos_src=$(realpath "$1") kk_src=$(realpath "$2")
 shift 2
 arch=HOPPER90 out=build-cuda jobs=$(nproc) targets="" host_blas=ON part=all kqlora_cmake=""
+kqlora_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --arch) arch=${2:?--arch needs a value}; shift 2 ;;
@@ -86,14 +90,21 @@ while [ $# -gt 0 ]; do
     --deps-only) part=deps; shift ;;
     --kqlora-only) part=kqlora; shift ;;
     --kqlora-cmake) kqlora_cmake=${2?--kqlora-cmake needs a value}; shift 2 ;;
+    --) shift; kqlora_args=("$@"); break ;;
     *) echo "build_cuda.sh: unknown option '$1' (--help)" >&2; exit 2 ;;
   esac
 done
 for d in "$kokkos_src/core/src/Cuda" "$kk_src/blas"; do
   [ -d "$d" ] || { echo "build_cuda.sh: $d not found (a Kokkos / Kokkos Kernels source tree?)" >&2; exit 2; }
 done
+# The toolkit: CUDA_HOME, else /usr/local/cuda, else the one whose nvcc is on PATH (exported:
+# Kokkos' nvcc_wrapper and CMake's FindCUDAToolkit read it).
 cuda=${CUDA_HOME:-/usr/local/cuda}
+if [ ! -x "$cuda/bin/nvcc" ] && [ -z "${CUDA_HOME:-}" ] && command -v nvcc >/dev/null; then
+  cuda=$(dirname "$(dirname "$(realpath "$(command -v nvcc)")")")
+fi
 [ -x "$cuda/bin/nvcc" ] || { echo "build_cuda.sh: no nvcc under $cuda (set CUDA_HOME)" >&2; exit 2; }
+export CUDA_HOME=$cuda PATH=$cuda/bin:$PATH
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 mkdir -p "$out"
@@ -116,7 +127,7 @@ rm -f "$out"/{kokkos,kokkos-kernels}/CMakeCache.txt  # (a rerun configures afres
 stamp "Kokkos (CUDA + Serial, $arch) -> $prefix"
 cmake -S "$out/src/kokkos" -B "$out/kokkos" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_INSTALL_PREFIX="$prefix" -DCMAKE_CXX_STANDARD=17 -DKokkos_ENABLE_CUDA=ON \
-  -DKokkos_ENABLE_SERIAL=ON -DKokkos_ARCH_"${arch^^}"=ON \
+  -DKokkos_ENABLE_SERIAL=ON -DKokkos_ARCH_"${arch^^}"=ON -DCMAKE_POSITION_INDEPENDENT_CODE=ON \
   -DCMAKE_CXX_COMPILER="$out/src/kokkos/bin/nvcc_wrapper" -DCUDAToolkit_ROOT="$cuda" >>"$log" 2>&1
 cmake --build "$out/kokkos" -j"$jobs" >>"$log" 2>&1
 cmake --install "$out/kokkos" >>"$log" 2>&1
@@ -125,7 +136,8 @@ cmake -S "$out/src/kokkos-kernels" -B "$out/kokkos-kernels" "${gen[@]}" \
   -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$prefix" -DKokkos_ROOT="$prefix" \
   -DCMAKE_CXX_COMPILER="$prefix/bin/nvcc_wrapper" -DKokkosKernels_ENABLE_ALL_COMPONENTS=OFF \
   -DKokkosKernels_ENABLE_COMPONENT_BLAS=ON -DKokkosKernels_ENABLE_TPL_CUBLAS=ON \
-  -DKokkosKernels_ENABLE_TPL_BLAS=$host_blas -DKokkosKernels_INST_DOUBLE=OFF >>"$log" 2>&1
+  -DKokkosKernels_ENABLE_TPL_BLAS=$host_blas -DKokkosKernels_INST_DOUBLE=OFF \
+  -DCMAKE_POSITION_INDEPENDENT_CODE=ON >>"$log" 2>&1
 cmake --build "$out/kokkos-kernels" -j"$jobs" >>"$log" 2>&1
 cmake --install "$out/kokkos-kernels" >>"$log" 2>&1
 fi
@@ -138,7 +150,7 @@ nccl=()
 [ -n "${NCCL_ROOT:-}" ] && nccl=(-DNCCL_ROOT="$NCCL_ROOT")
 cmake -S . -B "$out/kqlora" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DKokkos_ROOT="$prefix" \
   -DKokkosKernels_ROOT="$prefix" -DCMAKE_CXX_COMPILER="$prefix/bin/nvcc_wrapper" \
-  -DCUDAToolkit_ROOT="$cuda" "${nccl[@]}" $kqlora_cmake >>"$log" 2>&1 || {
+  -DCUDAToolkit_ROOT="$cuda" "${nccl[@]}" $kqlora_cmake "${kqlora_args[@]}" >>"$log" 2>&1 || {
   tail -30 "$log" >&2
   echo "build_cuda.sh: configuring kqlora failed (whole log: $log)" >&2
   exit 1

@@ -1,0 +1,44 @@
+# Sourced by tools/gpu_prep.sh (the stage, built here) and tools/gpu_check.sh --from-source
+# (the fallback, built on the GPU machine): what both builds of kqlora for that machine share
+# (docs/GPU.md, "The GPU check").
+
+# The binaries the check runs.
+gpu_targets="kqlora-train kqlora-bench kqlora-diff test_nf4_quantization test_layers_and_optimizers test_llama"
+gpu_targets_without_hdf5="kqlora-train kqlora-bench test_nf4_quantization test_layers_and_optimizers"
+
+# build_hdf5 SRC PREFIX MPI_PREFIX JOBS: parallel HDF5's C library, static and
+# position-independent, with that MPI's mpicc (Tools, Fortran, C++, Java, tests off).
+build_hdf5() {
+  local src=$1 prefix=$2 mpi=$3 jobs=$4
+  rm -rf "$prefix" "$prefix-build"
+  mkdir -p "$prefix-build"
+  # (from inside the build folder: HDF5 1.10's configuration runs a test program that writes
+  # its answer into the working directory)
+  (cd "$prefix-build" && CC="$mpi/bin/mpicc" cmake -S "$src" -B . -G Ninja \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$prefix" -DHDF5_ENABLE_PARALLEL=ON \
+    -DBUILD_SHARED_LIBS=OFF -DBUILD_STATIC_LIBS=ON -DCMAKE_POSITION_INDEPENDENT_CODE=ON \
+    -DBUILD_TESTING=OFF -DHDF5_BUILD_TOOLS=OFF -DHDF5_BUILD_EXAMPLES=OFF \
+    -DHDF5_BUILD_FORTRAN=OFF -DHDF5_BUILD_CPP_LIB=OFF -DHDF5_BUILD_JAVA=OFF \
+    -DHDF5_BUILD_HL_LIB=OFF -DHDF5_ENABLE_Z_LIB_SUPPORT=OFF -DHDF5_ENABLE_SZIP_SUPPORT=OFF) &&
+    cmake --build "$prefix-build" -j"$jobs" && cmake --install "$prefix-build"
+}
+
+# kqlora_gpu_args MPI_PREFIX HDF5_PREFIX (HDF5_PREFIX empty: without MPI and HDF5): kqlora's
+# configuration for the GPU machine, one argument a line: host code for any x86-64 CPU, no
+# oneDNN, static libstdc++ and libgcc, the staged MPI found through the run path
+# ($ORIGIN/../mpi/lib, where gpu_check.sh unpacks the wheel beside bin/), and the tests'
+# data and apps relative to the folder gpu_check.sh runs them in.
+kqlora_gpu_args() {
+  local mpi=$1 hdf5=$2
+  printf '%s\n' -DKQLORA_NATIVE=OFF -DKQLORA_ENABLE_ONEDNN=OFF -DKQLORA_ENABLE_TESTS=ON \
+    -DKQLORA_TEST_DATA_DIR=tests/data -DKQLORA_TEST_BIN_DIR=bin \
+    "-DCMAKE_EXE_LINKER_FLAGS=-static-libstdc++ -static-libgcc" \
+    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON "-DCMAKE_INSTALL_RPATH=\$ORIGIN/../mpi/lib"
+  if [ -n "$hdf5" ]; then
+    printf '%s\n' -DKQLORA_ENABLE_MPI=ON -DKQLORA_ENABLE_HDF5=ON -DMPI_C_COMPILER="$mpi/bin/mpicc" \
+      -DMPI_CXX_COMPILER="$mpi/bin/mpicxx" -DHDF5_ROOT="$hdf5" -DHDF5_USE_STATIC_LIBRARIES=ON \
+      -DHDF5_C_COMPILER_EXECUTABLE=
+  else
+    printf '%s\n' -DKQLORA_ENABLE_MPI=OFF -DKQLORA_ENABLE_HDF5=OFF
+  fi
+}
