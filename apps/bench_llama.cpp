@@ -37,7 +37,8 @@ void fill(const Kokkos::View<float*, Mem>& v, float scale, float offset, std::mt
     const float x = offset + scale * dist(gen);
     h(i) = bf16 ? round_to_bf16(x) : x;  // (bfloat16 values, as a bfloat16 run holds)
   }
-  Kokkos::deep_copy(v, h);
+  Kokkos::deep_copy(Exec(), v, h);
+  fence(Exec(), "kqlora::bench::fill");  // (h is freed on return)
 }
 
 // Every tensor of the model from the generator: NF4 of N(0, 0.02^2) weights, norms near 1,
@@ -119,12 +120,13 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
     std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(a.vocab - 1));
     for (int64_t i = 0; i < n; ++i)
       for (int64_t t = 0; t < seq; ++t) ids(i, t) = tok(gen);
-    Kokkos::deep_copy(b.tokens, ids);
+    Kokkos::deep_copy(exec, b.tokens, ids);
     // A prompt's labels are not scored (their own mirror: ids may be b.tokens itself).
     auto lab = Kokkos::create_mirror_view(b.labels);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t t = 0; t < seq; ++t) lab(i, t) = t < prompt ? kIgnoreLabel : ids(i, t);
-    Kokkos::deep_copy(b.labels, lab);
+    Kokkos::deep_copy(exec, b.labels, lab);
+    fence(exec, "kqlora::bench::batch");  // (ids and lab are freed at the end of the iteration)
     b.global_bs = n;
     const double normaliser =
         static_cast<double>(std::max<int64_t>(1, n * (seq - std::max<int64_t>(prompt, 1))));

@@ -113,7 +113,7 @@ void fill_random(const M& m, float scale, std::mt19937& gen) {
   auto h = Kokkos::create_mirror_view(m);
   for (size_t j = 0; j < m.extent(1); ++j)
     for (size_t i = 0; i < m.extent(0); ++i) h(i, j) = scale * dist(gen);
-  Kokkos::deep_copy(m, h);
+  Kokkos::deep_copy(m, h);  // device-wide: bench set-up, before the timing
 }
 
 /// C = A B^T, n x n x n, through kqlora's gemm.
@@ -151,7 +151,7 @@ void nf4_records(int64_t n, int repeats, const std::string& filter, std::vector<
     std::mt19937 gen(1234);
     std::normal_distribution<float> dist;
     for (int64_t i = 0; i < numel; ++i) h(i) = T(dist(gen));
-    Kokkos::deep_copy(w, h);
+    Kokkos::deep_copy(w, h);  // device-wide: bench set-up, before the timing
   }
   kqlora::Nf4Layout layout;
   layout.shape = {n, n};

@@ -46,6 +46,7 @@ kqlora::h5::HostNf4 quantize(const std::vector<T>& values, const kqlora::Nf4Layo
   Exec exec;
   Kokkos::View<T*, Mem> in(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::quantize::in"),
                            values.size());
+  // device-wide: kqlora-quantize has no training step
   Kokkos::deep_copy(in, Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
                             values.data(), values.size()));
   auto nf4 = kqlora::nf4_quantize<T>(exec, Kokkos::View<const T*, Mem>(in), layout, name);
@@ -53,6 +54,7 @@ kqlora::h5::HostNf4 quantize(const std::vector<T>& values, const kqlora::Nf4Layo
       Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::quantize::dequantized"),
       values.size());
   kqlora::nf4_dequantize(exec, nf4, out);
+  // device-wide: as above
   auto out_h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
   double num = 0.0, den = 0.0;
   for (size_t i = 0; i < values.size(); ++i) {

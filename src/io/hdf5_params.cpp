@@ -95,9 +95,9 @@ Nf4Shard<Kokkos::HostSpace> read_nf4_shard(hid_t loc, const std::string& name,
                          read_int64_attribute(g, "num_blocks", where) == r.num_blocks,
                      where << ": first_block/num_blocks do not match shard " << index << " of "
                            << count << " of " << L.shape_string());
-  Kokkos::deep_copy(s.quantized_data, uint8_t(0x77));
-  Kokkos::deep_copy(s.quantized_scalers, int8_t(0));
-  Kokkos::deep_copy(s.quantization_factor, 1.0f);
+  Kokkos::deep_copy(s.quantized_data, uint8_t(0x77));  // device-wide: checkpoint read
+  Kokkos::deep_copy(s.quantized_scalers, int8_t(0));   // device-wide: checkpoint read
+  Kokkos::deep_copy(s.quantization_factor, 1.0f);      // device-wide: checkpoint read
   const int64_t nb = std::max<int64_t>(r.num_blocks, 1),
                 nsb = std::max<int64_t>(r.num_scaler_blocks, 1);
   std::vector<uint8_t> data(static_cast<size_t>(nb * L.block_size / 2));

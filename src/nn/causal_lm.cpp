@@ -235,7 +235,7 @@ void CausalLm<ExecSpace>::ensure(int64_t sequences, int64_t S) {
     const RopeSpec& r = spec_.ropes[i];
     const std::vector<float>& freqs = r.for_positions(rope_len_);
     if (S > rope_[i].positions() || rope_freqs_[i] != &freqs) {
-      rope_[i] = RopeTable<Mem>(freqs, S, this->cfg_.bf16(), r.attention_factor);
+      rope_[i] = RopeTable<Mem>(this->exec_, freqs, S, this->cfg_.bf16(), r.attention_factor);
       rope_freqs_[i] = &freqs;
     }
   }
@@ -586,8 +586,11 @@ void CausalLm<ExecSpace>::set_documents(const TokenMatrix<Mem>& positions) {
     doc_store_ = Kokkos::View<int32_t*, Mem>(
         Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::CausalLm::doc_start"), n * S);
   }
-  // On the host (the attention plans its blocks there), then on the device.
-  const auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), positions);
+  // On the host (the attention plans its blocks there), then on the device. (Copied on the
+  // model's instance and fenced there: no device-wide sync, docs/GPU.md.)
+  const auto hp = Kokkos::create_mirror_view(Kokkos::HostSpace(), positions);  // (or itself)
+  Kokkos::deep_copy(this->exec_, hp, positions);
+  fence(this->exec_, "kqlora::CausalLm::positions");  // (the host reads them below)
   host_docs_.resize(static_cast<size_t>(n * S));
   int32_t most = 0;
   for (int64_t i = 0; i < n; ++i)

@@ -25,9 +25,10 @@ void broadcast_view(Communicator& comm, const View& v) {
     broadcast_bytes(comm, v.data(), bytes);
     return;
   }
+  // device-wide: DDP set-up
   auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
   broadcast_bytes(comm, h.data(), bytes);
-  Kokkos::deep_copy(v, h);  // (a no-op when h is v)
+  Kokkos::deep_copy(v, h);  // device-wide: DDP set-up (a no-op when h is v)
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/human_units.hpp"
+#include "kqlora/core/kokkos_compat.hpp"
 #include "kqlora/core/seconds_since.hpp"
 
 namespace kqlora {
@@ -120,7 +121,9 @@ void DdpBuckets<ExecSpace>::reduce_gradients() {
     if (staging_.extent(0) != model_.grads.extent(0))
       staging_ = Kokkos::View<float*, Kokkos::HostSpace>("kqlora::DdpBuckets::staging",
                                                          model_.grads.extent(0));
-    Kokkos::deep_copy(staging_, model_.grads);
+    // On the model's instance (no device-wide sync), complete before MPI reads the host copy.
+    Kokkos::deep_copy(model_.exec(), staging_, model_.grads);
+    fence(model_.exec(), "kqlora::DdpBuckets::stage_gradients");
   }
   for (auto& b : buckets_)
     if (!b.request) start(b);  // no overlap, or a group without a hook call
@@ -131,7 +134,9 @@ void DdpBuckets<ExecSpace>::reduce_gradients() {
     in_flight_s_ += seconds_since(b.started);
   }
   waited_s_ += seconds_since(t0);
-  if (staged()) Kokkos::deep_copy(model_.grads, staging_);
+  // (ordered before the update's kernels on the same instance; staging_ is next written
+  // by the next step's copy on it, after this one)
+  if (staged()) Kokkos::deep_copy(model_.exec(), model_.grads, staging_);
 }
 
 template <class ExecSpace>

@@ -56,13 +56,13 @@ std::unique_ptr<DdpSharedMemory<ExecSpace>> DdpSharedMemory<ExecSpace>::create(
     Vec g(reinterpret_cast<float*>(d->grads_->segment(r)), P);
     if (fill) {
       using Kokkos::make_pair;
-      Kokkos::deep_copy(Kokkos::subview(p, make_pair(lo, lo + m)),
+      const ExecSpace& exec = model.exec();
+      Kokkos::deep_copy(exec, Kokkos::subview(p, make_pair(lo, lo + m)),
                         Kokkos::subview(model.params, make_pair(lo, lo + m)));
-      Kokkos::deep_copy(g, 0.0f);
+      Kokkos::deep_copy(exec, g, 0.0f);
       for (const auto& s : d->state_)
-        Kokkos::deep_copy(Vec(reinterpret_cast<float*>(s->segment(0)) + lo, m), 0.0f);
-      fence(ExecSpace(),
-            "kqlora::DdpSharedMemory::create");  // (the barrier orders memory, not kernels)
+        Kokkos::deep_copy(exec, Vec(reinterpret_cast<float*>(s->segment(0)) + lo, m), 0.0f);
+      fence(exec, "kqlora::DdpSharedMemory::create");  // (the barrier orders memory, not kernels)
       d->grads_->sync();
     }
     model.use_buffers(p, g);
@@ -76,8 +76,9 @@ DdpSharedMemory<ExecSpace>::~DdpSharedMemory() {
   // The model gets private copies back before the shared memory goes.
   Vec p("kqlora::Model::params", model_.num_params());
   Vec g("kqlora::Model::grads", model_.num_params());
-  Kokkos::deep_copy(p, model_.params);
-  Kokkos::deep_copy(g, model_.grads);
+  Kokkos::deep_copy(model_.exec(), p, model_.params);
+  Kokkos::deep_copy(model_.exec(), g, model_.grads);
+  fence(model_.exec(), "kqlora::DdpSharedMemory::copy_back");  // (before the windows go)
   model_.use_buffers(p, g);
 }
 

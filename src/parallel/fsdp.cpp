@@ -80,17 +80,26 @@ Nf4Tensor<M> Fsdp<ExecSpace>::gather_shards(const GExec& gexec, const Nf4Shard<M
   const int n = comm_.size();
   // Each component's shards, equal-sized, side by side: [rank 0's | rank 1's | ...], in
   // `buf` (M: the model's memory when the communicator takes it, else host memory).
-  auto gather = [&](auto local, auto& into, const char* label) {
-    using T = typename decltype(local)::value_type;
-    auto src = Kokkos::create_mirror_view_and_copy(M(), local);  // (local itself when M is Mem)
-    auto all = front_of(into, static_cast<int64_t>(local.extent(0)) * n, label);
-    comm_.wait(comm_.allgather(src.data(), all.data(), sizeof(T) * local.extent(0)));
+  // The shard where the collective reads it (itself when M is Mem; else a host copy, made
+  // on the model's instance: no device-wide sync).
+  auto stage = [&](auto local) {
+    auto src = Kokkos::create_mirror_view(M(), local);
+    Kokkos::deep_copy(exec_, src, local);
+    return src;
+  };
+  auto data_src = stage(mine.quantized_data);
+  auto scalers_src = stage(mine.quantized_scalers);
+  auto factors_src = stage(mine.quantization_factor);
+  fence(exec_, "kqlora::Fsdp::gather_nf4");  // (the shard is complete before a collective reads it)
+  auto gather = [&](auto src, auto& into, const char* label) {
+    using T = typename decltype(src)::value_type;
+    auto all = front_of(into, static_cast<int64_t>(src.extent(0)) * n, label);
+    comm_.wait(comm_.allgather(src.data(), all.data(), sizeof(T) * src.extent(0)));
     return all;
   };
-  fence(exec_, "kqlora::Fsdp::gather_nf4");  // (the shard is complete before a collective reads it)
-  auto data = gather(mine.quantized_data, buf.data, "kqlora::Fsdp::gathered_data");
-  auto scalers = gather(mine.quantized_scalers, buf.scalers, "kqlora::Fsdp::gathered_scalers");
-  auto factors = gather(mine.quantization_factor, buf.factors, "kqlora::Fsdp::gathered_factors");
+  auto data = gather(data_src, buf.data, "kqlora::Fsdp::gathered_data");
+  auto scalers = gather(scalers_src, buf.scalers, "kqlora::Fsdp::gathered_scalers");
+  auto factors = gather(factors_src, buf.factors, "kqlora::Fsdp::gathered_factors");
   std::vector<Nf4Shard<M>> parts(n);
   using Kokkos::make_pair;
   for (int r = 0; r < n; ++r) {
@@ -116,9 +125,12 @@ void Fsdp<ExecSpace>::gather_nf4(int i) {
     // by device copies (no host round trip, nothing allocated but the weight itself).
     model_.nf4[i] = gather_shards(exec_, shards_[i], gathered_);
   } else {
-    // Through host memory (an MPI that cannot take device buffers in non-blocking calls).
+    // Through host memory (an MPI that cannot take device buffers in non-blocking calls),
+    // then to the model's memory on its instance; fenced: the next gather rewrites the
+    // host buffers and the host tensor is freed.
     model_.nf4[i] = nf4_copy_to<Mem>(
-        gather_shards(Kokkos::DefaultHostExecutionSpace(), shards_[i], host_gathered_));
+        exec_, gather_shards(Kokkos::DefaultHostExecutionSpace(), shards_[i], host_gathered_));
+    fence(exec_, "kqlora::Fsdp::gather_nf4_to_device");
   }
 }
 
@@ -138,9 +150,13 @@ void Fsdp<ExecSpace>::gather_params() {
     comm_.wait(
         comm_.allgather(padded_params_.data() + shard_offset(), padded_params_.data(), 4 * chunk_));
   } else {
-    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), padded_params_);
+    // (on the model's instance: the fence above covers the update; this one the copy)
+    auto host = Kokkos::create_mirror_view(Kokkos::HostSpace(), padded_params_);
+    Kokkos::deep_copy(exec_, host, padded_params_);
+    fence(exec_, "kqlora::Fsdp::gather_params_to_host");
     comm_.wait(comm_.allgather(host.data() + shard_offset(), host.data(), 4 * chunk_));
-    Kokkos::deep_copy(padded_params_, host);
+    Kokkos::deep_copy(exec_, padded_params_, host);
+    fence(exec_, "kqlora::Fsdp::gather_params_from_host");  // (host is freed on return)
   }
   Kokkos::deep_copy(exec_, model_.params,
                     Kokkos::subview(padded_params_, Kokkos::make_pair(int64_t(0), P)));
@@ -158,10 +174,13 @@ void Fsdp<ExecSpace>::reduce_scatter_grads() {
     comm_.wait(comm_.reduce_scatter_sum(padded_grads_.data(), shard_grads_.data(), chunk_));
     return;
   }
-  auto send = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), padded_grads_);
+  auto send = Kokkos::create_mirror_view(Kokkos::HostSpace(), padded_grads_);
+  Kokkos::deep_copy(exec_, send, padded_grads_);
+  fence(exec_, "kqlora::Fsdp::reduce_scatter_to_host");
   auto recv = Kokkos::create_mirror_view(Kokkos::HostSpace(), shard_grads_);
   comm_.wait(comm_.reduce_scatter_sum(send.data(), recv.data(), chunk_));
-  Kokkos::deep_copy(shard_grads_, recv);
+  Kokkos::deep_copy(exec_, shard_grads_, recv);
+  fence(exec_, "kqlora::Fsdp::reduce_scatter_from_host");  // (recv is freed on return)
 }
 
 template <class ExecSpace>

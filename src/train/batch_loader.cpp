@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "kqlora/core/kokkos_compat.hpp"
 #include "kqlora/core/random.hpp"
 #include "kqlora/train/synthetic.hpp"
 
@@ -13,14 +14,16 @@ std::pair<int64_t, int64_t> slice_of(int64_t global_bs, int rank, int size) {
 }
 
 namespace {
-/// Row-major host rows -> an [n, width] device matrix.
-template <class T, class View>
-void upload(const std::vector<T>& rows, const View& m) {
+/// Row-major host rows -> an [n, width] device matrix, copied on `exec` (the instance the
+/// step runs on: no device-wide sync).
+template <class ExecSpace, class T, class View>
+void upload(const ExecSpace& exec, const std::vector<T>& rows, const View& m) {
   auto h = Kokkos::create_mirror_view(m);
   const int64_t n = m.extent(0), width = m.extent(1);
   for (int64_t t = 0; t < n; ++t)
     for (int64_t f = 0; f < width; ++f) h(t, f) = rows[t * width + f];
-  Kokkos::deep_copy(m, h);
+  Kokkos::deep_copy(exec, m, h);
+  fence(exec, "kqlora::BatchLoader::upload");  // (h is freed on return)
 }
 }  // namespace
 
@@ -91,11 +94,11 @@ Batch<typename ExecSpace::memory_space> BatchLoader<ExecSpace>::load(const DataS
     }
     b.tokens = TokenMatrix<Mem>(buf_.tokens.data(), n, width);
     b.labels = TokenMatrix<Mem>(buf_.labels.data(), n, width);
-    upload(ids_, b.tokens);
-    upload(labels_, b.labels);
+    upload(exec_, ids_, b.tokens);
+    upload(exec_, labels_, b.labels);
     if (packed) {
       b.positions = TokenMatrix<Mem>(buf_.positions.data(), n, width);
-      upload(positions_, b.positions);
+      upload(exec_, positions_, b.positions);
     }
     return b;
   }
@@ -108,10 +111,10 @@ Batch<typename ExecSpace::memory_space> BatchLoader<ExecSpace>::load(const DataS
       fill_normal_rows(exec_, b.targets, seed_, static_cast<uint64_t>(RandomStream::targets), g0);
   } else {
     src.inputs(step, b.first_sample, n, rows_.data());
-    upload(rows_, b.inputs);
+    upload(exec_, rows_, b.inputs);
     if (b.targets.data()) {
       src.targets(step, b.first_sample, n, trows_.data());
-      upload(trows_, b.targets);
+      upload(exec_, trows_, b.targets);
     }
   }
   return b;

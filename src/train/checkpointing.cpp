@@ -20,6 +20,14 @@ namespace kqlora {
 
 namespace {
 
+/// A host copy of a view (the view itself when it is there), complete on return. Device-wide
+/// (on CUDA it waits for every stream): checkpoints and restarts run between steps, with no
+/// collective in flight (docs/GPU.md).
+template <class View>
+auto host_copy(const View& v) {
+  return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);  // device-wide: checkpoint
+}
+
 /// The shared layout: one file; each rank writes its part of every dataset (its FSDP
 /// shards and parameter chunk, or an even split in whole chunks of what every DDP rank
 /// holds), straight from the model's buffers.
@@ -106,18 +114,16 @@ std::string save_shared(
   std::vector<Kokkos::View<float*, Kokkos::HostSpace>> dense_keep;
   for (const ParamEntry* e : model.table().of_kind(ParamKind::dense)) {
     if (!with_base) break;
-    dense_keep.push_back(
-        Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.dense[e->offset]));
+    dense_keep.push_back(host_copy(model.dense[e->offset]));
     const auto [lo, hi] = chunk_range(e->shape, rank, nranks);
     sc.parts.push_back({SharedPart::Type::f32, "params/" + e->name, e->shape, lo, std::max(lo, hi),
                         dense_keep.back().data() + lo});
   }
-  auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params);
+  auto hp = host_copy(model.params);
   // Parameters: the flat chunk this rank owns (FSDP) or an even split (DDP).
   const int64_t P = model.num_params();
-  std::vector<decltype(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params))> hs;
-  for (const auto& kv : state)
-    hs.push_back(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kv.second));
+  std::vector<decltype(host_copy(model.params))> hs;
+  for (const auto& kv : state) hs.push_back(host_copy(kv.second));
   const int64_t state_base = fsdp ? dp.chunk_offset() : 0;  // index of hs[k](0)
   for (const ParamEntry* pp : model.table().of_kind(ParamKind::trainable)) {
     const ParamEntry& p = *pp;
@@ -195,7 +201,7 @@ void restore_frozen(Model<ExecSpace>& model, const CheckpointReader& c) {
         Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::restart::dense"), e->numel());
     auto h = Kokkos::create_mirror_view(v);
     c.read_param(e->name, 0, e->numel(), h.data());
-    Kokkos::deep_copy(v, h);
+    Kokkos::deep_copy(v, h);  // device-wide: restart (set-up)
     model.dense[e->offset] = v;
   }
 }
@@ -214,7 +220,7 @@ struct HostDestination {
     populate_pages(host.data(), sizeof(float) * host.extent(0));
     first_touch_s += seconds_since(t);
   }
-  void done() { Kokkos::deep_copy(view, host); }
+  void done() { Kokkos::deep_copy(view, host); }  // device-wide: restart (set-up)
 };
 
 /// For each trainable parameter, the part of [first, first + n) of the flat vector it
@@ -292,7 +298,7 @@ std::string save_checkpoint(
   c.base_hash = base_hash;
   if (cfg.checkpoint_layout == "shared")  // written straight from the model's buffers
     return save_shared(cfg, model, opt_state, dp, comm, c, with_base);
-  auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params);
+  auto hp = host_copy(model.params);
   const ParamTable& table = model.table();
   const auto trainable = table.of_kind(ParamKind::trainable);
   if (!fsdp) {
@@ -303,7 +309,7 @@ std::string save_checkpoint(
           {p->name, p->shape,
            std::vector<float>(hp.data() + p->offset, hp.data() + p->offset + p->numel())});
     for (const auto& [state, view] : opt_state) {
-      auto hs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
+      auto hs = host_copy(view);
       for (const ParamEntry* p : trainable)
         c.optimizer.push_back(
             {{p->name, state},
@@ -317,10 +323,8 @@ std::string save_checkpoint(
     const int64_t lo = dp.chunk_offset(),
                   hi = lo + static_cast<int64_t>(dp.chunk_params().extent(0));
     const auto& state = opt_state;
-    std::vector<decltype(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params))>
-        hs;
-    for (const auto& kv : state)
-      hs.push_back(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kv.second));
+    std::vector<decltype(host_copy(model.params))> hs;
+    for (const auto& kv : state) hs.push_back(host_copy(kv.second));
     for (const ParamEntry* p : trainable) {
       const int64_t a = std::max(lo, p->offset), b = std::min(hi, p->offset + p->numel());
       if (a >= b) continue;  // not in this rank's chunk
@@ -340,7 +344,7 @@ std::string save_checkpoint(
   // a slice of all of it (the other ranks' files hold none).
   for (const ParamEntry* e : table.of_kind(ParamKind::dense)) {
     if (!with_base || (fsdp && rank != 0)) continue;
-    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.dense[e->offset]);
+    auto h = host_copy(model.dense[e->offset]);
     CheckpointTensor t{e->name, fsdp ? std::vector<int64_t>{e->numel()} : e->shape,
                        std::vector<float>(h.data(), h.data() + e->numel())};
     if (fsdp) {
@@ -359,8 +363,7 @@ std::string model_base_hash(const Model<ExecSpace>& model) {
   return base_hash(
       model.table(), [&](const ParamEntry& e) { return nf4_host(model.nf4.at(e.offset)); },
       [&](const ParamEntry& e) {
-        keep.push_back(
-            Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.dense.at(e.offset)));
+        keep.push_back(host_copy(model.dense.at(e.offset)));
         return FloatSpan{keep.back().data(), static_cast<int64_t>(keep.back().extent(0))};
       });
 }

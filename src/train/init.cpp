@@ -231,11 +231,13 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
       f->floats_into(e.name, e.shape, w32.data());
     } else if (f) {
       const auto w = f->floats(e.name, e.shape);
+      // device-wide: set-up
       Kokkos::deep_copy(w32, Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
                                  w.data(), w.size()));
     } else if (e.init.dist == InitRule::Dist::normal) {
       fill_normal(exec, w32, cfg.seed, e.init.stream);
     } else {
+      // device-wide: set-up
       Kokkos::deep_copy(w32, 0.0f);
     }
     count(f);
@@ -314,6 +316,7 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
     count(f);
     std::copy(v.begin(), v.end(), host.data() + p->offset);
   }
+  // device-wide: set-up
   Kokkos::deep_copy(model.params, host);
   model.params_changed();
 

@@ -42,6 +42,7 @@ void collect(Model<Exec>& model, DataParallel<Exec>& dp, TrainSummary& summary) 
   for (const ParamEntry* e : model.table().of_kind(ParamKind::nf4))
     summary.final_base.emplace_back(e->name,
                                     nf4_copy_to<Kokkos::HostSpace>(dp.whole_nf4(e->offset)));
+  // device-wide: end of run
   auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params);
   for (const ParamEntry* p : model.table().of_kind(ParamKind::trainable))
     summary.final_params.emplace_back(

@@ -30,6 +30,8 @@ class Model {
   Model& operator=(const Model&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
+  /// The execution-space instance its kernels run on (copies of its buffers go on it too).
+  const ExecSpace& exec() const { return exec_; }
   const ParamTable& table() const { return table_; }
   int64_t num_params() const { return table_.num_trainable; }
   /// What a batch of this model holds.

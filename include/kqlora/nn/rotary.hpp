@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kqlora/core/bfloat16.hpp"
+#include "kqlora/core/kokkos_compat.hpp"
 #include "kqlora/nn/elementwise.hpp"
 #include "kqlora/nn/row_loops.hpp"
 
@@ -28,7 +29,10 @@ struct RopeTable {
   Matrix<M> cos, sin;
 
   RopeTable() = default;
-  RopeTable(const std::vector<float>& inv_freq, int64_t S, bool bf16, float factor = 1.0f) {
+  /// Built on the host, copied on `exec` (the model's instance: no device-wide sync).
+  template <class ExecSpace>
+  RopeTable(const ExecSpace& exec, const std::vector<float>& inv_freq, int64_t S, bool bf16,
+            float factor = 1.0f) {
     const int64_t half = static_cast<int64_t>(inv_freq.size());
     cos = Matrix<M>("kqlora::rope::cos", S, half);
     sin = Matrix<M>("kqlora::rope::sin", S, half);
@@ -42,9 +46,12 @@ struct RopeTable {
         hc(p, i) = bf16 ? round_to_bf16(co) : co;
         hs(p, i) = bf16 ? round_to_bf16(si) : si;
       }
-    Kokkos::deep_copy(cos, hc);
-    Kokkos::deep_copy(sin, hs);
+    Kokkos::deep_copy(exec, cos, hc);
+    Kokkos::deep_copy(exec, sin, hs);
+    fence(exec, "kqlora::rope::table");  // (hc and hs are freed on return)
   }
+  RopeTable(const std::vector<float>& inv_freq, int64_t S, bool bf16, float factor = 1.0f)
+      : RopeTable(typename M::execution_space(), inv_freq, S, bf16, factor) {}
   int64_t positions() const { return cos.extent(0); }
 };
 

@@ -56,9 +56,9 @@ struct Nf4Shard {
 template <class SrcSpace>
 Nf4Shard<Kokkos::HostSpace> nf4_shard_host(const Nf4Shard<SrcSpace>& s) {
   auto h = Nf4Shard<Kokkos::HostSpace>::allocate(s.global, s.shard_index, s.num_shards);
-  Kokkos::deep_copy(h.quantized_data, s.quantized_data);
-  Kokkos::deep_copy(h.quantized_scalers, s.quantized_scalers);
-  Kokkos::deep_copy(h.quantization_factor, s.quantization_factor);
+  Kokkos::deep_copy(h.quantized_data, s.quantized_data);            // device-wide: checkpoint I/O
+  Kokkos::deep_copy(h.quantized_scalers, s.quantized_scalers);      // device-wide: checkpoint I/O
+  Kokkos::deep_copy(h.quantization_factor, s.quantization_factor);  // device-wide: checkpoint I/O
   h.scaler_mean = s.scaler_mean;
   return h;
 }

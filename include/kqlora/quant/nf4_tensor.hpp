@@ -46,12 +46,28 @@ struct Nf4Tensor {
   }
 };
 
-/// A deep copy of `src` into MemorySpace (e.g. to the host for I/O).
+/// A deep copy of `src` into DstSpace, ordered on `exec` (no device-wide sync; the caller
+/// fences `exec` before the host reads the copy or frees or rewrites the source).
+template <class DstSpace, class ExecSpace, class SrcSpace>
+Nf4Tensor<DstSpace> nf4_copy_to(const ExecSpace& exec, const Nf4Tensor<SrcSpace>& src) {
+  auto dst = Nf4Tensor<DstSpace>::allocate(src.layout);
+  Kokkos::deep_copy(exec, dst.quantized_data, src.quantized_data);
+  Kokkos::deep_copy(exec, dst.quantized_scalers, src.quantized_scalers);
+  Kokkos::deep_copy(exec, dst.quantization_factor, src.quantization_factor);
+  dst.scaler_mean = src.scaler_mean;
+  return dst;
+}
+
+/// A deep copy of `src` into DstSpace (e.g. to the host for I/O), complete on return:
+/// device-wide, so only outside the training step (set-up, checkpoints, export).
 template <class DstSpace, class SrcSpace>
 Nf4Tensor<DstSpace> nf4_copy_to(const Nf4Tensor<SrcSpace>& src) {
   auto dst = Nf4Tensor<DstSpace>::allocate(src.layout);
+  // device-wide: outside the step (set-up, checkpoints, export, end of run)
   Kokkos::deep_copy(dst.quantized_data, src.quantized_data);
+  // device-wide: as above
   Kokkos::deep_copy(dst.quantized_scalers, src.quantized_scalers);
+  // device-wide: as above
   Kokkos::deep_copy(dst.quantization_factor, src.quantization_factor);
   dst.scaler_mean = src.scaler_mean;
   return dst;
