@@ -49,7 +49,11 @@ std::unique_ptr<DataParallel<ExecSpace>> make_data_parallel(const ExecSpace& exe
   const bool root = comm.rank() == 0;
   // FSDP: base weights and parameter chunks sharded (at any world size, 1 included).
   if (cfg.parallel == "fsdp") return std::make_unique<Fsdp<ExecSpace>>(exec, comm, model);
-  if (comm.size() == 1) return std::make_unique<SingleProcess<ExecSpace>>(model);
+  if (comm.size() == 1 && cfg.single_process)
+    return std::make_unique<SingleProcess<ExecSpace>>(model);
+  // (single_process = off at one rank: the buckets, whose collectives are the point; node
+  // shared memory only where asked for by name)
+  if (comm.size() == 1 && cfg.shared_memory == Switch::automatic) cfg.shared_memory = Switch::off;
   cfg.shared_memory =
       with_override(cfg.shared_memory, "KQLORA_DDP_SHARED_MEMORY", "ddp_shared_memory", root, log);
   cfg.overlap = with_override(cfg.overlap, "KQLORA_DDP_OVERLAP", "ddp_overlap", root, log);

@@ -62,6 +62,7 @@ DataParallelConfig data_parallel_config(const Config& c, bool fresh) {
   d.parallel = c.parallel;
   d.shared_memory = parse_switch(c.ddp_shared_memory, "ddp_shared_memory");
   d.overlap = parse_switch(c.ddp_overlap, "ddp_overlap");
+  d.single_process = c.single_process == "auto";
   d.bucket_mb = c.bucket_mb;
   d.optimizer = optimizer_config(c);
   d.fresh = fresh;

@@ -245,6 +245,7 @@ std::vector<Key> make_keys() {
       KQ_CHOICE(comm, kPlain, "auto", "mpi", "nccl"),
       KQ_CHOICE(ddp_shared_memory, kPlain, "auto", "on", "off"),
       KQ_CHOICE(ddp_overlap, kPlain, "auto", "on", "off"),
+      KQ_CHOICE(single_process, kPlain, "auto", "off"),
       KQ_FLOAT(bucket_mb, kPlain),
       KQ_FLOAT(comm_timeout_s, kPlain),
       key(

@@ -319,6 +319,42 @@ void expect_exact_restarts(const std::string& name, const std::string& model_key
 
 }  // namespace
 
+// single_process = off: a world of one runs DDP's bucketed reductions through the
+// communicator instead of the single-process strategy (on a one-GPU machine NCCL's
+// collectives then really run). A sum over one rank changes nothing: the losses, the final
+// parameters and the checkpoint (optimizer state included) are bit-identical to the
+// single-process run's, and the run's report says the buckets ran. (Over MPI_COMM_SELF on
+// every rank: a world of one at any np.)
+TEST(DataParallel, SingleProcessOffRunsDdpBucketsAtOneRank) {
+  auto self = kqlora::make_mpi_communicator(false);
+  const int r = kqlora::world_rank();
+  const std::string dir = base_dir() + "/single_process_off_rank" + std::to_string(r);
+  const std::string keys =
+      "comm=mpi micro_bs=3 global_bs=6 num_steps=4 checkpoint_every=2 bucket_mb=0.001 "
+      "dim=64 num_linears=3 lora_rank=8 loss=mse optimizer=adam lr=1e-2 activation=gelu";
+  std::ostringstream log_one, log_ddp;
+  const auto one = kqlora::train(deck(keys + " save_dir=" + dir + "/one", 1), *self, log_one, true);
+  const auto ddp = kqlora::train(deck(keys + " single_process=off save_dir=" + dir + "/ddp", 1),
+                                 *self, log_ddp, true);
+  ASSERT_EQ(one.losses.size(), 4u);
+  ASSERT_EQ(ddp.losses.size(), one.losses.size());
+  for (size_t s = 0; s < one.losses.size(); ++s)
+    EXPECT_EQ(ddp.losses[s], one.losses[s]) << "step " << s + 1;  // bit for bit
+  ASSERT_EQ(ddp.final_params.size(), one.final_params.size());
+  for (size_t i = 0; i < one.final_params.size(); ++i)
+    EXPECT_EQ(ddp.final_params[i].second, one.final_params[i].second) << one.final_params[i].first;
+  expect_same_state(dir + "/one", dir + "/ddp", 0, 0);  // rtol = atol = 0: optimizer too
+  // The report: buckets (several, 1 KiB each, over 3 layers of 2 x 64 x 8 floats), none
+  // in the single-process run.
+  const std::string text = log_ddp.str();
+  const size_t at = text.find("DDP: ");
+  ASSERT_NE(at, std::string::npos) << text;
+  const int buckets = std::atoi(text.c_str() + at + 5);
+  EXPECT_GE(buckets, 3) << text.substr(at, 120);
+  EXPECT_NE(text.find("bucket(s) per step", at), std::string::npos) << text.substr(at, 120);
+  EXPECT_EQ(log_one.str().find("DDP: "), std::string::npos) << log_one.str();
+}
+
 TEST(Restart, ExactAtTheSameWorldSizeDdpAndFsdp) {
   expect_exact_restarts("resume", "", 3, [](const std::string&) {});
 }

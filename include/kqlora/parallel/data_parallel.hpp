@@ -82,6 +82,10 @@ struct DataParallelConfig {
   std::string parallel = "ddp";  // ddp | fsdp
   Switch shared_memory = Switch::automatic, overlap = Switch::automatic;
   double bucket_mb = 25;
+  /// At world size 1: the single-process strategy (true), or DDP's bucketed reductions
+  /// through the communicator as at any size (false: `single_process = off`, e.g. to run
+  /// NCCL's collectives on a one-GPU machine). FSDP runs at any size either way.
+  bool single_process = true;
   OptimizerConfig optimizer;
   /// A fresh run (rank 0's initial weights go to every rank); false: a restart, which
   /// fills every rank's chunk itself and then calls after_restore().

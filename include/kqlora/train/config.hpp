@@ -47,6 +47,9 @@ struct Config {
   // parallelism
   std::string parallel = "ddp", comm = "auto";
   std::string ddp_shared_memory = "auto", ddp_overlap = "auto";  // auto | on | off
+  // auto: one rank takes the single-process strategy (no collective); off: DDP's buckets
+  // (or FSDP) at one rank too, so that its collectives run (one GPU's NCCL)
+  std::string single_process = "auto";
   double bucket_mb = 25, comm_timeout_s = 300;
   // checkpoints and logging
   std::string save_dir = "./checkpoints";
