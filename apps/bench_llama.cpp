@@ -1,5 +1,6 @@
 #include "bench_llama.hpp"
 
+#include <atomic>
 #include <iomanip>
 #include <ostream>
 #include <random>
@@ -7,6 +8,7 @@
 
 #include "kqlora/core/bfloat16.hpp"
 #include "kqlora/core/error.hpp"
+#include "kqlora/core/gemm_calls.hpp"
 #include "kqlora/nn/causal_lm.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
 
@@ -74,12 +76,70 @@ void randomize(CausalLm<Exec>& model, std::mt19937& gen) {
   model.params_changed();
 }
 
+/// Counts what runs while alive: kernels, deep copies and fences through Kokkos Tools
+/// callbacks set in-process (both Kokkos 3.4 and 4.x have them; set only around the counted
+/// call, as tools slow every launch down a little), and vendor GEMM calls.
+class LaunchCounts {
+ public:
+  LaunchCounts() : gemm0_(gemm_calls()) {
+    kernels_ = deep_copies_ = fences_ = 0;
+    namespace T = Kokkos::Tools::Experimental;
+    T::set_begin_parallel_for_callback(&kernel_begun);
+    T::set_begin_parallel_reduce_callback(&kernel_begun);
+    T::set_begin_parallel_scan_callback(&kernel_begun);
+    T::set_begin_deep_copy_callback(&copy_begun);
+    T::set_begin_fence_callback(&fence_begun);
+  }
+  ~LaunchCounts() {
+    namespace T = Kokkos::Tools::Experimental;
+    T::set_begin_parallel_for_callback(nullptr);
+    T::set_begin_parallel_reduce_callback(nullptr);
+    T::set_begin_parallel_scan_callback(nullptr);
+    T::set_begin_deep_copy_callback(nullptr);
+    T::set_begin_fence_callback(nullptr);
+  }
+  LaunchCounts(const LaunchCounts&) = delete;
+  LaunchCounts& operator=(const LaunchCounts&) = delete;
+
+  void into(Record& r) const {
+    r.gemm_calls = static_cast<double>(gemm_calls() - gemm0_);
+    r.kernel_launches = static_cast<double>(kernels_.load());
+    r.deep_copies = static_cast<double>(deep_copies_.load());
+#if KOKKOS_VERSION >= 30600
+    r.fences = static_cast<double>(fences_.load());
+#endif
+  }
+
+ private:
+  static inline std::atomic<uint64_t> kernels_{0}, deep_copies_{0}, fences_{0};
+  uint64_t gemm0_;
+  static void kernel_begun(const char*, uint32_t, uint64_t*) {
+    kernels_.fetch_add(1, std::memory_order_relaxed);
+  }
+  static void copy_begun(Kokkos::Tools::SpaceHandle, const char*, const void*,
+                         Kokkos::Tools::SpaceHandle, const char*, const void*, uint64_t) {
+    deep_copies_.fetch_add(1, std::memory_order_relaxed);
+  }
+  static void fence_begun(const char*, uint32_t, uint64_t*) {
+    fences_.fetch_add(1, std::memory_order_relaxed);
+  }
+};
+
 }  // namespace
 
-LlamaShape llama_shape(const std::string& name) {
-  if (name == "135m") return {"135m", 49152, 576, 1536, 30, 9, 3, true};
-  if (name == "tiny") return {"tiny", 512, 64, 128, 2, 4, 2, true};
-  KQLORA_INPUT_CHECK(false, "--llama: unknown shape '" << name << "' (135m or tiny)");
+LlamaShape llama_shape(const std::string& name, int64_t layers) {
+  LlamaShape s;
+  if (name == "135m")
+    s = {"135m", 49152, 576, 1536, 30, 9, 3, true};
+  else if (name == "tiny")
+    s = {"tiny", 512, 64, 128, 2, 4, 2, true};
+  else
+    KQLORA_INPUT_CHECK(false, "--llama: unknown shape '" << name << "' (135m or tiny)");
+  if (layers > 0) {
+    s.layers = layers;
+    s.name += "_l" + std::to_string(layers);
+  }
+  return s;
 }
 
 void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches, int64_t seq,
@@ -138,7 +198,17 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
       step.flops = model.train_flops(n, seq);
       step.elements = static_cast<double>(T);
       step.bytes = 2.0 * static_cast<double>(model.nf4_bytes());  // the base, read twice
+      {  // one more step, counted (after the timing, which the tools would slow down)
+        LaunchCounts counts;
+        model.forward_backward(b, normaliser, false);
+        fence(exec, "kqlora::bench::counted_step");
+        counts.into(step);
+      }
       out.push_back(step);
+      report << step.name << " per step: " << step.gemm_calls << " vendor GEMM calls, "
+             << step.kernel_launches << " Kokkos kernels, " << step.deep_copies << " deep copies";
+      if (step.fences >= 0) report << ", " << step.fences << " fences";
+      report << "\n";
     }
 
     // The attention of every layer, forward and backward, on random q, k, v of the shape.

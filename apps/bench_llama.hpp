@@ -19,8 +19,10 @@ struct LlamaShape {
 };
 
 /// "135m" (SmolLM2-135M: hidden 576, intermediate 1536, 30 layers, 9 heads, 3 kv heads,
-/// vocab 49152, tied) or "tiny" (a smoke-test shape); InputError otherwise.
-LlamaShape llama_shape(const std::string& name);
+/// vocab 49152, tied) or "tiny" (a smoke-test shape); InputError otherwise. With `layers` >
+/// 0, that many decoder layers instead, named "<name>_l<layers>" (e.g. a step of 2 layers
+/// minus one of 1: one layer's cost; what is left, the embedding, norm and LM head's).
+LlamaShape llama_shape(const std::string& name, int64_t layers = 0);
 
 /// For each batch count B, sequences of `seq` tokens: llama_fwd_bwd_<shape>_b<B>_t<seq>
 /// (model FLOPs), and llama_attention_fwd_bwd_..., llama_attention_gemm_fwd_bwd_... (where
@@ -31,7 +33,8 @@ LlamaShape llama_shape(const std::string& name);
 /// run
 /// (`bf16`: NF4 and compute in bfloat16) names its records with "_bf16" at the end; with
 /// `prompt` > 0 the first `prompt` tokens of each sequence are a prompt (label -100, not
-/// scored) and the names end in "_p<prompt>".
+/// scored) and the names end in "_p<prompt>". The fwd_bwd record also holds one more step's
+/// gemm_calls, kernel_launches, deep_copies and fences (bench_record.hpp).
 void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches, int64_t seq,
                    int repeats, const std::string& filter, std::vector<Record>& out,
                    std::ostream& report, bool bf16 = false, int64_t prompt = 0);

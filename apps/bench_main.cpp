@@ -58,6 +58,11 @@ const char* usage =
     "                           products alone, its softmax, loss and gradient alone\n"
     "  llama_attention_gemm_fwd_bwd_...  the attention through gemm, beside the host's\n"
     "                           fused float32 kernel (AVX-512 builds)\n"
+    "  (llama_fwd_bwd_... also counts one step's launches, in its JSON record and the\n"
+    "  report: gemm_calls (vendor GEMM calls: cuBLAS, the host BLAS, oneDNN), and through\n"
+    "  Kokkos Tools callbacks kernel_launches, deep_copies and fences (Kokkos >= 3.6);\n"
+    "  with --llama-layers 1 and 2, the difference is one layer's and the rest the\n"
+    "  embedding, the final norm and the LM head's)\n"
     "  gemm_engine_PRODUCT_SHAPE_tN_blas|onednn  the step's products at N = B x T tokens\n"
     "                           (projections, LM head chunk, attention block, LoRA) through\n"
     "                           each host GEMM engine, as --pairs interleaved pairs; the\n"
@@ -77,6 +82,7 @@ const char* usage =
     "                  none: no Llama records\n"
     "  --llama-batches LIST  sequences per step (default 1,4)\n"
     "  --llama-seq T   tokens per sequence (default 256)\n"
+    "  --llama-layers N  the shape with N decoder layers (its records named SHAPE_lN)\n"
     "  --llama-prompt N  the first N tokens of each sequence are a prompt: not scored\n"
     "                  (label -100; default 0); the records' names end in _pN\n"
     "  --llama-dtype D float32 (default) or bfloat16: the NF4 weights and the compute (the\n"
@@ -387,6 +393,12 @@ int bench_main(std::vector<std::string>& args) {
     llama_prompt = kqlora::parse_integer(v, "--llama-prompt");
   KQLORA_INPUT_CHECK(llama_prompt >= 0 && llama_prompt < llama_seq,
                      "--llama-prompt must be in 0.." << llama_seq - 1 << ", got " << llama_prompt);
+  int64_t llama_layers = 0;  // (0: the shape's own)
+  if (kqlora::app::take_option(args, "--llama-layers", &v)) {
+    llama_layers = kqlora::parse_integer(v, "--llama-layers");
+    KQLORA_INPUT_CHECK(llama_layers >= 1 && llama_layers <= 1000,
+                       "--llama-layers must be in 1..1000, got " << llama_layers);
+  }
   const auto llama_batches = positive_list(llama_batches_text, "--llama-batches");
   for (int64_t b : llama_batches)
     kqlora::checked_mul(b, llama_seq, "--llama-batches x --llama-seq");
@@ -417,14 +429,15 @@ int bench_main(std::vector<std::string>& args) {
   for (int64_t t : tokens) lora_linear_records(linear_dim, 16, t, pairs, filter, records);
   for (int64_t t : tokens) nf4_product_records(linear_dim, t, pairs, filter, records);
   std::ostringstream llama_report;
+  kqlora::bench::LlamaShape shape;
+  if (llama != "none") shape = kqlora::bench::llama_shape(llama, llama_layers);
   if (llama != "none")
     for (int64_t b : llama_batches)
-      kqlora::bench::gemm_engine_records(kqlora::bench::llama_shape(llama), b * llama_seq, pairs,
-                                         filter, records, llama_report);
+      kqlora::bench::gemm_engine_records(shape, b * llama_seq, pairs, filter, records,
+                                         llama_report);
   if (llama != "none")
-    kqlora::bench::llama_records(kqlora::bench::llama_shape(llama), llama_batches, llama_seq,
-                                 repeats, filter, records, llama_report, llama_dtype == "bfloat16",
-                                 llama_prompt);
+    kqlora::bench::llama_records(shape, llama_batches, llama_seq, repeats, filter, records,
+                                 llama_report, llama_dtype == "bfloat16", llama_prompt);
 
   // Columns that do not apply to a record stay empty.
   std::cout << std::left << std::setw(32) << "record" << std::right << std::setw(12) << "median ms"
@@ -471,6 +484,12 @@ int bench_main(std::vector<std::string>& args) {
         << ", \"elements\": " << r.elements;
       if (r.ratio_to_dense > 0)
         f << ", \"ratio_to_dense\": " << std::setprecision(6) << r.ratio_to_dense;
+      const std::pair<const char*, double> counts[] = {{"gemm_calls", r.gemm_calls},
+                                                       {"kernel_launches", r.kernel_launches},
+                                                       {"deep_copies", r.deep_copies},
+                                                       {"fences", r.fences}};
+      for (const auto& [key, n] : counts)
+        if (n >= 0) f << ", \"" << key << "\": " << std::setprecision(15) << n;
       f << "}" << (i + 1 < records.size() ? "," : "") << "\n";
     }
     f << "]\n";

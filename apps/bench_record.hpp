@@ -20,6 +20,11 @@ struct Record {
   double flops = 0;
   double elements = 0;
   double ratio_to_dense = 0;  ///< QLoRA records: the median of the per-pair time ratios
+  /// Llama step records: what one step (one more call, after the timing) launches; -1: not
+  /// counted (not in the JSON). Vendor GEMM calls (core/gemm_calls.hpp), and through Kokkos
+  /// Tools callbacks set in-process: kernels (parallel_for, _reduce, _scan), deep copies
+  /// and fences (fences: Kokkos >= 3.6, whose fences call the tools; 3.4's do not).
+  double gemm_calls = -1, kernel_launches = -1, deep_copies = -1, fences = -1;
 };
 
 /// True when `filter` (comma-separated texts; empty: all) names the record: one of its

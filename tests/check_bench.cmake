@@ -40,4 +40,58 @@ foreach(e IN LISTS expected)
     message(FATAL_ERROR "record ${e} missing from ${OUT}: ${found}")
   endif()
 endforeach()
-message(STATUS "kqlora-bench wrote ${n} records")
+
+# One step's launch counts (gemm_calls, kernel_launches, deep_copies; fences on Kokkos >=
+# 3.6): the tiny shape at 1, 2 and 3 layers (--llama-layers) adds the same counts per
+# layer (the step is the layers plus what is not a layer; a layer's projections may take
+# the fused NF4 GEMM, kqlora's own kernel, on AVX-512 hosts: no vendor call there), the LM
+# head calls GEMMs, a layer launches kernels, and the default tiny shape (2 layers) counts
+# what tiny_l2 does.
+function(step_counts json name out)
+  string(JSON n LENGTH "${json}")
+  math(EXPR last "${n} - 1")
+  foreach(i RANGE ${last})
+    string(JSON rname GET "${json}" ${i} name)
+    if(rname STREQUAL name)
+      foreach(key gemm_calls kernel_launches deep_copies)
+        string(JSON v ERROR_VARIABLE missing GET "${json}" ${i} ${key})
+        if(missing OR NOT v MATCHES "^[0-9]+$")
+          message(FATAL_ERROR "record ${name}: ${key} missing or not a count (${v})")
+        endif()
+        set(${out}_${key} ${v} PARENT_SCOPE)
+      endforeach()
+      return()
+    endif()
+  endforeach()
+  message(FATAL_ERROR "record ${name} missing")
+endfunction()
+step_counts("${json}" llama_fwd_bwd_tiny_b2_t16 def)
+foreach(l 1 2 3)
+  execute_process(COMMAND ${BENCH} --filter llama_fwd_bwd --llama tiny --llama-layers ${l}
+                          --llama-batches 2 --llama-seq 16 --repeats 1 --json ${OUT}.l${l}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "kqlora-bench --llama-layers ${l} failed (${rc}): ${out}${err}")
+  endif()
+  file(READ ${OUT}.l${l} jl)
+  step_counts("${jl}" llama_fwd_bwd_tiny_l${l}_b2_t16 l${l})
+endforeach()
+foreach(key gemm_calls kernel_launches deep_copies)
+  math(EXPR d1 "${l2_${key}} - ${l1_${key}}")
+  math(EXPR d2 "${l3_${key}} - ${l2_${key}}")
+  if(NOT d1 EQUAL d2 OR d1 LESS 0)
+    message(FATAL_ERROR "${key} per step at 1, 2, 3 layers: ${l1_${key}}, ${l2_${key}}, "
+                        "${l3_${key}}: not the same count per layer")
+  endif()
+  if(NOT def_${key} EQUAL l2_${key})
+    message(FATAL_ERROR "${key}: tiny (2 layers) ${def_${key}}, tiny_l2 ${l2_${key}}")
+  endif()
+endforeach()
+math(EXPR per_layer "${l2_gemm_calls} - ${l1_gemm_calls}")
+math(EXPR kernels_per_layer "${l2_kernel_launches} - ${l1_kernel_launches}")
+if(l1_gemm_calls LESS_EQUAL 0 OR kernels_per_layer LESS_EQUAL 0)
+  message(FATAL_ERROR "gemm_calls at one layer ${l1_gemm_calls} (the LM head's products at "
+                      "least), Kokkos kernels per layer ${kernels_per_layer} (norms at least)")
+endif()
+message(STATUS "kqlora-bench wrote ${n} records; per step and layer ${per_layer} vendor GEMM "
+               "calls, ${l1_gemm_calls} at one layer")

@@ -12,6 +12,7 @@
 
 #include "kqlora/core/bfloat16.hpp"
 #include "kqlora/core/blas.hpp"
+#include "kqlora/core/gemm_calls.hpp"
 #include "kqlora/core/gemm_engine.hpp"
 
 namespace {
@@ -247,6 +248,42 @@ TEST(GemmEngineChoice, KqloraAmxIsReadAndNamed) {
                          : std::string("bfloat16 products: float32")),
             std::string::npos)
       << out;
+}
+
+// gemm_calls() counts the vendor calls: one per product on every engine and layout
+// (the fallback through Kokkos Kernels for a layout the BLAS cannot take too), none for an
+// empty product, one per product of a host batch (a gemm each: on CUDA one batched call).
+TEST(GemmCalls, OneCountPerVendorCall) {
+  std::mt19937 rng(3);
+  RowMajor a("a", 5, 4), b("b", 4, 6), c("c", 5, 6);
+  fill(a, rng);
+  fill(b, rng);
+  const uint64_t before = kqlora::gemm_calls();
+  for (auto e : {kqlora::GemmEngine::blas, kqlora::GemmEngine::onednn}) {
+    if (e == kqlora::GemmEngine::onednn && !kqlora::onednn_available()) continue;
+    kqlora::set_host_gemm_engine(e);
+    const uint64_t n0 = kqlora::gemm_calls();
+    kqlora::gemm(Host(), "N", "N", 1.0f, a, b, 0.0f, c);
+    kqlora::gemm(Host(), "T", "N", 1.0f, ColMajor("at", 4, 5), b, 0.0f, c);
+    EXPECT_EQ(kqlora::gemm_calls() - n0, 2u);
+    // An empty product calls nothing.
+    kqlora::gemm(Host(), "N", "N", 1.0f, RowMajor("a0", 0, 4), b, 0.0f, RowMajor("c0", 0, 6));
+    EXPECT_EQ(kqlora::gemm_calls() - n0, 2u);
+  }
+  kqlora::select_gemm_engine();  // (the default back)
+  // A strided view the BLAS cannot take (neither stride 1): Kokkos Kernels' gemm, counted.
+  Kokkos::View<float**, Kokkos::LayoutStride, Kokkos::HostSpace> s(
+      "s", Kokkos::LayoutStride(5, 8, 4, 2));
+  const uint64_t n1 = kqlora::gemm_calls();
+  kqlora::gemm(Host(), "N", "N", 1.0f, s, b, 0.0f, c);
+  EXPECT_EQ(kqlora::gemm_calls() - n1, 1u);
+  // A batch of 3 on the host: 3 calls.
+  RowMajor ab("ab", 15, 4), cb("cb", 15, 6);
+  const uint64_t n2 = kqlora::gemm_calls();
+  kqlora::gemm_strided_batched(Host(), "N", "N", 1.0f, RowMajor(ab.data(), 5, 4), 20, b, 0, 0.0f,
+                               RowMajor(cb.data(), 5, 6), 30, 3);
+  EXPECT_EQ(kqlora::gemm_calls() - n2, 3u);
+  EXPECT_EQ(kqlora::gemm_calls() - before, (kqlora::onednn_available() ? 4u : 2u) + 1u + 3u);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "kqlora/core/error.hpp"
+#include "kqlora/core/gemm_calls.hpp"
 #include "kqlora/core/gemm_engine.hpp"
 #if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSKERNELS_ENABLE_TPL_CUBLAS)
 #include <KokkosBlas_tpl_spec.hpp>  // cuBLAS, and Kokkos Kernels' handle
@@ -166,6 +167,7 @@ void gemm(const ExecSpace& exec, const char* ta, const char* tb, float alpha, co
         const Product product = inputs == GemmInputs::bfloat16 && host_bf16_products()
                                     ? Product(impl::onednn_bf16_gemm)
                                     : Product(impl::onednn_sgemm);
+        impl::count_gemm_call();
         product(t1 == o1.row_major ? 'T' : 'N', t2 == o2.row_major ? 'T' : 'N', swap ? n : m,
                 swap ? m : n, k, alpha, swap ? B.data() : A.data(), o1.ld,
                 swap ? A.data() : B.data(), o2.ld, beta, C.data(), c.ld);
@@ -173,6 +175,7 @@ void gemm(const ExecSpace& exec, const char* ta, const char* tb, float alpha, co
       }
       const impl::ColumnMajorGemm g = impl::column_major_gemm(ta, tb, A, B, C);
       (void)exec;  // (host BLAS: synchronous)
+      impl::count_gemm_call();
       sgemm_(&g.ta, &g.tb, &g.m, &g.n, &g.k, &alpha, g.a, &g.lda, g.b, &g.ldb, &beta, g.c, &g.ldc);
       return;
     }
@@ -183,6 +186,7 @@ void gemm(const ExecSpace& exec, const char* ta, const char* tb, float alpha, co
     const impl::ColumnMajorGemm g = impl::column_major_gemm(ta, tb, A, B, C);
     if (g.ok) {
       if (g.m == 0 || g.n == 0) return;
+      impl::count_gemm_call();
       const cublasStatus_t st =
           cublasGemmEx(impl::cublas_on(exec), impl::cublas_op(g.ta), impl::cublas_op(g.tb), g.m,
                        g.n, g.k, &alpha, g.a, CUDA_R_32F, g.lda, g.b, CUDA_R_32F, g.ldb, &beta, g.c,
@@ -194,6 +198,8 @@ void gemm(const ExecSpace& exec, const char* ta, const char* tb, float alpha, co
     }
   }
 #endif
+  if (C.extent(0) == 0 || C.extent(1) == 0) return;  // (nothing to call)
+  impl::count_gemm_call();
 #if defined(KOKKOSKERNELS_VERSION) && KOKKOSKERNELS_VERSION >= 30700
   KokkosBlas::gemm(exec, ta, tb, alpha, A, B, beta, C);
 #else
@@ -223,6 +229,7 @@ void gemm_bf16_weight(const char* ta, const char* tb, float alpha, const AView& 
                "gemm_bf16_weight: operands " << A.extent(0) << "x" << A.extent(1) << ", " << w_rows
                                              << "x" << w_cols << ", " << m << "x" << n);
   if (m == 0 || n == 0) return;
+  impl::count_gemm_call();
   // (an A stored column-major is its transpose in row-major terms: its flag flips)
   impl::onednn_bf16_gemm(tA == a.row_major ? 'T' : 'N', tB ? 'T' : 'N', m, n, k, alpha, A.data(),
                          a.ld, impl::Bf16Operand{nullptr, W, ldw}, beta, C.data(), c.ld);
@@ -257,6 +264,7 @@ void gemm_strided_batched(const ExecSpace& exec, const char* ta, const char* tb,
     const impl::ColumnMajorGemm g = impl::column_major_gemm(ta, tb, A, B, C);
     if (g.ok && batch > 0 && batch <= INT_MAX) {
       if (g.m == 0 || g.n == 0) return;
+      impl::count_gemm_call();  // (one call for the whole batch)
       const cublasStatus_t st = cublasGemmStridedBatchedEx(
           impl::cublas_on(exec), impl::cublas_op(g.ta), impl::cublas_op(g.tb), g.m, g.n, g.k,
           &alpha, g.a, CUDA_R_32F, g.lda, g.swapped ? stride_b : stride_a, g.b, CUDA_R_32F, g.ldb,
