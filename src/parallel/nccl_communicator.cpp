@@ -373,4 +373,33 @@ std::unique_ptr<Communicator> make_nccl_communicator(int device, void* compute_s
                                             timeout_s);
 }
 
+void nccl_warm_up(Communicator& comm, int64_t bytes, bool gathers) {
+  // Two sizes: one element, and `bytes` (NCCL picks its algorithm and protocol by size and
+  // sets each one's connections and buffers up at its first use). Device buffers, so
+  // nothing is staged; their contents do not matter (sums of whatever is there, dropped).
+  // Every wait is the communicator's: within comm_timeout_s, or an error naming it.
+  const int n = comm.size();
+  const int64_t count = std::max<int64_t>(n, std::min(bytes, kNcclStagingBytes) / 4);
+  const int64_t block = count / n;  // (a rank's block of the gathers: n * block <= count)
+  float* d = nullptr;
+  KQLORA_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&d), sizeof(float) * 2 * count));
+  float* const a = d;          // [count]: the all-reduce; the gathers' one-block side
+  float* const b = d + count;  // [count]: the gathers' n-block side
+  try {
+    for (const int64_t c : {int64_t(1), count}) {
+      comm.wait(comm.allreduce_sum(a, c));
+      if (!gathers) continue;
+      const int64_t k = c == 1 ? 1 : block;
+      comm.wait(comm.allgather(a, b, 4 * k));
+      comm.wait(comm.reduce_scatter_sum(b, a, k));
+    }
+  } catch (...) {
+    // (a timed-out collective may still write the buffer: it stays allocated; unchecked:
+    // the error in flight is the one to report)
+    if (!comm.broken()) cudaFree(d);
+    throw;
+  }
+  KQLORA_CHECK_CUDA(cudaFree(d));
+}
+
 }  // namespace kqlora

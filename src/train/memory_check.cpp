@@ -109,7 +109,9 @@ MemoryEstimate estimate_memory(const Config& c, int world_size, int ranks_per_no
       e.device_parts.push_back({"set-up's excess over training", setup - training});
     // Beside the tensors: cuBLAS' workspace, NCCL's bounded staging buffer, and an eighth
     // for the allocator's rounding and Kokkos' scratch. (The CUDA context and NCCL's own
-    // buffers are out of the free memory already: it is read after they exist.)
+    // buffers are out of the free memory already: it is read after they exist, and after
+    // a warm-up of the run's collectives for the buffers NCCL makes at their first use,
+    // nccl_warm_up.)
     int64_t libraries = int64_t(64) << 20;
     if (where.nccl) libraries += kNcclStagingBytes;
     e.device_parts.push_back({"CUDA libraries (cuBLAS workspace, NCCL staging)", libraries});

@@ -126,6 +126,10 @@ std::unique_ptr<Communicator> make_communicator(const Config& cfg, std::string* 
     why = choice.note;
     if (choice.nccl) {
       comm = make_nccl_communicator(cuda.cuda_device(), cuda.cuda_stream(), cfg.comm_timeout_s);
+      // NCCL's lazily made buffers (NVLS's: about 1 GiB on NVSwitch nodes) exist before the
+      // memory check reads the free GPU memory (run_placement): the run's collectives once,
+      // at a bucket's size (docs/GPU.md, "Memory").
+      nccl_warm_up(*comm, static_cast<int64_t>(cfg.bucket_mb * (1 << 20)), cfg.parallel == "fsdp");
     } else {
       comm = std::move(mpi);
     }

@@ -21,4 +21,11 @@ constexpr int64_t kNcclStagingBytes = int64_t(64) << 20;
 std::unique_ptr<Communicator> make_nccl_communicator(int device, void* compute_stream,
                                                      double timeout_s = 300);
 
+/// Runs an all-reduce (and, `gathers`, an all-gather and a reduce-scatter: FSDP's) of one
+/// element and of `bytes` (at most kNcclStagingBytes; e.g. a DDP bucket) on `comm`, an NCCL
+/// communicator, on device buffers freed after: NCCL makes buffers at its first
+/// collectives (NVLS's on NVSwitch nodes, about 1 GiB), which a read of the free GPU
+/// memory after this then counts. Every wait within comm_timeout_s (as every collective's).
+void nccl_warm_up(Communicator& comm, int64_t bytes, bool gathers);
+
 }  // namespace kqlora
