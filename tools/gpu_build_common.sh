@@ -30,14 +30,19 @@ build_hdf5() {
 # data and apps relative to the folder gpu_check.sh runs them in.
 kqlora_gpu_args() {
   local mpi=$1 hdf5=$2
+  # The static CUDA runtime for Kokkos' CUDA::cudart too (Kokkos 4 links the shared one), as
+  # nvcc links the kernels: one runtime in the process, none to carry.
+  [ -z "${CUDA_HOME:-}" ] || [ ! -f "$CUDA_HOME/lib64/libcudart_static.a" ] ||
+    echo "-DCUDA_cudart_LIBRARY=$CUDA_HOME/lib64/libcudart_static.a"
   printf '%s\n' -DKQLORA_NATIVE=OFF -DKQLORA_ENABLE_ONEDNN=OFF -DKQLORA_ENABLE_TESTS=ON \
     -DKQLORA_TEST_DATA_DIR=tests/data -DKQLORA_TEST_BIN_DIR=bin \
     "-DCMAKE_EXE_LINKER_FLAGS=-static-libstdc++ -static-libgcc" \
     -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON "-DCMAKE_INSTALL_RPATH=\$ORIGIN/../mpi/lib"
+  # (the MPI wrappers' own run path names the folder the wheel was unpacked in here: left out)
   if [ -n "$hdf5" ]; then
     printf '%s\n' -DKQLORA_ENABLE_MPI=ON -DKQLORA_ENABLE_HDF5=ON -DMPI_C_COMPILER="$mpi/bin/mpicc" \
-      -DMPI_CXX_COMPILER="$mpi/bin/mpicxx" -DHDF5_ROOT="$hdf5" -DHDF5_USE_STATIC_LIBRARIES=ON \
-      -DHDF5_C_COMPILER_EXECUTABLE=
+      -DMPI_CXX_COMPILER="$mpi/bin/mpicxx" -DMPI_C_LINK_FLAGS=-pthread -DMPI_CXX_LINK_FLAGS=-pthread \
+      -DHDF5_ROOT="$hdf5" -DHDF5_USE_STATIC_LIBRARIES=ON -DHDF5_C_COMPILER_EXECUTABLE=
   else
     printf '%s\n' -DKQLORA_ENABLE_MPI=OFF -DKQLORA_ENABLE_HDF5=OFF
   fi

@@ -134,7 +134,7 @@ step() {
 
 # --- 1. the machine and the stage -------------------------------------------------------------
 {
-  echo "host: $(hostname 2>/dev/null), $(nproc) cores; CPU: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)"
+  echo "host: $(hostname 2>/dev/null), $(nproc --all) cores; CPU: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)"
   echo "glibc: $(ldd --version 2>&1 | head -1)"
   if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | sed 's/^/GPU: /'
@@ -223,15 +223,17 @@ bin=$kq/bin
 export OPAL_PREFIX=$kq/mpi PATH=$kq/mpi/bin:$PATH
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PRTE_MCA_ras_base_oversubscribe=1
 # cuBLAS and NCCL from the machine's Python wheels (torch's dependencies).
+# (CUDA 13's wheels keep cuBLAS in nvidia/cu13/lib, NCCL in nvidia/nccl/lib; older ones in
+# nvidia/cublas/lib: every folder of the nvidia namespace holding either library is taken)
 wheel_libs=$(python3 - <<'PY' 2>/dev/null
-import importlib, os
-for m in ("nvidia.cublas", "nvidia.nccl", "nvidia.cuda_runtime", "nvidia.cu13"):
-    try:
-        for p in importlib.import_module(m).__path__:
-            if os.path.isdir(os.path.join(p, "lib")):
-                print(os.path.join(p, "lib"))
-    except Exception:
-        pass
+import glob, os
+import nvidia
+dirs = set()
+for root in nvidia.__path__:
+    for lib in glob.glob(os.path.join(root, "*", "lib", "lib*.so*")):
+        if os.path.basename(lib).startswith(("libcublas.so", "libcublasLt.so", "libnccl.so")):
+            dirs.add(os.path.dirname(lib))
+print("\n".join(sorted(dirs)))
 PY
 )
 for d in $wheel_libs; do LD_LIBRARY_PATH=$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; done
