@@ -129,7 +129,13 @@ std::unique_ptr<Communicator> make_communicator(const Config& cfg, std::string* 
       // NCCL's lazily made buffers (NVLS's: about 1 GiB on NVSwitch nodes) exist before the
       // memory check reads the free GPU memory (run_placement): the run's collectives once,
       // at a bucket's size (docs/GPU.md, "Memory").
+      const int64_t free_before = gpu_free_memory(cuda.cuda_device()).bytes;
       nccl_warm_up(*comm, static_cast<int64_t>(cfg.bucket_mb * (1 << 20)), cfg.parallel == "fsdp");
+      // (what those buffers took, measured: the GPU check reads this line)
+      why += "; NCCL's first collectives took " +
+             human_bytes(
+                 static_cast<double>(free_before - gpu_free_memory(cuda.cuda_device()).bytes)) +
+             " of GPU memory";
     } else {
       comm = std::move(mpi);
     }
