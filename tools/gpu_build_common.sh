@@ -2,8 +2,8 @@
 # (the fallback, built on the GPU machine): what both builds of kqlora for that machine share
 # (docs/GPU.md, "The GPU check").
 
-# The binaries the check runs.
-gpu_targets="kqlora-train kqlora-bench kqlora-diff test_nf4_quantization test_layers_and_optimizers test_llama"
+# The binaries the check runs (test_llama runs kqlora-train, -diff and -export).
+gpu_targets="kqlora-train kqlora-bench kqlora-diff kqlora-export test_nf4_quantization test_layers_and_optimizers test_llama"
 gpu_targets_without_hdf5="kqlora-train kqlora-bench test_nf4_quantization test_layers_and_optimizers"
 
 # build_hdf5 SRC PREFIX MPI_PREFIX JOBS: parallel HDF5's C library, static and
@@ -27,7 +27,8 @@ build_hdf5() {
 # configuration for the GPU machine, one argument a line: host code for any x86-64 CPU, no
 # oneDNN, static libstdc++ and libgcc, the staged MPI found through the run path
 # ($ORIGIN/../mpi/lib, where gpu_check.sh unpacks the wheel beside bin/), and the tests'
-# data and apps relative to the folder gpu_check.sh runs them in.
+# data and apps relative to the folder gpu_check.sh runs them in, and the MPI tests' launcher
+# the mpiexec on PATH (the wheel's, there; configure with it first on PATH here too).
 kqlora_gpu_args() {
   local mpi=$1 hdf5=$2
   # The static CUDA runtime for Kokkos' CUDA::cudart too (Kokkos 4 links the shared one), as
@@ -36,7 +37,7 @@ kqlora_gpu_args() {
     echo "-DCUDA_cudart_LIBRARY=$CUDA_HOME/lib64/libcudart_static.a"
   printf '%s\n' -DKQLORA_NATIVE=OFF -DKQLORA_ENABLE_ONEDNN=OFF -DKQLORA_ENABLE_TESTS=ON \
     -DKQLORA_TEST_DATA_DIR=tests/data -DKQLORA_TEST_BIN_DIR=bin \
-    "-DCMAKE_EXE_LINKER_FLAGS=-static-libstdc++ -static-libgcc" \
+    "-DCMAKE_EXE_LINKER_FLAGS=-static-libstdc++ -static-libgcc" -DMPIEXEC_EXECUTABLE=mpiexec \
     -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON "-DCMAKE_INSTALL_RPATH=\$ORIGIN/../mpi/lib"
   # (the MPI wrappers' own run path names the folder the wheel was unpacked in here: left out)
   if [ -n "$hdf5" ]; then

@@ -52,7 +52,7 @@ build_from_source() {
     mapfile -t kq_args < <(kqlora_gpu_args "" "")
   fi
   echo "== kqlora: $targets"
-  OPAL_PREFIX=$kq/mpi bash tools/build_cuda.sh "$src/kokkos" "$src/kokkos-kernels" --kqlora-only \
+  OPAL_PREFIX=$kq/mpi PATH=$kq/mpi/bin:$PATH bash tools/build_cuda.sh "$src/kokkos" "$src/kokkos-kernels" --kqlora-only \
     --out "$work/deps" --jobs "$jobs" --targets "$targets" -- "${kq_args[@]}" -DGTEST_ROOT="$work/gtest" ||
     return 1
   rm -rf "$kq/bin"

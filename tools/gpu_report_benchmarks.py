@@ -12,6 +12,7 @@ one layer is their difference, the rest (embedding, LM head, loss, optimizer, le
 first layer skips) the 1-layer run less a layer, and the 30-layer model the rest plus 30
 layers."""
 import json
+import re
 import sys
 
 # H100/H200 dense peaks: float32 on the CUDA cores, bfloat16 on the tensor cores (TFLOP/s).
@@ -62,16 +63,17 @@ def benchmarks(out, backend):
     if ql and dl:
         print("- the same QLoRA linear against kqlora's dense float32 LoRA linear: %.2fx"
               % (ql["median_s"] / dl["median_s"]))
-    for b in (1, 4):
-        for dt in ("", "_bf16"):
-            r = llama.get("llama_fwd_bwd_135m_b%d_t256%s" % (b, dt))
-            if r:
-                fl = r["flops"] / r["median_s"]
-                print("- 135M step (%s), %d x 256 tokens: %.1f ms, %.0f tokens/s, %.2f TFLOP/s of model "
-                      "FLOPs: MFU %.1f%% of float32 (%.0f TFLOP/s), %.2f%% of bfloat16 tensor cores (%.0f)"
-                      % ("bfloat16" if dt else "float32", b, 1e3 * r["median_s"], b * 256 / r["median_s"],
-                         fl / 1e12, 100 * fl / (PEAK_F32 * 1e12), PEAK_F32, 100 * fl / (PEAK_BF16 * 1e12),
-                         PEAK_BF16))
+    for name in sorted(llama):
+        m = re.match(r"llama_fwd_bwd_(\w+?)_b(\d+)_t(\d+)", name)
+        if not m:
+            continue
+        r, tokens = llama[name], int(m.group(2)) * int(m.group(3))
+        fl = r["flops"] / r["median_s"]
+        print("- %s (%s, %s x %s tokens): %.1f ms, %.0f tokens/s, %.2f TFLOP/s of model FLOPs: MFU "
+              "%.1f%% of float32 (%.0f TFLOP/s), %.2f%% of bfloat16 tensor cores (%.0f)"
+              % (name, "bfloat16" if "bf16" in name else "float32", m.group(2), m.group(3),
+                 1e3 * r["median_s"], tokens / r["median_s"], fl / 1e12, 100 * fl / (PEAK_F32 * 1e12),
+                 PEAK_F32, 100 * fl / (PEAK_BF16 * 1e12), PEAK_BF16))
     if not (lin or llama):
         print("- no benchmark ran (logs/bench_*.log)")
     return 1 if bad else 0
