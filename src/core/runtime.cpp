@@ -89,7 +89,16 @@ Runtime::Runtime(int& argc, char**& argv) {
   select_blas_threads(1);
 #endif
   if (!Kokkos::is_initialized()) {
-    check_gpus_run_this_build();  // (a CUDA build on no GPU or too old a one: a clear refusal)
+    try {
+      check_gpus_run_this_build();  // (a CUDA build on no GPU or too old a one: a clear refusal)
+    } catch (...) {
+#if KQLORA_HAVE_MPI
+      // (no destructor runs for a throwing constructor: MPI ends here, or Open MPI reports
+      // an improper exit over the refusal)
+      if (owns_mpi_) MPI_Finalize();
+#endif
+      throw;
+    }
     Kokkos::initialize(argc, argv);
   }
 }

@@ -128,9 +128,10 @@ void Fsdp<ExecSpace>::gather_nf4(int i) {
     // Through host memory (an MPI that cannot take device buffers in non-blocking calls),
     // then to the model's memory on its instance; fenced: the next gather rewrites the
     // host buffers and the host tensor is freed.
-    model_.nf4[i] = nf4_copy_to<Mem>(
-        exec_, gather_shards(Kokkos::DefaultHostExecutionSpace(), shards_[i], host_gathered_));
-    fence(exec_, "kqlora::Fsdp::gather_nf4_to_device");
+    const auto host =
+        gather_shards(Kokkos::DefaultHostExecutionSpace(), shards_[i], host_gathered_);
+    model_.nf4[i] = nf4_copy_to<Mem>(exec_, host);
+    fence(exec_, "kqlora::Fsdp::gather_nf4_to_device");  // (before `host` goes)
   }
 }
 

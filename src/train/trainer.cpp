@@ -19,6 +19,7 @@
 #include "kqlora/nn/model_registry.hpp"
 #include "kqlora/parallel/comm_choice.hpp"
 #include "kqlora/parallel/data_parallel.hpp"
+#include "kqlora/parallel/world.hpp"
 #include "kqlora/train/batch_loader.hpp"
 #include "kqlora/train/component_configs.hpp"
 #include "kqlora/train/data.hpp"
@@ -111,7 +112,11 @@ std::unique_ptr<Communicator> make_communicator(const Config& cfg, std::string* 
   // auto: NCCL where the model lives in device memory and every rank has a GPU of its own
   // (comm_choice.hpp), MPI otherwise.
   const bool device_memory = !std::is_same<Mem, Kokkos::HostSpace>::value;
-  if (cfg.comm != "mpi") {
+  // One rank that runs no collective (the single-process strategy) needs no NCCL: neither
+  // its start-up nor its buffers (`comm = nccl` still makes it, as asked).
+  const bool collectives =
+      world_size() > 1 || cfg.single_process == "off" || cfg.parallel == "fsdp";
+  if (cfg.comm == "nccl" || (cfg.comm == "auto" && collectives)) {
     Kokkos::Cuda cuda;
     const DevicePlace mine{host_name(), gpu_uuid(cuda.cuda_device())};
 #if KQLORA_HAVE_MPI

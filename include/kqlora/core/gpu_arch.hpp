@@ -11,7 +11,7 @@ namespace kqlora {
 /// minor (90 for HOPPER90); 0 in a build without CUDA.
 int built_compute_capability();
 
-/// "sm_90 code and compute_90 PTX (HOPPER90)" in a CUDA build; empty without CUDA.
+/// "sm_90 code and compute_90 PTX" in a CUDA build; empty without CUDA.
 std::string describe_gpu_code();
 
 /// In a CUDA build: throws InputError naming the GPU when no CUDA device is visible
