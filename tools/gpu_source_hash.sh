@@ -14,11 +14,13 @@ cd "$(dirname "$0")/.."
 [ "${1:-}" = -h ] || [ "${1:-}" = --help ] && { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0; }
 paths=(CMakeLists.txt cmake src include apps tests)
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-  list() { git ls-files -co --exclude-standard -- "${paths[@]}"; }
+  list() { git ls-files -z -co --exclude-standard -- "${paths[@]}"; }
 else
-  list() { find "${paths[@]}" -type f ! -name '*.pyc' ! -path '*/__pycache__/*'; }
+  list() { find "${paths[@]}" -type f ! -name '*.pyc' ! -path '*/__pycache__/*' -print0; }
 fi
-hashes=$(list | LC_ALL=C sort -u | while IFS= read -r f; do [ -f "$f" ] && sha256sum "$f"; done)
+hashes=$(list | LC_ALL=C sort -zu | while IFS= read -r -d '' f; do
+  if [ -f "$f" ]; then sha256sum "$f"; fi  # (a deleted tracked file: not there to build)
+done)
 if [ "${1:-}" = --list ]; then
   echo "$hashes"
 else
