@@ -9,10 +9,8 @@
 # Fails, naming every file and line, on:
 #   - Kokkos::fence( and fence_all(
 #   - create_mirror_view_and_copy(
-#   - deep_copy( whose first argument (the text up to its first comma outside brackets,
-#     over as many lines as the call takes) does not name an execution-space instance:
-#     a name with "exec"/"Exec" in it or an execution space's constructor (Serial(),
-#     OpenMP(), Cuda(), ...ExecutionSpace()).
+#   - deep_copy( with two arguments (counted outside brackets, over as many lines as the
+#     call takes): the instance-ordered form has three, the execution-space instance first.
 # except a call that carries a marker comment `device-wide: WHY` (on one of its lines, or
 # on a comment line right above it) saying why a device-wide sync is fine there: outside
 # the step (set-up, checkpoint, export, end of run), with no collective in flight.
@@ -55,13 +53,12 @@ foreach(f IN LISTS files)
     math(EXPR offset "${offset} + ${at} + ${mlen}")  # just past the '('
     string(SUBSTRING "${code}" ${offset} -1 rest)
     # The call's text up to its closing parenthesis (within 4000 characters), and its
-    # first argument.
+    # top-level commas.
     string(SUBSTRING "${rest}" 0 4000 window)
     string(LENGTH "${window}" wlen)
     set(depth 1)
     set(angle 0)
-    set(first "")
-    set(first_done FALSE)
+    set(commas 0)
     set(i 0)
     while(depth GREATER 0 AND i LESS wlen)
       string(SUBSTRING "${window}" ${i} 1 c)
@@ -74,10 +71,7 @@ foreach(f IN LISTS files)
       elseif(c STREQUAL ">" AND angle GREATER 0)
         math(EXPR angle "${angle} - 1")
       elseif(c STREQUAL "," AND depth EQUAL 1 AND angle EQUAL 0)
-        set(first_done TRUE)
-      endif()
-      if(NOT first_done AND depth GREATER 0)
-        string(APPEND first "${c}")
+        math(EXPR commas "${commas} + 1")
       endif()
       math(EXPR i "${i} + 1")
     endwhile()
@@ -85,8 +79,9 @@ foreach(f IN LISTS files)
 
     set(markable TRUE)
     if(m MATCHES "deep_copy")
-      string(STRIP "${first}" first)
-      if(first MATCHES "[Ee]xec|(Serial|OpenMP|Threads|Cuda|HIP|SYCL|ExecutionSpace)[ \t]*\\(\\)$")
+      # (three arguments: deep_copy(instance, dst, src); a two-argument call whose first
+      # argument happens to be named like an instance is still device-wide)
+      if(commas EQUAL 2)
         math(EXPR instance_copies "${instance_copies} + 1")
         continue()
       endif()
