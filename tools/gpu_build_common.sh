@@ -80,7 +80,7 @@ kqlora_gpu_args() {
     echo "-DCUDA_cudart_LIBRARY=$CUDA_HOME/lib64/libcudart_static.a"
   printf '%s\n' -DKQLORA_NATIVE=OFF -DKQLORA_ENABLE_ONEDNN=OFF -DKQLORA_ENABLE_TESTS=ON \
     -DKQLORA_TEST_DATA_DIR=tests/data -DKQLORA_TEST_BIN_DIR=bin \
-    "-DCMAKE_EXE_LINKER_FLAGS=-static-libstdc++ -static-libgcc" -DMPIEXEC_EXECUTABLE=mpiexec \
+    "-DCMAKE_EXE_LINKER_FLAGS=-static-libstdc++ -static-libgcc" -DKQLORA_TEST_MPIEXEC=mpiexec \
     -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON "-DCMAKE_INSTALL_RPATH=\$ORIGIN/../mpi/lib"
   # (the MPI wrappers' own run path names the folder the wheel was unpacked in here: left out)
   if [ -n "$hdf5" ]; then
