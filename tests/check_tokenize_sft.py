@@ -9,7 +9,8 @@ own, in the template's order, the assistant turns' words and end-of-turn scored.
 template that raises on a system message and one that renders earlier turns differently
 (as Qwen3's drops their reasoning) are refused and counted; packed rows hold whole
 examples with positions 0, 1, ... each and their first labels -100; a malformed line exits
-2 naming the file and line. Exit 77 (ctest: skipped) when transformers, tokenizers or h5py
+2 naming the file and line; an --output that is the data file or a file of the model
+directory is refused (exit 2) and leaves it as it was. Exit 77 (ctest: skipped) when transformers, tokenizers or h5py
 cannot be imported.
 """
 import json
@@ -195,6 +196,30 @@ def main():
               os.path.join(work, "bad.h5"), "--max-len", str(T), expect=2, process=True)
     check("bad.h5.jsonl:2:" in log and "role" in log, "bad line: " + log)
     print("refusals counted by reason, a bad line refused with its place: ok")
+
+    # No output destroys an input: --output as the data file or a file of the model directory
+    # is refused (exit 2), both left byte for byte; a good write leaves no temporary file.
+    src = os.path.join(work, "inputs.jsonl")
+    with open(src, "w") as f:
+        f.write("".join(line + "\n" for line in lines[:2]))
+    for victim in (src, os.path.join(model, "tokenizer.json"), os.path.join(model, "config.json")):
+        before = open(victim, "rb").read()
+        status, log = run_tool("tokenize_sft", ["--model", model, "--input", src, "--output",
+                                                victim, "--max-len", str(T)])
+        check(status == 2 and "--output" in log, "output %s: exit %d: %s" % (victim, status, log))
+        check(open(victim, "rb").read() == before, "%s was changed" % victim)
+    out = os.path.join(work, "fresh", "tokens.h5")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    run(model, lines[:2], out, "--max-len", str(T))
+    run(model, lines[:2], out, "--max-len", str(T))  # (over an earlier token file: allowed)
+    check(sorted(os.listdir(os.path.dirname(out))) == ["tokens.h5", "tokens.h5.jsonl"],
+          "left beside the output: %s" % os.listdir(os.path.dirname(out)))
+    # A write that fails (here: into a folder that does not exist) exits 1 naming the file.
+    status, log = run_tool("tokenize_sft", ["--model", model, "--input", src, "--output",
+                                            os.path.join(work, "missing", "t.h5"), "--max-len", str(T)])
+    check(status == 1 and "writing" in log and "missing/t.h5" in log, "failed write: %d %s" % (status, log))
+    print("an output naming an input refused, inputs untouched, no temporary file left, a failed "
+          "write exit 1: ok")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,10 @@ Output (HDF5 1.10 format, checksummed metadata): input_ids and labels int32 [N, 
 position_ids with --pack; attributes vocab_size (int64, config.json's) and
 tokenizer_sha256 (of tokenizer.json). The summary line counts examples, tokens and scored
 labels written, and what was dropped or refused, by reason. Bad input (a line that is not
-one of the forms above) exits 2 naming the file and line. Needs transformers and h5py.
+one of the forms above) exits 2 naming the file and line; so does an --output that is the
+input file or a file of the model directory (it would destroy it). The token file is
+written to a temporary name beside --output and renamed: a failed write (a full disk)
+exits 1 and leaves an earlier file at that path as it was. Needs transformers and h5py.
 """
 import argparse
 import collections
@@ -70,6 +73,20 @@ class Refused(Exception):
 def fail(msg):
     print("tokenize_sft: " + msg, file=sys.stderr)
     sys.exit(2)
+
+
+def refuse_overwriting_an_input(output, data, model_dir):
+    """Exit 2 when `output` is the data file or a file of the model directory (its tokenizer,
+    config, weights): writing the token file there would destroy an input."""
+    if not os.path.exists(output):
+        return
+    if os.path.isdir(output):
+        fail("--output %s is a directory" % output)
+    if os.path.samefile(output, data):
+        fail("--output %s is the input file: the token file would replace the data" % output)
+    if os.path.isdir(model_dir) and os.path.samefile(os.path.dirname(os.path.abspath(output)), model_dir):
+        fail("--output %s is a file of the model directory %s: the token file would replace it"
+             % (output, model_dir))
 
 
 def end_of_turn_ids(tok, model_dir):
@@ -253,6 +270,7 @@ def main(argv=None):
         fail("--max-len must be at least 2")
     if not os.path.isfile(args.input):
         fail("%s: no such file" % args.input)
+    refuse_overwriting_an_input(args.output, args.input, args.model)
 
     import h5py
     import numpy as np
@@ -306,13 +324,23 @@ def main(argv=None):
     if ids_a.max() >= vocab_size:
         fail("token id %d >= vocab_size %d of %s/config.json"
              % (ids_a.max(), vocab_size, args.model))
-    with h5py.File(args.output, "w", libver=("v110", "v110")) as h:
-        h.create_dataset("input_ids", data=ids_a)
-        h.create_dataset("labels", data=labels_a)
-        if args.pack:
-            h.create_dataset("position_ids", data=pos_a)
-        h.attrs["vocab_size"] = np.int64(vocab_size)
-        h.attrs["tokenizer_sha256"] = sha
+    # Written to a temporary name beside the output, then renamed: an earlier file at that
+    # path survives a failed write (a full disk), which exits 1.
+    tmp = "%s.tmp-%d" % (args.output, os.getpid())
+    try:
+        with h5py.File(tmp, "w", libver=("v110", "v110")) as h:
+            h.create_dataset("input_ids", data=ids_a)
+            h.create_dataset("labels", data=labels_a)
+            if args.pack:
+                h.create_dataset("position_ids", data=pos_a)
+            h.attrs["vocab_size"] = np.int64(vocab_size)
+            h.attrs["tokenizer_sha256"] = sha
+        os.replace(tmp, args.output)
+    except (OSError, RuntimeError, ValueError) as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        print("tokenize_sft: writing %s failed: %s" % (args.output, e), file=sys.stderr)
+        sys.exit(1)
     tokens = sum(len(p[0]) for p in pieces)
     labels_scored = int((labels_a[:, 1:] != -100).sum())
     print("tokenize_sft: %s: %d examples read, %d written as %d %s of %d (%d pieces, %d tokens, "
