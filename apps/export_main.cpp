@@ -4,6 +4,8 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
+#include <filesystem>
 #include <iostream>
 
 #include "app_main.hpp"
@@ -13,6 +15,48 @@
 
 namespace {
 
+namespace fs = std::filesystem;
+
+/// `p` absolute, its folders resolved (links too) and its last part kept as written: the
+/// path a write to `p` would touch (a `latest` link is the link, not its step directory).
+fs::path written_path(const std::string& p) {
+  fs::path a = fs::absolute(p).lexically_normal();
+  if (a.filename().empty()) a = a.parent_path();  // (a trailing separator)
+  return fs::weakly_canonical(a.parent_path()) / a.filename();
+}
+
+/// `out` is `dir` or lies below it.
+bool within(const fs::path& out, const fs::path& dir) {
+  const auto [d, o] = std::mismatch(dir.begin(), dir.end(), out.begin(), out.end());
+  return d == dir.end();
+}
+
+/// No export destroys one of its inputs (issue 49): `out` may not be a checkpoint file, nor
+/// lie in its step directory, nor be its save_dir or the save_dir's `latest`, nor lie in
+/// the run's hf_model_dir (its weights, config and tokenizer). Bad input: exit 2.
+void refuse_output_over_inputs(const std::string& option, const std::string& out,
+                               const std::vector<std::string>& files,
+                               const std::string& model_dir) {
+  const fs::path o = written_path(out);
+  for (const auto& f : files) {
+    const fs::path file = written_path(f), step = file.parent_path();
+    KQLORA_INPUT_CHECK(o != file, option << " " << out << " is the checkpoint file " << f);
+    // (a step directory of a save_dir: step-XXXXXXXX, with `latest` beside it)
+    if (step.filename().string().rfind("step-", 0) != 0) continue;
+    KQLORA_INPUT_CHECK(!within(o, step), option << " " << out
+                                                << " is in the checkpoint's step directory "
+                                                << step.string());
+    const fs::path save_dir = step.parent_path();
+    KQLORA_INPUT_CHECK(o != save_dir && o != save_dir / "latest",
+                       option << " " << out << " is the checkpoint's save_dir or its latest ("
+                              << save_dir.string() << ")");
+  }
+  if (!model_dir.empty() && fs::exists(model_dir))
+    KQLORA_INPUT_CHECK(!within(o, written_path(model_dir)),
+                       option << " " << out << " is in the run's hf_model_dir " << model_dir
+                              << ": the export would write over the base model");
+}
+
 const char* usage =
     "usage: kqlora-export CHECKPOINT --merged OUT [--dtype float32|bfloat16]\n"
     "       kqlora-export CHECKPOINT --base OUT [--dtype float32|bfloat16]\n"
@@ -21,6 +65,8 @@ const char* usage =
     "                     [--gguf-type f32|f16|bf16|q8_0]\n"
     "\n"
     "CHECKPOINT is a checkpoint file, a step directory or a save_dir (its latest).\n"
+    "OUT (DIR) may not be an input: a checkpoint file, in its step directory, its save_dir or\n"
+    "latest, or in the run's hf_model_dir (exit 2).\n"
     "  --merged OUT    every NF4 weight dequantized, plus (alpha/rank) * B A where a LoRA\n"
     "                  adapter targets it, and the other tensors (biases, frozen dense) as\n"
     "                  they are. A model imported from a Hugging Face directory (causal_lm):\n"
@@ -78,6 +124,14 @@ int export_main(std::vector<std::string>& args) {
   for (const auto& f : files) parts.push_back(kqlora::read_checkpoint_file(f));
   auto c = kqlora::assemble_checkpoint(parts, args[0]);
   const std::string& file = files.front();
+  {
+    const std::string option = has_merged ? "--merged"
+                               : has_base ? "--base"
+                               : has_peft ? "--peft"
+                                          : "--gguf";
+    const std::string& out = has_merged ? merged : has_base ? base : has_peft ? peft : gguf_out;
+    refuse_output_over_inputs(option, out, files, kqlora::exporter::hf_model_dir(c, file));
+  }
   // checkpoint_base = auto: the base quantized again from the run's hf_model_dir.
   if (!has_peft) kqlora::load_base_from_model_dir(c, args[0]);
   const bool bf16 = dtype == "bfloat16";

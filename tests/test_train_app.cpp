@@ -175,4 +175,30 @@ TEST_F(TrainRuns, InitFromSafetensorsAndMergedExport) {
   EXPECT_EQ(js.find("r")->integer, 4);
   EXPECT_EQ(js.find("bias")->string, "none");
   EXPECT_EQ(run(bin_dir + "/kqlora-export " + dir() + "/init"), 2);  // neither --merged nor --peft
+
+  // No export writes over its inputs (exit 2): the checkpoint file, anything in its step
+  // directory, the save_dir and its latest; both files stay byte for byte.
+  const std::string file = kqlora::checkpoint_files(dir() + "/init").front();
+  const std::string step = file.substr(0, file.rfind('/'));
+  auto bytes_of = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string file_before = bytes_of(file), latest_before = bytes_of(dir() + "/init/latest");
+  ASSERT_FALSE(file_before.empty());
+  ASSERT_FALSE(latest_before.empty());
+  for (const std::string& o :
+       {"--gguf " + file, "--merged " + file, "--merged " + step + "/m.safetensors",
+        "--peft " + step, "--peft " + step + "/", "--base " + dir() + "/init/latest",
+        "--merged " + dir() + "/init",
+        "--gguf " + dir() + "/../" + dir().substr(dir().rfind('/') + 1) + "/init/latest"}) {
+    std::string log;
+    EXPECT_EQ(run(bin_dir + "/kqlora-export " + dir() + "/init " + o, &log), 2) << o << "\n" << log;
+    EXPECT_NE(log.find("checkpoint"), std::string::npos) << o << "\n" << log;
+  }
+  EXPECT_EQ(bytes_of(file), file_before);
+  EXPECT_EQ(bytes_of(dir() + "/init/latest"), latest_before);
+  // Beside the save_dir is fine.
+  EXPECT_EQ(
+      run(bin_dir + "/kqlora-export " + dir() + "/init --merged " + dir() + "/m2.safetensors"), 0);
 }
