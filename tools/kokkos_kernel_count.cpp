@@ -1,6 +1,8 @@
 // A Kokkos Tools library that counts what a run launches: kernels (parallel_for, _reduce,
-// _scan), deep copies and fences, with the most frequent kernel names. tools/gpu_check.sh
-// builds it and runs a training with it twice (2 and 4 steps) for the launches a step.
+// _scan), deep copies and fences, with the most frequent kernel names, over a whole
+// kqlora-train run (run it for 2 and 4 steps: the difference is the launches of 2 steps).
+// The GPU check counts one bench step in-process instead (kqlora-bench's llama records:
+// gemm_calls, kernel_launches, deep_copies, fences; docs/BLAS.md).
 //
 //   g++ -O2 -shared -fPIC tools/kokkos_kernel_count.cpp -o kernel_count.so
 //   KOKKOS_TOOLS_LIBS=$PWD/kernel_count.so KQLORA_KERNEL_COUNT_FILE=counts.txt kqlora-train ...
