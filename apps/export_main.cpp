@@ -7,9 +7,12 @@
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "app_main.hpp"
 #include "export_writers.hpp"
+#include "kqlora/core/atomic_output.hpp"
+#include "kqlora/core/output_guard.hpp"
 #include "kqlora/io/checkpoint.hpp"
 #include "kqlora/train/base_from_model_dir.hpp"
 
@@ -17,44 +20,19 @@ namespace {
 
 namespace fs = std::filesystem;
 
-/// `p` absolute, its folders resolved (links too) and its last part kept as written: the
-/// path a write to `p` would touch (a `latest` link is the link, not its step directory).
-fs::path written_path(const std::string& p) {
-  fs::path a = fs::absolute(p).lexically_normal();
-  if (a.filename().empty()) a = a.parent_path();  // (a trailing separator)
-  return fs::weakly_canonical(a.parent_path()) / a.filename();
-}
-
-/// `out` is `dir` or lies below it.
-bool within(const fs::path& out, const fs::path& dir) {
-  const auto [d, o] = std::mismatch(dir.begin(), dir.end(), out.begin(), out.end());
-  return d == dir.end();
-}
-
-/// No export destroys one of its inputs (issue 49): `out` may not be a checkpoint file, nor
-/// lie in its step directory, nor be its save_dir or the save_dir's `latest`, nor lie in
-/// the run's hf_model_dir (its weights, config and tokenizer). Bad input: exit 2.
-void refuse_output_over_inputs(const std::string& option, const std::string& out,
-                               const std::vector<std::string>& files,
-                               const std::string& model_dir) {
-  const fs::path o = written_path(out);
+/// A checkpoint's files as a writer's inputs: each file, its step directory and the
+/// save_dir's `latest` beside it.
+std::vector<kqlora::WriterInput> checkpoint_inputs(const std::vector<std::string>& files) {
+  std::vector<kqlora::WriterInput> in;
   for (const auto& f : files) {
-    const fs::path file = written_path(f), step = file.parent_path();
-    KQLORA_INPUT_CHECK(o != file, option << " " << out << " is the checkpoint file " << f);
+    in.push_back({f, "the checkpoint file"});
+    const fs::path step = fs::path(kqlora::written_path(f)).parent_path();
     // (a step directory of a save_dir: step-XXXXXXXX, with `latest` beside it)
     if (step.filename().string().rfind("step-", 0) != 0) continue;
-    KQLORA_INPUT_CHECK(!within(o, step), option << " " << out
-                                                << " is in the checkpoint's step directory "
-                                                << step.string());
-    const fs::path save_dir = step.parent_path();
-    KQLORA_INPUT_CHECK(o != save_dir && o != save_dir / "latest",
-                       option << " " << out << " is the checkpoint's save_dir or its latest ("
-                              << save_dir.string() << ")");
+    in.push_back({step.string(), "the checkpoint's step directory"});
+    in.push_back({(step.parent_path() / "latest").string(), "the checkpoint's latest"});
   }
-  if (!model_dir.empty() && fs::exists(model_dir))
-    KQLORA_INPUT_CHECK(!within(o, written_path(model_dir)),
-                       option << " " << out << " is in the run's hf_model_dir " << model_dir
-                              << ": the export would write over the base model");
+  return in;
 }
 
 const char* usage =
@@ -65,8 +43,11 @@ const char* usage =
     "                     [--gguf-type f32|f16|bf16|q8_0]\n"
     "\n"
     "CHECKPOINT is a checkpoint file, a step directory or a save_dir (its latest).\n"
-    "OUT (DIR) may not be an input: a checkpoint file, in its step directory, its save_dir or\n"
-    "latest, or in the run's hf_model_dir (exit 2).\n"
+    "OUT (DIR) may not be, lie inside or contain an input: a checkpoint file, its step\n"
+    "directory, the save_dir's latest, the run's hf_model_dir (exit 2). Files are written\n"
+    "under a temporary name beside OUT and renamed; directories (--peft, and --merged/--base\n"
+    "of a Hugging Face model) written whole beside DIR and swapped in; an existing DIR must\n"
+    "be empty or an earlier export of the same kind (docs/RELIABILITY.md, \"Writers\").\n"
     "  --merged OUT    every NF4 weight dequantized, plus (alpha/rank) * B A where a LoRA\n"
     "                  adapter targets it, and the other tensors (biases, frozen dense) as\n"
     "                  they are. A model imported from a Hugging Face directory (causal_lm):\n"
@@ -118,34 +99,45 @@ int export_main(std::vector<std::string>& args) {
                      "--dtype: expected float32 or bfloat16, got '" << dtype << "'");
   KQLORA_INPUT_CHECK(!has_dtype || !has_peft, "--dtype: the adapters are always float32");
   const auto files = kqlora::checkpoint_files(args[0]);
+  const std::string option = has_merged ? "--merged"
+                             : has_base ? "--base"
+                             : has_peft ? "--peft"
+                                        : "--gguf";
+  const std::string& out = has_merged ? merged : has_base ? base : has_peft ? peft : gguf_out;
+  // No export destroys one of its inputs (docs/RELIABILITY.md, "Writers"): checked before
+  // the checkpoint is read, and against the run's hf_model_dir once its name is known.
+  kqlora::refuse_output_over_inputs(option, out, checkpoint_inputs(files));
   // DDP ranks hold the same parameters (rank 0's file speaks for the run); FSDP shards are
   // reassembled.
   std::vector<kqlora::CheckpointContents> parts;
   for (const auto& f : files) parts.push_back(kqlora::read_checkpoint_file(f));
   auto c = kqlora::assemble_checkpoint(parts, args[0]);
   const std::string& file = files.front();
-  {
-    const std::string option = has_merged ? "--merged"
-                               : has_base ? "--base"
-                               : has_peft ? "--peft"
-                                          : "--gguf";
-    const std::string& out = has_merged ? merged : has_base ? base : has_peft ? peft : gguf_out;
-    refuse_output_over_inputs(option, out, files, kqlora::exporter::hf_model_dir(c, file));
-  }
+  kqlora::refuse_output_over_inputs(
+      option, out, {{kqlora::exporter::hf_model_dir(c, file), "the run's hf_model_dir"}});
+  // A Hugging Face model's --merged/--base and every --peft are directories, written whole
+  // beside OUT and swapped in; the others are files, renamed into place.
+  const bool directory = has_peft || (!has_gguf && !c.arch_text.empty());
+  if (!directory) kqlora::check_file_output(option, out);
+  std::optional<kqlora::DirectoryOutput> dir;
+  if (directory)
+    dir.emplace(
+        option, out,
+        has_peft ? kqlora::exporter::peft_directory_entry : kqlora::exporter::hf_directory_entry);
   // checkpoint_base = auto: the base quantized again from the run's hf_model_dir.
   if (!has_peft) kqlora::load_base_from_model_dir(c, args[0]);
   const bool bf16 = dtype == "bfloat16";
   if (has_peft) {
-    kqlora::exporter::write_peft(c, file, peft);
+    kqlora::exporter::write_peft(c, file, dir->temp(), out);
   } else if (has_gguf) {
     kqlora::exporter::write_gguf(c, file, gguf_out, gguf_tensor_type, gguf_of == "merged");
   } else {
-    const std::string& out = has_merged ? merged : base;
     if (c.arch_text.empty())
       kqlora::exporter::write_weights(c, file, out, bf16, has_merged);
     else
-      kqlora::exporter::write_hf_directory(c, file, out, bf16, has_merged);
+      kqlora::exporter::write_hf_directory(c, file, dir->temp(), out, bf16, has_merged);
   }
+  if (dir) dir->commit();
   return 0;
 }
 

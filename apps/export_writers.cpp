@@ -47,16 +47,11 @@ const LoraAdapter* adapter_of(const ParamTable& t, const std::string& name) {
   return nullptr;
 }
 
-void make_directory(const std::string& dir) {
-  KQLORA_INPUT_CHECK(::mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST,
-                     dir << ": cannot create: " << std::strerror(errno));
-}
-
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f << text;
   f.close();
-  KQLORA_INPUT_CHECK(!f.fail(), path << ": write failed: " << std::strerror(errno));
+  KQLORA_CHECK(!f.fail(), path << ": write failed: " << std::strerror(errno));
 }
 
 /// Copies `from` to `to` when `from` exists; whether it did.
@@ -137,7 +132,7 @@ bool is_adapter_tensor(const CheckpointContents& c, const std::string& name) {
 }
 
 void write_weights(const CheckpointContents& c, const std::string& file, const std::string& out,
-                   bool bf16, bool merge) {
+                   bool bf16, bool merge, const std::string& shown) {
   const ParamTable& table = c.table;
   std::vector<std::vector<float>> f32;
   std::vector<std::vector<uint16_t>> b16;
@@ -172,43 +167,58 @@ void write_weights(const CheckpointContents& c, const std::string& file, const s
   safetensors::write(
       out, tensors,
       {{"format", "pt"}, {"producer", "kqlora-export"}, {"step", std::to_string(c.step)}});
-  std::cout << out << ": " << tensors.size() << " tensors ("
+  std::cout << (shown.empty() ? out : shown) << ": " << tensors.size() << " tensors ("
             << (merge ? std::to_string(merged) + " with their adapters merged"
                       : std::string("the NF4 base dequantized, no adapters"))
             << ", " << (bf16 ? "bfloat16" : "float32") << ", step " << c.step << ")\n";
 }
 
+/// The tokenizer and generation files a Hugging Face directory export copies.
+constexpr const char* kCopiedFiles[] = {
+    "generation_config.json",  "tokenizer.json",      "tokenizer_config.json",
+    "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
+    "tokenizer.model",         "vocab.json",          "merges.txt",
+    "added_tokens.json"};
+
+bool hf_directory_entry(const std::string& name) {
+  if (name == "model.safetensors" || name == "config.json") return true;
+  for (const char* n : kCopiedFiles)
+    if (name == n) return true;
+  return false;
+}
+
+bool peft_directory_entry(const std::string& name) {
+  return name == "adapter_model.safetensors" || name == "adapter_config.json";
+}
+
 void write_hf_directory(const CheckpointContents& c, const std::string& file,
-                        const std::string& dir, bool bf16, bool merge) {
+                        const std::string& dir, const std::string& shown, bool bf16, bool merge) {
   KQLORA_INPUT_CHECK(!c.arch_text.empty(),
                      file << ": not a model imported from a Hugging Face directory (no "
                              "hf_config attribute): --merged and --base write a safetensors "
                              "file for it");
-  make_directory(dir);
-  write_weights(c, file, dir + "/model.safetensors", bf16, merge);
+  write_weights(c, file, dir + "/model.safetensors", bf16, merge, shown + "/model.safetensors");
   write_text(dir + "/config.json", exported_config(c.arch_text, file, bf16));
   const std::string src = hf_model_dir(c, file);
   std::vector<std::string> copied;
-  for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                           "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
-                           "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json"})
+  for (const char* name : kCopiedFiles)
     if (!src.empty() && copy_if_there(src + "/" + name, dir + "/" + name)) copied.push_back(name);
-  std::cout << dir << "/config.json: the checkpoint's config.json (dtype "
+  std::cout << shown << "/config.json: the checkpoint's config.json (dtype "
             << (bf16 ? "bfloat16" : "float32") << ")\n";
   if (copied.empty()) {
-    std::cout << dir << ": note: no tokenizer or generation files copied (hf_model_dir '" << src
+    std::cout << shown << ": note: no tokenizer or generation files copied (hf_model_dir '" << src
               << "' has none here); copy them from the model's directory\n";
   } else {
-    std::cout << dir << ": from " << src << ":";
+    std::cout << shown << ": from " << src << ":";
     for (const auto& n : copied) std::cout << " " << n;
     std::cout << "\n";
   }
 }
 
-void write_peft(const CheckpointContents& c, const std::string& file, const std::string& dir) {
+void write_peft(const CheckpointContents& c, const std::string& file, const std::string& dir,
+                const std::string& shown) {
   const ParamTable& table = c.table;
   KQLORA_INPUT_CHECK(!table.adapters.empty(), file << ": the model has no LoRA adapters");
-  make_directory(dir);
   const bool hf = !c.arch_text.empty();
   std::vector<safetensors::TensorToWrite> tensors;
   std::vector<std::string> targets;
@@ -259,7 +269,7 @@ void write_peft(const CheckpointContents& c, const std::string& file, const std:
      << "  \"inference_mode\": true\n"
      << "}\n";
   write_text(dir + "/adapter_config.json", js.str());
-  std::cout << dir << ": adapter_model.safetensors (" << tensors.size()
+  std::cout << shown << ": adapter_model.safetensors (" << tensors.size()
             << " tensors) and adapter_config.json (r " << first.rank << ", alpha " << first.alpha
             << (hf ? ", task_type CAUSAL_LM" : "") << ", step " << c.step << ")\n";
 }

@@ -13,9 +13,12 @@
 #include <iostream>
 
 #include "app_main.hpp"
+#include "kqlora/core/atomic_output.hpp"
 #include "kqlora/core/build_info.hpp"
 #include "kqlora/core/checked_size.hpp"
+#include "kqlora/core/output_guard.hpp"
 #include "kqlora/io/hdf5_params.hpp"
+#include "kqlora/io/safetensors.hpp"
 #include "kqlora/io/tensor_source.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
 
@@ -83,18 +86,22 @@ int quantize_main(std::vector<std::string>& args) {
   KQLORA_INPUT_CHECK(defaults.scaler_block_size > 0,
                      "--scaler-block-size must be positive, got " << defaults.scaler_block_size);
   const std::string in_path = args[0], out_path = args[1];
-  struct stat st {};
-  KQLORA_INPUT_CHECK(::stat(out_path.c_str(), &st) != 0 || S_ISREG(st.st_mode),
-                     out_path << ": exists and is not a file (a directory?); OUT.h5 must be a "
-                                 "file path");
+  // OUT never destroys IN (docs/RELIABILITY.md, "Writers"); checked before any work.
+  std::vector<kqlora::WriterInput> inputs{{in_path, "the input"}};
+  if (in_path.size() > 5 && in_path.compare(in_path.size() - 5, 5, ".json") == 0)
+    for (const auto& shard : kqlora::safetensors::index_shards(in_path))
+      inputs.push_back({shard, "the input's shard"});
+  kqlora::refuse_output_over_inputs("OUT.h5", out_path, inputs);
+  kqlora::check_file_output("OUT.h5", out_path);
 
   auto source = kqlora::open_tensor_source(in_path);
-  // Written under a temporary name and renamed at the end: a failure leaves no half file.
-  const std::string tmp_path = out_path + ".tmp";
+  // Written under a temporary name and renamed at the end: a failure leaves no half file
+  // and an earlier OUT.h5 as it was.
+  kqlora::FileOutput output(out_path);
   int quantized = 0, copied = 0, skipped = 0;
   {
-    auto file = kqlora::h5::create_file(tmp_path);
-    try {
+    auto file = kqlora::h5::create_file(output.temp());
+    {
       kqlora::h5::write_attribute(file, "format", std::string("kqlora-params"));
       kqlora::h5::write_attribute(file, "format_version", int64_t(2));
       kqlora::h5::write_attribute(file, "kqlora_version", kqlora::version());
@@ -142,17 +149,9 @@ int quantize_main(std::vector<std::string>& args) {
         ++quantized;
       }
       file.close();
-    } catch (...) {
-      std::remove(tmp_path.c_str());
-      throw;
     }
   }
-  if (std::rename(tmp_path.c_str(), out_path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp_path.c_str());
-    KQLORA_CHECK(false,
-                 "cannot rename " << tmp_path << " to " << out_path << ": " << std::strerror(err));
-  }
+  output.commit();
   std::cout << out_path << ": " << quantized << " quantized, " << copied << " copied, " << skipped
             << " skipped\n";
   return 0;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <type_traits>
 
+#include "kqlora/core/atomic_output.hpp"
 #include "kqlora/core/bfloat16.hpp"
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/float16.hpp"
@@ -234,14 +235,14 @@ void Writer::write(const std::string& path,
   }
   head.resize(static_cast<size_t>(aligned(static_cast<int64_t>(head.size()))), 0);
 
-  const std::string tmp = path + ".tmp";
-  std::unique_ptr<std::FILE, FileCloser> f(std::fopen(tmp.c_str(), "wb"));
-  KQLORA_INPUT_CHECK(f != nullptr,
-                     path << ": cannot create " << tmp << ": " << std::strerror(errno));
+  // A temporary beside the output, renamed at the end: a failure leaves an earlier file.
+  FileOutput out(path);
+  std::unique_ptr<std::FILE, FileCloser> f(std::fopen(out.temp().c_str(), "wb"));
+  KQLORA_CHECK(f != nullptr,
+               path << ": cannot open " << out.temp() << ": " << std::strerror(errno));
   auto fail = [&](const char* what) {
     const int err = errno;
     f.reset();
-    std::remove(tmp.c_str());
     KQLORA_CHECK(false, path << ": " << what << " failed: " << std::strerror(err));
   };
   auto write_bytes = [&](const uint8_t* p, size_t n) {
@@ -251,35 +252,22 @@ void Writer::write(const std::string& path,
   std::vector<float> buf;
   std::vector<uint8_t> bytes;
   const std::vector<uint8_t> zeros(kAlignment, 0);
-  try {
-    for (size_t i = 0; i < tensors_.size(); ++i) {
-      buf.assign(static_cast<size_t>(numel[i]), 0.0f);
-      values(i, buf);
-      KQLORA_CHECK(static_cast<int64_t>(buf.size()) == numel[i],
-                   "gguf: tensor '" << tensors_[i].name << "' got " << buf.size() << " values, "
-                                    << numel[i] << " expected");
-      const int64_t n = tensor_bytes(tensors_[i].type, numel[i]);
-      bytes.resize(static_cast<size_t>(n));
-      encode(tensors_[i].type, buf.data(), numel[i], bytes.data());
-      write_bytes(bytes.data(), bytes.size());
-      if (i + 1 < tensors_.size()) write_bytes(zeros.data(), static_cast<size_t>(aligned(n) - n));
-    }
-  } catch (...) {
-    f.reset();
-    std::remove(tmp.c_str());
-    throw;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    buf.assign(static_cast<size_t>(numel[i]), 0.0f);
+    values(i, buf);
+    KQLORA_CHECK(static_cast<int64_t>(buf.size()) == numel[i],
+                 "gguf: tensor '" << tensors_[i].name << "' got " << buf.size() << " values, "
+                                  << numel[i] << " expected");
+    const int64_t n = tensor_bytes(tensors_[i].type, numel[i]);
+    bytes.resize(static_cast<size_t>(n));
+    encode(tensors_[i].type, buf.data(), numel[i], bytes.data());
+    write_bytes(bytes.data(), bytes.size());
+    if (i + 1 < tensors_.size()) write_bytes(zeros.data(), static_cast<size_t>(aligned(n) - n));
   }
   if (std::fflush(f.get()) != 0) fail("flushing");
-  if (std::fclose(f.release()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    KQLORA_CHECK(false, path << ": closing failed: " << std::strerror(err));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    KQLORA_CHECK(false, path << ": renaming " << tmp << " failed: " << std::strerror(err));
-  }
+  if (std::fclose(f.release()) != 0)
+    KQLORA_CHECK(false, path << ": closing failed: " << std::strerror(errno));
+  out.commit();
 }
 
 }  // namespace kqlora::gguf

@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "kqlora/core/atomic_output.hpp"
 #include "kqlora/core/bit_cast.hpp"
 #include "kqlora/core/checked_size.hpp"
 #include "kqlora/core/error.hpp"
@@ -231,8 +232,11 @@ void write(const std::string& path, const std::vector<TensorToWrite>& tensors,
   hdr << "}";
   std::string text = hdr.str();
   while (text.size() % 8 != 0) text += ' ';  // data starts 8-byte aligned
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  KQLORA_INPUT_CHECK(f.good(), path << ": cannot create: " << std::strerror(errno));
+  // A temporary beside the output, renamed at the end: a failure (a full disk: exit 1)
+  // leaves an earlier file at `path` as it was.
+  FileOutput out(path);
+  std::ofstream f(out.temp(), std::ios::binary | std::ios::trunc);
+  KQLORA_CHECK(f.good(), path << ": cannot open " << out.temp() << ": " << std::strerror(errno));
   unsigned char len8[8];
   uint64_t n = text.size();
   for (int i = 0; i < 8; ++i) len8[i] = static_cast<unsigned char>((n >> (8 * i)) & 0xff);
@@ -241,7 +245,8 @@ void write(const std::string& path, const std::vector<TensorToWrite>& tensors,
   for (const auto& t : tensors)
     f.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(t.nbytes));
   f.close();
-  KQLORA_INPUT_CHECK(!f.fail(), path << ": write failed: " << std::strerror(errno));
+  KQLORA_CHECK(!f.fail(), path << ": write failed: " << std::strerror(errno));
+  out.commit();
 }
 
 std::vector<std::string> index_shards(const std::string& index_path,

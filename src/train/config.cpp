@@ -1,6 +1,7 @@
 #include "kqlora/train/config.hpp"
 
 #include <sys/stat.h>
+#include <unistd.h>
 #include <Kokkos_Macros.hpp>
 
 #include "kqlora/build_config.hpp"
@@ -17,6 +18,7 @@
 
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/input_file.hpp"
+#include "kqlora/core/output_guard.hpp"
 #include "kqlora/nn/model_registry.hpp"
 #include "kqlora/train/component_configs.hpp"
 #include "kqlora/train/memory_check.hpp"
@@ -388,6 +390,49 @@ std::string read_deck_file(const std::string& path) {
   return ss.str();
 }
 
+namespace {
+
+/// No run writes over its inputs (docs/RELIABILITY.md, "Writers"): the metrics file may
+/// not be, or lie in, an input or the save_dir; the save_dir may not be or lie in an input,
+/// nor may the data, eval or model files lie where checkpoints go (step directories,
+/// `latest`). The deck's own path and a restart's checkpoint are inputs too.
+template <class At>
+void refuse_outputs_over_inputs(const Config& c, const std::string& deck, const At& at) {
+  std::vector<WriterInput> in{{c.data_file, "the data_file"},
+                              {c.eval_file, "the eval_file"},
+                              {c.init_file, "the init_file"},
+                              {c.hf_model_dir, "the hf_model_dir"}};
+  if (deck.find(" (default)") == std::string::npos && deck != "argument" &&
+      ::access(deck.c_str(), F_OK) == 0)
+    in.push_back({deck, "the deck"});
+  if (c.restart != "none" && c.restart != "latest")
+    in.push_back({c.restart, "the restart checkpoint"});
+  if (!c.metrics_file.empty()) {
+    std::vector<WriterInput> all = in;
+    if (!c.save_dir.empty()) all.push_back({c.save_dir, "the save_dir"});
+    refuse_output_over_inputs(at("metrics_file") + ": metrics_file", c.metrics_file, all);
+    check_file_output(at("metrics_file") + ": metrics_file", c.metrics_file);
+  }
+  if (c.save_dir.empty()) return;
+  in.pop_back();  // (a save_dir may hold the restart checkpoint: it is read first)
+  refuse_output_over_inputs(at("save_dir") + ": save_dir", c.save_dir, in,
+                            /*may_contain=*/true);
+  const std::string dir = written_path(c.save_dir);
+  for (const auto& [p, what] : in) {
+    if (p.empty() || what == "the init_file") continue;
+    const std::string w = written_path(p);
+    if (w.size() <= dir.size() + 1 || w.compare(0, dir.size() + 1, dir + "/") != 0) continue;
+    const std::string first =
+        w.substr(dir.size() + 1, w.find('/', dir.size() + 1) - dir.size() - 1);
+    KQLORA_INPUT_CHECK(first.rfind("step-", 0) != 0 && first != "latest",
+                       at("save_dir") << ": save_dir " << c.save_dir << ": " << what << " " << p
+                                      << " lies where checkpoints are written (" << first
+                                      << "): keep_last would delete it");
+  }
+}
+
+}  // namespace
+
 Config parse_deck(const std::string& path, const std::vector<std::string>& overrides,
                   int world_size, bool check_files) {
   return parse_deck_text(read_deck_file(path), path, overrides, world_size, check_files);
@@ -578,6 +623,7 @@ Config parse_deck_text(const std::string& text, const std::string& source,
                                                            : c.eval_file;
     if (check_files) check_readable(p, at(k) + ": " + k, std::string(k) == "init_file");
   }
+  if (check_files) refuse_outputs_over_inputs(c, source, at);
   return c;
 }
 
