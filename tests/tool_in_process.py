@@ -14,6 +14,8 @@ import sys
 import traceback
 
 TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools")
+if TOOLS not in sys.path:  # (as for a script in tools/: `from safe_output import ...`)
+    sys.path.insert(0, TOOLS)
 _loaded = {}
 
 

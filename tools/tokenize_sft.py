@@ -45,57 +45,119 @@ and the template does what it does then (SmolLM2's inserts its default system pr
 the first example is printed as the model sees it. --system TEXT adds TEXT as the system
 message of every chat that has none.
 
+Tool calls: in the "messages" form an assistant message may carry "tool_calls" (OpenAI's
+[{"type": "function", "function": {"name": ..., "arguments": ...}}], its "content" then
+empty or null) and "tool" messages may answer them; a line's "tools" (a list of function
+definitions) goes to the template. Such a turn is rendered with and without its calls:
+it is used only if the calls are in its rendering (the renderings differ and each call's
+function name is in the turn's text); a template that drops them gets the example refused
+("the chat template drops tool_calls"), never trained as an empty turn. An assistant turn
+with neither content nor calls is refused too ("an empty assistant turn").
+
+Role order: a system message only first, then a user turn; a tool message only after an
+assistant turn with calls (or another tool message). A chat that breaks it (one that opens
+with the assistant's turn) is refused and counted as "role order: ...".
+
 Output (HDF5 1.10 format, checksummed metadata): input_ids and labels int32 [N, max_len],
 position_ids with --pack; attributes vocab_size (int64, config.json's) and
-tokenizer_sha256 (of tokenizer.json). The summary line counts examples, tokens and scored
-labels written, and what was dropped or refused, by reason. Bad input (a line that is not
-one of the forms above) exits 2 naming the file and line; so does an --output that is the
-input file or a file of the model directory (it would destroy it). The token file is
-written to a temporary name beside --output and renamed: a failed write (a full disk)
-exits 1 and leaves an earlier file at that path as it was. Needs transformers and h5py.
+tokenizer_sha256: the SHA-256 hex digest of the bytes of the model directory's file that
+maps text to ids, tokenizer.json where it has one, else tokenizer.model, else "" (the
+trainer computes the same of its hf_model_dir and compares: exactly this definition). The
+summary line counts examples, tokens and scored labels written, and what was dropped or
+refused, by reason.
+
+Bad input exits 2 with "tokenize_sft: error: " and the reason, naming the file and line
+where there is one, never a traceback: a line that is not UTF-8, not JSON (or nested too
+deeply), not one of the forms above, or holds a lone surrogate (a "\\ud800" escape); an
+--input that is missing or a directory; a --model that is not a directory, lacks tokenizer
+files (tokenizer.json, tokenizer.model, vocab.json, vocab.txt) or a config.json with a
+positive integer vocab_size, or whose tokenizer does not load; an --output that is a
+directory, in a missing directory or one that cannot be written. No output destroys an
+input (tools/safe_output.py, docs/RELIABILITY.md): an --output that is the input file, a
+file of the model directory or inside it (links, hard links and ".." included) is refused,
+exit 2. The token file is written to a temporary name beside --output and renamed: a
+failed write (a full disk) exits 1 and leaves an earlier file at that path as it was.
+Needs transformers and h5py.
 """
 import argparse
 import collections
 import hashlib
 import json
 import os
-import sys
+
+from safe_output import check_output_file, fail, file_output
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<end_of_turn>", "<|end|>", "<|eot_id|>")
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
                   "assistant": "assistant"}
+CHAT_ROLES = {r: r for r in ("system", "user", "assistant", "tool")}
+# The files that map text to ids, the first the model directory has hashed into
+# tokenizer_sha256 (the trainer hashes its hf_model_dir's the same way).
+TOKENIZER_HASHED = ("tokenizer.json", "tokenizer.model")
+TOKENIZER_FILES = TOKENIZER_HASHED + ("vocab.json", "vocab.txt")
 
 
 class Refused(Exception):
     """An example the template cannot render as the spans need: counted by reason."""
 
 
-def fail(msg):
-    print("tokenize_sft: " + msg, file=sys.stderr)
-    sys.exit(2)
+def tokenizer_sha256(model_dir):
+    """SHA-256 hex of tokenizer.json's bytes, else tokenizer.model's, else ""."""
+    for name in TOKENIZER_HASHED:
+        path = os.path.join(model_dir, name)
+        if os.path.isfile(path):
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            return h.hexdigest()
+    return ""
 
 
-def refuse_overwriting_an_input(output, data, model_dir):
-    """Exit 2 when `output` is the data file or a file of the model directory (its tokenizer,
-    config, weights): writing the token file there would destroy an input."""
-    if not os.path.exists(output):
-        return
-    if os.path.isdir(output):
-        fail("--output %s is a directory" % output)
-    if os.path.samefile(output, data):
-        fail("--output %s is the input file: the token file would replace the data" % output)
-    if os.path.isdir(model_dir) and os.path.samefile(os.path.dirname(os.path.abspath(output)), model_dir):
-        fail("--output %s is a file of the model directory %s: the token file would replace it"
-             % (output, model_dir))
+def read_json_file(path):
+    """A model directory's JSON file; exit 2 naming it when it cannot be read or parsed."""
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read().decode("utf-8"))
+    except OSError as e:
+        fail("%s: cannot read (%s)" % (path, e.strerror or e))
+    except (ValueError, RecursionError) as e:  # (UnicodeDecodeError is a ValueError)
+        fail("%s: not JSON (%s)" % (path, str(e).split("\n")[0][:120]))
+
+
+def check_model_dir(model_dir):
+    """--model: a directory with tokenizer files and a config.json with a positive integer
+    vocab_size (exit 2 otherwise). Returns vocab_size."""
+    if not os.path.exists(model_dir):
+        fail("--model %s: no such directory" % model_dir)
+    if not os.path.isdir(model_dir):
+        fail("--model %s: not a directory (a Hugging Face model directory is expected)"
+             % model_dir)
+    if not any(os.path.isfile(os.path.join(model_dir, n)) for n in TOKENIZER_FILES):
+        fail("--model %s: no tokenizer files (%s)" % (model_dir, ", ".join(TOKENIZER_FILES)))
+    config = os.path.join(model_dir, "config.json")
+    if not os.path.isfile(config):
+        fail("%s: no such file (the model's config.json gives vocab_size)" % config)
+    cfg = read_json_file(config)
+    vocab_size = cfg.get("vocab_size") if isinstance(cfg, dict) else None
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1:
+        fail("%s: %s, expected a positive integer vocab_size" % (
+            config, "no vocab_size" if not isinstance(cfg, dict) or "vocab_size" not in cfg
+            else "vocab_size is %s" % json.dumps(vocab_size)))
+    return vocab_size
 
 
 def end_of_turn_ids(tok, model_dir):
     ids = set()
     gen = os.path.join(model_dir, "generation_config.json")
     if os.path.exists(gen):
-        with open(gen) as f:
-            eos = json.load(f).get("eos_token_id")
-        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        cfg = read_json_file(gen)
+        eos = cfg.get("eos_token_id") if isinstance(cfg, dict) else None
+        eos = eos if isinstance(eos, list) else [] if eos is None else [eos]
+        if not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in eos):
+            fail("%s: eos_token_id %s, expected a token id or a list of them"
+                 % (gen, json.dumps(cfg.get("eos_token_id"))))
+        ids.update(eos)
     if tok.eos_token_id is not None:
         ids.add(tok.eos_token_id)
     vocab = tok.get_vocab()
@@ -106,7 +168,12 @@ def end_of_turn_ids(tok, model_dir):
 class Tokenizer:
     def __init__(self, model_dir):
         from transformers import AutoTokenizer
-        self.tok = AutoTokenizer.from_pretrained(model_dir)
+        try:
+            self.tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        except Exception as e:  # a damaged tokenizer.json, an unknown class, ...
+            fail("--model %s: its tokenizer does not load (%s: %s)"
+                 % (model_dir, type(e).__name__, str(e).split("\n")[0][:160]))
+        self.model_dir = model_dir
         self.eot = end_of_turn_ids(self.tok, model_dir)
         if not self.eot:
             fail("%s: the tokenizer has no EOS and no end-of-turn token" % model_dir)
@@ -116,25 +183,26 @@ class Tokenizer:
         if self.pad is None:
             fail("%s: the tokenizer has neither a pad nor an EOS token" % model_dir)
 
-    def render(self, messages, generation_prompt):
+    def render(self, messages, generation_prompt, tools=None):
         try:
-            out = self.tok.apply_chat_template(messages, tokenize=True,
+            out = self.tok.apply_chat_template(messages, tools=tools, tokenize=True,
                                                add_generation_prompt=generation_prompt)
         except Exception as e:  # jinja2's TemplateError and the template's raise_exception
             raise Refused("the chat template raises (%s)" % str(e).split("\n")[0][:80])
         return list(out["input_ids"] if hasattr(out, "keys") else out)
 
-    def chat(self, messages):
+    def chat(self, messages, tools=None):
         """(ids, labels) of a chat: the assistant turns' spans scored."""
+        role_order(messages)
         turns = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
         if not turns:
             raise Refused("no assistant turn")
-        full = self.render(messages[:turns[-1] + 1], False)
+        full = self.render(messages[:turns[-1] + 1], False, tools)
         labels = [-100] * len(full)
         end = 0
         for k in turns:
-            prefix = self.render(messages[:k], True)
-            upto = self.render(messages[:k + 1], False)
+            prefix = self.render(messages[:k], True, tools)
+            upto = self.render(messages[:k + 1], False, tools)
             if upto[:len(prefix)] != prefix:
                 raise Refused("a turn's prompt rendering is not a token prefix of the turn's")
             if full[:len(upto)] != upto:
@@ -142,6 +210,17 @@ class Tokenizer:
             stop = next((i for i in range(len(prefix), len(upto)) if upto[i] in self.eot), None)
             if stop is None:
                 raise Refused("an assistant turn without an end-of-turn token")
+            calls = messages[k].get("tool_calls")
+            if calls:
+                # Rendered with and without its calls: they must be in the turn's rendering.
+                bare = dict(messages[k])
+                del bare["tool_calls"]
+                text = self.tok.decode(upto[len(prefix):stop + 1])
+                if self.render(messages[:k] + [bare], False, tools) == upto or \
+                        not all(call_name(c) in text for c in calls):
+                    raise Refused("the chat template drops tool_calls")
+            elif stop == len(prefix) or not messages[k]["content"]:
+                raise Refused("an empty assistant turn (no content, no tool call)")
             labels[len(prefix):stop + 1] = full[len(prefix):stop + 1]
             end = stop + 1
         return full[:end], labels[:end]
@@ -149,10 +228,49 @@ class Tokenizer:
     def plain(self, text, scored_from_start):
         """(ids, labels) of text and an EOS (BOS as the tokenizer adds it)."""
         ids = list(self.tok(text)["input_ids"])
-        if self.eos is None:
-            fail("the tokenizer has no EOS to end a text with")
-        ids.append(self.eos)
+        ids.append(self.need_eos())
         return ids, list(ids) if scored_from_start else None
+
+    def need_eos(self):
+        if self.eos is None:
+            fail("--model %s: the tokenizer has no EOS to end a text with" % self.model_dir)
+        return self.eos
+
+
+def role_order(messages):
+    """A system message only first, then a user turn; a tool message only after an
+    assistant turn with calls or another tool message (else refused: role order)."""
+    first = 1 if messages[0]["role"] == "system" else 0
+    if any(m["role"] == "system" for m in messages[first:]):
+        raise Refused("role order: a system message after the first turn")
+    if first < len(messages) and messages[first]["role"] != "user":
+        raise Refused("role order: the chat does not open with a user turn")
+    for prev, m in zip(messages, messages[1:]):
+        if m["role"] == "tool" and not (prev["role"] == "tool" or prev.get("tool_calls")):
+            raise Refused("role order: a tool message without an assistant tool call before it")
+
+
+def call_name(call):
+    return (call.get("function") or call)["name"]
+
+
+def checked_tool_calls(calls, where, i):
+    """An assistant message's tool_calls, OpenAI's [{"type": "function", "function":
+    {"name": text, "arguments": object or text}}] (or the function objects themselves)."""
+    def bad(what):
+        fail("%s: message %d: tool_calls: %s, expected [{\"type\": \"function\", \"function\": "
+             "{\"name\": text, \"arguments\": object or text}}]" % (where, i, what))
+    if not isinstance(calls, list):
+        bad("not a list")
+    for c in calls:
+        if not isinstance(c, dict):
+            bad("got %s" % json.dumps(c)[:60])
+        fn = c.get("function", c)
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            bad("a call without a function name")
+        if not isinstance(fn.get("arguments", {}), (dict, str)):
+            bad("arguments %s" % json.dumps(fn["arguments"])[:60])
+    return calls
 
 
 def messages_of(ex, where):
@@ -161,17 +279,30 @@ def messages_of(ex, where):
         if not isinstance(msgs, list) or not msgs:
             fail("%s: expected a non-empty list of messages" % where)
         out = []
-        for m in msgs:
-            if not isinstance(m, dict) or not isinstance(m.get(content_key), str) \
-                    or m.get(role_key) not in roles:
+        for i, m in enumerate(msgs):
+            role = roles.get(m.get(role_key)) if isinstance(m, dict) and \
+                isinstance(m.get(role_key), str) else None
+            calls = m.get("tool_calls") if role is not None and role_key == "role" else None
+            if calls is not None and role != "assistant":
+                fail("%s: message %d: tool_calls in a %s message (only an assistant's)"
+                     % (where, i, role))
+            content = m.get(content_key) if role is not None else None
+            if calls and content is None:
+                content = ""  # (an assistant turn of calls only)
+            if role is None or not isinstance(content, str):
                 fail("%s: expected messages {\"%s\": %s, \"%s\": text}, got %s"
                      % (where, role_key, "|".join(sorted(roles)), content_key,
                         json.dumps(m)[:80]))
-            out.append({"role": roles[m[role_key]], "content": m[content_key]})
+            msg = {"role": role, "content": content}
+            if calls:
+                msg["tool_calls"] = checked_tool_calls(calls, where, i)
+            if role == "tool":
+                msg.update({k: m[k] for k in ("name", "tool_call_id")
+                            if isinstance(m.get(k), str)})
+            out.append(msg)
         return out
-    chat_roles = {r: r for r in ("system", "user", "assistant")}
     if "messages" in ex:
-        return checked(ex["messages"], "role", "content", chat_roles)
+        return checked(ex["messages"], "role", "content", CHAT_ROLES)
     if "conversations" in ex:
         return checked(ex["conversations"], "from", "value", SHAREGPT_ROLES)
     if "instruction" in ex or "response" in ex:
@@ -183,26 +314,30 @@ def messages_of(ex, where):
         if not isinstance(ex.get("completion"), list):
             fail("%s: a conversational \"prompt\" needs a list of messages as \"completion\""
                  % where)
-        return checked(ex["prompt"] + ex["completion"], "role", "content", chat_roles)
+        return checked(ex["prompt"] + ex["completion"], "role", "content", CHAT_ROLES)
     return None
 
 
 def example_of(tz, ex, where, system):
     """(ids, labels) of one example."""
     if not isinstance(ex, dict):
-        fail("%s: expected a JSON object" % where)
+        fail("%s: expected a JSON object, got %s" % (where, type(ex).__name__))
     msgs = messages_of(ex, where)
     if msgs is not None:
+        tools = ex.get("tools")
+        if tools is not None and (not isinstance(tools, list) or
+                                  not all(isinstance(t, dict) for t in tools)):
+            fail("%s: expected \"tools\" to be a list of objects (function definitions)" % where)
         if system is not None and msgs[0]["role"] != "system":
             msgs = [{"role": "system", "content": system}] + msgs
-        return tz.chat(msgs)
+        return tz.chat(msgs, tools)
     if "prompt" in ex or "completion" in ex:
         if not isinstance(ex.get("prompt"), str) or not isinstance(ex.get("completion"), str):
             fail("%s: expected \"prompt\" and \"completion\" strings (or lists of messages)"
                  % where)
         prompt = list(tz.tok(ex["prompt"])["input_ids"])
         completion = list(tz.tok(ex["completion"], add_special_tokens=False)["input_ids"])
-        ids = prompt + completion + [tz.eos]
+        ids = prompt + completion + [tz.need_eos()]
         return ids, [-100] * len(prompt) + completion + [tz.eos]
     if "text" in ex:
         if not isinstance(ex["text"], str):
@@ -210,6 +345,67 @@ def example_of(tz, ex, where, system):
         return tz.plain(ex["text"], True)
     fail("%s: expected one of \"messages\", \"conversations\", \"instruction\"/\"response\", "
          "\"prompt\"/\"completion\", \"text\"; got keys %s" % (where, sorted(ex)))
+
+
+def lone_surrogate(value):
+    """The first string in a parsed JSON value (keys included) with a lone surrogate (a
+    "\\ud800" escape: not Unicode text, no tokenizer takes it), or None."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return v
+    return None
+
+
+def lines_of(f):
+    """(line number, bytes) of a file opened in binary: lines end at LF, CR LF or CR (as
+    Python's text files read them)."""
+    n = 0
+    for raw in f:
+        body = raw.rstrip(b"\r\n")
+        for part in body.split(b"\r") if b"\r" in body else [body]:
+            n += 1
+            yield n, part
+
+
+def read_examples(path):
+    """Each non-empty line's parsed JSON, with its place; bad input exits 2 naming it."""
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        fail("--input %s: cannot read (%s)" % (path, e.strerror or e))
+    with f:
+        for n, raw in lines_of(f):
+            where = "%s:%d" % (path, n)
+            try:
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                fail("%s: not UTF-8 text (byte 0x%02x at column %d)"
+                     % (where, raw[e.start], e.start + 1))
+            if not line.strip():
+                continue
+            try:
+                ex = json.loads(line)
+            except RecursionError:
+                fail("%s: JSON nested too deeply" % where)
+            except ValueError as e:
+                fail("%s: not JSON (%s)" % (where, e))
+            bad = lone_surrogate(ex)
+            if bad is not None:
+                fail("%s: a lone surrogate (a \\u%04x escape not in a pair) in the string %s: "
+                     "not Unicode text" % (where, next(ord(c) for c in bad if 0xd800 <= ord(c)
+                                                       <= 0xdfff),
+                                           json.dumps(bad)[:60]))
+            yield where, ex
 
 
 def scored(labels):
@@ -266,52 +462,53 @@ def main(argv=None):
                     help="an example longer than --max-len (default: drop)")
     ap.add_argument("--system", default=None, help="a system message for chats without one")
     args = ap.parse_args(argv)
-    if args.max_len < 2:
-        fail("--max-len must be at least 2")
-    if not os.path.isfile(args.input):
-        fail("%s: no such file" % args.input)
-    refuse_overwriting_an_input(args.output, args.input, args.model)
+    if not 2 <= args.max_len <= 2 ** 31 - 1:
+        fail("--max-len must be at least 2 and at most 2^31 - 1")
+    if not os.path.exists(args.input):
+        fail("--input %s: no such file" % args.input)
+    if os.path.isdir(args.input):
+        fail("--input %s is a directory; a JSON lines file is expected" % args.input)
+    vocab_size = check_model_dir(args.model)
+    # Every input: the data, the model directory and each of its files (a file of a hub
+    # cache's snapshot is a link into its blobs: compared resolved too).
+    inputs = [args.input, args.model] + [os.path.join(args.model, n)
+                                         for n in sorted(os.listdir(args.model))]
+    check_output_file("--output", args.output, inputs)
 
-    import h5py
-    import numpy as np
+    try:
+        import h5py
+        import numpy as np
+    except ImportError as e:
+        fail("needs h5py and numpy (pip install h5py): %s" % e)
     tz = Tokenizer(args.model)
-    with open(os.path.join(args.model, "config.json")) as f:
-        vocab_size = int(json.load(f)["vocab_size"])
-    tokenizer_json = os.path.join(args.model, "tokenizer.json")
-    sha = hashlib.sha256(open(tokenizer_json, "rb").read()).hexdigest() \
-        if os.path.exists(tokenizer_json) else ""
+    sha = tokenizer_sha256(args.model)
 
     counts = collections.Counter()  # dropped or refused, by reason
     pieces, examples, written = [], 0, 0
-    with open(args.input) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = "%s:%d" % (args.input, n)
-            try:
-                ex = json.loads(line)
-            except ValueError as e:
-                fail("%s: not JSON (%s)" % (where, e))
-            examples += 1
-            try:
-                ids, labels = example_of(tz, ex, where, args.system)
-            except Refused as e:
-                counts["refused: " + str(e)] += 1
-                continue
-            if examples == 1:
-                print("tokenize_sft: first example as the model sees it:\n%s"
-                      % tz.tok.decode(ids), flush=True)
-            mine = pieces_of(ids, labels, args.max_len, args.overlong, counts)
-            written += bool(mine)
-            pieces += mine
+    for where, ex in read_examples(args.input):
+        examples += 1
+        try:
+            ids, labels = example_of(tz, ex, where, args.system)
+        except Refused as e:
+            counts["refused: " + str(e)] += 1
+            continue
+        if examples == 1:
+            print("tokenize_sft: first example as the model sees it:\n%s"
+                  % tz.tok.decode(ids), flush=True)
+        mine = pieces_of(ids, labels, args.max_len, args.overlong, counts)
+        written += bool(mine)
+        pieces += mine
     if not pieces:
         fail("%s: no example left (%d read; %s)" % (args.input, examples, dict(counts)))
 
     T = args.max_len
     rows = pack(pieces, T) if args.pack else [[p] for p in pieces]
-    ids_a = np.full((len(rows), T), tz.pad, dtype=np.int32)
-    labels_a = np.full((len(rows), T), -100, dtype=np.int32)
-    pos_a = np.zeros((len(rows), T), dtype=np.int32)
+    try:
+        ids_a = np.full((len(rows), T), tz.pad, dtype=np.int32)
+        labels_a = np.full((len(rows), T), -100, dtype=np.int32)
+        pos_a = np.zeros((len(rows), T), dtype=np.int32)
+    except MemoryError:
+        fail("--max-len %d: %d rows of it do not fit in memory" % (T, len(rows)))
     for r, row in enumerate(rows):
         at = 0
         for ids, labels in row:
@@ -324,10 +521,9 @@ def main(argv=None):
     if ids_a.max() >= vocab_size:
         fail("token id %d >= vocab_size %d of %s/config.json"
              % (ids_a.max(), vocab_size, args.model))
-    # Written to a temporary name beside the output, then renamed: an earlier file at that
-    # path survives a failed write (a full disk), which exits 1.
-    tmp = "%s.tmp-%d" % (args.output, os.getpid())
-    try:
+    # Written to a temporary name beside the output, then renamed (tools/safe_output.py): an
+    # earlier file at that path survives a failed write (a full disk), which exits 1.
+    with file_output(args.output) as tmp:
         with h5py.File(tmp, "w", libver=("v110", "v110")) as h:
             h.create_dataset("input_ids", data=ids_a)
             h.create_dataset("labels", data=labels_a)
@@ -335,12 +531,6 @@ def main(argv=None):
                 h.create_dataset("position_ids", data=pos_a)
             h.attrs["vocab_size"] = np.int64(vocab_size)
             h.attrs["tokenizer_sha256"] = sha
-        os.replace(tmp, args.output)
-    except (OSError, RuntimeError, ValueError) as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        print("tokenize_sft: writing %s failed: %s" % (args.output, e), file=sys.stderr)
-        sys.exit(1)
     tokens = sum(len(p[0]) for p in pieces)
     labels_scored = int((labels_a[:, 1:] != -100).sum())
     print("tokenize_sft: %s: %d examples read, %d written as %d %s of %d (%d pieces, %d tokens, "
