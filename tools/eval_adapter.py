@@ -15,20 +15,22 @@ adapters ("after", PeftModel.from_pretrained), in float32:
                 stripped, equal to the item's "response", over every item of eval.jsonl
                 (only with --eval-jsonl: chats have no single reply to match)
 Prints both, their changes, and one line of JSON (--json FILE writes it too);
---require-loss-drop and --require-gain make it a check (exit 1 when not met).
+--require-loss-drop and --require-gain make it a check (exit 1 when not met). A --json that
+is one of the inputs or inside BASE_DIR or PEFT_DIR (links, hard links and ".." included),
+a directory, or in a missing directory is refused before anything is loaded (exit 2); it
+is written to a temporary name and renamed (tools/safe_output.py).
 """
 import argparse
 import json
 import sys
 import time
 
-import h5py
-import torch
-from peft import PeftModel
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from safe_output import check_output_file, file_output
 
 
 def eval_loss(model, path, batch):
+    import h5py
+    import torch
     with h5py.File(path) as f:
         ids = torch.tensor(f["input_ids"][...], dtype=torch.long)
         labels = torch.tensor(f["labels"][...], dtype=torch.long)
@@ -52,6 +54,7 @@ def eval_loss(model, path, batch):
 
 
 def exact_match(model, tok, items, system, batch, max_new, eot):
+    import torch
     right = 0
     tok.padding_side = "left"  # (generation continues each prompt at its end)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -88,6 +91,12 @@ def main():
     ap.add_argument("--require-gain", type=float, default=None, metavar="POINTS",
                     help="exit 1 unless the exact match rises by at least this much")
     args = ap.parse_args()
+    if args.json:
+        check_output_file("--json", args.json,
+                          [args.base, args.adapter, args.eval_jsonl, args.eval_h5])
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     items = [json.loads(l) for l in open(args.eval_jsonl) if l.strip()] if args.eval_jsonl \
         else None
     if items == []:
@@ -128,7 +137,7 @@ def main():
     line = json.dumps(result)
     print(line)
     if args.json:
-        with open(args.json, "w") as f:
+        with file_output(args.json, "w") as f:
             f.write(line + "\n")
     met = True
     if args.require_loss_drop is not None:

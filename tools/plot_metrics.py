@@ -10,17 +10,19 @@ trained over its elapsed seconds (the first interval's includes the first step's
 of buffers). Skipped steps (a non-finite gradient) are marked on the loss panel. A panel
 with nothing to draw says so. Needs matplotlib (pip install matplotlib); a bad line exits
 2 naming the file and line.
+
+No output destroys an input (tools/safe_output.py): an -o that is one of the metrics files
+(links, hard links and ".." included), a directory, or in a missing directory is refused
+up front (exit 2); the picture is written to a temporary name beside it and renamed, so a
+failed write (exit 1) leaves an earlier picture whole. The metrics files are only read
+(kqlora-train may still be appending to them).
 """
 import argparse
 import json
 import math
 import os
-import sys
 
-
-def fail(msg):
-    print("plot_metrics.py: " + msg, file=sys.stderr)
-    sys.exit(2)
+from safe_output import check_output_file, fail, file_output
 
 
 def read_metrics(path):
@@ -68,19 +70,24 @@ def tokens_per_s(steps):
     return out
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("metrics", nargs="+", help="metrics_file(s) of kqlora-train")
     ap.add_argument("-o", "--output", required=True, help="the PNG to write")
     ap.add_argument("--title", default=None, help="the figure's title")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    check_output_file("-o", args.output, args.metrics)
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         fail("needs matplotlib (pip install matplotlib)")
+    fmt = os.path.splitext(args.output)[1][1:].lower() or "png"
+    if fmt not in plt.figure().canvas.get_supported_filetypes():
+        fail("-o %s: matplotlib cannot write .%s files (png, pdf, svg, ...)" % (args.output, fmt))
+    plt.close("all")
     runs = [(os.path.basename(p), *read_metrics(p)) for p in args.metrics]
 
     fig, axes = plt.subplots(5, 1, figsize=(8, 13), sharex=True)
@@ -115,9 +122,8 @@ def main():
     axes[-1].set_xlabel("step")
     fig.suptitle(args.title or ", ".join(r[0] for r in runs))
     fig.tight_layout()
-    tmp = args.output + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
-    os.replace(tmp, args.output)
+    with file_output(args.output) as tmp:
+        fig.savefig(tmp, dpi=100, format=fmt)
     total = sum(len(s) + len(e) for _, s, e in runs)
     print("%s: %d records of %d file(s) drawn (loss, eval_loss, lr, tokens/s, grad_norm)"
           % (args.output, total, len(runs)))
