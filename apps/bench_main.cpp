@@ -18,9 +18,12 @@
 #include "bench_gemm_engines.hpp"
 #include "bench_llama.hpp"
 #include "bench_record.hpp"
+#include "bench_tensor_read.hpp"
+#include "kqlora/core/atomic_output.hpp"
 #include "kqlora/core/build_info.hpp"
 #include "kqlora/core/checked_size.hpp"
 #include "kqlora/core/fma_peak.hpp"
+#include "kqlora/core/output_guard.hpp"
 #include "kqlora/nn/linear_nf4.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
 
@@ -63,6 +66,10 @@ const char* usage =
     "  Kokkos Tools callbacks kernel_launches, deep_copies and fences (Kokkos >= 3.6);\n"
     "  with --llama-layers 1 and 2, the difference is one layer's and the rest the\n"
     "  embedding, the final norm and the LM head's)\n"
+    "  tensor_read_NxN_f32|bf16[_plain]  for each size N, a base tensor read from a\n"
+    "                           safetensors file (page cache) into float32 as set-up reads it\n"
+    "                           (NaN and Inf looked for in the same pass), and the plain read\n"
+    "                           without the check, as --pairs interleaved pairs (median ratio)\n"
     "  gemm_engine_PRODUCT_SHAPE_tN_blas|onednn  the step's products at N = B x T tokens\n"
     "                           (projections, LM head chunk, attention block, LoRA) through\n"
     "                           each host GEMM engine, as --pairs interleaved pairs; the\n"
@@ -360,7 +367,9 @@ std::vector<int64_t> positive_list(const std::string& text, const char* option) 
 int bench_main(std::vector<std::string>& args) {
   std::string json_path, filter, sizes_text = "4096,8192", tokens_text = "256,2048", v;
   int repeats = 7;
-  kqlora::app::take_option(args, "--json", &json_path);
+  // (Checked up front: a benchmark of minutes does not end in "cannot write".)
+  if (kqlora::app::take_option(args, "--json", &json_path))
+    kqlora::check_file_output("--json", json_path);
   kqlora::app::take_option(args, "--filter", &filter);
   kqlora::app::take_option(args, "--sizes", &sizes_text);
   kqlora::app::take_option(args, "--tokens", &tokens_text);
@@ -429,6 +438,7 @@ int bench_main(std::vector<std::string>& args) {
   for (int64_t t : tokens) lora_linear_records(linear_dim, 16, t, pairs, filter, records);
   for (int64_t t : tokens) nf4_product_records(linear_dim, t, pairs, filter, records);
   std::ostringstream llama_report;
+  for (int64_t n : sizes) kqlora::bench::tensor_read_records(n, pairs, filter, records);
   kqlora::bench::LlamaShape shape;
   if (llama != "none") shape = kqlora::bench::llama_shape(llama, llama_layers);
   if (llama != "none")
@@ -469,13 +479,16 @@ int bench_main(std::vector<std::string>& args) {
       std::cout << r.name << " / fma_peak_f32: " << std::fixed << std::setprecision(1)
                 << 100 * r.flops / r.median_s / peak << "% of one core's FMA peak\n";
     if (r.ratio_to_dense > 0)
-      std::cout << r.name << " / dense: " << std::fixed << std::setprecision(3) << r.ratio_to_dense
-                << "x (median of " << pairs << " interleaved pair ratios)\n";
+      std::cout << r.name
+                << (r.name.rfind("tensor_read_", 0) == 0 ? " / plain read: " : " / dense: ")
+                << std::fixed << std::setprecision(3) << r.ratio_to_dense << "x (median of "
+                << pairs << " interleaved pair ratios)\n";
   }
   std::cout << std::defaultfloat << llama_report.str();
   if (!json_path.empty()) {
-    std::ofstream f(json_path);
-    KQLORA_INPUT_CHECK(f.good(), json_path << ": cannot write");
+    kqlora::FileOutput out(json_path);  // (renamed into place: an earlier file stays whole)
+    std::ofstream f(out.temp());
+    KQLORA_CHECK(f.good(), json_path << ": cannot write " << out.temp());
     f << "[\n";
     for (size_t i = 0; i < records.size(); ++i) {
       const auto& r = records[i];
@@ -493,7 +506,9 @@ int bench_main(std::vector<std::string>& args) {
       f << "}" << (i + 1 < records.size() ? "," : "") << "\n";
     }
     f << "]\n";
-    KQLORA_CHECK(f.good(), json_path << ": write failed");
+    f.close();
+    KQLORA_CHECK(!f.fail(), json_path << ": write failed");
+    out.commit();
   }
   return 0;
 }

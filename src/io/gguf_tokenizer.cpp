@@ -397,15 +397,31 @@ GgufTokenizerReport add_gguf_tokenizer(gguf::Writer& w, const std::string& hf_di
   w.add_bool("tokenizer.ggml.add_eos_token", add_eos);
   // The chat template: tokenizer_config.json's, else chat_template.jinja, else
   // chat_template.json's (named templates: the "default" one).
-  std::string chat;
-  if (const json::Value* t = tok_config.find("chat_template")) {
-    if (t->kind == json::Value::Kind::string) chat = t->string;
-    for (const json::Value& named : t->array)
-      if (str_field(named, "name") == "default") chat = str_field(named, "template");
-  }
+  // A template of another shape is refused: dropping it would export a model that chats
+  // differently, silently.
+  using K = json::Value::Kind;
+  auto template_of = [](const json::Value* t, const std::string& where) {
+    if (!t || t->kind == K::null) return std::string();
+    if (t->kind == K::string) return t->string;
+    const char* shape = "each named template must be {\"name\": string, \"template\": string}";
+    KQLORA_INPUT_CHECK(t->kind == K::array, where << ": chat_template is not a string or a list "
+                                                     "of named templates; "
+                                                  << shape);
+    std::string chosen;
+    for (const json::Value& named : t->array) {
+      const json::Value* n = named.find("name");
+      const json::Value* body = named.find("template");
+      KQLORA_INPUT_CHECK(
+          named.kind == K::object && n && n->kind == K::string && body && body->kind == K::string,
+          where << ": chat_template: " << shape);
+      if (n->string == "default") chosen = body->string;
+    }
+    return chosen;
+  };
+  std::string chat = template_of(tok_config.find("chat_template"), cfg_path);
   if (chat.empty() && !read_text(dir + "/chat_template.jinja", chat)) {
     const json::Value j = read_json(dir + "/chat_template.json");
-    chat = str_field(j, "chat_template");
+    chat = template_of(j.find("chat_template"), dir + "/chat_template.json");
   }
   if (!chat.empty()) w.add("tokenizer.chat_template", chat);
   std::ostringstream s;

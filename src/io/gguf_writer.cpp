@@ -260,7 +260,11 @@ void Writer::write(const std::string& path,
                                   << numel[i] << " expected");
     const int64_t n = tensor_bytes(tensors_[i].type, numel[i]);
     bytes.resize(static_cast<size_t>(n));
-    encode(tensors_[i].type, buf.data(), numel[i], bytes.data());
+    try {
+      encode(tensors_[i].type, buf.data(), numel[i], bytes.data());
+    } catch (const InputError& e) {  // (which tensor, of which file)
+      KQLORA_INPUT_CHECK(false, path << ": tensor '" << tensors_[i].name << "': " << e.what());
+    }
     write_bytes(bytes.data(), bytes.size());
     if (i + 1 < tensors_.size()) write_bytes(zeros.data(), static_cast<size_t>(aligned(n) - n));
   }

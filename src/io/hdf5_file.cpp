@@ -343,6 +343,31 @@ size_t float_exponent_bits(hid_t loc, const std::string& name) {
   return esize;
 }
 
+namespace {
+
+/// A dataset compressed with a filter this libhdf5 lacks (h5py's LZF, Blosc, ...) is bad
+/// input with its cure, not a "damaged file": HDF5 would only say it cannot read it.
+void refuse_missing_filters(hid_t d, const std::string& name, const std::string& file) {
+  Handle dcpl(KQLORA_H5(H5Dget_create_plist(d)));
+  const int n = H5Pget_nfilters(dcpl);
+  for (int i = 0; i < n; ++i) {
+    unsigned flags = 0, info = 0;
+    size_t nelem = 0;
+    char fname[64] = {0};
+    const H5Z_filter_t id = H5Pget_filter2(dcpl, static_cast<unsigned>(i), &flags, &nelem, nullptr,
+                                           sizeof(fname), fname, &info);
+    if (id < 0 || H5Zfilter_avail(id) > 0) continue;
+    const std::string known = id == 32000 ? "LZF, h5py's own compression" : fname;
+    KQLORA_INPUT_CHECK(false, file << ": dataset '" << name << "' is compressed with filter " << id
+                                   << " (" << known
+                                   << "), which this HDF5 library does not have: rewrite it "
+                                      "with gzip or without compression (h5py: "
+                                      "compression=\"gzip\" or None)");
+  }
+}
+
+}  // namespace
+
 void read_dataset(hid_t loc, const std::string& name, hid_t mem_type, int64_t expected_numel,
                   void* data, const std::string& file) {
   const auto dims = dataset_dims(loc, name, file);
@@ -364,6 +389,7 @@ void read_dataset_range(hid_t loc, const std::string& name, hid_t mem_type, int6
   if (lo == hi) return;
   Handle d(KQLORA_H5(H5Dopen2(loc, name.c_str(), H5P_DEFAULT)));
   if (read_flat_chunks(d, mem_type, n, lo, hi, data, file + ": dataset '" + name + "'")) return;
+  refuse_missing_filters(d, name, file);
   // Through HDF5's pipeline (conversions, other filters): a part goes through a copy of
   // the whole. A failed checksum (Fletcher32) or a truncated file fails here.
   const size_t es = H5Tget_size(mem_type);

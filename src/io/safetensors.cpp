@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -163,6 +164,34 @@ std::vector<uint8_t> read_bytes(const Header& h, const TensorInfo& t) {
   return out;
 }
 
+void refuse_non_finite(const float* v, int64_t n, int64_t first, const std::vector<int64_t>& shape,
+                       const std::string& where) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isfinite(v[i])) continue;
+    std::string at;
+    for (int64_t k = static_cast<int64_t>(shape.size()) - 1, rest = first + i; k >= 0; --k) {
+      at = std::to_string(rest % std::max<int64_t>(shape[k], 1)) + (at.empty() ? "" : ", ") + at;
+      rest /= std::max<int64_t>(shape[k], 1);
+    }
+    KQLORA_INPUT_CHECK(false, where << " holds " << (std::isnan(v[i]) ? "NaN" : "an infinity")
+                                    << " at [" << at
+                                    << "]: a model's weights must be finite (a damaged or "
+                                       "overflowed file?)");
+  }
+}
+
+namespace {
+
+/// The largest exponent field of n float32 bit patterns (all ones: a NaN or an infinity):
+/// an integer max the compiler vectorises, over data just read (still in cache).
+uint32_t max_exponent(const float* v, int64_t n) {
+  uint32_t e = 0;
+  for (int64_t i = 0; i < n; ++i) e = std::max(e, bit_cast<uint32_t>(v[i]) & 0x7f800000u);
+  return e;
+}
+
+}  // namespace
+
 void read_f32_into(const Header& h, const TensorInfo& t, float* dst) {
   const int64_t width = t.dtype == "F32" ? 4 : (t.dtype == "BF16" || t.dtype == "F16") ? 2 : 0;
   KQLORA_INPUT_CHECK(width > 0, h.path << ": tensor '" << t.name << "' is " << t.dtype
@@ -172,16 +201,20 @@ void read_f32_into(const Header& h, const TensorInfo& t, float* dst) {
   std::ifstream f(h.path, std::ios::binary);
   KQLORA_INPUT_CHECK(f.good(), h.path << ": cannot open: " << std::strerror(errno));
   f.seekg(static_cast<std::streamoff>(h.data_start + t.begin));
-  constexpr int64_t kPiece = int64_t(1) << 21;  // elements per read (4 - 8 MiB)
+  // Pieces small enough to stay in the L2 cache between the read and the look at them:
+  // NaN and Inf (an exponent of all ones) are found in the same pass over the piece just
+  // read, named with their place -- a base tensor that holds one would train or export
+  // silently -- at a cost the set-up does not notice (kqlora-bench tensor_read_*).
+  constexpr int64_t kPiece = int64_t(1) << 16;  // elements per read (128 - 256 KiB)
   std::vector<uint8_t> piece(static_cast<size_t>(std::min(n, kPiece) * width));
   for (int64_t i0 = 0; i0 < n; i0 += kPiece) {
     const int64_t m = std::min(kPiece, n - i0);
+    float* out = dst + i0;
     if (width == 4) {  // (little-endian in the file, as on x86 and Arm)
-      f.read(reinterpret_cast<char*>(dst + i0), static_cast<std::streamsize>(4 * m));
+      f.read(reinterpret_cast<char*>(out), static_cast<std::streamsize>(4 * m));
     } else {
       f.read(reinterpret_cast<char*>(piece.data()), static_cast<std::streamsize>(2 * m));
       const uint8_t* src = piece.data();
-      float* out = dst + i0;
       if (bf16) {  // (a plain loop the compiler vectorises)
         for (int64_t i = 0; i < m; ++i) {
           uint16_t v;
@@ -198,6 +231,8 @@ void read_f32_into(const Header& h, const TensorInfo& t, float* dst) {
     }
     KQLORA_INPUT_CHECK(f.good(),
                        h.path << ": tensor '" << t.name << "': short read (file changed?)");
+    if (max_exponent(out, m) == 0x7f800000u)
+      refuse_non_finite(out, m, i0, t.shape, h.path + ": tensor '" + t.name + "'");
   }
 }
 

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "kqlora/build_config.hpp"
+#include "kqlora/core/bit_cast.hpp"
 #include "kqlora/core/checked_size.hpp"
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/float16.hpp"
@@ -74,6 +75,8 @@ class SafetensorsSource : public TensorSource {
     return t;
   }
 
+  std::string origin() const override { return headers_.empty() ? "" : headers_.front().path; }
+
   void load_f32(const std::string& name, float* dst) const override {
     const auto it = where_.find(name);
     KQLORA_INPUT_CHECK(it != where_.end(), "no tensor '" << name << "'");
@@ -114,6 +117,7 @@ class Hdf5Source : public TensorSource {
   }
 
   const std::vector<Entry>& entries() const override { return entries_; }
+  std::string origin() const override { return path_; }
 
   HostTensor load(const std::string& name) const override {
     const Entry* e = nullptr;
@@ -151,11 +155,16 @@ class Hdf5Source : public TensorSource {
 
 void TensorSource::load_f32(const std::string& name, float* dst) const {
   const HostTensor t = load(name);
-  if (t.is_bf16)
-    std::transform(t.bf16.begin(), t.bf16.end(), dst,
-                   [](bfloat16 b) { return static_cast<float>(b); });
-  else
-    std::copy(t.f32.begin(), t.f32.end(), dst);
+  // (NaN and Inf looked for in the copy: one pass.)
+  bool bad = false;
+  const size_t n = t.is_bf16 ? t.bf16.size() : t.f32.size();
+  for (size_t i = 0; i < n; ++i) {
+    dst[i] = t.is_bf16 ? static_cast<float>(t.bf16[i]) : t.f32[i];
+    bad |= (bit_cast<uint32_t>(dst[i]) & 0x7f800000u) == 0x7f800000u;
+  }
+  if (bad)
+    safetensors::refuse_non_finite(dst, static_cast<int64_t>(n), 0, t.shape,
+                                   origin() + ": tensor '" + name + "'");
 }
 
 std::unique_ptr<TensorSource> open_tensor_source(const std::string& path) {

@@ -14,6 +14,7 @@
 #include "kqlora/core/seconds_since.hpp"
 #include "kqlora/io/base_hash.hpp"
 #include "kqlora/io/shared_checkpoint.hpp"
+#include "kqlora/nn/decoder_spec_diff.hpp"
 #include "kqlora/train/component_configs.hpp"
 
 namespace kqlora {
@@ -169,11 +170,24 @@ CheckpointReader load_restart(const Config& cfg, std::ostream& log) {
   for (const auto& key : restart_fixed_keys(cfg))
     check(key, deck_value(old, key), deck_value(cfg, key));
   // A Hugging Face model: its architecture must be the one trained (the directory may move).
+  // Compared as parsed specs: formatting and metadata (transformers_version) may differ.
   const ModelConfig now = model_config(cfg);
-  if (now.arch_text != c.arch_text)
-    diff << "\n  config.json: " << (now.arch_text.empty() ? std::string("none") : now.arch_source)
-         << " differs from the checkpoint's (attribute hf_config"
-         << (c.arch_text.empty() ? ": absent" : "") << ")";
+  if (now.arch_text != c.arch_text) {
+    const std::string field =
+        now.arch_text.empty() || c.arch_text.empty()
+            ? std::string()
+            : first_spec_difference(parse_decoder_config(c.arch_text, path + ": hf_config"),
+                                    parse_decoder_config(now.arch_text, now.arch_source));
+    if (now.arch_text.empty() || c.arch_text.empty() || !field.empty())
+      diff << "\n  config.json: " << (now.arch_text.empty() ? std::string("none") : now.arch_source)
+           << " differs from the checkpoint's (attribute hf_config"
+           << (c.arch_text.empty() ? ": absent" : "") << ")"
+           << (field.empty() ? std::string() : " in " + field + " (checkpoint vs now)");
+    else
+      log << "restart: " << now.arch_source
+          << " differs from the checkpoint's config.json in formatting or metadata only (the "
+             "same model)\n";
+  }
   KQLORA_INPUT_CHECK(diff.str().empty(), "restart from " << path
                                                          << ": the deck changes what a "
                                                             "checkpoint cannot carry over:"

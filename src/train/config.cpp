@@ -248,6 +248,7 @@ std::vector<Key> make_keys() {
       KQ_CHOICE(ddp_shared_memory, kPlain, "auto", "on", "off"),
       KQ_CHOICE(ddp_overlap, kPlain, "auto", "on", "off"),
       KQ_CHOICE(single_process, kPlain, "auto", "off"),
+      KQ_CHOICE(tokenizer_check, kPlain, "on", "off"),
       KQ_FLOAT(bucket_mb, kPlain),
       KQ_FLOAT(comm_timeout_s, kPlain),
       key(

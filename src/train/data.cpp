@@ -31,19 +31,49 @@ std::string dims_text(const std::vector<int64_t>& d) {
 }
 
 #if KQLORA_HAVE_HDF5
+/// An integer dataset [rows, T] as int32: float data is refused (it would be truncated),
+/// and a 64-bit value outside int32 is named with its real value (HDF5's conversion would
+/// clamp it).
+void read_token_dataset(const h5::Handle& f, const char* name, const std::string& path,
+                        const std::string& where, int64_t rows, int64_t T,
+                        std::vector<int32_t>& out) {
+  H5T_class_t cls = H5T_NO_CLASS;
+  size_t size = 0;
+  h5::dataset_type(f, name, &cls, &size);
+  KQLORA_INPUT_CHECK(cls == H5T_INTEGER,
+                     where << ": dataset '" << name << "' holds "
+                           << (cls == H5T_FLOAT ? "floating-point numbers" : "non-integer data")
+                           << ": token ids, labels and positions must be integers (int32 or "
+                              "int64), not truncated silently");
+  const size_t n = static_cast<size_t>(rows * T);
+  out.resize(n);
+  if (size < 4) {
+    h5::read_dataset(f, name, H5T_NATIVE_INT32, rows * T, out.data(), path);
+    return;
+  }
+  std::vector<int64_t> wide(n);
+  h5::read_dataset(f, name, H5T_NATIVE_INT64, rows * T, wide.data(), path);
+  for (size_t i = 0; i < n; ++i) {
+    KQLORA_INPUT_CHECK(wide[i] >= INT32_MIN && wide[i] <= INT32_MAX,
+                       where << ": " << name << "[" << i / T << ", " << i % T << "] = " << wide[i]
+                             << " is outside the range of token ids, labels and positions");
+    out[i] = static_cast<int32_t>(wide[i]);
+  }
+}
+
 /// A packed file's position_ids [rows, T], checked: each row's documents are runs of
 /// positions 0, 1, 2, ... (padding after the last one: positions 0). The label at each
 /// position 0 becomes -100: it would be scored by the previous document's last token
 /// (docs/MODELS.md, "Data files"), whatever the file says.
 std::vector<int32_t> read_positions(const h5::Handle& f, const std::string& path,
                                     const std::string& where, int64_t rows, int64_t T,
-                                    std::vector<int32_t>& labels) {
+                                    std::vector<int32_t>& labels, int64_t* dropped) {
   const auto d = h5::dataset_dims(f, "position_ids", path);
   KQLORA_INPUT_CHECK(d == (std::vector<int64_t>{rows, T}),
                      where << ": dataset 'position_ids' must be [" << rows << ", " << T
                            << "] as input_ids, got " << dims_text(d));
-  std::vector<int32_t> positions(static_cast<size_t>(rows * T));
-  h5::read_dataset(f, "position_ids", H5T_NATIVE_INT32, rows * T, positions.data(), path);
+  std::vector<int32_t> positions;
+  read_token_dataset(f, "position_ids", path, where, rows, T, positions);
   for (int64_t r = 0; r < rows; ++r) {
     const int32_t* p = positions.data() + r * T;
     for (int64_t t = 0; t < T; ++t) {
@@ -53,10 +83,75 @@ std::vector<int32_t> read_positions(const h5::Handle& f, const std::string& path
                                << " where 0 (a document's first token, or padding) or " << next
                                << " (the next position of its document) was expected: a "
                                   "document is a run of positions 0, 1, 2, ...");
-      if (p[t] == 0) labels[r * T + t] = kIgnoreLabel;
+      if (p[t] != 0) continue;
+      // (t = 0 was counted by the caller: any row's first label)
+      *dropped += t > 0 && labels[r * T + t] != kIgnoreLabel;
+      labels[r * T + t] = kIgnoreLabel;
     }
   }
   return positions;
+}
+
+/// A file that scores no label would train nothing (or evaluate to a loss of 0): refused.
+/// Rows that score nothing are kept -- the step-to-rows mapping, resumes and references
+/// stay as they are -- and counted once in a note.
+void check_scored(const std::string& where, const std::string& what, int64_t rows, int64_t T,
+                  const std::vector<int32_t>& labels, int64_t first_labels,
+                  std::vector<std::string>* notes) {
+  int64_t unscored = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    bool any = false;
+    for (int64_t t = 1; t < T && !any; ++t) any = labels[r * T + t] != kIgnoreLabel;
+    unscored += !any;
+  }
+  KQLORA_INPUT_CHECK(
+      unscored < rows,
+      where << ": no label is scored"
+            << (first_labels > 0
+                    ? ": its " + std::to_string(first_labels) +
+                          " labels are all at a document's first position (position 0 of a "
+                          "row, or position_ids 0), which nothing before it predicts"
+                    : std::string(": every label is -100"))
+            << "; "
+            << (what == "eval_file" ? "its loss would read 0" : "the run would learn nothing")
+            << " (tools/tokenize_sft.py scores the assistant's turns; docs/MODELS.md, \"Data "
+               "files\")");
+  if (unscored > 0)
+    notes->push_back("note: " + where + ": " + std::to_string(unscored) + " of " +
+                     std::to_string(rows) +
+                     " rows score no label (kept: they count nothing in the loss)");
+}
+
+/// A token file made with another tokenizer than hf_model_dir's is refused; a file or a
+/// model without the hash, or tokenizer_check = off, is a note.
+void check_tokenizer(const h5::Handle& f, const std::string& where, const TokenFileChecks& checks,
+                     std::vector<std::string>* notes) {
+  if (!checks.tokenizer_check) {
+    notes->push_back("note: " + where + ": tokenizer_check = off: its tokenizer is not compared");
+    return;
+  }
+  const std::string file_sha = h5::has_attribute(f, "tokenizer_sha256")
+                                   ? h5::read_string_attribute(f, "tokenizer_sha256", where)
+                                   : std::string();
+  if (file_sha.empty()) {
+    notes->push_back("note: " + where +
+                     ": no tokenizer_sha256 attribute: its tokenizer is not compared with the "
+                     "model's");
+    return;
+  }
+  if (checks.tokenizer.sha256.empty()) {
+    notes->push_back("note: " + where +
+                     ": hf_model_dir has no tokenizer.json or tokenizer.model: the file's "
+                     "tokenizer_sha256 is not compared");
+    return;
+  }
+  KQLORA_INPUT_CHECK(file_sha == checks.tokenizer.sha256,
+                     where << ": made with another tokenizer: its tokenizer_sha256 " << file_sha
+                           << " is not the SHA-256 " << checks.tokenizer.sha256 << " of "
+                           << checks.tokenizer.file
+                           << " (tokenize the data again with tools/tokenize_sft.py --model "
+                              "for this model, or set tokenizer_check = off if the ids are "
+                              "the same)");
 }
 #endif
 
@@ -77,7 +172,8 @@ int64_t token_file_seq_len(const std::string& path) {
 }
 
 DataSource::DataSource(const std::string& path, const InputSpec& spec, int64_t global_bs,
-                       uint64_t seed, const std::string& what, bool shuffle)
+                       uint64_t seed, const std::string& what, bool shuffle,
+                       const TokenFileChecks& checks)
     : path_(path), spec_(spec), global_bs_(global_bs), seed_(seed), shuffle_(shuffle) {
   if (path.empty()) return;
 #if KQLORA_HAVE_HDF5
@@ -110,13 +206,13 @@ DataSource::DataSource(const std::string& path, const InputSpec& spec, int64_t g
           where << ": dataset '" << name << "' must be [rows, " << T << "], got " << dims_text(d));
       rows_ = d[0];
     }
-    check_fits(rows_ * T * 8, where);
-    ids_.resize(static_cast<size_t>(rows_ * T));
-    labels_.resize(ids_.size());
-    h5::read_dataset(f, "input_ids", H5T_NATIVE_INT32, rows_ * T, ids_.data(), path);
-    h5::read_dataset(f, "labels", H5T_NATIVE_INT32, rows_ * T, labels_.data(), path);
+    check_fits(rows_ * T * 16, where);  // (int64 files pass through a wide copy)
+    read_token_dataset(f, "input_ids", path, where, rows_, T, ids_);
+    read_token_dataset(f, "labels", path, where, rows_, T, labels_);
+    int64_t first_labels = 0;  // labels at a document's first position: never scored
+    for (int64_t r = 0; r < rows_; ++r) first_labels += labels_[r * T] != kIgnoreLabel;
     if (h5::exists(f, "position_ids"))
-      positions_ = read_positions(f, path, where, rows_, T, labels_);
+      positions_ = read_positions(f, path, where, rows_, T, labels_, &first_labels);
     for (size_t i = 0; i < ids_.size(); ++i) {
       KQLORA_INPUT_CHECK(ids_[i] >= 0 && ids_[i] < spec.vocab,
                          where << ": input_ids[" << i / T << ", " << i % T << "] = " << ids_[i]
@@ -125,6 +221,8 @@ DataSource::DataSource(const std::string& path, const InputSpec& spec, int64_t g
                          where << ": labels[" << i / T << ", " << i % T << "] = " << labels_[i]
                                << " is neither -100 nor in [0, " << spec.vocab << ")");
     }
+    check_scored(where, what, rows_, T, labels_, first_labels, &notes_);
+    check_tokenizer(f, where, checks, &notes_);
     return;
   }
   const int64_t dim = spec.features;

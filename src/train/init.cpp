@@ -15,6 +15,7 @@
 #include "kqlora/core/json.hpp"
 #include "kqlora/core/random.hpp"
 #include "kqlora/io/peft_adapter.hpp"
+#include "kqlora/io/safetensors.hpp"
 #include "kqlora/io/tensor_source.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
 #include "kqlora/train/synthetic.hpp"
@@ -142,14 +143,19 @@ struct InitFile {
                                              << shape_text(shape));
       out.resize(static_cast<size_t>(n));
       h5::read_dataset(params, name, H5T_NATIVE_FLOAT, n, out.data(), path);
+      safetensors::refuse_non_finite(out.data(), n, 0, shape, where);
       return out;
     }
 #endif
     HostTensor t = source->load(stored_name(name));
     KQLORA_INPUT_CHECK(t.shape == shape, where << " has shape " << shape_text(t.shape)
                                                << ", expected " << shape_text(shape));
-    if (!t.is_bf16) return t.f32;
-    for (const auto& b : t.bf16) out.push_back(static_cast<float>(b));
+    if (t.is_bf16)
+      for (const auto& b : t.bf16) out.push_back(static_cast<float>(b));
+    else
+      out = std::move(t.f32);
+    safetensors::refuse_non_finite(out.data(), static_cast<int64_t>(out.size()), 0, shape,
+                                   path + ": tensor '" + stored_name(name) + "'");
     return out;
   }
 

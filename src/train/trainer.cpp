@@ -199,8 +199,12 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   if (resume) checkpoints->restore_state(*model, *dp, opt);
   // (Measured once the run is set up: a run refused before costs no measurement.)
   report.set_peak_flops(run_peak_flops(comm, cfg));
+  TokenFileChecks checks;
+  checks.tokenizer_check = cfg.tokenizer_check == "on";
+  if (checks.tokenizer_check && !cfg.hf_model_dir.empty())
+    checks.tokenizer = tokenizer_identity(cfg.hf_model_dir);
   const DataSource data(cfg.data_file, model->input(), cfg.global_bs, cfg.seed, "data_file",
-                        cfg.shuffle);
+                        cfg.shuffle, checks);
   const InputSpec spec = data.spec();  // (token models: the file's sequence length)
   const bool lockstep = dp->nf4_shards() != nullptr;
   BatchLoader<Exec> batches(exec, cfg, spec, comm.rank(), comm.size(), lockstep);
@@ -209,13 +213,16 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   std::unique_ptr<BatchLoader<Exec>> eval_batches;
   if (!cfg.eval_file.empty()) {
     eval = std::make_unique<DataSource>(cfg.eval_file, model->input(), cfg.global_bs, cfg.seed,
-                                        "eval_file");
+                                        "eval_file", false, checks);
     eval_batches = std::make_unique<BatchLoader<Exec>>(exec, cfg, eval->spec(), comm.rank(),
                                                        comm.size(), lockstep);
   }
   if (report.root()) {
-    for (const DataSource* d : {&data, static_cast<const DataSource*>(eval.get())})
+    for (const DataSource* d : {&data, static_cast<const DataSource*>(eval.get())}) {
       if (d && !d->synthetic() && !d->metadata_checksummed()) log << unchecksummed_data_note(*d);
+      if (d)
+        for (const auto& note : d->notes()) log << note << "\n";
+    }
     log << model_line << "\n";
   }
 
@@ -240,8 +247,9 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
       summary.steps_empty += 1;
       summary.steps_done = step + 1;
       if (report.root())
-        log << "warning: step " << step + 1 << ": the global batch has no scored label (every "
-            << "label is -100); skipped, no update (" << summary.steps_empty << " so far)\n";
+        log << "warning: step " << step + 1 << ": the global batch has no scored label (each "
+            << "-100 or at a document's first position); skipped, no update ("
+            << summary.steps_empty << " so far)\n";
     } else {
       double loss = batches.run(*model, dp.get(), data, step, &report);  // forward, backward
       report.enter(Phase::communication);

@@ -35,8 +35,12 @@ class TensorSource {
   /// Loads one float tensor (F32, BF16 or F16); InputError for other dtypes.
   virtual HostTensor load(const std::string& name) const = 0;
   /// The same widened to float32 into dst [numel]: no copy of the tensor besides dst
-  /// where the source can stream it (safetensors), through load() otherwise.
+  /// where the source can stream it (safetensors), through load() otherwise. InputError
+  /// naming the tensor, its file and the place of the first NaN or Inf (checked in the
+  /// same pass).
   virtual void load_f32(const std::string& name, float* dst) const;
+  /// The file messages name.
+  virtual std::string origin() const = 0;
 };
 
 /// Opens `path` by its content: HDF5 signature, safetensors header, or JSON index.

@@ -44,6 +44,8 @@ struct Config {
   std::string init_file, data_file, eval_file;
   int64_t eval_every = 0;
   bool shuffle = false;  // data_file's rows in a seeded permutation per epoch
+  // token files' tokenizer_sha256 against hf_model_dir's tokenizer (docs/MODELS.md)
+  std::string tokenizer_check = "on";
   // parallelism
   std::string parallel = "ddp", comm = "auto";
   std::string ddp_shared_memory = "auto", ddp_overlap = "auto";  // auto | on | off

@@ -11,12 +11,20 @@
 #include <vector>
 
 #include "kqlora/nn/batch.hpp"
+#include "kqlora/train/tokenizer_identity.hpp"
 
 namespace kqlora {
 
 /// A token file's sequence length (input_ids' second dimension), 0 for a path that is empty
 /// or not a token file: the memory check needs it before the data is read.
 int64_t token_file_seq_len(const std::string& path);
+
+/// What a token file is checked against beyond the model's vocabulary (docs/MODELS.md,
+/// "Data files").
+struct TokenFileChecks {
+  TokenizerIdentity tokenizer;   // hf_model_dir's (empty sha256: nothing to compare with)
+  bool tokenizer_check = false;  // the deck's tokenizer_check = on
+};
 
 class DataSource {
  public:
@@ -26,8 +34,15 @@ class DataSource {
   /// `shuffle`: the file's rows in a permutation per epoch, seeded by (seed, epoch) --
   /// global sample g of the run is row perm_e(g mod rows) of epoch e = g / rows, whatever
   /// the world size.
+  /// Token files are refused (InputError naming the file) when no label is scored (every
+  /// one -100 or at a document's first position), when ids, labels or positions are not
+  /// integers or out of range, and when made with another tokenizer than `checks` names.
   DataSource(const std::string& path, const InputSpec& spec, int64_t global_bs, uint64_t seed,
-             const std::string& what, bool shuffle = false);
+             const std::string& what, bool shuffle = false, const TokenFileChecks& checks = {});
+
+  /// What the log should say once about the file (rows scoring nothing, a tokenizer not
+  /// compared), each a line.
+  const std::vector<std::string>& notes() const { return notes_; }
 
   /// Row-major float rows (and targets) of samples first .. first+n-1 of `step`, from the
   /// file (synthetic rows come from fill_normal_rows, keyed by global_sample).
@@ -73,6 +88,7 @@ class DataSource {
   mutable std::vector<std::pair<int64_t, std::vector<int64_t>>> perms_;
   std::vector<float> inputs_, targets_;
   std::vector<int32_t> ids_, labels_, positions_;
+  std::vector<std::string> notes_;
   /// The file row of global sample g.
   int64_t row_of(int64_t g) const;
   template <class T>

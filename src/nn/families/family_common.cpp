@@ -3,10 +3,44 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <sstream>
 
 #include "kqlora/core/error.hpp"
+#include "kqlora/core/memory_budget.hpp"
 
 namespace kqlora::impl {
+
+namespace {
+
+/// Sizes read from a file are bounded before anything is allocated from them (rope tables,
+/// per-layer specs): each of the weights they imply -- the embedding, q_proj, the MLP, all
+/// the layers -- must fit in this node's memory in float32, the key named when it does
+/// not. No fixed limit: a vocabulary of 262144 or a head_dim of 512 pass where they fit.
+void bound_sizes(HfConfigReader& r, const DecoderSpec& s) {
+  const MemoryBudget node = node_memory();
+  if (node.bytes <= 0) return;
+  const auto fits = [&](const char* key, const std::vector<int64_t>& shape, const char* what) {
+    double n = 1;  // (in double: the product of hostile sizes overflows int64)
+    for (int64_t d : shape) n *= static_cast<double>(d);
+    if (n > static_cast<double>(node.bytes / 4)) {
+      std::ostringstream count;
+      count.precision(4);
+      count << n;
+      r.fail(key, "is " + value_text(*r.get(key)) + ": " + what + " would hold " + count.str() +
+                      " float32 values, more than this node's memory (" + node.source + ")");
+    }
+  };
+  if (r.has("vocab_size")) fits("vocab_size", {s.vocab, s.hidden}, "the embedding");
+  fits(r.has("head_dim") ? "head_dim" : "hidden_size", {s.heads, s.head_dim, s.hidden}, "q_proj");
+  if (r.has("intermediate_size"))
+    fits("intermediate_size", {3, s.intermediate, s.hidden}, "the MLP");
+  if (r.has("num_hidden_layers")) {
+    fits("num_hidden_layers", {s.layers, s.hidden, s.hidden}, "the layers' square weights");
+    fits("num_hidden_layers", {s.layers, int64_t(sizeof(LayerSpec))}, "the layers' descriptions");
+  }
+}
+
+}  // namespace
 
 void read_dims(HfConfigReader& r, const FamilyDefaults& d, DecoderSpec& s) {
   auto dim = [&](const char* key, int64_t fallback) {
@@ -30,6 +64,7 @@ void read_dims(HfConfigReader& r, const FamilyDefaults& d, DecoderSpec& s) {
   s.head_dim = r.integer("head_dim", d.head_dim > 0 ? d.head_dim : s.hidden / s.heads, false);
   if (s.head_dim % 2 != 0)
     r.fail("head_dim", "must be even (rotary pairs), got " + std::to_string(s.head_dim));
+  bound_sizes(r, s);
   s.norm_eps = r.number("rms_norm_eps", d.norm_eps, false);
   if (!(s.norm_eps > 0)) r.fail("rms_norm_eps", "must be > 0, got " + std::to_string(s.norm_eps));
   s.max_positions = r.integer("max_position_embeddings", d.max_positions, false, 0);
@@ -121,6 +156,15 @@ RopeSpec read_rope(HfConfigReader& top, HfConfigReader* p, double theta, int64_t
     return inv;
   };
   rope.inv_freq = frequencies({});
+  // (transformers computes them in float32 too: a theta whose powers overflow or vanish
+  // there gives Inf or 0 and then NaN losses)
+  for (float f : rope.inv_freq)
+    if (!(std::isfinite(f) && f > 0))
+      fail("rope_theta", "is " + std::to_string(theta) +
+                             ": its inverse frequencies over a "
+                             "rotary dimension of " +
+                             std::to_string(rope.rotary_dim) +
+                             " are not finite and positive in float32");
   if (type == "default") return rope;
   if (type == "linear") {
     const double factor = p->number("factor", 0, true);
@@ -192,7 +236,7 @@ RopeSpec read_config_rope(HfConfigReader& r, double theta, int64_t head_dim,
 }
 
 void read_layer_types(HfConfigReader& r, int64_t window, const std::vector<bool>& sliding,
-                      DecoderSpec& s) {
+                      DecoderSpec& s, const char* window_off) {
   const auto types = r.strings("layer_types");
   if (!types.empty() && static_cast<int64_t>(types.size()) != s.layers)
     r.fail("layer_types", "has " + std::to_string(types.size()) + " entries for " +
@@ -206,6 +250,10 @@ void read_layer_types(HfConfigReader& r, int64_t window, const std::vector<bool>
                                   "; supported: \"full_attention\", \"sliding_attention\"");
       slides = t == "sliding_attention";
     }
+    if (slides && window <= 0 && window_off)
+      r.fail("layer_types", "entry " + std::to_string(l) + " is \"sliding_attention\", but " +
+                                window_off +
+                                " (transformers then gives the layer no window): make them agree");
     if (slides && window <= 0)
       r.fail("sliding_window", "is missing or not positive, but layer " + std::to_string(l) +
                                    " is a sliding-window layer");

@@ -52,9 +52,10 @@ RopeSpec read_config_rope(HfConfigReader& r, double theta, int64_t head_dim,
                           int64_t original_max, const std::vector<std::string>& allowed);
 
 /// Per-layer windows from `layer_types` ("full_attention" | "sliding_attention"; empty:
-/// `sliding` gives each layer's default). `window` is used on the sliding ones.
+/// `sliding` gives each layer's default). `window` is used on the sliding ones;
+/// `window_off` (when set) says why there is none, for a layer typed sliding anyway.
 void read_layer_types(HfConfigReader& r, int64_t window, const std::vector<bool>& sliding,
-                      DecoderSpec& s);
+                      DecoderSpec& s, const char* window_off = nullptr);
 
 /// Refuses a non-zero dropout field (kqlora trains without them, as eval-mode PyTorch
 /// computes).

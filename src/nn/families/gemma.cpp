@@ -44,7 +44,9 @@ DecoderSpec gemma(HfConfigReader& r, const std::string& model_type, bool gemma3)
   s.attn_scale = static_cast<float>(std::pow(qpas, -0.5));
   auto softcap = [&](const char* key, double fallback) {
     const double v = r.present(key) ? r.number(key, 0, false) : fallback;
-    if (v < 0) r.fail(key, "must be > 0 or null");
+    // (0 is not "none": transformers divides by it; null is none)
+    if (r.has(key) && !(v > 0))
+      r.fail(key, "must be > 0 or null (no soft-cap), got " + value_text(*r.get(key)));
     return static_cast<float>(v);
   };
   s.attn_softcap = softcap("attn_logit_softcapping", gemma3 ? 0.0 : 50.0);

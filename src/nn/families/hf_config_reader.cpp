@@ -14,6 +14,7 @@ std::string value_text(const json::Value& v) {
     case json::Value::Kind::boolean:
       return v.boolean ? "true" : "false";
     case json::Value::Kind::number: {
+      if (v.is_integer) return std::to_string(v.integer);  // (exactly: 2^34, not 1.71799e+10)
       std::ostringstream os;
       os << v.number;
       return os.str();

@@ -43,7 +43,8 @@ DecoderSpec qwen(HfConfigReader& r, const std::string& model_type, bool qwen3) {
   const int64_t max_window_layers = r.integer("max_window_layers", 28, false, 0);
   std::vector<bool> sliding(static_cast<size_t>(s.layers));
   for (int64_t l = 0; l < s.layers; ++l) sliding[l] = use_window && l >= max_window_layers;
-  read_layer_types(r, use_window ? window : 0, sliding, s);
+  read_layer_types(r, use_window ? window : 0, sliding, s,
+                   use_window ? nullptr : "use_sliding_window is false");
   return s;
 }
 

@@ -1,0 +1,96 @@
+#include "kqlora/nn/decoder_spec_diff.hpp"
+
+#include <sstream>
+
+namespace kqlora {
+
+namespace {
+
+/// Collects the first difference; later comparisons are skipped once one is found.
+class Diff {
+ public:
+  template <class T>
+  void field(const std::string& name, const T& a, const T& b) {
+    if (!text_.empty() || a == b) return;
+    std::ostringstream s;
+    s.precision(17);
+    s << name << ": " << a << " vs " << b;
+    text_ = s.str();
+  }
+  void field(const std::string& name, bool a, bool b) {
+    field(name, std::string(a ? "true" : "false"), std::string(b ? "true" : "false"));
+  }
+  template <class E>
+  void code(const std::string& name, E a, E b) {
+    field(name, static_cast<int>(a), static_cast<int>(b));
+  }
+  void values(const std::string& name, const std::vector<float>& a, const std::vector<float>& b) {
+    field(name + " (count)", a.size(), b.size());
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+      field(name + "[" + std::to_string(i) + "]", a[i], b[i]);
+  }
+  const std::string& text() const { return text_; }
+
+ private:
+  std::string text_;
+};
+
+}  // namespace
+
+std::string first_spec_difference(const DecoderSpec& a, const DecoderSpec& b) {
+  Diff d;
+  d.field("model_type", a.model_type, b.model_type);
+  d.field("vocab_size", a.vocab, b.vocab);
+  d.field("hidden_size", a.hidden, b.hidden);
+  d.field("intermediate_size", a.intermediate, b.intermediate);
+  d.field("num_hidden_layers", a.layers, b.layers);
+  d.field("num_attention_heads", a.heads, b.heads);
+  d.field("num_key_value_heads", a.kv_heads, b.kv_heads);
+  d.field("head_dim", a.head_dim, b.head_dim);
+  d.field("max_position_embeddings", a.max_positions, b.max_positions);
+  d.field("rms_norm_eps", a.norm_eps, b.norm_eps);
+  d.field("tie_word_embeddings", a.tied, b.tied);
+  d.code("activation", a.mlp_activation, b.mlp_activation);
+  d.field("embedding scale", a.embed_scale, b.embed_scale);
+  d.field("attention scale", a.attn_scale, b.attn_scale);
+  d.field("attention soft-cap", a.attn_softcap, b.attn_softcap);
+  d.field("final soft-cap", a.final_softcap, b.final_softcap);
+  d.field("projections (count)", a.projections.size(), b.projections.size());
+  for (size_t i = 0; i < a.projections.size() && i < b.projections.size(); ++i) {
+    const ProjectionSpec &p = a.projections[i], &q = b.projections[i];
+    const std::string at = "projection " + p.module;
+    d.field(at + " (module)", p.module, q.module);
+    d.field(at + " (LoRA name)", p.name, q.name);
+    d.code(at + " (input)", p.input, q.input);
+    d.field(at + " (slots)", p.slots.size(), q.slots.size());
+    for (size_t k = 0; k < p.slots.size() && k < q.slots.size(); ++k)
+      d.code(at + " (slot " + std::to_string(k) + ")", p.slots[k], q.slots[k]);
+    d.field(at + " (bias)", p.bias, q.bias);
+  }
+  d.field("norms (count)", a.norms.size(), b.norms.size());
+  for (size_t i = 0; i < a.norms.size() && i < b.norms.size(); ++i) {
+    const NormSpec &n = a.norms[i], &m = b.norms[i];
+    d.field("norm " + n.module + " (module)", n.module, m.module);
+    d.code("norm " + n.module + " (role)", n.role, m.role);
+    d.code("norm " + n.module + " (kind)", n.kind, m.kind);
+  }
+  d.field("ropes (count)", a.ropes.size(), b.ropes.size());
+  for (size_t i = 0; i < a.ropes.size() && i < b.ropes.size(); ++i) {
+    const RopeSpec &r = a.ropes[i], &s = b.ropes[i];
+    const std::string at = "rope " + std::to_string(i);
+    d.field(at + " rope_theta", r.theta, s.theta);
+    d.field(at + " rope_type", r.type, s.type);
+    d.field(at + " rotary dimension", r.rotary_dim, s.rotary_dim);
+    d.field(at + " attention factor", r.attention_factor, s.attention_factor);
+    d.field(at + " long above", r.long_above, s.long_above);
+    d.values(at + " inverse frequency", r.inv_freq, s.inv_freq);
+    d.values(at + " long inverse frequency", r.inv_freq_long, s.inv_freq_long);
+  }
+  for (size_t l = 0; l < a.layer.size() && l < b.layer.size(); ++l) {
+    d.field("layer " + std::to_string(l) + " sliding window", a.layer[l].window, b.layer[l].window);
+    d.field("layer " + std::to_string(l) + " rope", a.layer[l].rope, b.layer[l].rope);
+  }
+  return d.text();
+}
+
+}  // namespace kqlora
