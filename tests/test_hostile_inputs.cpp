@@ -19,6 +19,7 @@
 #include "kqlora/io/chunk_writer.hpp"
 #include "kqlora/io/hdf5_file.hpp"
 #include "kqlora/io/safetensors.hpp"
+#include "kqlora/nn/decoder_spec.hpp"
 
 namespace {
 
@@ -280,6 +281,18 @@ TEST_F(Hostile, NonFiniteBaseTensorsAreNamed) {
     EXPECT_TRUE(has(log, weights + ": tensor '" + c.tensor + "' " + c.words)) << log;
     write_text(weights, pristine);
   }
+  // A restart quantizes the base again (checkpoint_base = auto) and checks it again.
+  std::string log;
+  const std::string keys = "save_dir=" + dir() + "/ck checkpoint_every=1 ";
+  ASSERT_EQ(train(dir() + "/good.h5", keys, &log), 0) << log;
+  const auto h = kqlora::safetensors::read_header(weights);
+  std::string bytes = pristine;
+  const float nan = NAN;
+  std::memcpy(&bytes[h.data_start + h.find("model.norm.weight")->begin + 4 * 3], &nan, 4);
+  write_text(weights, bytes);
+  EXPECT_EQ(train(dir() + "/good.h5", keys + "num_steps=3 restart=latest", &log), 2) << log;
+  EXPECT_TRUE(has(log, weights + ": tensor 'model.norm.weight' holds NaN at [3]")) << log;
+  write_text(weights, pristine);
 }
 
 // Sizes from config.json are bounded before anything is allocated from them; a rope_theta
@@ -297,6 +310,30 @@ TEST_F(Hostile, ConfigFieldsAreBoundedAndNamed) {
     EXPECT_TRUE(has(log, words)) << key << ": no '" << words << "'\n" << log;
     EXPECT_FALSE(has(log, "bad_alloc")) << log;
   };
+  // Real sizes pass: Gemma 3's vocabulary of 262144 with a head_dim of 512, a 70B's 80
+  // layers of 8192 (what the whole model needs is the memory check's: FSDP shards it).
+  for (const auto& [family, sizes] :
+       {std::make_pair(std::string("gemma3_text"),
+                       std::vector<std::pair<std::string, int64_t>>{
+                           {"vocab_size", 262144}, {"head_dim", 512}, {"hidden_size", 2560}}),
+        std::make_pair(std::string("qwen2"),
+                       std::vector<std::pair<std::string, int64_t>>{{"num_hidden_layers", 80},
+                                                                    {"hidden_size", 8192},
+                                                                    {"intermediate_size", 28672},
+                                                                    {"num_attention_heads", 64},
+                                                                    {"num_key_value_heads", 8},
+                                                                    {"vocab_size", 152064}})}) {
+    const std::string path =
+        std::string(KQLORA_TEST_DATA_DIR) + "/family_reference/" + family + "/config.json";
+    kqlora::json::Value doc = kqlora::json::parse(read_text(path), path);
+    for (const auto& [key, v] : sizes) set(doc, key, integer(v));
+    set(doc, "layer_types", kqlora::json::Value());  // (one a layer: left to the default)
+    kqlora::DecoderSpec spec;
+    EXPECT_NO_THROW(spec = kqlora::parse_decoder_config(kqlora::json::write(doc), family))
+        << family;
+    for (const auto& [key, v] : sizes)
+      if (key == "vocab_size") EXPECT_EQ(spec.vocab, v) << family;
+  }
   expect("head_dim", integer(int64_t(1) << 30), "'head_dim' is 1073741824: q_proj would hold");
   expect("head_dim", integer(int64_t(1) << 34), "'head_dim' is 17179869184: q_proj would hold");
   expect("vocab_size", integer(int64_t(1) << 40), "'vocab_size' is 1099511627776: the embedding");

@@ -101,7 +101,10 @@ first=$(sha256sum < "$W/out/peft/adapter_model.safetensors")
 "$bin/kqlora-export" "$W/ck" --merged "$W/out/merged" > "$W/e3.log" 2>&1 || fail "--merged"
 "$bin/kqlora-export" "$W/ck/step-00000001" --merged "$W/out/merged" > "$W/e4.log" 2>&1 ||
   fail "--merged over --merged"
+# (a file of the old temporary's name is someone's: kept)
+echo "keep me" > "$W/out/m.gguf.tmp"
 "$bin/kqlora-export" "$W/ck" --gguf "$W/out/m.gguf" --gguf-type f32 > "$W/e5.log" 2>&1 || fail "--gguf"
+[ "$(cat "$W/out/m.gguf.tmp")" = "keep me" ] || fail "--gguf wrote over OUT.tmp"
 ! ls -a "$W/out" | grep -q "\.tmp-" || fail "a temporary was left: $(ls -a "$W/out")"
 echo "earlier exports replaced whole"
 
