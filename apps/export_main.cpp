@@ -14,6 +14,9 @@
 #include "kqlora/core/atomic_output.hpp"
 #include "kqlora/core/output_guard.hpp"
 #include "kqlora/io/checkpoint.hpp"
+#include "kqlora/io/hdf5_file.hpp"
+#include "kqlora/io/safetensors.hpp"
+#include "kqlora/nn/model_config.hpp"
 #include "kqlora/train/base_from_model_dir.hpp"
 
 namespace {
@@ -35,6 +38,48 @@ std::vector<kqlora::WriterInput> checkpoint_inputs(const std::vector<std::string
   return in;
 }
 
+/// What a checkpoint file's attributes say of its run, without reading its tensors.
+struct RunOfCheckpoint {
+  std::string hf_model_dir;
+  bool hf = false;  // a model imported from a Hugging Face directory (hf_config)
+};
+
+RunOfCheckpoint run_of(const std::string& file) {
+  kqlora::h5::InputFileScope scope(file);
+  const auto f = kqlora::h5::open_file(file);
+  const char* key = kqlora::h5::has_attribute(f, "model_config") ? "model_config" : "config";
+  RunOfCheckpoint r;
+  r.hf_model_dir = kqlora::ModelConfig::from_text(kqlora::h5::read_string_attribute(f, key, file),
+                                                  file + " (" + key + ")")
+                       .hf_model_dir;
+  r.hf = kqlora::h5::has_attribute(f, "hf_config");
+  return r;
+}
+
+/// A directory output replaces an existing, non-empty directory only when it is an earlier
+/// kqlora-export of the same kind: its `key` file's safetensors metadata says producer
+/// kqlora-export (names alone could be another model's save_pretrained directory).
+void refuse_foreign_export(const std::string& option, const std::string& dir,
+                           const std::string& key) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec) || fs::is_empty(dir, ec)) return;
+  const std::string path = dir + "/" + key;
+  std::string producer;
+  if (fs::is_regular_file(path, ec)) {
+    try {
+      const auto h = kqlora::safetensors::read_header(path);
+      const auto it = h.metadata.find("producer");
+      if (it != h.metadata.end()) producer = it->second;
+    } catch (const kqlora::InputError&) {  // (damaged: not ours to replace either)
+    }
+  }
+  KQLORA_INPUT_CHECK(producer == "kqlora-export",
+                     option << " " << dir << " is not an earlier kqlora-export output (" << key
+                            << (producer.empty() ? std::string(" is missing or names no producer")
+                                                 : " was written by " + producer)
+                            << "): choose a new or empty directory");
+}
+
 const char* usage =
     "usage: kqlora-export CHECKPOINT --merged OUT [--dtype float32|bfloat16]\n"
     "       kqlora-export CHECKPOINT --base OUT [--dtype float32|bfloat16]\n"
@@ -47,7 +92,8 @@ const char* usage =
     "directory, the save_dir's latest, the run's hf_model_dir (exit 2). Files are written\n"
     "under a temporary name beside OUT and renamed; directories (--peft, and --merged/--base\n"
     "of a Hugging Face model) written whole beside DIR and swapped in; an existing DIR must\n"
-    "be empty or an earlier export of the same kind (docs/RELIABILITY.md, \"Writers\").\n"
+    "be empty or an earlier export of the same kind (its safetensors' metadata says producer\n"
+    "kqlora-export; docs/RELIABILITY.md, \"Writers\").\n"
     "  --merged OUT    every NF4 weight dequantized, plus (alpha/rank) * B A where a LoRA\n"
     "                  adapter targets it, and the other tensors (biases, frozen dense) as\n"
     "                  they are. A model imported from a Hugging Face directory (causal_lm):\n"
@@ -104,26 +150,32 @@ int export_main(std::vector<std::string>& args) {
                              : has_peft ? "--peft"
                                         : "--gguf";
   const std::string& out = has_merged ? merged : has_base ? base : has_peft ? peft : gguf_out;
-  // No export destroys one of its inputs (docs/RELIABILITY.md, "Writers"): checked before
-  // the checkpoint is read, and against the run's hf_model_dir once its name is known.
-  kqlora::refuse_output_over_inputs(option, out, checkpoint_inputs(files));
+  // No export destroys one of its inputs (docs/RELIABILITY.md, "Writers"): checked from
+  // the checkpoint's attributes, before its tensors are read.
+  const RunOfCheckpoint run = run_of(files.front());
+  std::vector<kqlora::WriterInput> inputs = checkpoint_inputs(files);
+  inputs.push_back({run.hf_model_dir, "the run's hf_model_dir"});
+  kqlora::refuse_output_over_inputs(option, out, inputs);
+  // A Hugging Face model's --merged/--base and every --peft are directories, written whole
+  // beside OUT and swapped in; the others are files, renamed into place.
+  const bool directory = has_peft || (!has_gguf && run.hf);
+  const std::string key = has_peft ? "adapter_model.safetensors" : "model.safetensors";
+  const auto own =
+      has_peft ? kqlora::exporter::peft_directory_entry : kqlora::exporter::hf_directory_entry;
+  if (directory) {
+    kqlora::DirectoryOutput::check(option, out, own);
+    refuse_foreign_export(option, out, key);
+  } else {
+    kqlora::check_file_output(option, out);
+  }
   // DDP ranks hold the same parameters (rank 0's file speaks for the run); FSDP shards are
   // reassembled.
   std::vector<kqlora::CheckpointContents> parts;
   for (const auto& f : files) parts.push_back(kqlora::read_checkpoint_file(f));
   auto c = kqlora::assemble_checkpoint(parts, args[0]);
   const std::string& file = files.front();
-  kqlora::refuse_output_over_inputs(
-      option, out, {{kqlora::exporter::hf_model_dir(c, file), "the run's hf_model_dir"}});
-  // A Hugging Face model's --merged/--base and every --peft are directories, written whole
-  // beside OUT and swapped in; the others are files, renamed into place.
-  const bool directory = has_peft || (!has_gguf && !c.arch_text.empty());
-  if (!directory) kqlora::check_file_output(option, out);
   std::optional<kqlora::DirectoryOutput> dir;
-  if (directory)
-    dir.emplace(
-        option, out,
-        has_peft ? kqlora::exporter::peft_directory_entry : kqlora::exporter::hf_directory_entry);
+  if (directory) dir.emplace(option, out, own);
   // checkpoint_base = auto: the base quantized again from the run's hf_model_dir.
   if (!has_peft) kqlora::load_base_from_model_dir(c, args[0]);
   const bool bf16 = dtype == "bfloat16";
@@ -132,7 +184,7 @@ int export_main(std::vector<std::string>& args) {
   } else if (has_gguf) {
     kqlora::exporter::write_gguf(c, file, gguf_out, gguf_tensor_type, gguf_of == "merged");
   } else {
-    if (c.arch_text.empty())
+    if (!dir)
       kqlora::exporter::write_weights(c, file, out, bf16, has_merged);
     else
       kqlora::exporter::write_hf_directory(c, file, dir->temp(), out, bf16, has_merged);

@@ -244,7 +244,10 @@ void write_peft(const CheckpointContents& c, const std::string& file, const std:
     }
   }
   const LoraAdapter& first = table.adapters.front();
-  safetensors::write(dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
+  // (producer: what tells an earlier export from another directory, docs/RELIABILITY.md)
+  safetensors::write(
+      dir + "/adapter_model.safetensors", tensors,
+      {{"format", "pt"}, {"producer", "kqlora-export"}, {"step", std::to_string(c.step)}});
   std::string base = "null";
   if (hf) {
     const std::string src = hf_model_dir(c, file);

@@ -16,9 +16,9 @@
 #include "kqlora/core/atomic_output.hpp"
 #include "kqlora/core/build_info.hpp"
 #include "kqlora/core/checked_size.hpp"
+#include "kqlora/core/non_finite.hpp"
 #include "kqlora/core/output_guard.hpp"
 #include "kqlora/io/hdf5_params.hpp"
-#include "kqlora/io/safetensors.hpp"
 #include "kqlora/io/tensor_source.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
 
@@ -87,14 +87,13 @@ int quantize_main(std::vector<std::string>& args) {
                      "--scaler-block-size must be positive, got " << defaults.scaler_block_size);
   const std::string in_path = args[0], out_path = args[1];
   // OUT never destroys IN (docs/RELIABILITY.md, "Writers"); checked before any work.
+  // (its headers only: the shards of an index are inputs too)
+  auto source = kqlora::open_tensor_source(in_path);
   std::vector<kqlora::WriterInput> inputs{{in_path, "the input"}};
-  if (in_path.size() > 5 && in_path.compare(in_path.size() - 5, 5, ".json") == 0)
-    for (const auto& shard : kqlora::safetensors::index_shards(in_path))
-      inputs.push_back({shard, "the input's shard"});
+  for (const auto& file : source->files()) inputs.push_back({file, "the input's file"});
   kqlora::refuse_output_over_inputs("OUT.h5", out_path, inputs);
   kqlora::check_file_output("OUT.h5", out_path);
 
-  auto source = kqlora::open_tensor_source(in_path);
   // Written under a temporary name and renamed at the end: a failure leaves no half file
   // and an earlier OUT.h5 as it was.
   kqlora::FileOutput output(out_path);
@@ -132,6 +131,11 @@ int quantize_main(std::vector<std::string>& args) {
           why = "numel not a multiple of the block size";
         const kqlora::HostTensor t = source->load(e.name);
         if (!why.empty()) {
+          // (a copied tensor is looked at too: an init_file must hold finite weights)
+          std::vector<float> wide(t.bf16.begin(), t.bf16.end());
+          const std::vector<float>& values = t.is_bf16 ? wide : t.f32;
+          kqlora::refuse_non_finite(values.data(), static_cast<int64_t>(values.size()), 0, t.shape,
+                                    in_path + ": tensor '" + e.name + "'");
           if (t.is_bf16)
             kqlora::h5::write_bfloat16(params, e.name, t.shape, t.bf16.data());
           else

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -95,8 +96,9 @@ class Hostile : public ::testing::Test {
                                        "\nsave_dir = " + dir() + "/checkpoints\n");
   }
   /// kqlora-train on `data` (and `extra` keys): its exit code, its output in *log.
-  int train(const std::string& data, const std::string& extra, std::string* log) {
-    return run(bin + "/kqlora-train " + dir() + "/deck.in data_file=" + data +
+  int train(const std::string& data, const std::string& extra, std::string* log,
+            const std::string& env = "") {
+    return run(env + bin + "/kqlora-train " + dir() + "/deck.in data_file=" + data +
                    " lora_rank=4 block_size=32 scaler_block_size=32 global_bs=3 num_steps=2 "
                    "optimizer=adamw lr=1e-2 " +
                    extra,
@@ -147,6 +149,21 @@ TEST_F(Hostile, FilesThatScoreNoLabelAreRefused) {
   EXPECT_TRUE(has(log, "none.h5: no label is scored: every label is -100")) << log;
   EXPECT_TRUE(has(log, "would learn nothing")) << log;
   EXPECT_FALSE(has(log, "step 1")) << log;
+
+#ifdef KQLORA_TEST_MPIEXEC
+  // Every rank reads the file and refuses it alike: exit 2 at once (not after
+  // comm_timeout_s), each rank's message the same. (This test is a singleton MPI process
+  // itself: its launcher variables must not reach mpiexec.)
+  const std::string np2 =
+      std::string(
+          "env $(env | sed -n 's/^\\(\\(OMPI\\|PMIX\\)_[A-Za-z0-9_]*\\)=.*/-u \\1/p') "
+          "OMP_NUM_THREADS=1 ") +
+      KQLORA_TEST_MPIEXEC + " -np 2 ";
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(train(dir() + "/none.h5", "comm_timeout_s=60", &log, np2), 2) << log;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30);
+  EXPECT_TRUE(has(log, "none.h5: no label is scored: every label is -100")) << log;
+#endif
 
   Tokens first = none;
   for (int r = 0; r < kRows; ++r) first.labels[r * kT] = first.ids[r * kT + 1];
@@ -250,6 +267,28 @@ TEST_F(Hostile, FloatIdsAndHugeIdsAreRefusedByValue) {
   EXPECT_EQ(train(dir() + "/wide.h5", "", &log), 2) << log;
   EXPECT_TRUE(has(log, "wide.h5: labels[1, 4] = 2147483655")) << log;
   EXPECT_FALSE(has(log, "2147483647")) << log;
+  // int64 within int32's range reads as int32 would (ids and labels alike).
+  {
+    std::vector<int64_t> ids(t.ids.begin(), t.ids.end()), labels(t.labels.begin(), t.labels.end());
+    auto f = kqlora::h5::create_file(dir() + "/int64.h5");
+    kqlora::h5::write_dataset(f, "input_ids", H5T_STD_I64LE, H5T_NATIVE_INT64, {kRows, kT},
+                              ids.data());
+    kqlora::h5::write_dataset(f, "labels", H5T_STD_I64LE, H5T_NATIVE_INT64, {kRows, kT},
+                              labels.data());
+    f.close();
+  }
+  write_tokens(dir() + "/int32.h5", t);
+  std::string log32;
+  EXPECT_EQ(train(dir() + "/int64.h5", "", &log), 0) << log;
+  EXPECT_EQ(train(dir() + "/int32.h5", "", &log32), 0) << log32;
+  auto losses = [](const std::string& text) {
+    std::string out;
+    for (size_t at = text.find("loss "); at != std::string::npos; at = text.find("loss ", at + 1))
+      out += text.substr(at, 18) + "\n";
+    return out;
+  };
+  EXPECT_FALSE(losses(log).empty());
+  EXPECT_EQ(losses(log), losses(log32));
 }
 
 // NaN and Inf in a base tensor: refused at load, naming the tensor, the file and the place
@@ -301,12 +340,15 @@ TEST_F(Hostile, NonFiniteBaseTensorsAreNamed) {
 TEST_F(Hostile, ConfigFieldsAreBoundedAndNamed) {
   write_tokens(dir() + "/good.h5", reference_tokens());
   const std::string pristine = read_text(model + "/config.json");
+  // (the node's memory pinned to 16 GiB: the bounds do not depend on this machine's)
   auto expect = [&](const std::string& key, const kqlora::json::Value& v,
                     const std::string& words) {
     write_text(model + "/config.json", pristine);
     edit_config([&](kqlora::json::Value& d) { set(d, key, v); });
     std::string log;
-    EXPECT_EQ(train(dir() + "/good.h5", "", &log), 2) << key << "\n" << log;
+    EXPECT_EQ(train(dir() + "/good.h5", "", &log, "KQLORA_MEMORY_LIMIT=17179869184 "), 2)
+        << key << "\n"
+        << log;
     EXPECT_TRUE(has(log, words)) << key << ": no '" << words << "'\n" << log;
     EXPECT_FALSE(has(log, "bad_alloc")) << log;
   };
@@ -335,6 +377,7 @@ TEST_F(Hostile, ConfigFieldsAreBoundedAndNamed) {
       if (key == "vocab_size") EXPECT_EQ(spec.vocab, v) << family;
   }
   expect("head_dim", integer(int64_t(1) << 30), "'head_dim' is 1073741824: q_proj would hold");
+  expect("head_dim", integer(512), "'head_dim' is 512, more than 4 x hidden_size 64");
   expect("head_dim", integer(int64_t(1) << 34), "'head_dim' is 17179869184: q_proj would hold");
   expect("vocab_size", integer(int64_t(1) << 40), "'vocab_size' is 1099511627776: the embedding");
   expect("num_hidden_layers", integer(int64_t(1) << 40), "'num_hidden_layers' is 1099511627776");
@@ -342,6 +385,11 @@ TEST_F(Hostile, ConfigFieldsAreBoundedAndNamed) {
       kqlora::json::parse("{\"rope_theta\": 1e-300, \"rope_type\": \"default\"}", "rope");
   expect("rope_parameters", rope, "rope_theta");
   expect("rope_parameters", rope, "not finite and positive in float32");
+  expect("rope_parameters",
+         kqlora::json::parse(
+             "{\"rope_theta\": 10000.0, \"rope_type\": \"linear\", \"factor\": 1e300}", "rope"),
+         "'rope_parameters.factor' gives linear rope frequencies (or an attention factor) that are "
+         "not finite");
 
   // Qwen2: a sliding layer while use_sliding_window is false.
   write_text(model + "/config.json", pristine);

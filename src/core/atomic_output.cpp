@@ -5,7 +5,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <linux/fs.h>
+#ifdef __linux__
+#include <linux/fs.h>  // RENAME_EXCHANGE
+#endif
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -73,25 +75,35 @@ void FileOutput::commit() {
   sync_path(folder_of(path_), true);
 }
 
+void DirectoryOutput::check(const std::string& option, const std::string& path,
+                            const std::function<bool(const std::string&)>& own) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return;
+  KQLORA_INPUT_CHECK(S_ISDIR(st.st_mode),
+                     option << " " << path << " exists and is not a directory");
+  for (const auto& e : fs::directory_iterator(path)) {
+    const std::string name = e.path().filename().string();
+    KQLORA_INPUT_CHECK(!e.is_directory() && own(name),
+                       option << " " << path << " holds '" << name
+                              << "', which this export does not write: it is not an earlier "
+                                 "output of the same kind (choose a new or empty directory)");
+  }
+}
+
 DirectoryOutput::DirectoryOutput(const std::string& option, std::string path,
                                  const std::function<bool(const std::string&)>& own)
     : path_(std::move(path)) {
   while (path_.size() > 1 && path_.back() == '/') path_.pop_back();
-  struct stat st {};
-  if (::lstat(path_.c_str(), &st) == 0) {
-    KQLORA_INPUT_CHECK(S_ISDIR(st.st_mode),
-                       option << " " << path_ << " exists and is not a directory");
-    for (const auto& e : fs::directory_iterator(path_)) {
-      const std::string name = e.path().filename().string();
-      KQLORA_INPUT_CHECK(!e.is_directory() && own(name),
-                         option << " " << path_ << " holds '" << name
-                                << "', which this export does not write: it is not an earlier "
-                                   "output of the same kind (choose a new or empty directory)");
-    }
-  }
+  check(option, path_, own);
   temp_ = temp_beside(path_);
-  KQLORA_CHECK(::mkdir(temp_.c_str(), 0755) == 0,
-               path_ << ": cannot create the temporary " << temp_ << ": " << std::strerror(errno));
+  const int rc = ::mkdir(temp_.c_str(), 0755);
+  const int err = errno;
+  // (No folder to write in is the user's path; anything else, a failure to write.)
+  KQLORA_INPUT_CHECK(
+      rc == 0 || (err != ENOENT && err != ENOTDIR),
+      option << " " << path_ << ": cannot create a directory there: " << std::strerror(err));
+  KQLORA_CHECK(rc == 0,
+               path_ << ": cannot create the temporary " << temp_ << ": " << std::strerror(err));
 }
 
 DirectoryOutput::~DirectoryOutput() {

@@ -13,9 +13,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
+/// The path a write to `p` touches: its folders resolved on disk as the kernel does --
+/// links first, then "..", so "link/../x" is beside the link's target, not beside the
+/// link -- and its last part kept as written (a `latest` link is the link).
 fs::path written(const std::string& p) {
-  fs::path a = fs::absolute(p).lexically_normal();
-  if (a.filename().empty()) a = a.parent_path();  // (a trailing separator)
+  fs::path a = fs::absolute(p);
+  while (a.has_parent_path() && a.filename().empty()) a = a.parent_path();  // trailing '/'
+  const std::string last = a.filename().string();
+  if (last == "." || last == "..") return fs::weakly_canonical(a);
   return fs::weakly_canonical(a.parent_path()) / a.filename();
 }
 

@@ -1,5 +1,6 @@
 #include "kqlora/core/sha256.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>

@@ -12,6 +12,7 @@
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/float16.hpp"
 #include "kqlora/core/input_file.hpp"
+#include "kqlora/core/non_finite.hpp"
 #include "kqlora/io/safetensors.hpp"
 #include "kqlora/io/tensor_name.hpp"
 #if KQLORA_HAVE_HDF5
@@ -76,6 +77,11 @@ class SafetensorsSource : public TensorSource {
   }
 
   std::string origin() const override { return headers_.empty() ? "" : headers_.front().path; }
+  std::vector<std::string> files() const override {
+    std::vector<std::string> f;
+    for (const auto& h : headers_) f.push_back(h.path);
+    return f;
+  }
 
   void load_f32(const std::string& name, float* dst) const override {
     const auto it = where_.find(name);
@@ -118,6 +124,7 @@ class Hdf5Source : public TensorSource {
 
   const std::vector<Entry>& entries() const override { return entries_; }
   std::string origin() const override { return path_; }
+  std::vector<std::string> files() const override { return {path_}; }
 
   HostTensor load(const std::string& name) const override {
     const Entry* e = nullptr;
@@ -163,8 +170,8 @@ void TensorSource::load_f32(const std::string& name, float* dst) const {
     bad |= (bit_cast<uint32_t>(dst[i]) & 0x7f800000u) == 0x7f800000u;
   }
   if (bad)
-    safetensors::refuse_non_finite(dst, static_cast<int64_t>(n), 0, t.shape,
-                                   origin() + ": tensor '" + name + "'");
+    refuse_non_finite(dst, static_cast<int64_t>(n), 0, t.shape,
+                      origin() + ": tensor '" + name + "'");
 }
 
 std::unique_ptr<TensorSource> open_tensor_source(const std::string& path) {

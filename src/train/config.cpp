@@ -1,7 +1,6 @@
 #include "kqlora/train/config.hpp"
 
 #include <sys/stat.h>
-#include <unistd.h>
 #include <Kokkos_Macros.hpp>
 
 #include "kqlora/build_config.hpp"
@@ -11,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -393,38 +393,39 @@ std::string read_deck_file(const std::string& path) {
 
 namespace {
 
-/// No run writes over its inputs (docs/RELIABILITY.md, "Writers"): the metrics file may
-/// not be, or lie in, an input or the save_dir; the save_dir may not be or lie in an input,
-/// nor may the data, eval or model files lie where checkpoints go (step directories,
-/// `latest`). The deck's own path and a restart's checkpoint are inputs too.
+/// No run writes over its inputs (docs/RELIABILITY.md, "Writers"): the save_dir may not be
+/// or lie in an input; the metrics file may not be or lie in one either (a restart's
+/// checkpoint included); and neither the inputs nor the metrics file may lie where
+/// checkpoints go -- a step directory or `latest` of the save_dir, which keep_last deletes
+/// -- compared with links resolved. A save_dir may hold anything else (it only adds step
+/// directories and `latest`), and the init_file may be one of its checkpoints (read first).
 template <class At>
 void refuse_outputs_over_inputs(const Config& c, const std::string& deck, const At& at) {
-  std::vector<WriterInput> in{{c.data_file, "the data_file"},
-                              {c.eval_file, "the eval_file"},
-                              {c.init_file, "the init_file"},
-                              {c.hf_model_dir, "the hf_model_dir"}};
-  if (deck.find(" (default)") == std::string::npos && deck != "argument" &&
-      ::access(deck.c_str(), F_OK) == 0)
-    in.push_back({deck, "the deck"});
-  if (c.restart != "none" && c.restart != "latest")
-    in.push_back({c.restart, "the restart checkpoint"});
+  const std::vector<WriterInput> in{{c.data_file, "the data_file"},
+                                    {c.eval_file, "the eval_file"},
+                                    {c.init_file, "the init_file"},
+                                    {c.hf_model_dir, "the hf_model_dir"},
+                                    {deck, "the deck"}};
+  if (!c.save_dir.empty())
+    refuse_output_over_inputs(at("save_dir") + ": save_dir", c.save_dir, in,
+                              /*may_contain=*/true);
   if (!c.metrics_file.empty()) {
     std::vector<WriterInput> all = in;
-    if (!c.save_dir.empty()) all.push_back({c.save_dir, "the save_dir"});
+    if (c.restart != "none" && c.restart != "latest")
+      all.push_back({c.restart, "the restart checkpoint"});
     refuse_output_over_inputs(at("metrics_file") + ": metrics_file", c.metrics_file, all);
     check_file_output(at("metrics_file") + ": metrics_file", c.metrics_file);
   }
   if (c.save_dir.empty()) return;
-  in.pop_back();  // (a save_dir may hold the restart checkpoint: it is read first)
-  refuse_output_over_inputs(at("save_dir") + ": save_dir", c.save_dir, in,
-                            /*may_contain=*/true);
-  const std::string dir = written_path(c.save_dir);
-  for (const auto& [p, what] : in) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::weakly_canonical(fs::absolute(c.save_dir));
+  std::vector<WriterInput> kept = in;
+  kept.push_back({c.metrics_file, "the metrics_file"});
+  for (const auto& [p, what] : kept) {
     if (p.empty() || what == "the init_file") continue;
-    const std::string w = written_path(p);
-    if (w.size() <= dir.size() + 1 || w.compare(0, dir.size() + 1, dir + "/") != 0) continue;
-    const std::string first =
-        w.substr(dir.size() + 1, w.find('/', dir.size() + 1) - dir.size() - 1);
+    const fs::path rel = fs::weakly_canonical(fs::absolute(p)).lexically_relative(dir);
+    if (rel.empty() || *rel.begin() == ".." || *rel.begin() == ".") continue;
+    const std::string first = rel.begin()->string();
     KQLORA_INPUT_CHECK(first.rfind("step-", 0) != 0 && first != "latest",
                        at("save_dir") << ": save_dir " << c.save_dir << ": " << what << " " << p
                                       << " lies where checkpoints are written (" << first

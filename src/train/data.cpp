@@ -1,5 +1,6 @@
 #include "kqlora/train/data.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "kqlora/build_config.hpp"
@@ -47,10 +48,18 @@ void read_token_dataset(const h5::Handle& f, const char* name, const std::string
                               "int64), not truncated silently");
   const size_t n = static_cast<size_t>(rows * T);
   out.resize(n);
-  if (size < 4) {
+  // Signed integers of up to 32 bits convert exactly: read straight into place (the
+  // common case, tools/tokenize_sft.py's int32). Wider or unsigned 32-bit ones go through
+  // an int64 copy (a rare file: its memory is checked), so that a value past int32 is
+  // named, not clamped.
+  h5::Handle d(KQLORA_H5(H5Dopen2(f, name, H5P_DEFAULT)));
+  h5::Handle type(KQLORA_H5(H5Dget_type(d)));
+  const bool is_signed = H5Tget_sign(type) == H5T_SGN_2;
+  if (size < 4 || (size == 4 && is_signed)) {
     h5::read_dataset(f, name, H5T_NATIVE_INT32, rows * T, out.data(), path);
     return;
   }
+  check_fits(rows * T * 16, where);
   std::vector<int64_t> wide(n);
   h5::read_dataset(f, name, H5T_NATIVE_INT64, rows * T, wide.data(), path);
   for (size_t i = 0; i < n; ++i) {
@@ -206,7 +215,7 @@ DataSource::DataSource(const std::string& path, const InputSpec& spec, int64_t g
           where << ": dataset '" << name << "' must be [rows, " << T << "], got " << dims_text(d));
       rows_ = d[0];
     }
-    check_fits(rows_ * T * 16, where);  // (int64 files pass through a wide copy)
+    check_fits(rows_ * T * 8, where);
     read_token_dataset(f, "input_ids", path, where, rows_, T, ids_);
     read_token_dataset(f, "labels", path, where, rows_, T, labels_);
     int64_t first_labels = 0;  // labels at a document's first position: never scored

@@ -12,10 +12,10 @@
 #include <sys/stat.h>
 
 #include "kqlora/build_config.hpp"
+#include "kqlora/core/non_finite.hpp"
 #include "kqlora/core/json.hpp"
 #include "kqlora/core/random.hpp"
 #include "kqlora/io/peft_adapter.hpp"
-#include "kqlora/io/safetensors.hpp"
 #include "kqlora/io/tensor_source.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
 #include "kqlora/train/synthetic.hpp"
@@ -143,7 +143,7 @@ struct InitFile {
                                              << shape_text(shape));
       out.resize(static_cast<size_t>(n));
       h5::read_dataset(params, name, H5T_NATIVE_FLOAT, n, out.data(), path);
-      safetensors::refuse_non_finite(out.data(), n, 0, shape, where);
+      refuse_non_finite(out.data(), n, 0, shape, where);
       return out;
     }
 #endif
@@ -154,7 +154,7 @@ struct InitFile {
       for (const auto& b : t.bf16) out.push_back(static_cast<float>(b));
     else
       out = std::move(t.f32);
-    safetensors::refuse_non_finite(out.data(), static_cast<int64_t>(out.size()), 0, shape,
+    refuse_non_finite(out.data(), static_cast<int64_t>(out.size()), 0, shape,
                                    path + ": tensor '" + stored_name(name) + "'");
     return out;
   }

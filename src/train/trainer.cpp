@@ -186,6 +186,19 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   // node-shared DDP, only into the shared memory): no zeros to write first. A restart
   // takes the whole state from a checkpoint (any layout, world size and parallel mode).
   auto model = make_model(exec, model_config(cfg), false);
+  // The data first: a file that scores nothing or was made with another tokenizer is
+  // refused before the base is quantized (minutes for a 7B).
+  TokenFileChecks checks;
+  checks.tokenizer_check = cfg.tokenizer_check == "on";
+  if (checks.tokenizer_check && !cfg.hf_model_dir.empty())
+    checks.tokenizer = tokenizer_identity(cfg.hf_model_dir);
+  const DataSource data(cfg.data_file, model->input(), cfg.global_bs, cfg.seed, "data_file",
+                        cfg.shuffle, checks);
+  // (Token files: the eval rows may be as long as they need, independently of data_file's.)
+  std::unique_ptr<DataSource> eval;
+  if (!cfg.eval_file.empty())
+    eval = std::make_unique<DataSource>(cfg.eval_file, model->input(), cfg.global_bs, cfg.seed,
+                                        "eval_file", false, checks);
   const bool resume = cfg.restart != "none";
   std::ostringstream init_log;
   if (!resume) initialize_model(exec, *model, cfg.init_file, init_log);
@@ -199,24 +212,13 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   if (resume) checkpoints->restore_state(*model, *dp, opt);
   // (Measured once the run is set up: a run refused before costs no measurement.)
   report.set_peak_flops(run_peak_flops(comm, cfg));
-  TokenFileChecks checks;
-  checks.tokenizer_check = cfg.tokenizer_check == "on";
-  if (checks.tokenizer_check && !cfg.hf_model_dir.empty())
-    checks.tokenizer = tokenizer_identity(cfg.hf_model_dir);
-  const DataSource data(cfg.data_file, model->input(), cfg.global_bs, cfg.seed, "data_file",
-                        cfg.shuffle, checks);
   const InputSpec spec = data.spec();  // (token models: the file's sequence length)
   const bool lockstep = dp->nf4_shards() != nullptr;
   BatchLoader<Exec> batches(exec, cfg, spec, comm.rank(), comm.size(), lockstep);
-  // (Token files: the eval rows may be as long as they need, independently of data_file's.)
-  std::unique_ptr<DataSource> eval;
   std::unique_ptr<BatchLoader<Exec>> eval_batches;
-  if (!cfg.eval_file.empty()) {
-    eval = std::make_unique<DataSource>(cfg.eval_file, model->input(), cfg.global_bs, cfg.seed,
-                                        "eval_file", false, checks);
+  if (eval)
     eval_batches = std::make_unique<BatchLoader<Exec>>(exec, cfg, eval->spec(), comm.rank(),
                                                        comm.size(), lockstep);
-  }
   if (report.root()) {
     for (const DataSource* d : {&data, static_cast<const DataSource*>(eval.get())}) {
       if (d && !d->synthetic() && !d->metadata_checksummed()) log << unchecksummed_data_note(*d);

@@ -27,6 +27,7 @@ step=$(cat "$W/ck/latest")
 rank="$W/ck/$step/rank-00000.h5"
 [ -f "$rank" ] || fail "no checkpoint file $rank"
 ln -s "$W/model" "$W/model_link"
+ln -s "$W/ck/$step" "$W/out/s"
 ln "$rank" "$W/rank_hardlink.h5"
 ln "$W/model/model.safetensors" "$W/weights_hardlink.safetensors"
 mkdir -p "$W/sub"
@@ -60,6 +61,8 @@ for opt in --merged --base --peft --gguf; do
     refused "hf_model_dir" "$bin/kqlora-export" "$W/ck" "$opt" "$out"
   done
   refused "contains" "$bin/kqlora-export" "$W/ck" "$opt" "$W"
+  # A link followed by "..": the kernel resolves the link first (out/s/.. is the save_dir).
+  refused "checkpoint" "$bin/kqlora-export" "$W/ck" "$opt" "$W/out/s/../latest"
 done
 # A directory where a file is expected; a directory output over a foreign directory.
 mkdir -p "$W/out/a_dir" "$W/out/foreign" && echo "keep me" > "$W/out/foreign/notes.txt"
@@ -68,6 +71,10 @@ for opt in --merged --peft; do
   refused "notes.txt" "$bin/kqlora-export" "$W/ck" "$opt" "$W/out/foreign"
 done
 [ "$(cat "$W/out/foreign/notes.txt")" = "keep me" ] || fail "the foreign directory changed"
+# Another model's directory with only the names an export writes: not an earlier export.
+mkdir -p "$W/out/other_model" && cp "$W/model/config.json" "$W/model/model.safetensors" "$W/out/other_model/"
+refused "not an earlier kqlora-export output" "$bin/kqlora-export" "$W/ck" --merged "$W/out/other_model"
+cmp -s "$W/model/model.safetensors" "$W/out/other_model/model.safetensors" || fail "other_model changed"
 
 # kqlora-quantize: OUT onto IN, through a hard link, a symbolic link, a directory.
 ln -s "$W/model/model.safetensors" "$W/weights_link.safetensors"
@@ -85,6 +92,8 @@ refused "existing directory" "$bin/kqlora-train" "$W/deck.in" $keys metrics_file
 for out in "$W/model" "$W/model/ck" "$W/model_link" "$W/data.h5"; do
   refused "save_dir" "$bin/kqlora-train" "$W/deck.in" $keys save_dir="$out"
 done
+refused "keep_last would delete it" "$bin/kqlora-train" "$W/deck.in" $keys save_dir="$W/ck" \
+  metrics_file="$W/ck/$step/metrics.jsonl"
 cp "$W/data.h5" "$W/ck/$step/data.h5"
 before=$(snapshot)
 refused "keep_last would delete it" "$bin/kqlora-train" "$W/deck.in" $keys save_dir="$W/ck" \
@@ -92,6 +101,12 @@ refused "keep_last would delete it" "$bin/kqlora-train" "$W/deck.in" $keys save_
 rm "$W/ck/$step/data.h5"
 before=$(snapshot)
 echo "$n outputs onto inputs refused, every input byte for byte"
+# A metrics file in the save_dir (docs/FINETUNING.md's deck) and a save_dir reached through
+# a link both work, a restart included.
+ln -s "$W/ck" "$W/ck_link"
+"$bin/kqlora-train" "$W/deck.in" $keys save_dir="$W/ck_link" metrics_file="$W/ck/metrics.jsonl" \
+  num_steps=3 restart=latest > "$W/resume.log" 2>&1 || { tail "$W/resume.log"; fail "metrics in save_dir"; }
+before=$(snapshot)
 
 # An earlier export of the same kind is replaced whole (the step 1 adapters by step 2's).
 "$bin/kqlora-export" "$W/ck/step-00000001" --peft "$W/out/peft" > "$W/e1.log" 2>&1 || fail "--peft 1"

@@ -37,6 +37,9 @@ class DirectoryOutput {
   /// names, and no subdirectories). An empty directory is accepted.
   DirectoryOutput(const std::string& option, std::string path,
                   const std::function<bool(const std::string&)>& own);
+  /// The constructor's check alone (nothing created): to refuse before a long read.
+  static void check(const std::string& option, const std::string& path,
+                    const std::function<bool(const std::string&)>& own);
   ~DirectoryOutput();
   DirectoryOutput(const DirectoryOutput&) = delete;
   DirectoryOutput& operator=(const DirectoryOutput&) = delete;

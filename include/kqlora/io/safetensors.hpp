@@ -36,11 +36,6 @@ Header read_header(const std::string& path);
 /// The raw bytes of one tensor.
 std::vector<uint8_t> read_bytes(const Header& h, const TensorInfo& t);
 
-/// InputError "<where> holds NaN at [i, j]" at the first of n values that is not finite;
-/// `first` is the flat index of v[0] in a tensor of `shape`.
-void refuse_non_finite(const float* v, int64_t n, int64_t first, const std::vector<int64_t>& shape,
-                       const std::string& where);
-
 /// A float tensor (F32, BF16, F16) widened to float32 into dst [t.numel()], read in pieces
 /// of a few MiB: no copy of the whole tensor's bytes exists besides dst (reading a model's
 /// largest tensors this way keeps set-up's memory at the model's own size). InputError for

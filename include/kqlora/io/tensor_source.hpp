@@ -41,6 +41,8 @@ class TensorSource {
   virtual void load_f32(const std::string& name, float* dst) const;
   /// The file messages name.
   virtual std::string origin() const = 0;
+  /// Every file the tensors are read from (a sharded checkpoint's shards).
+  virtual std::vector<std::string> files() const = 0;
 };
 
 /// Opens `path` by its content: HDF5 signature, safetensors header, or JSON index.

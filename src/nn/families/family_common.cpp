@@ -12,6 +12,13 @@ namespace kqlora::impl {
 
 namespace {
 
+/// A number as a message shows it (1e-300, not 0.000000).
+std::string shortest(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
 /// Sizes read from a file are bounded before anything is allocated from them (rope tables,
 /// per-layer specs, the table): set-up holds a whole tensor in float32 at a time, so each
 /// single weight they imply -- the embedding, q_proj, an MLP projection -- must fit in this
@@ -34,6 +41,11 @@ void bound_sizes(HfConfigReader& r, const DecoderSpec& s) {
   };
   if (r.has("vocab_size")) fits("vocab_size", {s.vocab, s.hidden}, "the embedding");
   fits(r.has("head_dim") ? "head_dim" : "hidden_size", {s.heads, s.head_dim, s.hidden}, "q_proj");
+  // (the rope tables are head_dim / 2 values each, computed before the memory check: a head
+  // wider than 4 x the model's width, which no model has, is refused before them)
+  if (s.head_dim > 4 * s.hidden)
+    r.fail("head_dim", "is " + std::to_string(s.head_dim) + ", more than 4 x hidden_size " +
+                           std::to_string(s.hidden));
   if (r.has("intermediate_size"))
     fits("intermediate_size", {s.intermediate, s.hidden}, "an MLP projection");
   if (r.has("num_hidden_layers"))
@@ -99,9 +111,11 @@ bool rope_object(HfConfigReader& r, const char** name) {
   return false;
 }
 
-RopeSpec read_rope(HfConfigReader& top, HfConfigReader* p, double theta, int64_t head_dim,
-                   std::optional<double> partial_factor, int64_t max_positions,
-                   int64_t original_max, const std::vector<std::string>& allowed) {
+namespace {
+
+RopeSpec rope_tables(HfConfigReader& top, HfConfigReader* p, double theta, int64_t head_dim,
+                     std::optional<double> partial_factor, int64_t max_positions,
+                     int64_t original_max, const std::vector<std::string>& allowed) {
   std::string type = "default";
   double partial = partial_factor.value_or(1.0);
   if (p) {
@@ -127,7 +141,7 @@ RopeSpec read_rope(HfConfigReader& top, HfConfigReader* p, double theta, int64_t
     if (p) p->fail(key, what);
     top.fail(key, what);
   };
-  if (!(theta > 0)) fail("rope_theta", "must be > 0, got " + std::to_string(theta));
+  if (!(theta > 0)) fail("rope_theta", "must be > 0, got " + shortest(theta));
   if (!(partial > 0 && partial <= 1))
     fail("partial_rotary_factor", "must be in (0, 1], got " + std::to_string(partial));
   if (type != "default" && std::find(allowed.begin(), allowed.end(), type) == allowed.end()) {
@@ -161,7 +175,7 @@ RopeSpec read_rope(HfConfigReader& top, HfConfigReader* p, double theta, int64_t
   // there gives Inf or 0 and then NaN losses)
   for (float f : rope.inv_freq)
     if (!(std::isfinite(f) && f > 0))
-      fail("rope_theta", "is " + std::to_string(theta) +
+      fail("rope_theta", "is " + shortest(theta) +
                              ": its inverse frequencies over a "
                              "rotary dimension of " +
                              std::to_string(rope.rotary_dim) +
@@ -221,6 +235,27 @@ RopeSpec read_rope(HfConfigReader& top, HfConfigReader* p, double theta, int64_t
                     ? 1.0
                     : std::sqrt(1 + std::log(factor) / std::log(static_cast<double>(original_max)));
   rope.attention_factor = static_cast<float>(attention);
+  return rope;
+}
+
+}  // namespace
+
+RopeSpec read_rope(HfConfigReader& top, HfConfigReader* p, double theta, int64_t head_dim,
+                   std::optional<double> partial_factor, int64_t max_positions,
+                   int64_t original_max, const std::vector<std::string>& allowed) {
+  RopeSpec rope =
+      rope_tables(top, p, theta, head_dim, partial_factor, max_positions, original_max, allowed);
+  // The scaled tables too: a factor of 1e300 is infinity in float32, its frequencies 0.
+  const auto finite_positive = [](const std::vector<float>& v) {
+    return std::all_of(v.begin(), v.end(), [](float f) { return std::isfinite(f) && f > 0; });
+  };
+  if (!finite_positive(rope.inv_freq) || !finite_positive(rope.inv_freq_long) ||
+      !(std::isfinite(rope.attention_factor) && rope.attention_factor > 0))
+    (p ? *p : top)
+        .fail(p ? "factor" : "rope_theta",
+              "gives " + rope.type +
+                  " rope frequencies (or an attention factor) that are not finite and positive "
+                  "in float32");
   return rope;
 }
 
