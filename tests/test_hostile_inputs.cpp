@@ -21,6 +21,7 @@
 #include "kqlora/io/hdf5_file.hpp"
 #include "kqlora/io/safetensors.hpp"
 #include "kqlora/nn/decoder_spec.hpp"
+#include "mpi_launcher.hpp"
 
 namespace {
 
@@ -152,13 +153,8 @@ TEST_F(Hostile, FilesThatScoreNoLabelAreRefused) {
 
 #ifdef KQLORA_TEST_MPIEXEC
   // Every rank reads the file and refuses it alike: exit 2 at once (not after
-  // comm_timeout_s), each rank's message the same. (This test is a singleton MPI process
-  // itself: its launcher variables must not reach mpiexec.)
-  const std::string np2 =
-      std::string(
-          "env $(env | sed -n 's/^\\(\\(OMPI\\|PMIX\\)_[A-Za-z0-9_]*\\)=.*/-u \\1/p') "
-          "OMP_NUM_THREADS=1 ") +
-      KQLORA_TEST_MPIEXEC + " -np 2 ";
+  // comm_timeout_s), each rank's message the same.
+  const std::string np2 = mpi_launcher(2);
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(train(dir() + "/none.h5", "comm_timeout_s=60", &log, np2), 2) << log;
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30);
@@ -381,6 +377,15 @@ TEST_F(Hostile, ConfigFieldsAreBoundedAndNamed) {
   expect("head_dim", integer(int64_t(1) << 34), "'head_dim' is 17179869184: q_proj would hold");
   expect("vocab_size", integer(int64_t(1) << 40), "'vocab_size' is 1099511627776: the embedding");
   expect("num_hidden_layers", integer(int64_t(1) << 40), "'num_hidden_layers' is 1099511627776");
+  // (the fuzzer's: heads of 6.7e15 are named, the largest size the file gives)
+  {
+    write_text(model + "/config.json", pristine);
+    edit_config(
+        [&](kqlora::json::Value& d) { set(d, "num_attention_heads", integer(6666666666666664)); });
+    std::string log;
+    EXPECT_EQ(train(dir() + "/good.h5", "", &log, "KQLORA_MEMORY_LIMIT=17179869184 "), 2) << log;
+    EXPECT_TRUE(has(log, "'num_attention_heads' is 6666666666666664: q_proj would hold")) << log;
+  }
   kqlora::json::Value rope =
       kqlora::json::parse("{\"rope_theta\": 1e-300, \"rope_type\": \"default\"}", "rope");
   expect("rope_parameters", rope, "rope_theta");

@@ -16,6 +16,7 @@
 #include "kqlora/nn/causal_lm.hpp"
 #include "kqlora/train/data.hpp"
 #include "kqlora/train/init.hpp"
+#include "mpi_launcher.hpp"
 #include "reference_case.hpp"
 
 namespace {
@@ -299,13 +300,7 @@ TEST(PackedTraining, PackedAndUnpackedRunsGiveTheSameLossesAndAdapters) {
   const std::string one = train(c, dir, "unpacked", 4, "unpacked");
   expect_same_run(one, train(c, dir, "packed", 2, "packed"));
 #ifdef KQLORA_TEST_MPIEXEC
-  // This test is a singleton MPI process itself: its launcher variables must not reach
-  // mpiexec.
-  const std::string np2 =
-      std::string(
-          "env $(env | sed -n 's/^\\(\\(OMPI\\|PMIX\\)_[A-Za-z0-9_]*\\)=.*/-u \\1/p') "
-          "OMP_NUM_THREADS=1 ") +
-      KQLORA_TEST_MPIEXEC + " -np 2 ";
+  const std::string np2 = mpi_launcher(2);
   expect_same_run(one, train(c, dir, "packed", 2, "packed_ddp", np2));
   expect_same_run(one, train(c, dir, "packed", 2, "packed_fsdp", np2, "parallel=fsdp"));
 #endif

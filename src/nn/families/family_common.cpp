@@ -28,29 +28,34 @@ std::string shortest(double v) {
 void bound_sizes(HfConfigReader& r, const DecoderSpec& s) {
   const MemoryBudget node = node_memory();
   if (node.bytes <= 0) return;
-  const auto fits = [&](const char* key, const std::vector<int64_t>& shape, const char* what) {
+  // (the key named is the largest of the sizes the file gives: a default is not the cause)
+  const auto fits = [&](std::vector<std::pair<const char*, int64_t>> sizes,
+                        const std::vector<int64_t>& shape, const char* what) {
     double n = 1;  // (in double: the product of hostile sizes overflows int64)
     for (int64_t d : shape) n *= static_cast<double>(d);
-    if (n > static_cast<double>(node.bytes / 4)) {
-      std::ostringstream count;
-      count.precision(4);
-      count << n;
-      r.fail(key, "is " + value_text(*r.get(key)) + ": " + what + " would hold " + count.str() +
-                      " float32 values, more than this node's memory (" + node.source + ")");
-    }
+    if (n <= static_cast<double>(node.bytes / 4)) return;
+    std::pair<const char*, int64_t> named = sizes.front();
+    for (const auto& kv : sizes)
+      if (r.has(kv.first) && (!r.has(named.first) || kv.second > named.second)) named = kv;
+    std::ostringstream count;
+    count.precision(4);
+    count << n;
+    r.fail(named.first, "is " + std::to_string(named.second) + ": " + what + " would hold " +
+                            count.str() + " float32 values, more than this node's memory (" +
+                            node.source + ")");
   };
-  if (r.has("vocab_size")) fits("vocab_size", {s.vocab, s.hidden}, "the embedding");
-  fits(r.has("head_dim") ? "head_dim" : "hidden_size", {s.heads, s.head_dim, s.hidden}, "q_proj");
+  fits({{"vocab_size", s.vocab}, {"hidden_size", s.hidden}}, {s.vocab, s.hidden}, "the embedding");
+  fits({{"head_dim", s.head_dim}, {"num_attention_heads", s.heads}, {"hidden_size", s.hidden}},
+       {s.heads, s.head_dim, s.hidden}, "q_proj");
   // (the rope tables are head_dim / 2 values each, computed before the memory check: a head
   // wider than 4 x the model's width, which no model has, is refused before them)
   if (s.head_dim > 4 * s.hidden)
     r.fail("head_dim", "is " + std::to_string(s.head_dim) + ", more than 4 x hidden_size " +
                            std::to_string(s.hidden));
-  if (r.has("intermediate_size"))
-    fits("intermediate_size", {s.intermediate, s.hidden}, "an MLP projection");
-  if (r.has("num_hidden_layers"))
-    fits("num_hidden_layers", {s.layers, 256},  // (1 KiB a layer: its spec, its table rows)
-         "the layers' descriptions");
+  fits({{"intermediate_size", s.intermediate}, {"hidden_size", s.hidden}},
+       {s.intermediate, s.hidden}, "an MLP projection");
+  fits({{"num_hidden_layers", s.layers}}, {s.layers, 256},  // (1 KiB a layer: spec, table rows)
+       "the layers' descriptions");
 }
 
 }  // namespace
