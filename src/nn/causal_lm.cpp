@@ -10,6 +10,7 @@
 #include "kqlora/nn/gated_mlp.hpp"
 #include "kqlora/nn/residual.hpp"
 #include "kqlora/nn/rms_norm.hpp"
+#include "kqlora/nn/sparse_mlp.hpp"
 
 namespace kqlora {
 
@@ -41,6 +42,11 @@ std::vector<bool> parse_lora_targets(const std::string& text, const DecoderSpec&
                              << "; expected all-linear or a comma list of " << valid);
     const size_t p = static_cast<size_t>(it - s.projections.begin());
     KQLORA_INPUT_CHECK(!on[p], where << ": '" << item << "' is listed twice");
+    bool some = false;
+    for (int64_t l = 0; l < s.layers; ++l) some = some || s.has_projection(l, *it);
+    KQLORA_INPUT_CHECK(some, where << ": '" << item << "': no layer of this " << s.model_type
+                                   << " has it (its MLPs are experts: docs/MODELS.md, "
+                                      "\"Experts\")");
     on[p] = true;
   }
   return on;
@@ -48,19 +54,33 @@ std::vector<bool> parse_lora_targets(const std::string& text, const DecoderSpec&
 
 double decoder_train_flops(const DecoderSpec& s, int64_t rank, const std::vector<bool>& targets,
                            int64_t sequences, int64_t positions) {
-  const double T = static_cast<double>(sequences * positions), L = static_cast<double>(s.layers);
-  double weights = 0, first_inputs = 0, lora_io = 0;  // per layer
-  for (size_t p = 0; p < s.projections.size(); ++p) {
-    const ProjectionSpec& proj = s.projections[p];
-    const double n = static_cast<double>(s.out_features(proj) * s.in_features(proj));
-    weights += n;
-    if (proj.input == ProjectionInput::attn_norm) first_inputs += n;
-    if (targets[p]) lora_io += static_cast<double>(s.out_features(proj) + s.in_features(proj));
+  const double T = static_cast<double>(sequences * positions);
+  // Forward and input gradient of every projection a layer has (none into layer 0's input)
+  // and of the LM head; 6 rank-r products per adapter; a sparse layer's router and its
+  // active experts (k of E per token: 3 products each); the attention's computed scores (3
+  // forward-and-backward pairs of QK^T and PV sized matmuls over the visible (query, key)
+  // pairs). Summed layer by layer: layers may differ.
+  double projections = 0, lora = 0;
+  for (int64_t l = 0; l < s.layers; ++l) {
+    double weights = 0, first_inputs = 0, lora_io = 0;
+    for (size_t p = 0; p < s.projections.size(); ++p) {
+      const ProjectionSpec& proj = s.projections[p];
+      if (!s.has_projection(l, proj)) continue;
+      const double n = static_cast<double>(s.out_features(proj) * s.in_features(proj));
+      weights += n;
+      if (proj.input == ProjectionInput::attn_norm) first_inputs += n;
+      if (targets[p]) lora_io += static_cast<double>(s.out_features(proj) + s.in_features(proj));
+    }
+    projections += 2 * T * (2 * weights - (l == 0 ? first_inputs : 0));
+    if (s.layer[static_cast<size_t>(l)].sparse) {
+      const ExpertsSpec& e = s.experts;
+      const double expert = 3.0 * static_cast<double>(e.intermediate * s.hidden);
+      projections +=
+          2 * 2 * T *
+          (static_cast<double>(e.top_k) * expert + static_cast<double>(e.experts * s.hidden));
+    }
+    lora += 2 * T * static_cast<double>(rank) * 3 * lora_io;
   }
-  // Forward and input gradient of every projection (none into layer 0's input) and of the
-  // LM head; 6 rank-r products per adapter; the attention's computed scores (3 forward-
-  // and-backward pairs of QK^T and PV sized matmuls over the visible (query, key) pairs).
-  const double projections = 2 * T * (2 * L * weights - first_inputs);
   const double head = 2 * T * 2 * static_cast<double>(s.vocab * s.hidden);
   double attention = 0;
   for (const LayerSpec& l : s.layer) {
@@ -70,7 +90,6 @@ double decoder_train_flops(const DecoderSpec& s, int64_t rank, const std::vector
     attention += static_cast<double>(sequences) * static_cast<double>(s.heads) * 6 * 2 * pairs *
                  static_cast<double>(s.head_dim);
   }
-  const double lora = L * 2 * T * static_cast<double>(rank) * 3 * lora_io;
   return projections + head + attention + lora;
 }
 
@@ -80,6 +99,16 @@ using B = DecoderBuffers;
 
 std::string layer_prefix(int l) {
   return "model.layers." + std::to_string(l);
+}
+
+/// Expert j's weight w (0 gate, 1 up, 2 down) of layer prefix g: the hub's per-expert name.
+std::string expert_weight_name(const DecoderSpec& s, const std::string& g, int64_t j, int w) {
+  const ExpertsSpec& e = s.experts;
+  return g + "." + e.experts_module + "." + std::to_string(j) + "." +
+         (w == 0   ? e.gate_name
+          : w == 1 ? e.up_name
+                   : e.down_name) +
+         ".weight";
 }
 
 /// The norm's weight name: a layer's module, or the final norm's own path.
@@ -122,8 +151,8 @@ ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
   for (int l = 0; l < s.layers; ++l) {
     const std::string g = layer_prefix(l);
     for (uint64_t p = 0; p < P; ++p) {  // the adapters first: contiguous per group
-      if (!targets[p]) continue;
       const ProjectionSpec& proj = s.projections[p];
+      if (!targets[p] || !s.has_projection(l, proj)) continue;
       const int64_t out = s.out_features(proj), in = s.in_features(proj);
       const std::string m = g + "." + proj.module;
       KQLORA_INPUT_CHECK(cfg.rank >= 1 && cfg.rank <= std::min(out, in),
@@ -144,19 +173,34 @@ ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
       t.adapters.push_back({m, m + ".weight", m + ".lora_a.weight", m + ".lora_b.weight", cfg.alpha,
                             cfg.rank, cfg.dropout});
     }
-    for (const ProjectionSpec& proj : s.projections) {
+    auto add_nf4 = [&](const std::string& name, std::vector<int64_t> shape) {
       ParamEntry e;
-      e.name = g + "." + proj.module + ".weight";
-      e.shape = {s.out_features(proj), s.in_features(proj)};
+      e.name = name;
+      e.shape = std::move(shape);
       e.kind = ParamKind::nf4;
       e.dtype = cfg.dtype;
       e.block_size = cfg.block_size;
       e.scaler_block_size = cfg.scaler_block_size;
       e.init.dist = Dist::file;
       t.add(e, g);
-    }
+    };
     for (const ProjectionSpec& proj : s.projections)
-      if (proj.bias) add_dense(g + "." + proj.module + ".bias", {s.out_features(proj)}, g);
+      if (s.has_projection(l, proj))
+        add_nf4(g + "." + proj.module + ".weight", {s.out_features(proj), s.in_features(proj)});
+    const bool sparse = s.layer[static_cast<size_t>(l)].sparse;
+    if (sparse)  // every expert's gate, up and down in NF4, one tensor each
+      for (int64_t j = 0; j < s.experts.experts; ++j)
+        for (int w = 0; w < 3; ++w)
+          add_nf4(expert_weight_name(s, g, j, w),
+                  w < 2 ? std::vector<int64_t>{s.experts.intermediate, s.hidden}
+                        : std::vector<int64_t>{s.hidden, s.experts.intermediate});
+    for (const ProjectionSpec& proj : s.projections)
+      if (proj.bias && s.has_projection(l, proj))
+        add_dense(g + "." + proj.module + ".bias", {s.out_features(proj)}, g);
+    // (the router in the run's dtype, as transformers computes its logits: frozen, and a
+    // few E x hidden values whose rounding to NF4 could flip which experts a token gets)
+    if (sparse)
+      add_dense(g + "." + s.experts.router_module + ".weight", {s.experts.experts, s.hidden}, g);
     for (const NormSpec& n : s.norms) {
       if (n.role == NormRole::final) continue;
       const bool head_norm = n.role == NormRole::q || n.role == NormRole::k;
@@ -181,6 +225,10 @@ CausalLm<ExecSpace>::CausalLm(const ExecSpace& exec, const ModelConfig& cfg, boo
       const ProjectionSpec& proj = spec_.projections[p];
       const std::string m = g + "." + proj.module;
       Projection x;
+      if (!spec_.has_projection(l, proj)) {  // (a sparse layer's dense MLP: none)
+        b.proj.push_back(x);
+        continue;
+      }
       x.w = &t.at(m + ".weight");
       if (targets_[p]) {
         x.a = &t.at(m + ".lora_a.weight");
@@ -188,6 +236,13 @@ CausalLm<ExecSpace>::CausalLm(const ExecSpace& exec, const ModelConfig& cfg, boo
       }
       if (proj.bias) x.bias = &t.at(m + ".bias");
       b.proj.push_back(x);
+    }
+    if (spec_.layer[static_cast<size_t>(l)].sparse) {
+      b.router = &t.at(g + "." + spec_.experts.router_module + ".weight");
+      for (int64_t j = 0; j < spec_.experts.experts; ++j)
+        b.experts.push_back({&t.at(expert_weight_name(spec_, g, j, 0)),
+                             &t.at(expert_weight_name(spec_, g, j, 1)),
+                             &t.at(expert_weight_name(spec_, g, j, 2))});
     }
     b.norm.assign(kNormRoles, nullptr);
     for (const NormSpec& n : spec_.norms)
@@ -199,6 +254,7 @@ CausalLm<ExecSpace>::CausalLm(const ExecSpace& exec, const ModelConfig& cfg, boo
   head_ = spec_.tied ? embed_ : &t.at("lm_head.weight");
   cache_.resize(static_cast<size_t>(spec_.layers));
   store_.resize(cache_.size());
+  offsets_.resize(cache_.size());
   bf16_kept_ = keeps_bf16_activations<Mem>(cfg);
   bf16_store_.resize(cache_.size());
   rope_.resize(spec_.ropes.size());
@@ -534,6 +590,51 @@ void CausalLm<ExecSpace>::restore_bf16(int l) {
 }
 
 template <class ExecSpace>
+auto CausalLm<ExecSpace>::sparse_cache(Buffers& c) const -> SparseMlpCache<Mem> {
+  // (the index buffers hold int32 in their floats' place: one 4-byte value each)
+  const int64_t T = tokens_, K = spec_.experts.top_k, H = spec_.hidden;
+  const int64_t I = spec_.experts.intermediate;
+  const auto ints = [&](size_t i, int64_t rows, int64_t cols) {
+    return IndexMatrix<Mem>(reinterpret_cast<int32_t*>(c[i].data()), rows, cols);
+  };
+  SparseMlpCache<Mem> sc;
+  sc.logits = c[B::kLogits];
+  sc.weight = c[B::kWeight];
+  sc.chosen = ints(B::kChosen, T, K);
+  sc.where = ints(B::kWhere, T, K);
+  sc.order = ints(B::kOrder, T * K, 1);
+  sc.xg = Matrix<Mem>(c[B::kXg].data(), T * K, H);
+  sc.gate = Matrix<Mem>(c[B::kGateG].data(), T * K, I);
+  sc.up = Matrix<Mem>(c[B::kUpG].data(), T * K, I);
+  sc.act = Matrix<Mem>(c[B::kActG].data(), T * K, I);
+  sc.yg = Matrix<Mem>(c[B::kYg].data(), T * K, H);
+  return sc;
+}
+
+template <class ExecSpace>
+auto CausalLm<ExecSpace>::sparse_scratch() const -> SparseMlpScratch<Mem> {
+  const int64_t T = tokens_, K = spec_.experts.top_k, H = spec_.hidden;
+  const int64_t I = spec_.experts.intermediate;
+  SparseMlpScratch<Mem> s;
+  s.gyg = Matrix<Mem>(buf_[B::kGYg].data(), T * K, H);
+  s.gxg = Matrix<Mem>(buf_[B::kGXg].data(), T * K, H);
+  s.gact = Matrix<Mem>(buf_[B::kGActG].data(), T * K, I);
+  s.ggate = Matrix<Mem>(buf_[B::kGGateG].data(), T * K, I);
+  s.gup = Matrix<Mem>(buf_[B::kGUpG].data(), T * K, I);
+  s.gw = buf_[B::kGW];
+  s.glogits = buf_[B::kGLogits];
+  return s;
+}
+
+template <class ExecSpace>
+auto CausalLm<ExecSpace>::expert_weights(int l) const -> std::vector<ExpertWeights<Mem>> {
+  std::vector<ExpertWeights<Mem>> w;
+  for (const auto& e : blocks_[l].experts)
+    w.push_back({&this->nf4[e.gate->offset], &this->nf4[e.up->offset], &this->nf4[e.down->offset]});
+  return w;
+}
+
+template <class ExecSpace>
 void CausalLm<ExecSpace>::block_forward(int l, Buffers& c, const Matrix<Mem>& next) {
   const ExecSpace& exec = this->exec_;
   const bool bf16 = this->cfg_.bf16();
@@ -564,9 +665,17 @@ void CausalLm<ExecSpace>::block_forward(int l, Buffers& c, const Matrix<Mem>& ne
                  c[B::kInvO]);
   residual_sum(exec, c[B::kX], buf_[B::kProjOut], bf16, c[B::kMid]);
   norm_forward(norm_of(NormRole::mlp_in), NormRole::mlp_in, c[B::kMid], c[B::kN2], c[B::kInv2]);
-  project_all(ProjectionInput::mlp_norm);
-  gated_mlp_forward(exec, spec_.mlp_activation, c[B::kGate], c[B::kUp], bf16, c[B::kAct]);
-  project_all(ProjectionInput::mlp_act);  // (its adapter's h and dropout mask too)
+  if (spec_.layer[l].sparse) {
+    SparseMlpCache<Mem> sc = sparse_cache(c);
+    sparse_mlp_forward(exec, spec_.experts, spec_.mlp_activation, dense_matrix(B.router),
+                       expert_weights(l), c[B::kN2], bf16, sc, lora_, ws_,
+                       spec_.norm(NormRole::mlp_out) ? c[B::kDRaw] : buf_[B::kProjOut]);
+    offsets_[l] = std::move(sc.offsets);
+  } else {
+    project_all(ProjectionInput::mlp_norm);
+    gated_mlp_forward(exec, spec_.mlp_activation, c[B::kGate], c[B::kUp], bf16, c[B::kAct]);
+    project_all(ProjectionInput::mlp_act);  // (its adapter's h and dropout mask too)
+  }
   if (norm_of(NormRole::mlp_out))
     norm_forward(norm_of(NormRole::mlp_out), NormRole::mlp_out, c[B::kDRaw], buf_[B::kProjOut],
                  c[B::kInvD]);
@@ -669,10 +778,18 @@ void CausalLm<ExecSpace>::backward(bool accumulate) {
       if (bf16) round_bf16(exec, s[B::kGTmp]);
       g_down = s[B::kGTmp];
     }
-    project_back(l, down_proj, c, g_down, accumulate, 0.0f, s[B::kGAct]);
-    gated_mlp_backward(exec, spec_.mlp_activation, c[B::kGate], c[B::kUp], s[B::kGAct], bf16,
-                       s[B::kGGate], s[B::kGUp]);
-    project_back_all(l, ProjectionInput::mlp_norm, c, accumulate, s[B::kGN]);
+    if (spec_.layer[l].sparse) {
+      SparseMlpCache<Mem> sc = sparse_cache(c);
+      sc.offsets = offsets_[l];
+      sparse_mlp_backward(exec, spec_.experts, spec_.mlp_activation, dense_matrix(B.router),
+                          expert_weights(l), sc, g_down, bf16, sparse_scratch(), lora_, ws_,
+                          s[B::kGN]);
+    } else {
+      project_back(l, down_proj, c, g_down, accumulate, 0.0f, s[B::kGAct]);
+      gated_mlp_backward(exec, spec_.mlp_activation, c[B::kGate], c[B::kUp], s[B::kGAct], bf16,
+                         s[B::kGGate], s[B::kGUp]);
+      project_back_all(l, ProjectionInput::mlp_norm, c, accumulate, s[B::kGN]);
+    }
     norm_backward(norm_of(NormRole::mlp_in), NormRole::mlp_in, c[B::kMid], c[B::kInv2], s[B::kGN],
                   s[B::kG], NormGradOut::add);
     // Attention: g is now the gradient of mid (and of the block's input).

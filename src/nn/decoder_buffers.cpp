@@ -6,7 +6,12 @@ namespace kqlora {
 
 DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
                                const std::vector<bool>& targets) {
-  const int64_t H = s.hidden, Q = s.q_features(), KV = s.kv_features(), I = s.intermediate;
+  // (the dense MLP's buffers only where a layer has one; the experts' where a layer has them)
+  const int64_t H = s.hidden, Q = s.q_features(), KV = s.kv_features();
+  const int64_t I = s.any_dense_mlp() ? s.intermediate : 0;
+  const bool sparse = s.any_sparse_mlp();
+  const int64_t E = sparse ? s.experts.experts : 0, K = sparse ? s.experts.top_k : 0;
+  const int64_t KI = K * s.experts.intermediate, KH = K * H;
   const int64_t r = cfg.rank;
   const bool qk_norm = s.norm(NormRole::q) != nullptr;
   const bool attn_out = s.norm(NormRole::attn_out) != nullptr;
@@ -33,11 +38,23 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
              {"d_raw", mlp_out ? H : 0, true},
              {"inv_d", mlp_out ? 1 : 0},
              {"inv1", 1},
-             {"inv2", 1}};
+             {"inv2", 1},
+             {"router_logits", E, true},
+             {"routing_weight", K},
+             {"chosen", K},
+             {"where", K},
+             {"order", K},
+             {"xg", KH, true},
+             {"gate_g", KI, true},
+             {"up_g", KI, true},
+             {"act_g", KI, true},
+             {"yg", KH, true}};
   int64_t widest_in = 0, widest_fused = 0;
   for (size_t p = 0; p < s.projections.size(); ++p) {
     const ProjectionSpec& proj = s.projections[p];
-    const bool on = p < targets.size() && targets[p];
+    bool some = false;  // (a projection no layer has, the dense MLP's of an all-sparse model)
+    for (int64_t l = 0; l < s.layers; ++l) some = some || s.has_projection(l, proj);
+    const bool on = some && p < targets.size() && targets[p];
     b.block.push_back({"h", on ? r : 0, true});
     b.block.push_back({"xd", on && cfg.dropout > 0 ? s.in_features(proj) : 0, true});
     widest_in = std::max(widest_in, s.in_features(proj));
@@ -62,7 +79,14 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
       {"gfused", widest_fused},
       {"gh", r},
       // (read by the LoRA products in bfloat16 or with dropout only)
-      {"tmp", cfg.bf16() || cfg.dropout > 0 ? std::max({H, Q, I, widest_in, widest_fused}) : 0}};
+      {"tmp", cfg.bf16() || cfg.dropout > 0 ? std::max({H, Q, I, widest_in, widest_fused}) : 0},
+      {"gyg", KH},
+      {"gxg", KH},
+      {"gact_g", KI},
+      {"ggate_g", KI},
+      {"gup_g", KI},
+      {"gw", K},
+      {"glogits", E}};
   return b;
 }
 

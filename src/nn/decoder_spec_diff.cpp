@@ -89,7 +89,21 @@ std::string first_spec_difference(const DecoderSpec& a, const DecoderSpec& b) {
   for (size_t l = 0; l < a.layer.size() && l < b.layer.size(); ++l) {
     d.field("layer " + std::to_string(l) + " sliding window", a.layer[l].window, b.layer[l].window);
     d.field("layer " + std::to_string(l) + " rope", a.layer[l].rope, b.layer[l].rope);
+    d.field("layer " + std::to_string(l) + " sparse", a.layer[l].sparse, b.layer[l].sparse);
   }
+  const ExpertsSpec &x = a.experts, &y = b.experts;
+  d.field("num_experts", x.experts, y.experts);
+  d.field("num_experts_per_tok", x.top_k, y.top_k);
+  d.field("moe_intermediate_size", x.intermediate, y.intermediate);
+  d.field("norm_topk_prob", x.norm_topk, y.norm_topk);
+  d.code("router", x.router, y.router);
+  d.field("router module", x.router_module, y.router_module);
+  d.field("experts module", x.experts_module, y.experts_module);
+  d.field("expert gate name", x.gate_name, y.gate_name);
+  d.field("expert up name", x.up_name, y.up_name);
+  d.field("expert down name", x.down_name, y.down_name);
+  d.field("output_router_logits", x.aux_loss, y.aux_loss);
+  d.field("router_aux_loss_coef", x.aux_loss_coef, y.aux_loss_coef);
   return d.text();
 }
 

@@ -29,6 +29,7 @@
 #include "kqlora/nn/model.hpp"
 #include "kqlora/nn/rms_norm.hpp"
 #include "kqlora/nn/rotary.hpp"
+#include "kqlora/nn/sparse_mlp.hpp"
 
 namespace kqlora {
 
@@ -77,9 +78,14 @@ class CausalLm : public Model<ExecSpace> {
   struct Projection {
     const ParamEntry *w = nullptr, *a = nullptr, *b = nullptr, *bias = nullptr;
   };
+  struct Expert {
+    const ParamEntry *gate = nullptr, *up = nullptr, *down = nullptr;
+  };
   struct Block {
-    std::vector<Projection> proj;
+    std::vector<Projection> proj;         // by projection (w null: the layer has none)
     std::vector<const ParamEntry*> norm;  // by NormRole; null: none
+    const ParamEntry* router = nullptr;   // a sparse layer's
+    std::vector<Expert> experts;
   };
 
   DecoderSpec spec_;
@@ -113,6 +119,7 @@ class CausalLm : public Model<ExecSpace> {
   std::vector<int32_t> host_docs_;  // docs_ on the host
   int64_t rope_len_ = 0;            // the rows' length longrope's choice of factors takes
   bool dropout_on_ = false;
+  std::vector<std::vector<int64_t>> offsets_;  // [layer]: a sparse layer's grouping (forward)
 
   /// positions_ and docs_ from a batch's position_ids (empty: none), and rope_len_ as
   /// transformers' longrope takes it: max(position_ids) + 1, else the data file's rows.
@@ -158,6 +165,11 @@ class CausalLm : public Model<ExecSpace> {
                      const Matrix<Mem>& inv, const Matrix<Mem>& gy, const Matrix<Mem>& gx,
                      NormGradOut out = NormGradOut::write);
   AttentionShape attention_shape(int layer) const;
+  /// A sparse layer's kept values, views of block cache c (offsets left to the caller).
+  SparseMlpCache<Mem> sparse_cache(Buffers& c) const;
+  /// The sparse backward's scratch, views of the shared buffers.
+  SparseMlpScratch<Mem> sparse_scratch() const;
+  std::vector<ExpertWeights<Mem>> expert_weights(int layer) const;
 };
 
 }  // namespace kqlora

@@ -57,6 +57,18 @@ struct DecoderBuffers {
     kInvD,  // its 1/rms
     kInv1,  // attention norm's 1/rms
     kInv2,  // MLP norm's 1/rms
+    // A sparse layer's (nn/sparse_mlp.hpp; width 0 without one). k = top_k; the grouped
+    // rows are [T * k, width], held as k * width floats per token.
+    kLogits,  // router logits [T, E]
+    kWeight,  // routing weights [T, k]
+    kChosen,  // the chosen experts [T, k] (int32 in a float's place)
+    kWhere,   // each slot's grouped row [T, k] (int32)
+    kOrder,   // each grouped row's slot [T * k] (int32)
+    kXg,      // the input's grouped rows
+    kGateG,   // the experts' gate, up and act(gate) * up rows
+    kUpG,
+    kActG,
+    kYg,  // their down outputs
     kBlockBuffers
   };
 
@@ -80,6 +92,13 @@ struct DecoderBuffers {
     kGFused,   // its gathered gradient
     kGH,       // LoRA scratch: gy B
     kTmp,      // LoRA scratch: bfloat16 and dropout products
+    kGYg,      // a sparse layer's: the grouped rows' gradients (down output, input,
+    kGXg,      //   act, gate, up), the weights' and the router logits'
+    kGActG,
+    kGGateG,
+    kGUpG,
+    kGW,
+    kGLogits,
     kSharedBuffers
   };
 

@@ -65,9 +65,32 @@ struct RopeSpec {
   }
 };
 
+/// How a sparse MLP's router picks and weighs its experts (docs/MODELS.md, "Experts").
+enum class RouterKind {
+  softmax_topk,  // softmax over all experts in float32, then the top k (Qwen-MoE, Mixtral, OLMoE)
+  topk_softmax   // the top k logits, then a softmax over those k (gpt-oss)
+};
+
+/// A sparse MLP: E experts, each a gated MLP of its own intermediate size, k of them per
+/// token chosen by a router (a frozen [E, hidden] linear), their outputs summed with the
+/// routing weights. No token is dropped; ties in the top k go to the lower expert index.
+struct ExpertsSpec {
+  int64_t experts = 0;  // E; 0: the model has no sparse MLP
+  int64_t top_k = 0;
+  int64_t intermediate = 0;  // each expert's (moe_intermediate_size)
+  bool norm_topk = false;    // the k weights renormalised to sum to 1
+  RouterKind router = RouterKind::softmax_topk;
+  std::string router_module = "mlp.gate";      // its weight: <layer>.<module>.weight [E, hidden]
+  std::string experts_module = "mlp.experts";  // expert j's: <layer>.<module>.<j>.<name>.weight
+  std::string gate_name = "gate_proj", up_name = "up_proj", down_name = "down_proj";
+  double aux_loss_coef = 0;  // router_aux_loss_coef
+  bool aux_loss = false;     // output_router_logits: the load-balancing loss is added
+};
+
 struct LayerSpec {
-  int64_t window = 0;  // 0: full attention; else key k visible to query q iff q - k < window
-  int rope = 0;        // index into DecoderSpec::ropes
+  int64_t window = 0;   // 0: full attention; else key k visible to query q iff q - k < window
+  int rope = 0;         // index into DecoderSpec::ropes
+  bool sparse = false;  // its MLP is the experts (DecoderSpec::experts), not the dense one
 };
 
 struct DecoderSpec {
@@ -85,6 +108,7 @@ struct DecoderSpec {
   bool tied = false;
   std::vector<RopeSpec> ropes;
   std::vector<LayerSpec> layer;    // one per layer
+  ExpertsSpec experts;             // the sparse layers' MLP
   std::vector<std::string> notes;  // for the log (defaults taken)
 
   int64_t q_features() const { return heads * head_dim; }
@@ -96,6 +120,15 @@ struct DecoderSpec {
   const NormSpec* norm(NormRole r) const;
   /// The index of the projection writing slot s.
   int writer(Slot s) const;
+  /// Whether layer l has projection p: a sparse layer has no dense MLP projections (the
+  /// per-layer projection sets, docs/MODELS.md).
+  bool has_projection(int64_t l, const ProjectionSpec& p) const {
+    return !layer[static_cast<size_t>(l)].sparse ||
+           (p.input != ProjectionInput::mlp_norm && p.input != ProjectionInput::mlp_act);
+  }
+  /// Whether any layer has the dense MLP, or the experts.
+  bool any_dense_mlp() const;
+  bool any_sparse_mlp() const;
 };
 
 /// Parses config.json's text into a spec through the family its model_type names;

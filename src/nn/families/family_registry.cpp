@@ -20,7 +20,7 @@ const std::vector<std::pair<std::string, Builder>>& families() {
       {"llama", impl::llama_family},   {"mistral", impl::llama_family},
       {"qwen2", impl::qwen2_family},   {"qwen3", impl::qwen3_family},
       {"gemma2", impl::gemma2_family}, {"gemma3_text", impl::gemma3_family},
-      {"phi3", impl::phi3_family},
+      {"phi3", impl::phi3_family},     {"qwen3_moe", impl::qwen3_moe_family},
   };
   return table;
 }
@@ -63,6 +63,10 @@ void validate(const DecoderSpec& s) {
   for (const auto& l : s.layer)
     KQLORA_CHECK(l.rope >= 0 && l.rope < static_cast<int>(s.ropes.size()),
                  s.model_type << ": a layer's rope is out of range");
+  const ExpertsSpec& e = s.experts;
+  KQLORA_CHECK(!s.any_sparse_mlp() ||
+                   (e.experts >= 1 && e.top_k >= 1 && e.top_k <= e.experts && e.intermediate >= 1),
+               s.model_type << ": a sparse layer without a valid experts spec");
 }
 
 }  // namespace
@@ -125,6 +129,14 @@ int64_t DecoderSpec::out_features(const ProjectionSpec& p) const {
   int64_t n = 0;
   for (Slot s : p.slots) n += slot_width(s);
   return n;
+}
+
+bool DecoderSpec::any_dense_mlp() const {
+  return std::any_of(layer.begin(), layer.end(), [](const LayerSpec& l) { return !l.sparse; });
+}
+
+bool DecoderSpec::any_sparse_mlp() const {
+  return std::any_of(layer.begin(), layer.end(), [](const LayerSpec& l) { return l.sparse; });
 }
 
 const NormSpec* DecoderSpec::norm(NormRole r) const {

@@ -1,0 +1,348 @@
+#pragma once
+// A sparse MLP (docs/MODELS.md, "Experts"): a frozen router picks k of E experts per token
+// and weighs them, each expert is a gated MLP over NF4 weights, and the token's output is
+// the weighted sum of its experts' outputs -- transformers' MoE blocks (Qwen3-MoE, Mixtral,
+// OLMoE), no token dropped:
+//   logits = x R^T                       [T, E], the router's (frozen, dense) products
+//   softmax_topk: p = softmax(logits) in float32, chosen = the k largest p (ties to the
+//                 lower expert, as torch.topk), w = p[chosen] (/ their sum when norm_topk)
+//   topk_softmax: chosen = the k largest logits, w = softmax over them
+//   y_t = sum over j of w_tj * down_e(act(gate_e(x_t)) * up_e(x_t)),  e = chosen_tj
+// The (token, j) slots are grouped by expert (counts, offsets and an order of the slots,
+// expert by expert and token by token), the inputs gathered into that order, each
+// expert's three products run on its contiguous rows, and the outputs combined per token
+// in ascending expert order, as transformers' index_add_ over the experts it hits.
+//
+// The backward flows through the experts into their input and through the routing weights
+// into the router's logits and so into its input (the router itself is frozen).
+//
+// The grouping is made on the host: a device run copies the chosen experts there per
+// layer (a synchronisation of the model's stream), and loops over the experts with rows.
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <vector>
+
+#include "kqlora/core/error.hpp"
+#include "kqlora/core/fast_exp.hpp"
+#include "kqlora/core/kokkos_compat.hpp"
+#include "kqlora/nn/decoder_spec.hpp"
+#include "kqlora/nn/elementwise.hpp"
+#include "kqlora/nn/gated_mlp.hpp"
+#include "kqlora/nn/lora_projection.hpp"
+
+namespace kqlora {
+
+/// The most experts a token may have (a router's top k): the combine sorts them in place.
+constexpr int kMaxTopK = 32;
+
+template <class M>
+using IndexMatrix = Kokkos::View<int32_t**, Kokkos::LayoutRight, M>;
+
+/// One sparse layer's values the backward reads (views of its block buffers) and the
+/// grouping (offsets on the host).
+template <class M>
+struct SparseMlpCache {
+  Matrix<M> logits;                 // [T, E]
+  Matrix<M> weight;                 // [T, k] routing weights
+  IndexMatrix<M> chosen;            // [T, k] experts
+  IndexMatrix<M> where;             // [T, k] each slot's row in the grouped order
+  IndexMatrix<M> order;             // [T * k, 1] the slot (t * k + j) of each grouped row
+  Matrix<M> xg, gate, up, act, yg;  // [T * k, H | I | I | I | H], grouped rows
+  std::vector<int64_t> offsets;     // E + 1: expert e's rows are [offsets[e], offsets[e + 1])
+};
+
+/// The backward's scratch ([T * k, width] and [T, k] views of shared buffers).
+template <class M>
+struct SparseMlpScratch {
+  Matrix<M> gyg, gxg, gact, ggate, gup;  // grouped rows
+  Matrix<M> gw, glogits;                 // [T, k], [T, E]
+};
+
+/// Expert e's three NF4 weights.
+template <class M>
+struct ExpertWeights {
+  const Nf4Tensor<M>*gate = nullptr, *up = nullptr, *down = nullptr;
+};
+
+namespace impl {
+
+/// Rows [a, b) of a row-major matrix with contiguous rows.
+template <class M>
+Matrix<M> row_block(const Matrix<M>& m, int64_t a, int64_t b) {
+  return Matrix<M>(m.data() + a * static_cast<int64_t>(m.stride(0)), b - a, m.extent(1));
+}
+
+/// The k experts of each token and their weights (see the header).
+template <class ExecSpace, class M>
+void route(const ExecSpace& exec, const ExpertsSpec& spec, bool bf16, const Matrix<M>& logits,
+           const IndexMatrix<M>& chosen, const Matrix<M>& weight) {
+  const int64_t E = logits.extent(1), K = chosen.extent(1);
+  const bool norm = spec.norm_topk, softmax_first = spec.router == RouterKind::softmax_topk;
+  Kokkos::parallel_for(
+      "kqlora::sparse_mlp::route",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, logits.extent(0)),
+      KOKKOS_LAMBDA(int64_t t) {
+        float mx = logits(t, 0);
+        for (int64_t e = 1; e < E; ++e) mx = logits(t, e) > mx ? logits(t, e) : mx;
+        float sum = 0;
+        if (softmax_first)
+          for (int64_t e = 0; e < E; ++e) sum += fast_exp(logits(t, e) - mx);
+        // The k largest (probabilities and logits order alike), ties to the lower index.
+        float wsum = 0;
+        for (int64_t j = 0; j < K; ++j) {
+          int32_t best = -1;
+          for (int64_t e = 0; e < E; ++e) {
+            bool taken = false;
+            for (int64_t i = 0; i < j; ++i) taken = taken || chosen(t, i) == e;
+            if (!taken && (best < 0 || logits(t, e) > logits(t, best)))
+              best = static_cast<int32_t>(e);
+          }
+          chosen(t, j) = best;
+          const float v = softmax_first ? fast_exp(logits(t, best) - mx) / sum
+                                        : fast_exp(logits(t, best) - logits(t, chosen(t, 0)));
+          weight(t, j) = v;
+          wsum += v;
+        }
+        if (!softmax_first || norm)
+          for (int64_t j = 0; j < K; ++j) weight(t, j) /= wsum;
+        if (bf16)  // (transformers casts the weights to the activations' dtype)
+          for (int64_t j = 0; j < K; ++j) weight(t, j) = round_to_bf16(weight(t, j));
+      });
+}
+
+/// offsets, order and where from the chosen experts (on the host; see the header).
+template <class ExecSpace, class M>
+void group_by_expert(const ExecSpace& exec, int64_t E, SparseMlpCache<M>& c) {
+  const int64_t T = c.chosen.extent(0), K = c.chosen.extent(1);
+  auto chosen = Kokkos::create_mirror_view(Kokkos::HostSpace(), c.chosen);
+  Kokkos::deep_copy(exec, chosen, c.chosen);
+  fence(exec, "kqlora::sparse_mlp::chosen");  // (read on the host below)
+  c.offsets.assign(static_cast<size_t>(E + 1), 0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < K; ++j) ++c.offsets[static_cast<size_t>(chosen(t, j) + 1)];
+  for (int64_t e = 0; e < E; ++e) c.offsets[e + 1] += c.offsets[e];
+  auto order = Kokkos::create_mirror_view(Kokkos::HostSpace(), c.order);
+  auto where = Kokkos::create_mirror_view(Kokkos::HostSpace(), c.where);
+  std::vector<int64_t> next(c.offsets.begin(), c.offsets.end() - 1);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t row = next[static_cast<size_t>(chosen(t, j))]++;
+      order(row, 0) = static_cast<int32_t>(t * K + j);
+      where(t, j) = static_cast<int32_t>(row);
+    }
+  Kokkos::deep_copy(exec, c.order, order);
+  Kokkos::deep_copy(exec, c.where, where);
+  fence(exec, "kqlora::sparse_mlp::order");  // (the host mirrors are freed on return)
+}
+
+/// xg(i) = x(token of slot order(i)).
+template <class ExecSpace, class M>
+void gather_rows(const ExecSpace& exec, const Matrix<M>& x, const IndexMatrix<M>& order, int64_t K,
+                 const Matrix<M>& xg) {
+  const int64_t H = x.extent(1);
+  Kokkos::parallel_for(
+      "kqlora::sparse_mlp::gather", over(exec, xg.extent(0), H),
+      KOKKOS_LAMBDA(int64_t i, int64_t f) { xg(i, f) = x(order(i, 0) / K, f); });
+}
+
+/// The k slots of token t in ascending expert order (the order transformers adds them in).
+template <class M>
+KOKKOS_INLINE_FUNCTION void slots_by_expert(const IndexMatrix<M>& chosen, int64_t t, int64_t K,
+                                            int (&slot)[kMaxTopK]) {
+  for (int64_t j = 0; j < K; ++j) {
+    int64_t i = j;
+    for (; i > 0 && chosen(t, slot[i - 1]) > chosen(t, j); --i) slot[i] = slot[i - 1];
+    slot[i] = static_cast<int>(j);
+  }
+}
+
+/// y(t) = sum over the token's slots, by ascending expert, of w * yg(row): each product
+/// and each sum rounded in bfloat16, as transformers' products and index_add_.
+template <class ExecSpace, class M>
+void combine(const ExecSpace& exec, const SparseMlpCache<M>& c, bool bf16, const Matrix<M>& y) {
+  const int64_t K = c.chosen.extent(1), H = y.extent(1);
+  const auto chosen = c.chosen, where = c.where;
+  const auto weight = c.weight, yg = c.yg;
+  Kokkos::parallel_for(
+      "kqlora::sparse_mlp::combine", over(exec, y.extent(0), H),
+      KOKKOS_LAMBDA(int64_t t, int64_t f) {
+        int slot[kMaxTopK];
+        slots_by_expert(chosen, t, K, slot);
+        float s = 0;
+        for (int64_t i = 0; i < K; ++i) {
+          const int j = slot[i];
+          float v = weight(t, j) * yg(where(t, j), f);
+          if (bf16) v = round_to_bf16(v);
+          s += v;
+          if (bf16) s = round_to_bf16(s);
+        }
+        y(t, f) = s;
+      });
+}
+
+/// gyg(row) = w * gy(t), and gw(t, j) = gy(t) . yg(row).
+template <class ExecSpace, class M>
+void combine_backward(const ExecSpace& exec, const SparseMlpCache<M>& c, const Matrix<M>& gy,
+                      bool bf16, const SparseMlpScratch<M>& s) {
+  const int64_t K = c.chosen.extent(1), H = gy.extent(1);
+  const auto where = c.where, weight = c.weight, yg = c.yg;
+  const auto gyg = s.gyg, gw = s.gw;
+  Kokkos::parallel_for(
+      "kqlora::sparse_mlp::combine_backward", over(exec, gy.extent(0), K),
+      KOKKOS_LAMBDA(int64_t t, int64_t j) {
+        const int64_t row = where(t, j);
+        const float w = weight(t, j);
+        float dot = 0;
+        for (int64_t f = 0; f < H; ++f) {
+          const float g = gy(t, f);
+          dot += g * yg(row, f);
+          const float v = w * g;
+          gyg(row, f) = bf16 ? round_to_bf16(v) : v;
+        }
+        gw(t, j) = bf16 ? round_to_bf16(dot) : dot;
+      });
+}
+
+/// gx(t) = the sum of its slots' gxg rows.
+template <class ExecSpace, class M>
+void scatter_rows(const ExecSpace& exec, const SparseMlpCache<M>& c, const Matrix<M>& gxg,
+                  bool bf16, const Matrix<M>& gx) {
+  const int64_t K = c.chosen.extent(1);
+  const auto chosen = c.chosen, where = c.where;
+  Kokkos::parallel_for(
+      "kqlora::sparse_mlp::scatter", over(exec, gx.extent(0), gx.extent(1)),
+      KOKKOS_LAMBDA(int64_t t, int64_t f) {
+        int slot[kMaxTopK];
+        slots_by_expert(chosen, t, K, slot);
+        float s = 0;
+        for (int64_t i = 0; i < K; ++i) {
+          s += gxg(where(t, slot[i]), f);
+          if (bf16) s = round_to_bf16(s);
+        }
+        gx(t, f) = s;
+      });
+}
+
+/// The logits' gradient from the weights' (the router's softmax and top k, backward).
+template <class ExecSpace, class M>
+void route_backward(const ExecSpace& exec, const ExpertsSpec& spec, const SparseMlpCache<M>& c,
+                    const SparseMlpScratch<M>& s) {
+  const int64_t E = c.logits.extent(1), K = c.chosen.extent(1);
+  const bool norm = spec.norm_topk, softmax_first = spec.router == RouterKind::softmax_topk;
+  const auto logits = c.logits, weight = c.weight;
+  const auto chosen = c.chosen;
+  const auto gw = s.gw, gl = s.glogits;
+  Kokkos::parallel_for(
+      "kqlora::sparse_mlp::route_backward",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, logits.extent(0)),
+      KOKKOS_LAMBDA(int64_t t) {
+        for (int64_t e = 0; e < E; ++e) gl(t, e) = 0;
+        // The chosen values' gradients: w_j = q_j / sum_i q_i (renormalised, or the softmax
+        // over the k) gives dq_j = (gw_j - sum_i gw_i w_i) / sum_i q_i; plain w_j = q_j: gw_j.
+        float mx = logits(t, 0);
+        for (int64_t e = 1; e < E; ++e) mx = logits(t, e) > mx ? logits(t, e) : mx;
+        float sum = 0;
+        for (int64_t e = 0; e < E; ++e) sum += fast_exp(logits(t, e) - mx);
+        if (!softmax_first) {  // w = softmax over the k logits: dlogit_j = w_j (gw_j - <gw, w>)
+          float dot = 0;
+          for (int64_t j = 0; j < K; ++j) dot += gw(t, j) * weight(t, j);
+          for (int64_t j = 0; j < K; ++j) gl(t, chosen(t, j)) = weight(t, j) * (gw(t, j) - dot);
+          return;
+        }
+        float qsum = 0, dot = 0;
+        for (int64_t j = 0; j < K; ++j) {
+          const float q = fast_exp(logits(t, chosen(t, j)) - mx) / sum;
+          qsum += q;
+          dot += gw(t, j) * q;
+        }
+        // dp over all experts (zero but at the chosen), then the softmax's backward:
+        // dlogit_e = p_e (dp_e - <dp, p>).
+        float pdp = 0;
+        for (int64_t j = 0; j < K; ++j) {
+          const float q = fast_exp(logits(t, chosen(t, j)) - mx) / sum;
+          const float dq = norm ? (gw(t, j) - dot / qsum) / qsum : gw(t, j);
+          gl(t, chosen(t, j)) = dq;
+          pdp += q * dq;
+        }
+        for (int64_t e = 0; e < E; ++e) {
+          const float p = fast_exp(logits(t, e) - mx) / sum;
+          gl(t, e) = p * (gl(t, e) - pdp);
+        }
+      });
+}
+
+}  // namespace impl
+
+/// The sparse MLP's forward from x [T, H] into y [T, H]; `c` keeps what the backward reads.
+/// `router` [E, H] (dense), `experts[e]` expert e's weights.
+template <class ExecSpace, class M>
+void sparse_mlp_forward(const ExecSpace& exec, const ExpertsSpec& spec, Activation act,
+                        const Matrix<M>& router, const std::vector<ExpertWeights<M>>& experts,
+                        const Matrix<M>& x, bool bf16, SparseMlpCache<M>& c, LoraScratch<M>& lora,
+                        LinearNf4Workspace<M>& ws, const Matrix<M>& y) {
+  const int64_t E = spec.experts, K = spec.top_k;
+  KQLORA_CHECK(K <= kMaxTopK && static_cast<int64_t>(experts.size()) == E,
+               "sparse_mlp_forward: top_k " << K << " or experts");
+  gemm(exec, "N", "T", 1.0f, x, router, 0.0f, c.logits);
+  if (bf16) round_bf16(exec, c.logits);
+  impl::route(exec, spec, bf16, c.logits, c.chosen, c.weight);
+  impl::group_by_expert(exec, E, c);
+  impl::gather_rows(exec, x, c.order, K, c.xg);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t a = c.offsets[e], b = c.offsets[e + 1];
+    if (a == b) continue;
+    const Matrix<M> xe = impl::row_block(c.xg, a, b);
+    lora_projection_forward<ExecSpace, M>(exec, *experts[e].gate, nullptr, xe, xe, bf16,
+                                          Matrix<M>(), lora, ws, impl::row_block(c.gate, a, b));
+    lora_projection_forward<ExecSpace, M>(exec, *experts[e].up, nullptr, xe, xe, bf16, Matrix<M>(),
+                                          lora, ws, impl::row_block(c.up, a, b));
+  }
+  gated_mlp_forward(exec, act, c.gate, c.up, bf16, c.act);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t a = c.offsets[e], b = c.offsets[e + 1];
+    if (a == b) continue;
+    const Matrix<M> ae = impl::row_block(c.act, a, b);
+    lora_projection_forward<ExecSpace, M>(exec, *experts[e].down, nullptr, ae, ae, bf16,
+                                          Matrix<M>(), lora, ws, impl::row_block(c.yg, a, b));
+  }
+  impl::combine(exec, c, bf16, y);
+}
+
+/// The backward: gx = the input's gradient from gy (the output's), through the experts
+/// and the routing weights.
+template <class ExecSpace, class M>
+void sparse_mlp_backward(const ExecSpace& exec, const ExpertsSpec& spec, Activation act,
+                         const Matrix<M>& router, const std::vector<ExpertWeights<M>>& experts,
+                         const SparseMlpCache<M>& c, const Matrix<M>& gy, bool bf16,
+                         const SparseMlpScratch<M>& s, LoraScratch<M>& lora,
+                         LinearNf4Workspace<M>& ws, const Matrix<M>& gx) {
+  const int64_t E = spec.experts;
+  impl::combine_backward(exec, c, gy, bf16, s);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t a = c.offsets[e], b = c.offsets[e + 1];
+    if (a == b) continue;
+    lora_projection_backward<ExecSpace, M>(
+        exec, *experts[e].down, nullptr, impl::row_block(s.gyg, a, b), Matrix<M>(), Matrix<M>(),
+        false, nullptr, bf16, lora, ws, 0.0f, impl::row_block(s.gact, a, b));
+  }
+  gated_mlp_backward(exec, act, c.gate, c.up, s.gact, bf16, s.ggate, s.gup);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t a = c.offsets[e], b = c.offsets[e + 1];
+    if (a == b) continue;
+    const Matrix<M> gxe = impl::row_block(s.gxg, a, b);
+    lora_projection_backward<ExecSpace, M>(exec, *experts[e].gate, nullptr,
+                                           impl::row_block(s.ggate, a, b), Matrix<M>(), Matrix<M>(),
+                                           false, nullptr, bf16, lora, ws, 0.0f, gxe);
+    lora_projection_backward<ExecSpace, M>(exec, *experts[e].up, nullptr,
+                                           impl::row_block(s.gup, a, b), Matrix<M>(), Matrix<M>(),
+                                           false, nullptr, bf16, lora, ws, 1.0f, gxe);
+  }
+  impl::scatter_rows(exec, c, s.gxg, bf16, gx);
+  impl::route_backward(exec, spec, c, s);
+  gemm(exec, "N", "N", 1.0f, s.glogits, router, 1.0f, gx);  // gx += dlogits R
+  if (bf16) round_bf16(exec, gx);
+}
+
+}  // namespace kqlora

@@ -1,0 +1,77 @@
+// Qwen3-MoE (Qwen3MoeForCausalLM: Qwen3-30B-A3B, Qwen3-235B-A22B): Qwen3's attention (per-
+// head q/k norms, attention_bias on q, k, v and o) and a sparse MLP on every layer l with
+// (l + 1) % decoder_sparse_step == 0 not in mlp_only_layers: num_experts experts of
+// moe_intermediate_size, num_experts_per_tok of them per token by a softmax over all the
+// router's logits then the top k, renormalised when norm_topk_prob (docs/MODELS.md,
+// "Experts"). The other layers have Qwen3's dense MLP of intermediate_size. A sliding
+// window, when use_sliding_window, on every layer (Qwen3MoeConfig has no layer_types).
+#include <cmath>
+
+#include "families.hpp"
+#include "family_common.hpp"
+
+namespace kqlora::impl {
+
+DecoderSpec qwen3_moe_family(HfConfigReader& r, const std::string& model_type) {
+  // Qwen3MoeConfig's defaults (transformers 5).
+  const FamilyDefaults d{151936, 2048, 6144, 24, 32, 4, 128, 32768, 1e-6, 10000.0, false};
+  DecoderSpec s;
+  s.model_type = model_type;
+  accept_common_fields(r);
+  read_dims(r, d, s);
+  refuse_dropout(r, "attention_dropout");
+  s.mlp_activation = read_activation(r, "hidden_act", "silu", false);
+  const bool bias = r.boolean("attention_bias", false);
+  s.projections = llama_projections(bias, bias, false);
+  s.norms = pre_norms(NormKind::scale);
+  s.norms.push_back({"self_attn.q_norm", NormRole::q, NormKind::scale});
+  s.norms.push_back({"self_attn.k_norm", NormRole::k, NormKind::scale});
+  s.attn_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  const double theta = r.number("rope_theta", d.rope_theta, false);
+  s.ropes.push_back(read_config_rope(r, theta, s.head_dim, std::nullopt, s.max_positions, 0,
+                                     {"linear", "llama3"}));
+  const bool use_window = r.boolean("use_sliding_window", false);
+  const int64_t window = r.integer("sliding_window", 4096, false);
+  for (auto& l : s.layer) l.window = use_window ? window : 0;
+  r.accept({"max_window_layers"});  // (written by older files; Qwen3MoeAttention ignores it)
+
+  ExpertsSpec& e = s.experts;
+  // (0 experts would make a dense Qwen3 in transformers: a model_type of its own here)
+  // The hub's files say num_experts; transformers 5 writes num_local_experts (its alias).
+  const char* experts_key = r.has("num_local_experts") ? "num_local_experts" : "num_experts";
+  e.experts = r.integer(experts_key, 128, false, 1);
+  if (r.has("num_local_experts") && r.has("num_experts") &&
+      r.integer("num_experts", 0, true, 1) != e.experts)
+    r.fail("num_experts", "differs from num_local_experts " + std::to_string(e.experts) +
+                              " (one is the other's alias)");
+  e.top_k = r.integer("num_experts_per_tok", 8, false, 1);
+  e.intermediate = r.integer("moe_intermediate_size", 768, false);
+  e.norm_topk = r.boolean("norm_topk_prob", false);
+  e.router = RouterKind::softmax_topk;
+  e.aux_loss = r.boolean("output_router_logits", false);
+  if (e.aux_loss)  // (issue 50: next; a loss left out silently would train other numbers)
+    r.fail("output_router_logits",
+           "is true: the load-balancing loss is not implemented yet; set it to false");
+  e.aux_loss_coef = r.number("router_aux_loss_coef", 0.001, false);
+  if (!(e.aux_loss_coef >= 0) || !std::isfinite(e.aux_loss_coef))
+    r.fail("router_aux_loss_coef", "must be >= 0");
+  const int64_t step = r.integer("decoder_sparse_step", 1, false);
+  std::vector<bool> dense_only(static_cast<size_t>(s.layers), false);
+  for (double l : r.numbers("mlp_only_layers")) {
+    if (!(l >= 0 && l < static_cast<double>(s.layers) && l == std::floor(l)))
+      r.fail("mlp_only_layers", "holds " + std::to_string(l) + ", not a layer index below " +
+                                    std::to_string(s.layers));
+    dense_only[static_cast<size_t>(l)] = true;
+  }
+  // transformers: a layer is sparse when num_experts > 0 and (l + 1) % step == 0, unless
+  // mlp_only_layers names it.
+  for (int64_t l = 0; l < s.layers; ++l)
+    s.layer[static_cast<size_t>(l)].sparse =
+        (l + 1) % step == 0 && !dense_only[static_cast<size_t>(l)];
+  if (e.top_k > e.experts)
+    r.fail("num_experts_per_tok", "is " + std::to_string(e.top_k) + ", more than num_experts " +
+                                      std::to_string(e.experts));
+  return s;
+}
+
+}  // namespace kqlora::impl
