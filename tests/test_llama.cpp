@@ -668,6 +668,82 @@ TEST(LlamaImport, LlamaIsAnAliasOfCausalLm) {
   EXPECT_EQ(kqlora::model_config(c).kind, "causal_lm");
 }
 
+// Qwen3-MoE's bad input (issue 50): the routing's sizes, the aux loss not implemented yet,
+// and expert tensors missing, extra, in another layout or mis-shaped, each refused naming
+// the file, the field or tensor and the value.
+TEST(MoeImport, BadRoutingAndExpertTensorsAreRefusedNamingThem) {
+  const Case c = family_cases()[7];
+  ASSERT_EQ(c.name, "qwen3_moe");
+  const std::string ok = read_text(c.dir + "/config.json");
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"num_experts_per_tok", "9"},  // above the 8 experts
+      {"num_experts_per_tok", "0"},  // none
+      {"num_local_experts", "0"},    // no expert
+      {"mlp_only_layers", "[3]"},    // not a layer
+      {"output_router_logits", "true"}};
+  for (const auto& [field, value] : bad)
+    expect_config_error(with_field(ok, field, value),
+                        {"dir/config.json", "'" + field + "'", value});
+  expect_config_error(with_field(ok, "num_experts", "4"), {"'num_experts'", "num_local_experts 8"});
+
+  // The tensors: one expert's gate dropped, an expert 8 of 8 added, v5's fused layout
+  // beside the hub's, an expert's down of the wrong shape.
+  const auto src = kqlora::safetensors::read_header(c.dir + "/model.safetensors");
+  auto rewrite = [&](const std::string& name, auto&& edit) {
+    const std::string dir = tmp_dir("moe_bad_" + name);
+    std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+    std::ofstream(dir + "/config.json") << ok;
+    std::vector<std::vector<uint8_t>> bytes;
+    std::vector<kqlora::safetensors::TensorToWrite> ts;
+    for (const auto& t : src.tensors) {
+      bytes.push_back(kqlora::safetensors::read_bytes(src, t));
+      ts.push_back({t.name, t.dtype, t.shape, bytes.back().data(), bytes.back().size()});
+    }
+    edit(ts);
+    kqlora::safetensors::write(dir + "/model.safetensors", ts);
+    return dir;
+  };
+  const std::string gate0 = "model.layers.0.mlp.experts.3.gate_proj.weight";
+  auto expect_refused = [&](const std::string& dir, const std::string& words) {
+    try {
+      load_dir(dir);
+      ADD_FAILURE() << dir << ": accepted";
+    } catch (const kqlora::InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  expect_refused(rewrite("missing",
+                         [&](auto& ts) {
+                           ts.erase(std::find_if(ts.begin(), ts.end(),
+                                                 [&](const auto& t) { return t.name == gate0; }));
+                         }),
+                 gate0);
+  expect_refused(rewrite("extra",
+                         [&](auto& ts) {
+                           auto t = *std::find_if(ts.begin(), ts.end(),
+                                                  [&](const auto& x) { return x.name == gate0; });
+                           t.name = "model.layers.2.mlp.experts.8.gate_proj.weight";
+                           ts.push_back(t);
+                         }),
+                 "'model.layers.2.mlp.experts.8.gate_proj.weight' is not one the config.json");
+  expect_refused(rewrite("fused",
+                         [&](auto& ts) {
+                           auto t = *std::find_if(ts.begin(), ts.end(),
+                                                  [&](const auto& x) { return x.name == gate0; });
+                           t.name = "model.layers.0.mlp.experts.gate_up_proj";
+                           ts.push_back(t);
+                         }),
+                 "'model.layers.0.mlp.experts.gate_up_proj' is not one the config.json");
+  expect_refused(rewrite("shape",
+                         [&](auto& ts) {
+                           for (auto& t : ts)
+                             if (t.name == "model.layers.2.mlp.experts.5.down_proj.weight")
+                               t.shape = {t.shape[1], t.shape[0]};
+                         }),
+                 "model.layers.2.mlp.experts.5.down_proj.weight' has shape [32, 64], expected "
+                 "[64, 32]");
+}
+
 // The model FLOPs count each query's visible keys: min(position + 1, window) on sliding
 // layers (mistral_window: every layer, window 37), position + 1 on full ones.
 TEST(LlamaImport, TrainFlopsCountTheWindowsScores) {

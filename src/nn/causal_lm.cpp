@@ -188,6 +188,7 @@ ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
       if (s.has_projection(l, proj))
         add_nf4(g + "." + proj.module + ".weight", {s.out_features(proj), s.in_features(proj)});
     const bool sparse = s.layer[static_cast<size_t>(l)].sparse;
+    if (sparse) t.owned_prefixes.push_back(g + "." + s.experts.experts_module + ".");
     if (sparse)  // every expert's gate, up and down in NF4, one tensor each
       for (int64_t j = 0; j < s.experts.experts; ++j)
         for (int w = 0; w < 3; ++w)

@@ -12,8 +12,8 @@
 #include <sys/stat.h>
 
 #include "kqlora/build_config.hpp"
-#include "kqlora/core/non_finite.hpp"
 #include "kqlora/core/json.hpp"
+#include "kqlora/core/non_finite.hpp"
 #include "kqlora/core/random.hpp"
 #include "kqlora/io/peft_adapter.hpp"
 #include "kqlora/io/tensor_source.hpp"
@@ -155,7 +155,7 @@ struct InitFile {
     else
       out = std::move(t.f32);
     refuse_non_finite(out.data(), static_cast<int64_t>(out.size()), 0, shape,
-                                   path + ": tensor '" + stored_name(name) + "'");
+                      path + ": tensor '" + stored_name(name) + "'");
     return out;
   }
 
@@ -335,6 +335,14 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
   if (!base.path.empty()) {
     log << "init: " << from_base << " tensors from " << base.path << "\n";
     const auto unused = unused_of(base);
+    for (const auto& n : unused)  // (a tensor of the table may come from the init_file)
+      for (const auto& prefix :
+           model.table().find(n) ? std::vector<std::string>() : model.table().owned_prefixes)
+        KQLORA_INPUT_CHECK(n.rfind(prefix, 0) != 0,
+                           base.path << ": tensor '" << n
+                                     << "' is not one the config.json describes (an expert "
+                                        "beyond num_experts, or another layout of them: the "
+                                        "hub's per-expert tensors are read; docs/MODELS.md)");
     // A tied model whose file still holds lm_head.weight: transformers ignores it too.
     if (!unused.empty())
       log << "init: note: " << unused.size() << " tensors of " << base.path << " are not read ("

@@ -68,6 +68,10 @@ struct ParamTable {
   std::vector<ParamEntry> entries;
   std::vector<std::string> groups;
   std::vector<LoraAdapter> adapters;
+  /// Name prefixes every base-file tensor under which must be one of the table's (a sparse
+  /// layer's experts: an expert the config does not have is a damaged or mismatched model,
+  /// not a tensor to skip with a note).
+  std::vector<std::string> owned_prefixes;
   int64_t num_trainable = 0;  // floats in the flat buffers
 
   /// Appends an entry (a new group when `group` names none yet); trainable entries are

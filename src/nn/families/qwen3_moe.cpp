@@ -6,6 +6,7 @@
 // "Experts"). The other layers have Qwen3's dense MLP of intermediate_size. A sliding
 // window, when use_sliding_window, on every layer (Qwen3MoeConfig has no layer_types).
 #include <cmath>
+#include <sstream>
 
 #include "families.hpp"
 #include "family_common.hpp"
@@ -57,10 +58,14 @@ DecoderSpec qwen3_moe_family(HfConfigReader& r, const std::string& model_type) {
     r.fail("router_aux_loss_coef", "must be >= 0");
   const int64_t step = r.integer("decoder_sparse_step", 1, false);
   std::vector<bool> dense_only(static_cast<size_t>(s.layers), false);
-  for (double l : r.numbers("mlp_only_layers")) {
+  const std::vector<double> dense_layers = r.numbers("mlp_only_layers");
+  std::ostringstream listed;  // (for messages: the list as written, compactly)
+  for (size_t i = 0; i < dense_layers.size(); ++i) listed << (i ? ", " : "[") << dense_layers[i];
+  listed << "]";
+  for (double l : dense_layers) {
     if (!(l >= 0 && l < static_cast<double>(s.layers) && l == std::floor(l)))
-      r.fail("mlp_only_layers", "holds " + std::to_string(l) + ", not a layer index below " +
-                                    std::to_string(s.layers));
+      r.fail("mlp_only_layers",
+             "is " + listed.str() + ": not layer indices below " + std::to_string(s.layers));
     dense_only[static_cast<size_t>(l)] = true;
   }
   // transformers: a layer is sparse when num_experts > 0 and (l + 1) % step == 0, unless
