@@ -1,6 +1,7 @@
 #include "kqlora/nn/causal_lm.hpp"
 
 #include <algorithm>
+#include <array>
 #include <sstream>
 
 #include "kqlora/core/error.hpp"
@@ -19,37 +20,6 @@ DecoderSpec decoder_spec_of(const ModelConfig& cfg) {
       !cfg.arch_text.empty(),
       "model = " << cfg.kind << " needs hf_model_dir (a directory with config.json)");
   return parse_decoder_config(cfg.arch_text, cfg.arch_source);
-}
-
-std::vector<bool> parse_lora_targets(const std::string& text, const DecoderSpec& s,
-                                     const std::string& where) {
-  std::vector<bool> on(s.projections.size(), false);
-  if (text == "all-linear") {
-    on.assign(on.size(), true);
-    return on;
-  }
-  std::string valid;
-  for (const auto& p : s.projections) valid += (valid.empty() ? "" : ",") + p.name;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    const auto a = item.find_first_not_of(" \t"), b = item.find_last_not_of(" \t");
-    item = a == std::string::npos ? "" : item.substr(a, b - a + 1);
-    const auto it = std::find_if(s.projections.begin(), s.projections.end(),
-                                 [&](const ProjectionSpec& p) { return p.name == item; });
-    KQLORA_INPUT_CHECK(it != s.projections.end(),
-                       where << ": '" << item << "' is not a projection of " << s.model_type
-                             << "; expected all-linear or a comma list of " << valid);
-    const size_t p = static_cast<size_t>(it - s.projections.begin());
-    KQLORA_INPUT_CHECK(!on[p], where << ": '" << item << "' is listed twice");
-    bool some = false;
-    for (int64_t l = 0; l < s.layers; ++l) some = some || s.has_projection(l, *it);
-    KQLORA_INPUT_CHECK(some, where << ": '" << item << "': no layer of this " << s.model_type
-                                   << " has it (its MLPs are experts: docs/MODELS.md, "
-                                      "\"Experts\")");
-    on[p] = true;
-  }
-  return on;
 }
 
 double decoder_train_flops(const DecoderSpec& s, int64_t rank, const std::vector<bool>& targets,
@@ -127,12 +97,54 @@ Kokkos::View<float*, M> flat(const Matrix<M>& m) {
   return Kokkos::View<float*, M>(m.data(), m.extent(0) * m.extent(1));
 }
 
+/// A sparse layer's expert adapters, as PEFT's target_parameters puts them on transformers'
+/// fused expert parameters, in an expert-major layout of its own: gate_up's A [E * r,
+/// hidden] (PEFT's lora_A: expert e's rows e*r .. e*r+r-1), its B [E * 2I, r] (expert e's
+/// gate rows, then its up rows; PEFT's lora_B is [2I, r * E] with expert e in columns
+/// k * E + e), and down's A [E * r, I] and B [E * hidden, r] likewise.
+void add_expert_adapters(const DecoderSpec& s, const ModelConfig& cfg, std::array<bool, 2> on,
+                         int l, ParamTable& t) {
+  if (!on[0] && !on[1]) return;
+  using Dist = InitRule::Dist;
+  const ExpertsSpec& x = s.experts;
+  const std::string g = layer_prefix(l), m = g + "." + x.experts_module;
+  KQLORA_INPUT_CHECK(cfg.dropout == 0, "lora_dropout " << cfg.dropout
+                                                       << " with the experts as LoRA targets: "
+                                                          "PEFT refuses it on fused expert "
+                                                          "parameters too (set it to 0)");
+  KQLORA_INPUT_CHECK(cfg.rank >= 1 && cfg.rank <= std::min(x.intermediate, s.hidden),
+                     "lora_rank " << cfg.rank << " must be between 1 and "
+                                  << std::min(x.intermediate, s.hidden) << " (the experts' sides)");
+  const int64_t E = x.experts, r = cfg.rank;
+  for (int w = 0; w < 2; ++w) {
+    if (!on[w]) continue;
+    const std::string name = m + "." + (w == 0 ? "gate_up_proj" : "down_proj");
+    const int64_t in = w == 0 ? s.hidden : x.intermediate,
+                  out = w == 0 ? 2 * x.intermediate : s.hidden;
+    // (streams apart from the projections' l * P + p)
+    const uint64_t stream = (uint64_t(1) << 31) + 2 * static_cast<uint64_t>(l) + w;
+    ParamEntry e;
+    e.name = name + ".lora_a.weight";
+    e.shape = {E * r, in};
+    e.init = {Dist::uniform, in, static_cast<uint64_t>(RandomStream::lora_a) + stream};
+    t.add(e, g);
+    e.name = name + ".lora_b.weight";
+    e.shape = {E * out, r};
+    e.init = {cfg.lora_b_zeros ? Dist::zeros : Dist::uniform, r,
+              static_cast<uint64_t>(RandomStream::lora_b) + stream};
+    t.add(e, g);
+  }
+  t.export_refusal = "adapters on the experts (lora_targets " + cfg.lora_targets +
+                     ") are not written by kqlora-export yet (issue 50): export a run without them";
+}
+
 }  // namespace
 
 template <class ExecSpace>
 ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
   const DecoderSpec s = decoder_spec_of(cfg);
   const auto targets = parse_lora_targets(cfg.lora_targets, s, "lora_targets");
+  const auto expert_targets = expert_lora_targets(cfg.lora_targets, s);
   const uint64_t P = s.projections.size();
   using Dist = InitRule::Dist;
   ParamTable t;
@@ -173,6 +185,7 @@ ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
       t.adapters.push_back({m, m + ".weight", m + ".lora_a.weight", m + ".lora_b.weight", cfg.alpha,
                             cfg.rank, cfg.dropout});
     }
+    if (s.layer[static_cast<size_t>(l)].sparse) add_expert_adapters(s, cfg, expert_targets, l, t);
     auto add_nf4 = [&](const std::string& name, std::vector<int64_t> shape) {
       ParamEntry e;
       e.name = name;
@@ -239,6 +252,11 @@ CausalLm<ExecSpace>::CausalLm(const ExecSpace& exec, const ModelConfig& cfg, boo
       b.proj.push_back(x);
     }
     if (spec_.layer[static_cast<size_t>(l)].sparse) {
+      const std::string m = g + "." + spec_.experts.experts_module;
+      b.gate_up_lora = {t.find(m + ".gate_up_proj.lora_a.weight"),
+                        t.find(m + ".gate_up_proj.lora_b.weight")};
+      b.down_lora = {t.find(m + ".down_proj.lora_a.weight"),
+                     t.find(m + ".down_proj.lora_b.weight")};
       b.router = &t.at(g + "." + spec_.experts.router_module + ".weight");
       for (int64_t j = 0; j < spec_.experts.experts; ++j)
         b.experts.push_back({&t.at(expert_weight_name(spec_, g, j, 0)),
@@ -609,6 +627,9 @@ auto CausalLm<ExecSpace>::sparse_cache(Buffers& c) const -> SparseMlpCache<Mem> 
   sc.up = Matrix<Mem>(c[B::kUpG].data(), T * K, I);
   sc.act = Matrix<Mem>(c[B::kActG].data(), T * K, I);
   sc.yg = Matrix<Mem>(c[B::kYg].data(), T * K, H);
+  const int64_t r = this->cfg_.rank;
+  if (c[B::kHGateUp].data()) sc.h_gate_up = Matrix<Mem>(c[B::kHGateUp].data(), T * K, r);
+  if (c[B::kHDown].data()) sc.h_down = Matrix<Mem>(c[B::kHDown].data(), T * K, r);
   return sc;
 }
 
@@ -629,9 +650,42 @@ auto CausalLm<ExecSpace>::sparse_scratch() const -> SparseMlpScratch<Mem> {
 
 template <class ExecSpace>
 auto CausalLm<ExecSpace>::expert_weights(int l) const -> std::vector<ExpertWeights<Mem>> {
+  const Block& B = blocks_[l];
+  const int64_t r = this->cfg_.rank, H = spec_.hidden, I = spec_.experts.intermediate;
+  // Expert j's rows of an expert-major [E * rows, cols] entry of a flat buffer.
+  const auto rows_of = [&](const Vec& v, const ParamEntry* e, int64_t j, int64_t first,
+                           int64_t rows) {
+    const int64_t cols = e->shape[1];
+    return Matrix<Mem>(
+        v.data() + e->offset + (j * (e->shape[0] / spec_.experts.experts) + first) * cols, rows,
+        cols);
+  };
+  const auto adapter = [&](const std::pair<const ParamEntry*, const ParamEntry*>& ab, int64_t j,
+                           int64_t first, int64_t rows) {
+    LoraAdapterViews<Mem> v;
+    v.a = rows_of(this->compute_, ab.first, j, 0, r);
+    v.ga = rows_of(this->grads, ab.first, j, 0, r);
+    v.b = rows_of(this->compute_, ab.second, j, first, rows);
+    v.gb = rows_of(this->grads, ab.second, j, first, rows);
+    v.scale = this->cfg_.scale();
+    return v;
+  };
   std::vector<ExpertWeights<Mem>> w;
-  for (const auto& e : blocks_[l].experts)
-    w.push_back({&this->nf4[e.gate->offset], &this->nf4[e.up->offset], &this->nf4[e.down->offset]});
+  for (size_t j = 0; j < B.experts.size(); ++j) {
+    const Expert& e = B.experts[j];
+    ExpertWeights<Mem> x;
+    x.gate = &this->nf4[e.gate->offset];
+    x.up = &this->nf4[e.up->offset];
+    x.down = &this->nf4[e.down->offset];
+    x.gate_up_lora = B.gate_up_lora.first != nullptr;
+    x.down_lora = B.down_lora.first != nullptr;
+    if (x.gate_up_lora) {
+      x.gate_ad = adapter(B.gate_up_lora, static_cast<int64_t>(j), 0, I);
+      x.up_ad = adapter(B.gate_up_lora, static_cast<int64_t>(j), I, I);
+    }
+    if (x.down_lora) x.down_ad = adapter(B.down_lora, static_cast<int64_t>(j), 0, H);
+    w.push_back(x);
+  }
   return w;
 }
 
@@ -780,6 +834,16 @@ void CausalLm<ExecSpace>::backward(bool accumulate) {
       g_down = s[B::kGTmp];
     }
     if (spec_.layer[l].sparse) {
+      // (the experts' adapters add up their gradients: each expert's A from gate and up, and
+      // an expert no token chose keeps a zero gradient)
+      if (!accumulate)
+        for (const ParamEntry* e :
+             {B.gate_up_lora.first, B.gate_up_lora.second, B.down_lora.first, B.down_lora.second})
+          if (e)
+            Kokkos::deep_copy(
+                exec,
+                Kokkos::subview(this->grads, std::make_pair(e->offset, e->offset + e->numel())),
+                0.0f);
       SparseMlpCache<Mem> sc = sparse_cache(c);
       sc.offsets = offsets_[l];
       sparse_mlp_backward(exec, spec_.experts, spec_.mlp_activation, dense_matrix(B.router),

@@ -1,11 +1,15 @@
 #include "kqlora/nn/decoder_buffers.hpp"
 
 #include <algorithm>
+#include <array>
+
+#include "kqlora/nn/lora_targets.hpp"
 
 namespace kqlora {
 
 DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
                                const std::vector<bool>& targets) {
+  const std::array<bool, 2> expert_targets = expert_lora_targets(cfg.lora_targets, s);
   // (the dense MLP's buffers only where a layer has one; the experts' where a layer has them)
   const int64_t H = s.hidden, Q = s.q_features(), KV = s.kv_features();
   const int64_t I = s.any_dense_mlp() ? s.intermediate : 0;
@@ -48,7 +52,9 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
              {"gate_g", KI, true},
              {"up_g", KI, true},
              {"act_g", KI, true},
-             {"yg", KH, true}};
+             {"yg", KH, true},
+             {"h_gate_up", expert_targets[0] ? K * r : 0, true},
+             {"h_down", expert_targets[1] ? K * r : 0, true}};
   int64_t widest_in = 0, widest_fused = 0;
   for (size_t p = 0; p < s.projections.size(); ++p) {
     const ProjectionSpec& proj = s.projections[p];
@@ -60,33 +66,34 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
     widest_in = std::max(widest_in, s.in_features(proj));
     if (proj.slots.size() > 1) widest_fused = std::max(widest_fused, s.out_features(proj));
   }
-  b.shared = {
-      {"x_out", H},
-      {"nf", H},
-      {"invf", 1},
-      {"g", H},
-      {"gtmp", H},
-      {"gn", H},
-      {"gatt", Q},
-      {"gq", Q},
-      {"gk", KV},
-      {"gv", KV},
-      {"gact", I},
-      {"ggate", I},
-      {"gup", I},
-      {"proj_out", H},
-      {"fused", widest_fused},
-      {"gfused", widest_fused},
-      {"gh", r},
-      // (read by the LoRA products in bfloat16 or with dropout only)
-      {"tmp", cfg.bf16() || cfg.dropout > 0 ? std::max({H, Q, I, widest_in, widest_fused}) : 0},
-      {"gyg", KH},
-      {"gxg", KH},
-      {"gact_g", KI},
-      {"ggate_g", KI},
-      {"gup_g", KI},
-      {"gw", K},
-      {"glogits", E}};
+  b.shared = {{"x_out", H},
+              {"nf", H},
+              {"invf", 1},
+              {"g", H},
+              {"gtmp", H},
+              {"gn", H},
+              {"gatt", Q},
+              {"gq", Q},
+              {"gk", KV},
+              {"gv", KV},
+              {"gact", I},
+              {"ggate", I},
+              {"gup", I},
+              {"proj_out", H},
+              {"fused", widest_fused},
+              {"gfused", widest_fused},
+              {"gh", r},
+              // (read by the LoRA products in bfloat16 or with dropout only)
+              {"tmp", cfg.bf16() || cfg.dropout > 0
+                          ? std::max({H, Q, I, widest_in, widest_fused, s.experts.intermediate})
+                          : 0},
+              {"gyg", KH},
+              {"gxg", KH},
+              {"gact_g", KI},
+              {"ggate_g", KI},
+              {"gup_g", KI},
+              {"gw", K},
+              {"glogits", E}};
   return b;
 }
 

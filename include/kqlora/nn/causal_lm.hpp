@@ -18,6 +18,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "kqlora/nn/attention.hpp"
@@ -26,6 +27,7 @@
 #include "kqlora/nn/decoder_spec.hpp"
 #include "kqlora/nn/lm_head_cross_entropy.hpp"
 #include "kqlora/nn/lora_projection.hpp"
+#include "kqlora/nn/lora_targets.hpp"
 #include "kqlora/nn/model.hpp"
 #include "kqlora/nn/rms_norm.hpp"
 #include "kqlora/nn/rotary.hpp"
@@ -35,11 +37,6 @@ namespace kqlora {
 
 /// The spec of a causal_lm configuration (its arch_text is config.json's text).
 DecoderSpec decoder_spec_of(const ModelConfig& cfg);
-
-/// Which projections of `s` get adapters: "all-linear" or a comma list of the family's
-/// projection names. InputError naming `where` and listing the valid names otherwise.
-std::vector<bool> parse_lora_targets(const std::string& text, const DecoderSpec& s,
-                                     const std::string& where);
 
 /// The model FLOPs of a training pass over `sequences` x `positions` tokens
 /// (docs/BENCHMARKS.md, "Llama"): the products of the forward and the input gradients of
@@ -86,6 +83,8 @@ class CausalLm : public Model<ExecSpace> {
     std::vector<const ParamEntry*> norm;  // by NormRole; null: none
     const ParamEntry* router = nullptr;   // a sparse layer's
     std::vector<Expert> experts;
+    // Its experts' adapters (A, B; null: none), expert-major (causal_lm.cpp).
+    std::pair<const ParamEntry*, const ParamEntry*> gate_up_lora{}, down_lora{};
   };
 
   DecoderSpec spec_;

@@ -68,7 +68,9 @@ struct DecoderBuffers {
     kGateG,   // the experts' gate, up and act(gate) * up rows
     kUpG,
     kActG,
-    kYg,  // their down outputs
+    kYg,       // their down outputs
+    kHGateUp,  // the expert adapters' x A^T (gate_up's, down's), [T * k, rank]
+    kHDown,
     kBlockBuffers
   };
 

@@ -72,6 +72,8 @@ struct ParamTable {
   /// layer's experts: an expert the config does not have is a damaged or mismatched model,
   /// not a tensor to skip with a note).
   std::vector<std::string> owned_prefixes;
+  /// Why kqlora-export cannot write this model's adapters yet (empty: it can).
+  std::string export_refusal;
   int64_t num_trainable = 0;  // floats in the flat buffers
 
   /// Appends an entry (a new group when `group` names none yet); trainable entries are

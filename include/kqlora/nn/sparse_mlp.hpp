@@ -50,6 +50,7 @@ struct SparseMlpCache {
   IndexMatrix<M> where;             // [T, k] each slot's row in the grouped order
   IndexMatrix<M> order;             // [T * k, 1] the slot (t * k + j) of each grouped row
   Matrix<M> xg, gate, up, act, yg;  // [T * k, H | I | I | I | H], grouped rows
+  Matrix<M> h_gate_up, h_down;      // [T * k, rank]: the expert adapters' x A^T
   std::vector<int64_t> offsets;     // E + 1: expert e's rows are [offsets[e], offsets[e + 1])
 };
 
@@ -60,10 +61,14 @@ struct SparseMlpScratch {
   Matrix<M> gw, glogits;                 // [T, k], [T, E]
 };
 
-/// Expert e's three NF4 weights.
+/// Expert e's three NF4 weights and, where the experts are LoRA targets, its adapters as
+/// PEFT's target_parameters puts them on the fused parameters: one on gate_up (gate and up
+/// share its A) and one on down (docs/MODELS.md, "Experts").
 template <class M>
 struct ExpertWeights {
   const Nf4Tensor<M>*gate = nullptr, *up = nullptr, *down = nullptr;
+  bool gate_up_lora = false, down_lora = false;
+  LoraAdapterViews<M> gate_ad, up_ad, down_ad;  // (gate's and up's a and ga alike)
 };
 
 namespace impl {
@@ -294,24 +299,31 @@ void sparse_mlp_forward(const ExecSpace& exec, const ExpertsSpec& spec, Activati
     const int64_t a = c.offsets[e], b = c.offsets[e + 1];
     if (a == b) continue;
     const Matrix<M> xe = impl::row_block(c.xg, a, b);
-    lora_projection_forward<ExecSpace, M>(exec, *experts[e].gate, nullptr, xe, xe, bf16,
-                                          Matrix<M>(), lora, ws, impl::row_block(c.gate, a, b));
-    lora_projection_forward<ExecSpace, M>(exec, *experts[e].up, nullptr, xe, xe, bf16, Matrix<M>(),
-                                          lora, ws, impl::row_block(c.up, a, b));
+    const ExpertWeights<M>& w = experts[e];
+    // (gate and up share their adapter's A: each computes the same h, kept once)
+    const Matrix<M> h = w.gate_up_lora ? impl::row_block(c.h_gate_up, a, b) : Matrix<M>();
+    lora_projection_forward<ExecSpace, M>(exec, *w.gate, w.gate_up_lora ? &w.gate_ad : nullptr, xe,
+                                          xe, bf16, h, lora, ws, impl::row_block(c.gate, a, b));
+    lora_projection_forward<ExecSpace, M>(exec, *w.up, w.gate_up_lora ? &w.up_ad : nullptr, xe, xe,
+                                          bf16, h, lora, ws, impl::row_block(c.up, a, b));
   }
   gated_mlp_forward(exec, act, c.gate, c.up, bf16, c.act);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t a = c.offsets[e], b = c.offsets[e + 1];
     if (a == b) continue;
     const Matrix<M> ae = impl::row_block(c.act, a, b);
-    lora_projection_forward<ExecSpace, M>(exec, *experts[e].down, nullptr, ae, ae, bf16,
-                                          Matrix<M>(), lora, ws, impl::row_block(c.yg, a, b));
+    const ExpertWeights<M>& w = experts[e];
+    lora_projection_forward<ExecSpace, M>(
+        exec, *w.down, w.down_lora ? &w.down_ad : nullptr, ae, ae, bf16,
+        w.down_lora ? impl::row_block(c.h_down, a, b) : Matrix<M>(), lora, ws,
+        impl::row_block(c.yg, a, b));
   }
   impl::combine(exec, c, bf16, y);
 }
 
 /// The backward: gx = the input's gradient from gy (the output's), through the experts
-/// and the routing weights.
+/// and the routing weights. The experts' adapter gradients are added into their ga and gb
+/// (the caller zeroes them first where a pass starts afresh: gate and up add into one A's).
 template <class ExecSpace, class M>
 void sparse_mlp_backward(const ExecSpace& exec, const ExpertsSpec& spec, Activation act,
                          const Matrix<M>& router, const std::vector<ExpertWeights<M>>& experts,
@@ -323,21 +335,25 @@ void sparse_mlp_backward(const ExecSpace& exec, const ExpertsSpec& spec, Activat
   for (int64_t e = 0; e < E; ++e) {
     const int64_t a = c.offsets[e], b = c.offsets[e + 1];
     if (a == b) continue;
+    const ExpertWeights<M>& w = experts[e];
     lora_projection_backward<ExecSpace, M>(
-        exec, *experts[e].down, nullptr, impl::row_block(s.gyg, a, b), Matrix<M>(), Matrix<M>(),
-        false, nullptr, bf16, lora, ws, 0.0f, impl::row_block(s.gact, a, b));
+        exec, *w.down, w.down_lora ? &w.down_ad : nullptr, impl::row_block(s.gyg, a, b),
+        impl::row_block(c.act, a, b), w.down_lora ? impl::row_block(c.h_down, a, b) : Matrix<M>(),
+        true, nullptr, bf16, lora, ws, 0.0f, impl::row_block(s.gact, a, b));
   }
   gated_mlp_backward(exec, act, c.gate, c.up, s.gact, bf16, s.ggate, s.gup);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t a = c.offsets[e], b = c.offsets[e + 1];
     if (a == b) continue;
-    const Matrix<M> gxe = impl::row_block(s.gxg, a, b);
-    lora_projection_backward<ExecSpace, M>(exec, *experts[e].gate, nullptr,
-                                           impl::row_block(s.ggate, a, b), Matrix<M>(), Matrix<M>(),
-                                           false, nullptr, bf16, lora, ws, 0.0f, gxe);
-    lora_projection_backward<ExecSpace, M>(exec, *experts[e].up, nullptr,
-                                           impl::row_block(s.gup, a, b), Matrix<M>(), Matrix<M>(),
-                                           false, nullptr, bf16, lora, ws, 1.0f, gxe);
+    const Matrix<M> gxe = impl::row_block(s.gxg, a, b), xe = impl::row_block(c.xg, a, b);
+    const ExpertWeights<M>& w = experts[e];
+    const Matrix<M> h = w.gate_up_lora ? impl::row_block(c.h_gate_up, a, b) : Matrix<M>();
+    lora_projection_backward<ExecSpace, M>(exec, *w.gate, w.gate_up_lora ? &w.gate_ad : nullptr,
+                                           impl::row_block(s.ggate, a, b), xe, h, true, nullptr,
+                                           bf16, lora, ws, 0.0f, gxe);
+    lora_projection_backward<ExecSpace, M>(exec, *w.up, w.gate_up_lora ? &w.up_ad : nullptr,
+                                           impl::row_block(s.gup, a, b), xe, h, true, nullptr, bf16,
+                                           lora, ws, 1.0f, gxe);
   }
   impl::scatter_rows(exec, c, s.gxg, bf16, gx);
   impl::route_backward(exec, spec, c, s);
