@@ -735,14 +735,15 @@ TEST(MoeImport, BadRoutingAndExpertTensorsAreRefusedNamingThem) {
                            ts.push_back(t);
                          }),
                  "'model.layers.2.mlp.experts.8.gate_proj.weight' is not one the config.json");
-  expect_refused(rewrite("fused",
+  // Both layouts at once: refused, naming both.
+  expect_refused(rewrite("both",
                          [&](auto& ts) {
                            auto t = *std::find_if(ts.begin(), ts.end(),
                                                   [&](const auto& x) { return x.name == gate0; });
                            t.name = "model.layers.0.mlp.experts.gate_up_proj";
                            ts.push_back(t);
                          }),
-                 "'model.layers.0.mlp.experts.gate_up_proj' is not one the config.json");
+                 "the experts in two layouts");
   expect_refused(rewrite("shape",
                          [&](auto& ts) {
                            for (auto& t : ts)
@@ -751,6 +752,47 @@ TEST(MoeImport, BadRoutingAndExpertTensorsAreRefusedNamingThem) {
                          }),
                  "model.layers.2.mlp.experts.5.down_proj.weight' has shape [32, 64], expected "
                  "[64, 32]");
+
+  // transformers 5's fused layout ([E, 2I, hidden] gate_up_proj, [E, hidden, I] down_proj,
+  // as its save_pretrained writes them): the same NF4 bytes as the hub's per-expert tensors.
+  const int64_t E = 8, I = 32, H = 64;
+  std::vector<std::vector<float>> fused;
+  fused.reserve(4);  // (the tensors point into them)
+  const std::string fused_dir = rewrite("fused", [&](auto& ts) {
+    for (int l : {0, 2}) {
+      const std::string m = "model.layers." + std::to_string(l) + ".mlp.experts.";
+      std::vector<float> gate_up(E * 2 * I * H), down(E * H * I);
+      for (int64_t j = 0; j < E; ++j)
+        for (int w = 0; w < 3; ++w) {
+          const std::string name = m + std::to_string(j) + "." +
+                                   (w == 0   ? "gate_proj"
+                                    : w == 1 ? "up_proj"
+                                             : "down_proj") +
+                                   ".weight";
+          const auto it =
+              std::find_if(ts.begin(), ts.end(), [&](const auto& x) { return x.name == name; });
+          ASSERT_NE(it, ts.end()) << name;
+          const float* v = static_cast<const float*>(it->data);
+          float* to = w < 2 ? gate_up.data() + (j * 2 * I + w * I) * H : down.data() + j * H * I;
+          std::copy(v, v + I * H, to);
+          ts.erase(it);
+        }
+      fused.push_back(std::move(gate_up));
+      fused.push_back(std::move(down));
+      ts.push_back({m + "gate_up_proj",
+                    "F32",
+                    {E, 2 * I, H},
+                    fused[fused.size() - 2].data(),
+                    4 * fused[fused.size() - 2].size()});
+      ts.push_back(
+          {m + "down_proj", "F32", {E, H, I}, fused.back().data(), 4 * fused.back().size()});
+    }
+  });
+  auto per_expert = load_dir(rewrite("hub", [](auto&) {}));
+  std::string log;
+  auto from_fused = load_dir(fused_dir, &log);
+  expect_same_weights(*per_expert, *from_fused);
+  EXPECT_EQ(log.find("not read"), std::string::npos) << log;
 }
 
 // The model FLOPs count each query's visible keys: min(position + 1, window) on sliding

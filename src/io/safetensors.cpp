@@ -178,14 +178,21 @@ uint32_t max_exponent(const float* v, int64_t n) {
 }  // namespace
 
 void read_f32_into(const Header& h, const TensorInfo& t, float* dst) {
+  read_f32_range_into(h, t, 0, t.numel(), dst);
+}
+
+void read_f32_range_into(const Header& h, const TensorInfo& t, int64_t first, int64_t n,
+                         float* dst) {
   const int64_t width = t.dtype == "F32" ? 4 : (t.dtype == "BF16" || t.dtype == "F16") ? 2 : 0;
   KQLORA_INPUT_CHECK(width > 0, h.path << ": tensor '" << t.name << "' is " << t.dtype
                                        << ", expected F32, BF16 or F16");
-  const int64_t n = t.numel();
+  KQLORA_CHECK(first >= 0 && n >= 0 && first + n <= t.numel(),
+               h.path << ": tensor '" << t.name << "': elements [" << first << ", " << first + n
+                      << ") of " << t.numel());
   const bool bf16 = t.dtype == "BF16";
   std::ifstream f(h.path, std::ios::binary);
   KQLORA_INPUT_CHECK(f.good(), h.path << ": cannot open: " << std::strerror(errno));
-  f.seekg(static_cast<std::streamoff>(h.data_start + t.begin));
+  f.seekg(static_cast<std::streamoff>(h.data_start + t.begin + first * width));
   // Pieces small enough to stay in the L2 cache between the read and the look at them:
   // NaN and Inf (an exponent of all ones) are found in the same pass over the piece just
   // read, named with their place -- a base tensor that holds one would train or export
@@ -217,7 +224,7 @@ void read_f32_into(const Header& h, const TensorInfo& t, float* dst) {
     KQLORA_INPUT_CHECK(f.good(),
                        h.path << ": tensor '" << t.name << "': short read (file changed?)");
     if (max_exponent(out, m) == 0x7f800000u)
-      refuse_non_finite(out, m, i0, t.shape, h.path + ": tensor '" + t.name + "'");
+      refuse_non_finite(out, m, first + i0, t.shape, h.path + ": tensor '" + t.name + "'");
   }
 }
 

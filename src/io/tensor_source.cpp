@@ -90,6 +90,14 @@ class SafetensorsSource : public TensorSource {
     safetensors::read_f32_into(h, *h.find(name), dst);
   }
 
+  void load_f32_range(const std::string& name, int64_t first, int64_t count,
+                      float* dst) const override {
+    const auto it = where_.find(name);
+    KQLORA_INPUT_CHECK(it != where_.end(), "no tensor '" << name << "'");
+    const safetensors::Header& h = headers_[it->second];
+    safetensors::read_f32_range_into(h, *h.find(name), first, count, dst);
+  }
+
  private:
   std::vector<safetensors::Header> headers_;
   std::map<std::string, size_t> where_;
@@ -159,6 +167,18 @@ class Hdf5Source : public TensorSource {
 #endif
 
 }  // namespace
+
+void TensorSource::load_f32_range(const std::string& name, int64_t first, int64_t count,
+                                  float* dst) const {
+  int64_t n = -1;
+  for (const auto& e : entries())
+    if (e.name == name) n = checked_numel(e.shape, origin() + ": tensor '" + name + "'");
+  KQLORA_CHECK(first >= 0 && count >= 0 && first + count <= n,
+               origin() << ": tensor '" << name << "': a range past its end");
+  std::vector<float> whole(static_cast<size_t>(n));
+  load_f32(name, whole.data());
+  std::copy(whole.begin() + first, whole.begin() + first + count, dst);
+}
 
 void TensorSource::load_f32(const std::string& name, float* dst) const {
   const HostTensor t = load(name);

@@ -202,12 +202,20 @@ ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
         add_nf4(g + "." + proj.module + ".weight", {s.out_features(proj), s.in_features(proj)});
     const bool sparse = s.layer[static_cast<size_t>(l)].sparse;
     if (sparse) t.owned_prefixes.push_back(g + "." + s.experts.experts_module + ".");
-    if (sparse)  // every expert's gate, up and down in NF4, one tensor each
-      for (int64_t j = 0; j < s.experts.experts; ++j)
-        for (int w = 0; w < 3; ++w)
+    if (sparse) {  // every expert's gate, up and down in NF4, one tensor each
+      const int64_t E = s.experts.experts, I = s.experts.intermediate, H = s.hidden;
+      const std::string m = g + "." + s.experts.experts_module;
+      for (int64_t j = 0; j < E; ++j)
+        for (int w = 0; w < 3; ++w) {
           add_nf4(expert_weight_name(s, g, j, w),
-                  w < 2 ? std::vector<int64_t>{s.experts.intermediate, s.hidden}
-                        : std::vector<int64_t>{s.hidden, s.experts.intermediate});
+                  w < 2 ? std::vector<int64_t>{I, H} : std::vector<int64_t>{H, I});
+          // (or its rows of transformers 5's fused parameters: gate then up in gate_up_proj)
+          ParamEntry& e = t.entries.back();
+          e.alt_tensor = m + (w < 2 ? ".gate_up_proj" : ".down_proj");
+          e.alt_shape = w < 2 ? std::vector<int64_t>{E, 2 * I, H} : std::vector<int64_t>{E, H, I};
+          e.alt_first = w < 2 ? (j * 2 * I + w * I) * H : j * H * I;
+        }
+    }
     for (const ProjectionSpec& proj : s.projections)
       if (proj.bias && s.has_projection(l, proj))
         add_dense(g + "." + proj.module + ".bias", {s.out_features(proj)}, g);

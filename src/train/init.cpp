@@ -178,6 +178,20 @@ struct InitFile {
     source->load_f32(stored, dst);
   }
 
+  /// Entry e's values from its alternative place (ParamEntry::alt_tensor) into dst.
+  void slice_into(const ParamEntry& e, float* dst) {
+    used.insert(e.alt_tensor);
+    KQLORA_INPUT_CHECK(source, path << ": tensor '" << e.alt_tensor
+                                    << "': a fused tensor in an HDF5 init_file is not read");
+    std::vector<int64_t> got;
+    for (const auto& x : source->entries())
+      if (x.name == e.alt_tensor) got = x.shape;
+    KQLORA_INPUT_CHECK(got == e.alt_shape, path + ": tensor '" + e.alt_tensor + "'"
+                                               << " has shape " << shape_text(got) << ", expected "
+                                               << shape_text(e.alt_shape));
+    source->load_f32_range(e.alt_tensor, e.alt_first, e.numel(), dst);
+  }
+
   static std::string shape_text(const std::vector<int64_t>& s) {
     std::string t = "[";
     for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
@@ -215,12 +229,23 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
   InitFile init(init_file, &cfg);
   InitFile base(cfg.hf_model_dir.empty() ? std::string() : hf_weights_file(cfg.hf_model_dir));
   int from_file = 0, from_base = 0, from_seed = 0;
+  // (an entry read from its alternative place: a fused expert parameter of the base's)
+  auto sliced = [&](const ParamEntry& e) {
+    if (e.alt_tensor.empty() || !base.has(e.alt_tensor)) return false;
+    KQLORA_INPUT_CHECK(
+        !base.has(e.name), base.path
+                               << ": both '" << e.name << "' and '" << e.alt_tensor
+                               << "' are there: the experts in two layouts (the hub's "
+                                  "per-expert tensors and transformers 5's fused ones); keep one");
+    return !init.has(e.name);
+  };
   auto file_of = [&](const ParamEntry& e) -> InitFile* {
     if (init.has(e.name)) {
       if (base.has(e.name)) base.used.insert(e.name);  // (overridden: read, in a sense)
+      if (!e.alt_tensor.empty() && base.has(e.alt_tensor)) base.used.insert(e.alt_tensor);
       return &init;
     }
-    if (base.has(e.name)) return &base;
+    if (base.has(e.name) || sliced(e)) return &base;
     KQLORA_INPUT_CHECK(
         e.init.dist != InitRule::Dist::file,
         "tensor '" << e.name << "' is in none of "
@@ -233,7 +258,13 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
   // place.
   auto frozen_values_into = [&](const ParamEntry& e, const Kokkos::View<float*, Mem>& w32) {
     InitFile* f = file_of(e);
-    if (f && std::is_same<Mem, Kokkos::HostSpace>::value) {
+    if (f == &base && sliced(e)) {
+      std::vector<float> w(static_cast<size_t>(e.numel()));
+      base.slice_into(e, w.data());
+      // device-wide: set-up
+      Kokkos::deep_copy(w32, Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
+                                 w.data(), w.size()));
+    } else if (f && std::is_same<Mem, Kokkos::HostSpace>::value) {
       f->floats_into(e.name, e.shape, w32.data());
     } else if (f) {
       const auto w = f->floats(e.name, e.shape);

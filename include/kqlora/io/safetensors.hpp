@@ -41,6 +41,10 @@ std::vector<uint8_t> read_bytes(const Header& h, const TensorInfo& t);
 /// largest tensors this way keeps set-up's memory at the model's own size). InputError for
 /// other dtypes.
 void read_f32_into(const Header& h, const TensorInfo& t, float* dst);
+/// The same for elements [first, first + n) of the row-major tensor (an expert's slice of a
+/// fused [E, ...] parameter).
+void read_f32_range_into(const Header& h, const TensorInfo& t, int64_t first, int64_t n,
+                         float* dst);
 
 struct TensorToWrite {
   std::string name, dtype;

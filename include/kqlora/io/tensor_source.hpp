@@ -39,6 +39,10 @@ class TensorSource {
   /// naming the tensor, its file and the place of the first NaN or Inf (checked in the
   /// same pass).
   virtual void load_f32(const std::string& name, float* dst) const;
+  /// `count` values from element `first` of a float tensor (row-major), widened to float32
+  /// into dst, NaN and Inf refused as load_f32 does.
+  virtual void load_f32_range(const std::string& name, int64_t first, int64_t count,
+                              float* dst) const;
   /// The file messages name.
   virtual std::string origin() const = 0;
   /// Every file the tensors are read from (a sharded checkpoint's shards).

@@ -46,6 +46,12 @@ struct ParamEntry {
   /// tensors of that kind (Model::nf4, Model::dense).
   int64_t offset = 0;
   int64_t block_size = 64, scaler_block_size = 256;  // nf4
+  /// Where a model file may hold it instead (empty tensor: nowhere else): numel() values
+  /// of `alt_tensor` [alt_shape] from element `alt_first` -- an expert of transformers 5's
+  /// fused layout (one [E, 2I, hidden] gate_up_proj, one [E, hidden, I] down_proj).
+  std::string alt_tensor;
+  std::vector<int64_t> alt_shape;
+  int64_t alt_first = 0;
 
   int64_t numel() const;
   /// The NF4 layout of an nf4 entry.
