@@ -46,8 +46,9 @@ void PrintTo(const Case& c, std::ostream* os) {
 std::vector<Case> family_cases() {
   const std::string root = std::string(KQLORA_TEST_DATA_DIR) + "/family_reference/";
   std::vector<Case> out;
-  for (const char* name : {"qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "phi3_long",
-                           "mistral_window", "qwen3_moe", "qwen3_moe_raw", "qwen3_moe_experts"}) {
+  for (const char* name :
+       {"qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "phi3_long", "mistral_window",
+        "qwen3_moe", "qwen3_moe_raw", "qwen3_moe_experts", "mixtral"}) {
     Case c{name, root + name, "all-linear"};
     std::ifstream f(c.dir + "/case.txt");
     for (std::string line; std::getline(f, line);) {
@@ -793,6 +794,66 @@ TEST(MoeImport, BadRoutingAndExpertTensorsAreRefusedNamingThem) {
   auto from_fused = load_dir(fused_dir, &log);
   expect_same_weights(*per_expert, *from_fused);
   EXPECT_EQ(log.find("not read"), std::string::npos) << log;
+}
+
+// Mixtral in transformers 5's names (what its save_pretrained writes: mlp.gate, the fused
+// mlp.experts.gate_up_proj and down_proj) loads the same bytes as in the hub's
+// (block_sparse_moe.gate, block_sparse_moe.experts.<j>.w1 / w3 / w2).
+TEST(MoeImport, MixtralInTransformers5NamesLoadsTheHubsBytes) {
+  const Case c = family_cases()[10];
+  ASSERT_EQ(c.name, "mixtral");
+  const auto src = kqlora::safetensors::read_header(c.dir + "/model.safetensors");
+  const int64_t E = 4, I = 32, H = 64;
+  const std::string dir = tmp_dir("mixtral_v5");
+  std::system(
+      ("rm -rf " + dir + " && mkdir -p " + dir + " && cp " + c.dir + "/config.json " + dir + "/")
+          .c_str());
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<std::vector<float>> fused(4);
+  std::vector<kqlora::safetensors::TensorToWrite> ts;
+  for (const auto& t : src.tensors) {
+    bytes.push_back(kqlora::safetensors::read_bytes(src, t));
+    std::string name = t.name;
+    const auto moe = name.find(".block_sparse_moe.");
+    if (moe == std::string::npos) {
+      ts.push_back({name, t.dtype, t.shape, bytes.back().data(), bytes.back().size()});
+      continue;
+    }
+    const int l = std::stoi(name.substr(13, moe - 13));
+    if (name.find(".gate.weight") != std::string::npos) {  // the router
+      name = "model.layers." + std::to_string(l) + ".mlp.gate.weight";
+      ts.push_back({name, t.dtype, t.shape, bytes.back().data(), bytes.back().size()});
+      continue;
+    }
+    // block_sparse_moe.experts.<j>.w<k>.weight: into its layer's fused tensors
+    const auto j0 = name.find(".experts.") + 9;
+    const int64_t j = std::stoll(name.substr(j0, name.find('.', j0) - j0));
+    const char w = name[name.find(".w", j0) + 2];
+    auto& gate_up = fused[2 * l];
+    auto& down = fused[2 * l + 1];
+    gate_up.resize(E * 2 * I * H);
+    down.resize(E * H * I);
+    const float* v = reinterpret_cast<const float*>(bytes.back().data());
+    float* to = w == '1'   ? gate_up.data() + (j * 2 * I) * H
+                : w == '3' ? gate_up.data() + (j * 2 * I + I) * H
+                           : down.data() + j * H * I;
+    std::copy(v, v + I * H, to);
+  }
+  for (int l = 0; l < 2; ++l) {
+    const std::string m = "model.layers." + std::to_string(l) + ".mlp.experts.";
+    ts.push_back(
+        {m + "gate_up_proj", "F32", {E, 2 * I, H}, fused[2 * l].data(), 4 * fused[2 * l].size()});
+    ts.push_back(
+        {m + "down_proj", "F32", {E, H, I}, fused[2 * l + 1].data(), 4 * fused[2 * l + 1].size()});
+  }
+  kqlora::safetensors::write(dir + "/model.safetensors", ts);
+  Case hub{"hub", c.dir, "all-linear"}, v5{"v5", dir, "all-linear"};
+  kqlora::CausalLm<Exec> a(Exec(), config_of(hub)), b(Exec(), config_of(v5));
+  std::ostringstream log;
+  kqlora::initialize_model(Exec(), a, "", log);
+  kqlora::initialize_model(Exec(), b, "", log);
+  expect_same_weights(a, b);
+  EXPECT_EQ(log.str().find("not read"), std::string::npos) << log.str();
 }
 
 // The model FLOPs count each query's visible keys: min(position + 1, window) on sliding

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_llama_reference as ref  # noqa: E402
@@ -64,6 +64,20 @@ CASES = {
     # down_proj), as on attention; top 2 of 8 renormalised, a dense layer between
     "qwen3_moe_experts": dict(seed=1103, experts=True, bf16=True,
                               arch=dict(MOE, norm_topk_prob=True)),
+    # Mixtral: its hub names (block_sparse_moe, w1 / w3 / w2), top 2 of 4 always
+    # renormalised, experts of intermediate_size, a sliding window of 37 on every layer,
+    # adapters on attention and the experts
+    "mixtral": dict(seed=1201, family="mixtral", experts=True, bf16=True,
+                    arch=dict(ref.FAM, intermediate_size=32, num_local_experts=4,
+                              num_experts_per_tok=2, sliding_window=ref.WINDOW)),
+}
+# model_type -> (config class, model class, the hub's names: experts module, router module,
+# gate / up / down names)
+FAMILIES = {
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM,
+                  ("mlp.experts", "mlp.gate", "gate_proj", "up_proj", "down_proj")),
+    "mixtral": (MixtralConfig, MixtralForCausalLM,
+                ("block_sparse_moe.experts", "block_sparse_moe.gate", "w1", "w3", "w2")),
 }
 EXPERT_PARAMS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 ROUTER_STD, TIE_GAP = 0.3, 1e-3
@@ -75,7 +89,7 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 def experts_modules(model):
-    return [(n, m) for n, m in model.named_modules() if type(m).__name__.endswith("MoeExperts")]
+    return [(n, m) for n, m in model.named_modules() if type(m).__name__.endswith("Experts")]
 
 
 def routers(model):
@@ -112,37 +126,49 @@ def randomise(model, gen):
 
 
 def expert_slices(mod):
-    """(j, kind, tensor) of each expert's gate, up and down (views of the fused params)."""
+    """(j, kind, tensor) of each expert's gate, up and down (views of the fused params;
+    kind 0, 1, 2)."""
     inter = mod.intermediate_dim
     for j in range(mod.num_experts):
-        yield j, "gate_proj", mod.gate_up_proj[j, :inter]
-        yield j, "up_proj", mod.gate_up_proj[j, inter:]
-        yield j, "down_proj", mod.down_proj[j]
+        yield j, 0, mod.gate_up_proj[j, :inter]
+        yield j, 1, mod.gate_up_proj[j, inter:]
+        yield j, 2, mod.down_proj[j]
 
 
-def replace_experts_with_nf4(model, dtype):
-    """Every expert matrix becomes torchao's NF4 dequantization of it (gate and up apart)."""
+def hub_expert_name(module_name, j, kind, hub):
+    """transformers 5's module path model.layers.<l>.mlp.experts -> the hub's name of
+    expert j's weight `kind`."""
+    layer = module_name[:module_name.index(".mlp.experts")]
+    return "%s.%s.%d.%s.weight" % (layer, hub[0], j, hub[2 + kind])
+
+
+def replace_experts_with_nf4(model, dtype, hub):
+    """Every expert matrix becomes torchao's NF4 dequantization of it (gate and up apart),
+    by its hub name."""
     nf4 = {}
     with torch.no_grad():
         for name, mod in experts_modules(model):
             for j, kind, w in expert_slices(mod):
                 t = to_nf4(w.detach().to(dtype).contiguous(), ref.BLOCK, ref.SCALER_BLOCK)
                 w.copy_(t.get_original_weight().to(w.dtype))
-                nf4["%s.%d.%s.weight" % (name, j, kind)] = t
+                nf4[hub_expert_name(name, j, kind, hub)] = t
     return nf4
 
 
-def hub_state_dict(model):
-    """The model's tensors with the experts in the hub's per-expert layout."""
+def hub_state_dict(model, hub):
+    """The model's tensors in the hub's layout: per-expert weights, the hub's router name."""
     sd = {}
     fused = {name for name, _ in experts_modules(model)}
+    router_names = {n + ".weight" for n, _ in routers(model)}
     for name, t in model.state_dict().items():
         if name.rsplit(".", 1)[0] in fused:
             continue
+        if name in router_names:
+            name = name.replace(".mlp.gate.", "." + hub[1] + ".")
         sd[name] = t.detach().contiguous()
     for name, mod in experts_modules(model):
         for j, kind, w in expert_slices(mod):
-            sd["%s.%d.%s.weight" % (name, j, kind)] = w.detach().clone().contiguous()
+            sd[hub_expert_name(name, j, kind, hub)] = w.detach().clone().contiguous()
     return sd
 
 
@@ -166,12 +192,12 @@ def router_gap(model, ids):
     return min(gaps)
 
 
-def kq_expert_adapters(params, arch):
+def kq_expert_adapters(params, arch, hub):
     """PEFT's expert adapters in kqlora's names and expert-major layout (causal_lm.cpp):
     A [E * r, in] as PEFT's lora_A; B [E * out, r] from PEFT's lora_B [out, r * E], whose
     column k * E + e is expert e's k-th. Which wrapper is gate_up and which down (PEFT nests
     them: experts.base_layer.lora_* and experts.lora_*) is told by A's in-features."""
-    E, H = arch["num_experts"], arch["hidden_size"]
+    E, H = arch.get("num_experts", arch.get("num_local_experts")), arch["hidden_size"]
     out = {}
     for n, p in params.items():
         if ".mlp.experts." not in n:
@@ -181,7 +207,7 @@ def kq_expert_adapters(params, arch):
         a_name = n.replace("lora_b", "lora_a")
         in_features = params[a_name].shape[1]
         which = "gate_up_proj" if in_features == H else "down_proj"
-        out[n] = ("%s.mlp.experts.%s.%s.weight" % (layer, which, "lora_a" if "lora_a" in n
+        out[n] = ("%s.%s.%s.%s.weight" % (layer, hub[0], which, "lora_a" if "lora_a" in n
                                                    else "lora_b"), "b" if "lora_b" in n else None)
     def convert(n, t):
         new, kind = out[n]
@@ -194,17 +220,18 @@ def kq_expert_adapters(params, arch):
 
 def generate(name, case, folder, gen):
     os.makedirs(folder, exist_ok=True)
+    cfg_cls, model_cls, hub = FAMILIES[case.get("family", "qwen3_moe")]
     torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
-    config = Qwen3MoeConfig(**case["arch"])
+    config = cfg_cls(**case["arch"])
     config._attn_implementation = "eager"
-    model = Qwen3MoeForCausalLM(config).float().eval()
+    model = model_cls(config).float().eval()
     randomise(model, gen)
     ids, labels, valid = ref.make_data(gen, case["arch"]["vocab_size"], ref.S_FAMILY,
                                        ref.LAYOUT_FAMILY)
     for attempt in range(50):  # no near-ties in any routing (on the NF4 model, as both run)
         trial = copy.deepcopy(model)
         ref.replace_with_nf4(trial, torch.float32, ref.PROJ)
-        replace_experts_with_nf4(trial, torch.float32)
+        replace_experts_with_nf4(trial, torch.float32, hub)
         gap = router_gap(trial, ids)
         if gap > TIE_GAP:
             break
@@ -214,7 +241,7 @@ def generate(name, case, folder, gen):
     else:
         sys.exit("%s: no router draw without a near-tie" % name)
     config.save_pretrained(folder)
-    save_file(hub_state_dict(model), os.path.join(folder, "model.safetensors"),
+    save_file(hub_state_dict(model, hub), os.path.join(folder, "model.safetensors"),
               metadata={"format": "pt"})
     with open(os.path.join(folder, "case.txt"), "w") as f:
         f.write("lora_targets = %s\n" % ",".join(
@@ -223,14 +250,14 @@ def generate(name, case, folder, gen):
             f.write("bf16 = true\n")
     float_model = copy.deepcopy(model)
     nf4 = ref.replace_with_nf4(model, torch.float32, ref.PROJ)
-    nf4.update(replace_experts_with_nf4(model, torch.float32))
+    nf4.update(replace_experts_with_nf4(model, torch.float32, hub))
     experts = EXPERT_PARAMS if case.get("experts") else None
     peft_model = get_peft_model(model, LoraConfig(r=ref.RANK, lora_alpha=ref.ALPHA,
                                                   lora_dropout=0.0, target_modules=TARGETS,
                                                   target_parameters=experts))
     params = ref.lora_params(peft_model)
     assert bool(experts) == any("experts" in n for n in params), "adapters on the experts?"
-    convert = kq_expert_adapters(params, case["arch"])
+    convert = kq_expert_adapters(params, case["arch"], hub)
     kq = lambda d: dict(convert(n, t.detach()) for n, t in d.items())  # noqa: E731
     with torch.no_grad():
         for n, p in params.items():
@@ -268,7 +295,7 @@ def generate(name, case, folder, gen):
             # bfloat16 weights (kqlora quantizes model.safetensors itself), float32 masters.
             model16 = float_model.to(torch.bfloat16).eval()
             ref.replace_with_nf4(model16, torch.bfloat16, ref.PROJ)
-            replace_experts_with_nf4(model16, torch.bfloat16)
+            replace_experts_with_nf4(model16, torch.bfloat16, hub)
             peft16 = get_peft_model(model16, LoraConfig(r=ref.RANK, lora_alpha=ref.ALPHA,
                                                         lora_dropout=0.0,
                                                         target_modules=TARGETS,

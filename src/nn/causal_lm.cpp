@@ -201,10 +201,13 @@ ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
       if (s.has_projection(l, proj))
         add_nf4(g + "." + proj.module + ".weight", {s.out_features(proj), s.in_features(proj)});
     const bool sparse = s.layer[static_cast<size_t>(l)].sparse;
-    if (sparse) t.owned_prefixes.push_back(g + "." + s.experts.experts_module + ".");
+    if (sparse)
+      for (const std::string& m : {s.experts.experts_module, s.experts.fused_module})
+        if (t.owned_prefixes.empty() || t.owned_prefixes.back() != g + "." + m + ".")
+          t.owned_prefixes.push_back(g + "." + m + ".");
     if (sparse) {  // every expert's gate, up and down in NF4, one tensor each
       const int64_t E = s.experts.experts, I = s.experts.intermediate, H = s.hidden;
-      const std::string m = g + "." + s.experts.experts_module;
+      const std::string m = g + "." + s.experts.fused_module;
       for (int64_t j = 0; j < E; ++j)
         for (int w = 0; w < 3; ++w) {
           add_nf4(expert_weight_name(s, g, j, w),
@@ -221,8 +224,14 @@ ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
         add_dense(g + "." + proj.module + ".bias", {s.out_features(proj)}, g);
     // (the router in the run's dtype, as transformers computes its logits: frozen, and a
     // few E x hidden values whose rounding to NF4 could flip which experts a token gets)
-    if (sparse)
+    if (sparse) {
       add_dense(g + "." + s.experts.router_module + ".weight", {s.experts.experts, s.hidden}, g);
+      if (s.experts.fused_router != s.experts.router_module) {  // (transformers 5's name)
+        ParamEntry& e = t.entries.back();
+        e.alt_tensor = g + "." + s.experts.fused_router + ".weight";
+        e.alt_shape = e.shape;
+      }
+    }
     for (const NormSpec& n : s.norms) {
       if (n.role == NormRole::final) continue;
       const bool head_norm = n.role == NormRole::q || n.role == NormRole::k;

@@ -102,6 +102,8 @@ std::string first_spec_difference(const DecoderSpec& a, const DecoderSpec& b) {
   d.field("expert gate name", x.gate_name, y.gate_name);
   d.field("expert up name", x.up_name, y.up_name);
   d.field("expert down name", x.down_name, y.down_name);
+  d.field("fused experts module", x.fused_module, y.fused_module);
+  d.field("fused router module", x.fused_router, y.fused_router);
   d.field("output_router_logits", x.aux_loss, y.aux_loss);
   d.field("router_aux_loss_coef", x.aux_loss_coef, y.aux_loss_coef);
   return d.text();

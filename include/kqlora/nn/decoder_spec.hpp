@@ -83,6 +83,10 @@ struct ExpertsSpec {
   std::string router_module = "mlp.gate";      // its weight: <layer>.<module>.weight [E, hidden]
   std::string experts_module = "mlp.experts";  // expert j's: <layer>.<module>.<j>.<name>.weight
   std::string gate_name = "gate_proj", up_name = "up_proj", down_name = "down_proj";
+  // transformers 5's names of the same (its save_pretrained's fused layout, read too):
+  // <layer>.<fused_module>.gate_up_proj [E, 2I, hidden], .down_proj [E, hidden, I], and the
+  // router <layer>.<fused_router>.weight
+  std::string fused_module = "mlp.experts", fused_router = "mlp.gate";
   double aux_loss_coef = 0;  // router_aux_loss_coef
   bool aux_loss = false;     // output_router_logits: the load-balancing loss is added
 };

@@ -15,5 +15,6 @@ DecoderSpec gemma2_family(HfConfigReader& r, const std::string& model_type);
 DecoderSpec gemma3_family(HfConfigReader& r, const std::string& model_type);  // gemma3_text
 DecoderSpec phi3_family(HfConfigReader& r, const std::string& model_type);
 DecoderSpec qwen3_moe_family(HfConfigReader& r, const std::string& model_type);
+DecoderSpec mixtral_family(HfConfigReader& r, const std::string& model_type);
 
 }  // namespace kqlora::impl

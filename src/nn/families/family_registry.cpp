@@ -17,10 +17,11 @@ using Builder = DecoderSpec (*)(impl::HfConfigReader&, const std::string&);
 // One row per model_type (a family file may serve several).
 const std::vector<std::pair<std::string, Builder>>& families() {
   static const std::vector<std::pair<std::string, Builder>> table = {
-      {"llama", impl::llama_family},   {"mistral", impl::llama_family},
-      {"qwen2", impl::qwen2_family},   {"qwen3", impl::qwen3_family},
-      {"gemma2", impl::gemma2_family}, {"gemma3_text", impl::gemma3_family},
-      {"phi3", impl::phi3_family},     {"qwen3_moe", impl::qwen3_moe_family},
+      {"llama", impl::llama_family},     {"mistral", impl::llama_family},
+      {"qwen2", impl::qwen2_family},     {"qwen3", impl::qwen3_family},
+      {"gemma2", impl::gemma2_family},   {"gemma3_text", impl::gemma3_family},
+      {"phi3", impl::phi3_family},       {"qwen3_moe", impl::qwen3_moe_family},
+      {"mixtral", impl::mixtral_family},
   };
   return table;
 }
