@@ -35,6 +35,7 @@ using kqlora_test::read_text;
 struct Case {
   std::string name, dir, targets;
   bool bf16 = false;  // reference.h5 has losses_bf16
+  std::string eps;    // AdamW's eps of the reference's steps (empty: the default 1e-8)
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
@@ -48,7 +49,7 @@ std::vector<Case> family_cases() {
   std::vector<Case> out;
   for (const char* name :
        {"qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "phi3_long", "mistral_window",
-        "qwen3_moe", "qwen3_moe_raw", "qwen3_moe_experts", "mixtral"}) {
+        "qwen3_moe", "qwen3_moe_raw", "qwen3_moe_experts", "mixtral", "qwen3_moe_aux"}) {
     Case c{name, root + name, "all-linear"};
     std::ifstream f(c.dir + "/case.txt");
     for (std::string line; std::getline(f, line);) {
@@ -56,6 +57,7 @@ std::vector<Case> family_cases() {
       if (eq == std::string::npos) continue;
       if (line.substr(0, eq) == "lora_targets") c.targets = line.substr(eq + 3);
       if (line.substr(0, eq) == "bf16") c.bf16 = line.substr(eq + 3) == "true";
+      if (line.substr(0, eq) == "adamw_eps") c.eps = line.substr(eq + 3);
     }
     out.push_back(c);
   }
@@ -306,7 +308,8 @@ std::string run_train(const Case& c, const std::string& tag, const std::string& 
                           " data_file=" + c.dir + "/data.h5 lora_targets=" + c.targets +
                           " lora_rank=4 lora_alpha=8 block_size=32 scaler_block_size=32 "
                           "global_bs=3 num_steps=5 optimizer=adamw lr=1e-2 save_dir=" +
-                          dir + "/ckpt metrics_file=" + dir + "/metrics.jsonl " + extra + " > " +
+                          dir + "/ckpt metrics_file=" + dir + "/metrics.jsonl " +
+                          (c.eps.empty() ? std::string() : "eps=" + c.eps + " ") + extra + " > " +
                           dir + "/log 2>&1";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd << "\n" << read_text(dir + "/log");
   return dir;

@@ -67,6 +67,14 @@ CASES = {
     # Mixtral: its hub names (block_sparse_moe, w1 / w3 / w2), top 2 of 4 always
     # renormalised, experts of intermediate_size, a sliding window of 37 on every layer,
     # adapters on attention and the experts
+    # the load-balancing loss (output_router_logits, a coefficient of 0.05 so that it moves
+    # the gradients), computed as transformers does with an attention mask over the real
+    # tokens; top 2 of 8 renormalised, a dense layer between, expert adapters
+    # (AdamW's eps 1e-3 on both sides: the aux loss leaves some experts' adapters with
+    # gradients near zero, whose last bits eps 1e-8 would turn into steps of up to lr)
+    "qwen3_moe_aux": dict(seed=1104, experts=True, bf16=True, eps=1e-3,
+                          arch=dict(MOE, norm_topk_prob=True, output_router_logits=True,
+                                    router_aux_loss_coef=0.05)),
     "mixtral": dict(seed=1201, family="mixtral", experts=True, bf16=True,
                     arch=dict(ref.FAM, intermediate_size=32, num_local_experts=4,
                               num_experts_per_tok=2, sliding_window=ref.WINDOW)),
@@ -218,6 +226,26 @@ def kq_expert_adapters(params, arch, hub):
     return convert
 
 
+def run_steps(peft_model, params, ids, labels, dtype, eps=1e-8, **kw):
+    """gen_llama_reference.run_steps with AdamW's eps and the model's extra arguments (an
+    attention mask)."""
+    masters = {n: p.detach().float().clone().requires_grad_(True) for n, p in params.items()}
+    opt = torch.optim.AdamW(list(masters.values()), lr=ref.LR, eps=eps)
+    losses = []
+    for _ in range(ref.STEPS):
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(masters[n].to(dtype))
+        peft_model.zero_grad()
+        loss = peft_model(input_ids=ids, labels=labels, **kw).loss
+        loss.backward()
+        losses.append(loss.item())
+        for n, p in params.items():
+            masters[n].grad = p.grad.detach().float().clone()
+        opt.step()
+    return losses, {n: m.detach() for n, m in masters.items()}
+
+
 def generate(name, case, folder, gen):
     os.makedirs(folder, exist_ok=True)
     cfg_cls, model_cls, hub = FAMILIES[case.get("family", "qwen3_moe")]
@@ -248,6 +276,8 @@ def generate(name, case, folder, gen):
             TARGETS + (["experts.gate_up_proj", "experts.down_proj"] if case.get("experts") else [])))
         if case.get("bf16"):
             f.write("bf16 = true\n")
+        if "eps" in case:
+            f.write("adamw_eps = %g\n" % case["eps"])
     float_model = copy.deepcopy(model)
     nf4 = ref.replace_with_nf4(model, torch.float32, ref.PROJ)
     nf4.update(replace_experts_with_nf4(model, torch.float32, hub))
@@ -275,11 +305,14 @@ def generate(name, case, folder, gen):
     gap_lora = router_gap(peft_model.base_model.model, ids)
     if gap_lora <= TIE_GAP:
         return gap_lora  # (the caller draws again)
-    out_ = peft_model(input_ids=ids, labels=labels)
+    # (the aux loss over the real tokens: transformers counts those the attention mask covers)
+    kw = dict(attention_mask=valid) if case["arch"].get("output_router_logits") else {}
+    out_ = peft_model(input_ids=ids, labels=labels, **kw)
     out_.loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in params.items()}
     init = {n: p.detach().clone() for n, p in params.items()}
-    losses, final = ref.run_steps(peft_model, params, ids, labels, torch.float32)
+    eps = case.get("eps", 1e-8)
+    losses, final = run_steps(peft_model, params, ids, labels, torch.float32, eps, **kw)
     losses16 = None
     with ref.h5_create(os.path.join(folder, "reference.h5"), ref.FAMILY_LIBVER) as f:
         f.create_dataset("logits", data=out_.logits.detach().numpy())
@@ -304,10 +337,12 @@ def generate(name, case, folder, gen):
             with torch.no_grad():
                 for n, p in params16.items():
                     p.copy_(init[n].to(torch.bfloat16))
-            losses16, _ = ref.run_steps(peft16, params16, ids, labels, torch.bfloat16)
+            losses16, _ = run_steps(peft16, params16, ids, labels, torch.bfloat16, eps, **kw)
             f.create_dataset("losses_bf16", data=np.array(losses16))
+    aux = getattr(out_, "aux_loss", None)
     print(name, "router gap %.4f, with the adapters %.4f" % (gap, gap_lora), "loss",
-          out_.loss.item(), "losses", ["%.6f" % x for x in losses])
+          out_.loss.item(), "aux %s" % (None if aux is None else "%.6f" % aux.item()),
+          "losses", ["%.6f" % x for x in losses])
     if losses16 is not None:
         print(name, "losses_bf16", ["%.6f" % x for x in losses16])
     return gap_lora

@@ -291,6 +291,16 @@ CausalLm<ExecSpace>::CausalLm(const ExecSpace& exec, const ModelConfig& cfg, boo
   cache_.resize(static_cast<size_t>(spec_.layers));
   store_.resize(cache_.size());
   offsets_.resize(cache_.size());
+  const std::string& aux = cfg.router_aux_loss;
+  KQLORA_INPUT_CHECK(aux != "on" || spec_.any_sparse_mlp(),
+                     "router_aux_loss = on: " << cfg.arch_source << " describes no experts");
+  aux_on_ = spec_.any_sparse_mlp() && (aux == "on" || (aux == "auto" && spec_.experts.aux_loss));
+  if (aux_on_) {
+    const int64_t E = spec_.experts.experts;
+    aux_.counts = Kokkos::View<double*, Mem>("kqlora::CausalLm::aux_counts", E);
+    aux_.probs = Kokkos::View<double*, Mem>("kqlora::CausalLm::aux_probs", E);
+    aux_.grad = Kokkos::View<float*, Mem>("kqlora::CausalLm::aux_grad", E);
+  }
   bf16_kept_ = keeps_bf16_activations<Mem>(cfg);
   bf16_store_.resize(cache_.size());
   rope_.resize(spec_.ropes.size());
@@ -739,9 +749,12 @@ void CausalLm<ExecSpace>::block_forward(int l, Buffers& c, const Matrix<Mem>& ne
   norm_forward(norm_of(NormRole::mlp_in), NormRole::mlp_in, c[B::kMid], c[B::kN2], c[B::kInv2]);
   if (spec_.layer[l].sparse) {
     SparseMlpCache<Mem> sc = sparse_cache(c);
+    // (the aux loss's sums once per forward: a recomputation adds nothing)
+    const bool sum_aux = aux_on_ && next.data();
     sparse_mlp_forward(exec, spec_.experts, spec_.mlp_activation, dense_matrix(B.router),
                        expert_weights(l), c[B::kN2], bf16, sc, lora_, ws_,
-                       spec_.norm(NormRole::mlp_out) ? c[B::kDRaw] : buf_[B::kProjOut]);
+                       spec_.norm(NormRole::mlp_out) ? c[B::kDRaw] : buf_[B::kProjOut],
+                       sum_aux ? &aux_ : nullptr, buf_[B::kGLogits]);
     offsets_[l] = std::move(sc.offsets);
   } else {
     project_all(ProjectionInput::mlp_norm);
@@ -789,6 +802,56 @@ void CausalLm<ExecSpace>::set_documents(const TokenMatrix<Mem>& positions) {
 }
 
 template <class ExecSpace>
+void CausalLm<ExecSpace>::mark_real_tokens(const TokenMatrix<Mem>& labels) {
+  const int64_t n = labels.extent(0), S = labels.extent(1);
+  if (static_cast<int64_t>(aux_.real.extent(0)) < n * S)
+    aux_.real = Kokkos::View<float*, Mem>("kqlora::CausalLm::aux_real", n * S);
+  const auto real = aux_.real;
+  Kokkos::parallel_for(
+      "kqlora::CausalLm::real_tokens",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(this->exec_, 0, n),
+      KOKKOS_LAMBDA(int64_t i) {
+        int64_t last = -1;  // (the row's last scored label; padding follows it)
+        for (int64_t t = 1; t < S; ++t)
+          if (labels(i, t) != kIgnoreLabel) last = t;
+        for (int64_t t = 0; t < S; ++t) real(i * S + t) = t <= last ? 1.0f : 0.0f;
+      });
+  Kokkos::deep_copy(this->exec_, aux_.counts, 0.0);
+  Kokkos::deep_copy(this->exec_, aux_.probs, 0.0);
+  double tokens = 0;
+  Kokkos::parallel_reduce(
+      "kqlora::CausalLm::real_count",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(this->exec_, 0, n * S),
+      KOKKOS_LAMBDA(int64_t i, double& sum) { sum += real(i); }, tokens);
+  int64_t sparse = 0;
+  for (const LayerSpec& l : spec_.layer) sparse += l.sparse;
+  aux_.rows = tokens * static_cast<double>(sparse);
+}
+
+template <class ExecSpace>
+double CausalLm<ExecSpace>::finish_aux_loss(int64_t rows, int64_t global_bs) {
+  // One micro-batch's loss, weighted by its share of the global batch's rows: a mean over
+  // the micro-batches and ranks, each computed as transformers computes one forward's.
+  const int64_t E = spec_.experts.experts;
+  auto counts = Kokkos::create_mirror_view(Kokkos::HostSpace(), aux_.counts);
+  auto probs = Kokkos::create_mirror_view(Kokkos::HostSpace(), aux_.probs);
+  Kokkos::deep_copy(this->exec_, counts, aux_.counts);
+  Kokkos::deep_copy(this->exec_, probs, aux_.probs);
+  fence(this->exec_, "kqlora::CausalLm::aux_sums");  // (read on the host below)
+  const double R = aux_.rows, scale = spec_.experts.aux_loss_coef * static_cast<double>(rows) /
+                                      static_cast<double>(global_bs);
+  auto grad = Kokkos::create_mirror_view(Kokkos::HostSpace(), aux_.grad);
+  double aux = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    aux += R > 0 ? counts(e) / R * probs(e) / R : 0;
+    grad(e) = R > 0 ? static_cast<float>(scale * static_cast<double>(E) * counts(e) / (R * R)) : 0;
+  }
+  Kokkos::deep_copy(this->exec_, aux_.grad, grad);
+  fence(this->exec_, "kqlora::CausalLm::aux_grad");  // (grad is freed on return)
+  return scale * static_cast<double>(E) * aux;
+}
+
+template <class ExecSpace>
 double CausalLm<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool training,
                                     bool with_grads) {
   const ExecSpace& exec = this->exec_;
@@ -801,6 +864,8 @@ double CausalLm<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool
   ensure(n, S);
   dropout_on_ = training && this->cfg_.dropout > 0;
   const bool bf16 = this->cfg_.bf16();
+  aux_value_ = 0;
+  if (aux_on_) mark_real_tokens(b.labels);
   const Matrix<Mem> x0 = block_cache(0)[B::kX];
   embedding_forward(exec, dense_vector(embed_), b.tokens, x0);
   if (spec_.embed_scale > 0) embedding_scale(exec, spec_.embed_scale, bf16, x0);
@@ -819,8 +884,10 @@ double CausalLm<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool
     this->release(group);
   }
   norm_forward(norm_, NormRole::final, buf_[B::kXOut], buf_[B::kNf], buf_[B::kInvF]);
+  if (aux_on_) aux_value_ = finish_aux_loss(n, b.global_bs);
   // (kNf, the final norm's output, is read by the head alone: its rows are scratch there)
-  return lm_head_cross_entropy(exec, buf_[B::kNf], dense_matrix(head_), b.labels, normaliser, bf16,
+  return aux_value_ +
+         lm_head_cross_entropy(exec, buf_[B::kNf], dense_matrix(head_), b.labels, normaliser, bf16,
                                with_grads ? buf_[B::kGN] : Matrix<Mem>(), ce_ws_,
                                spec_.final_softcap, head_inputs(), HiddenAfter::scratch);
 }
@@ -865,7 +932,7 @@ void CausalLm<ExecSpace>::backward(bool accumulate) {
       sc.offsets = offsets_[l];
       sparse_mlp_backward(exec, spec_.experts, spec_.mlp_activation, dense_matrix(B.router),
                           expert_weights(l), sc, g_down, bf16, sparse_scratch(), lora_, ws_,
-                          s[B::kGN]);
+                          s[B::kGN], aux_on_ ? &aux_ : nullptr);
     } else {
       project_back(l, down_proj, c, g_down, accumulate, 0.0f, s[B::kGAct]);
       gated_mlp_backward(exec, spec_.mlp_activation, c[B::kGate], c[B::kUp], s[B::kGAct], bf16,

@@ -53,7 +53,7 @@ std::string ModelConfig::to_text() const {
      << "\nbias = " << (bias ? "true" : "false") << "\nactivation = " << activation_name(activation)
      << "\nblock_size = " << block_size << "\nscaler_block_size = " << scaler_block_size
      << "\ndtype = " << dtype_name(dtype) << "\nseed = " << seed << "\nloss = " << loss_name(loss)
-     << "\nlora_targets = " << lora_targets
+     << "\nlora_targets = " << lora_targets << "\nrouter_aux_loss = " << router_aux_loss
      << "\nhf_model_dir = " << (hf_model_dir.empty() ? "none" : hf_model_dir) << "\n";
   return os.str();
 }
@@ -122,6 +122,10 @@ ModelConfig ModelConfig::from_text(const std::string& text, const std::string& s
       c.loss = parse_loss(v);
     } else if (key == "lora_targets") {
       c.lora_targets = v;
+    } else if (key == "router_aux_loss") {
+      KQLORA_INPUT_CHECK(v == "auto" || v == "on" || v == "off",
+                         where << ": expected auto|on|off, got '" << v << "'");
+      c.router_aux_loss = v;
     } else if (key == "hf_model_dir") {
       c.hf_model_dir = v == "none" ? "" : v;
     }

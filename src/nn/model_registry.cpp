@@ -111,7 +111,7 @@ std::map<std::string, ModelKind>& registry() {
         },
         {"hf_model_dir", "lora_targets", "lora_rank", "lora_alpha", "lora_dropout", "lora_b_init",
          "block_size", "scaler_block_size", "dtype", "seed", "loss", "activation_checkpointing",
-         "activation_dtype", "checkpoint_base"},
+         "activation_dtype", "checkpoint_base", "router_aux_loss"},
         [](const ModelConfig& c) { return footprint_of(CausalLm<Exec>::make_table(c)); },
         causal_lm_activations,
         true,

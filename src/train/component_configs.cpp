@@ -26,6 +26,7 @@ ModelConfig model_config(const Config& c) {
   m.seed = static_cast<uint64_t>(c.seed);
   m.lora_b_zeros = c.lora_b_init == "zeros";
   m.lora_targets = c.lora_targets;
+  m.router_aux_loss = c.router_aux_loss;
   m.hf_model_dir = c.hf_model_dir;
   m.activation_checkpointing = c.activation_checkpointing;
   m.activation_dtype = c.activation_dtype == "bfloat16"  ? ActivationDtype::bfloat16

@@ -193,6 +193,7 @@ std::vector<Key> make_keys() {
           },
           "false"),
       KQ_CHOICE(activation_dtype, kModel, "auto", "float32", "bfloat16"),
+      KQ_CHOICE(router_aux_loss, kModel | kFixed, "auto", "on", "off"),
       key(
           "bias", kModel | kFixed,
           [](Config& c, const std::string& v, const std::string& w) { c.bias = to_bool(v, w); },

@@ -62,6 +62,9 @@ class CausalLm : public Model<ExecSpace> {
   double loss(const Batch<Mem>& batch, double normaliser) override;
   double train_flops(int64_t sequences, int64_t positions) const override;
 
+  /// The load-balancing loss the last forward added (0: none).
+  double aux_loss() const { return aux_value_; }
+
   /// The logits [tokens, vocab] of a batch (evaluation and tests; the loss never needs
   /// them whole).
   Matrix<Mem> logits(const Batch<Mem>& batch);
@@ -119,6 +122,15 @@ class CausalLm : public Model<ExecSpace> {
   int64_t rope_len_ = 0;            // the rows' length longrope's choice of factors takes
   bool dropout_on_ = false;
   std::vector<std::vector<int64_t>> offsets_;  // [layer]: a sparse layer's grouping (forward)
+  // The router's load-balancing loss (router_aux_loss; nn/sparse_mlp.hpp): on, its state
+  // over one forward, and its value (coefficient and micro-batch weight applied).
+  bool aux_on_ = false;
+  RouterAuxLoss<Mem> aux_;
+  double aux_value_ = 0;
+  /// aux_.real from a batch's labels: a row's positions up to its last scored label.
+  void mark_real_tokens(const TokenMatrix<Mem>& labels);
+  /// After the last layer: the loss's value and its gradient per expert (aux_.grad).
+  double finish_aux_loss(int64_t rows, int64_t global_bs);
 
   /// positions_ and docs_ from a batch's position_ids (empty: none), and rope_len_ as
   /// transformers' longrope takes it: max(position_ids) + 1, else the data file's rows.

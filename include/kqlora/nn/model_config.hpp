@@ -32,6 +32,9 @@ struct ModelConfig {
   // Hugging Face models (causal_lm): the projections with adapters, the model directory, and
   // config.json's text (checkpoints store it, so readers need no directory).
   std::string lora_targets = "all-linear";
+  // causal_lm with experts: the load-balancing loss added (auto: as config.json's
+  // output_router_logits says; on; off)
+  std::string router_aux_loss = "auto";
   std::string hf_model_dir;
   std::string arch_text;
   std::string arch_source = "config.json";  // where arch_text came from (for messages)
@@ -47,7 +50,7 @@ struct ModelConfig {
 
   /// `key = value` lines (model, dim, num_linears, lora_rank, lora_alpha, lora_dropout,
   /// bias, activation, dtype, block_size, scaler_block_size, seed, lora_b_init, loss,
-  /// lora_targets, hf_model_dir); arch_text is not part of it.
+  /// lora_targets, router_aux_loss, hf_model_dir); arch_text is not part of it.
   std::string to_text() const;
   /// The keys above from `text` (other keys and `#` comments ignored; a missing key keeps
   /// its default: `model` absent is lora_stack, as in checkpoints that predate it).

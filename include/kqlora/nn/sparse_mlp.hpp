@@ -280,19 +280,97 @@ void route_backward(const ExecSpace& exec, const ExpertsSpec& spec, const Sparse
 
 }  // namespace impl
 
+/// transformers' load-balancing loss (load_balancing_loss_func) over one forward's sparse
+/// layers, on the tokens `real` marks (1: counted; padding 0): with p the softmax of a
+/// layer's logits and the top k chosen as routed,
+///   counts[e] = sum over layers and real tokens of [e chosen],  probs[e] = ... of p[e],
+///   rows = layers x real tokens,  aux = E * sum_e (counts[e] / rows) (probs[e] / rows).
+/// The counts are not differentiable: d aux / d p(t, e) = E counts[e] / rows^2 for a real t.
+template <class M>
+struct RouterAuxLoss {
+  Kokkos::View<float*, M> real;            // [T]
+  Kokkos::View<double*, M> counts, probs;  // [E], summed over the layers
+  Kokkos::View<float*, M> grad;            // [E]: coef * weight * E * counts / rows^2
+  double rows = 0;
+};
+
+namespace impl {
+
+/// One layer's share of counts and probs (p into scratch [T, E] first).
+template <class ExecSpace, class M>
+void aux_accumulate(const ExecSpace& exec, const SparseMlpCache<M>& c, const Matrix<M>& p,
+                    const RouterAuxLoss<M>& aux) {
+  const int64_t T = c.logits.extent(0), E = c.logits.extent(1), K = c.chosen.extent(1);
+  const auto logits = c.logits;
+  const auto chosen = c.chosen;
+  const auto real = aux.real;
+  const auto counts = aux.counts, probs = aux.probs;
+  Kokkos::parallel_for(
+      "kqlora::sparse_mlp::aux_probs",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, T),
+      KOKKOS_LAMBDA(int64_t t) {
+        float mx = logits(t, 0);
+        for (int64_t e = 1; e < E; ++e) mx = logits(t, e) > mx ? logits(t, e) : mx;
+        float sum = 0;
+        for (int64_t e = 0; e < E; ++e) sum += fast_exp(logits(t, e) - mx);
+        for (int64_t e = 0; e < E; ++e) p(t, e) = fast_exp(logits(t, e) - mx) / sum;
+      });
+  Kokkos::parallel_for(
+      "kqlora::sparse_mlp::aux_sums",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, E),
+      KOKKOS_LAMBDA(int64_t e) {
+        double n = 0, q = 0;
+        for (int64_t t = 0; t < T; ++t) {
+          if (real(t) == 0) continue;
+          q += p(t, e);
+          for (int64_t j = 0; j < K; ++j) n += chosen(t, j) == e;
+        }
+        counts(e) += n;
+        probs(e) += q;
+      });
+}
+
+/// glogits(t) += the aux loss's gradient through the softmax: p (g - <g, p>), g = grad.
+template <class ExecSpace, class M>
+void aux_backward(const ExecSpace& exec, const SparseMlpCache<M>& c, const RouterAuxLoss<M>& aux,
+                  const Matrix<M>& gl) {
+  const int64_t E = c.logits.extent(1);
+  const auto logits = c.logits;
+  const auto real = aux.real;
+  const auto g = aux.grad;
+  Kokkos::parallel_for(
+      "kqlora::sparse_mlp::aux_backward",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, logits.extent(0)),
+      KOKKOS_LAMBDA(int64_t t) {
+        if (real(t) == 0) return;
+        float mx = logits(t, 0);
+        for (int64_t e = 1; e < E; ++e) mx = logits(t, e) > mx ? logits(t, e) : mx;
+        float sum = 0;
+        for (int64_t e = 0; e < E; ++e) sum += fast_exp(logits(t, e) - mx);
+        float dot = 0;
+        for (int64_t e = 0; e < E; ++e) dot += fast_exp(logits(t, e) - mx) / sum * g(e);
+        for (int64_t e = 0; e < E; ++e)
+          gl(t, e) += fast_exp(logits(t, e) - mx) / sum * (g(e) - dot);
+      });
+}
+
+}  // namespace impl
+
 /// The sparse MLP's forward from x [T, H] into y [T, H]; `c` keeps what the backward reads.
 /// `router` [E, H] (dense), `experts[e]` expert e's weights.
 template <class ExecSpace, class M>
 void sparse_mlp_forward(const ExecSpace& exec, const ExpertsSpec& spec, Activation act,
                         const Matrix<M>& router, const std::vector<ExpertWeights<M>>& experts,
                         const Matrix<M>& x, bool bf16, SparseMlpCache<M>& c, LoraScratch<M>& lora,
-                        LinearNf4Workspace<M>& ws, const Matrix<M>& y) {
+                        LinearNf4Workspace<M>& ws, const Matrix<M>& y,
+                        const RouterAuxLoss<M>* aux = nullptr, const Matrix<M>& aux_scratch = {}) {
   const int64_t E = spec.experts, K = spec.top_k;
   KQLORA_CHECK(K <= kMaxTopK && static_cast<int64_t>(experts.size()) == E,
                "sparse_mlp_forward: top_k " << K << " or experts");
   gemm(exec, "N", "T", 1.0f, x, router, 0.0f, c.logits);
   if (bf16) round_bf16(exec, c.logits);
   impl::route(exec, spec, bf16, c.logits, c.chosen, c.weight);
+  if (aux) impl::aux_accumulate(exec, c, aux_scratch, *aux);
   impl::group_by_expert(exec, E, c);
   impl::gather_rows(exec, x, c.order, K, c.xg);
   for (int64_t e = 0; e < E; ++e) {
@@ -329,7 +407,8 @@ void sparse_mlp_backward(const ExecSpace& exec, const ExpertsSpec& spec, Activat
                          const Matrix<M>& router, const std::vector<ExpertWeights<M>>& experts,
                          const SparseMlpCache<M>& c, const Matrix<M>& gy, bool bf16,
                          const SparseMlpScratch<M>& s, LoraScratch<M>& lora,
-                         LinearNf4Workspace<M>& ws, const Matrix<M>& gx) {
+                         LinearNf4Workspace<M>& ws, const Matrix<M>& gx,
+                         const RouterAuxLoss<M>* aux = nullptr) {
   const int64_t E = spec.experts;
   impl::combine_backward(exec, c, gy, bf16, s);
   for (int64_t e = 0; e < E; ++e) {
@@ -357,6 +436,7 @@ void sparse_mlp_backward(const ExecSpace& exec, const ExpertsSpec& spec, Activat
   }
   impl::scatter_rows(exec, c, s.gxg, bf16, gx);
   impl::route_backward(exec, spec, c, s);
+  if (aux) impl::aux_backward(exec, c, *aux, s.glogits);
   gemm(exec, "N", "N", 1.0f, s.glogits, router, 1.0f, gx);  // gx += dlogits R
   if (bf16) round_bf16(exec, gx);
 }

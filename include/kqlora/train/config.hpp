@@ -44,6 +44,8 @@ struct Config {
   std::string init_file, data_file, eval_file;
   int64_t eval_every = 0;
   bool shuffle = false;  // data_file's rows in a seeded permutation per epoch
+  // causal_lm with experts: the load-balancing loss (auto: config.json's output_router_logits)
+  std::string router_aux_loss = "auto";
   // token files' tokenizer_sha256 against hf_model_dir's tokenizer (docs/MODELS.md)
   std::string tokenizer_check = "on";
   // parallelism

@@ -50,9 +50,6 @@ DecoderSpec qwen3_moe_family(HfConfigReader& r, const std::string& model_type) {
   e.norm_topk = r.boolean("norm_topk_prob", false);
   e.router = RouterKind::softmax_topk;
   e.aux_loss = r.boolean("output_router_logits", false);
-  if (e.aux_loss)  // (issue 50: next; a loss left out silently would train other numbers)
-    r.fail("output_router_logits",
-           "is true: the load-balancing loss is not implemented yet; set it to false");
   e.aux_loss_coef = r.number("router_aux_loss_coef", 0.001, false);
   if (!(e.aux_loss_coef >= 0) || !std::isfinite(e.aux_loss_coef))
     r.fail("router_aux_loss_coef", "must be >= 0");
