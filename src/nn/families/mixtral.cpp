@@ -50,6 +50,9 @@ DecoderSpec mixtral_family(HfConfigReader& r, const std::string& model_type) {
   e.down_name = "w2";
   e.aux_loss = r.boolean("output_router_logits", false);
   e.aux_loss_coef = r.number("router_aux_loss_coef", 0.001, false);
+  if (!(e.aux_loss_coef >= 0))
+    r.fail("router_aux_loss_coef",
+           "must be >= 0, got " + value_text(*r.get("router_aux_loss_coef")));
   for (auto& l : s.layer) l.sparse = true;
   return s;
 }

@@ -52,7 +52,8 @@ DecoderSpec qwen3_moe_family(HfConfigReader& r, const std::string& model_type) {
   e.aux_loss = r.boolean("output_router_logits", false);
   e.aux_loss_coef = r.number("router_aux_loss_coef", 0.001, false);
   if (!(e.aux_loss_coef >= 0) || !std::isfinite(e.aux_loss_coef))
-    r.fail("router_aux_loss_coef", "must be >= 0");
+    r.fail("router_aux_loss_coef",
+           "must be >= 0, got " + value_text(*r.get("router_aux_loss_coef")));
   const int64_t step = r.integer("decoder_sparse_step", 1, false);
   std::vector<bool> dense_only(static_cast<size_t>(s.layers), false);
   const std::vector<double> dense_layers = r.numbers("mlp_only_layers");
