@@ -20,6 +20,10 @@ struct FamilyDefaults {
   bool tied;
 };
 
+/// Qwen3's attention (Qwen3 and Qwen3-MoE): `attention_bias` on q, k, v and o, per-head
+/// q/k norms of Llama's kind, 1/sqrt(head_dim) scores, the rope (default, linear, llama3).
+void qwen3_attention(HfConfigReader& r, const FamilyDefaults& d, DecoderSpec& s);
+
 /// The dimensions, eps, tie flag; absent fields take `d` with a note.
 void read_dims(HfConfigReader& r, const FamilyDefaults& d, DecoderSpec& s);
 

@@ -9,6 +9,18 @@
 
 namespace kqlora::impl {
 
+void qwen3_attention(HfConfigReader& r, const FamilyDefaults& d, DecoderSpec& s) {
+  const bool bias = r.boolean("attention_bias", false);
+  s.projections = llama_projections(bias, bias, false);
+  s.norms = pre_norms(NormKind::scale);
+  s.norms.push_back({"self_attn.q_norm", NormRole::q, NormKind::scale});
+  s.norms.push_back({"self_attn.k_norm", NormRole::k, NormKind::scale});
+  s.attn_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  const double theta = r.number("rope_theta", d.rope_theta, false);
+  s.ropes.push_back(read_config_rope(r, theta, s.head_dim, std::nullopt, s.max_positions, 0,
+                                     {"linear", "llama3"}));
+}
+
 namespace {
 
 DecoderSpec qwen(HfConfigReader& r, const std::string& model_type, bool qwen3) {
@@ -22,20 +34,15 @@ DecoderSpec qwen(HfConfigReader& r, const std::string& model_type, bool qwen3) {
   refuse_dropout(r, "attention_dropout");
   s.mlp_activation = read_activation(r, "hidden_act", "silu", false);
   if (qwen3) {
-    const bool bias = r.boolean("attention_bias", false);
-    s.projections = llama_projections(bias, bias, false);
+    qwen3_attention(r, d, s);
   } else {
     s.projections = llama_projections(true, false, false);
+    s.norms = pre_norms(NormKind::scale);
+    s.attn_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+    const double theta = r.number("rope_theta", d.rope_theta, false);
+    s.ropes.push_back(read_config_rope(r, theta, s.head_dim, std::nullopt, s.max_positions, 0,
+                                       {"linear", "llama3"}));
   }
-  s.norms = pre_norms(NormKind::scale);
-  if (qwen3) {
-    s.norms.push_back({"self_attn.q_norm", NormRole::q, NormKind::scale});
-    s.norms.push_back({"self_attn.k_norm", NormRole::k, NormKind::scale});
-  }
-  s.attn_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-  const double theta = r.number("rope_theta", d.rope_theta, false);
-  s.ropes.push_back(read_config_rope(r, theta, s.head_dim, std::nullopt, s.max_positions, 0,
-                                     {"linear", "llama3"}));
   // transformers: sliding_window = sliding_window if use_sliding_window else None; a layer
   // slides when its layer_types entry says so (default: from max_window_layers on).
   const bool use_window = r.boolean("use_sliding_window", false);

@@ -22,15 +22,7 @@ DecoderSpec qwen3_moe_family(HfConfigReader& r, const std::string& model_type) {
   read_dims(r, d, s);
   refuse_dropout(r, "attention_dropout");
   s.mlp_activation = read_activation(r, "hidden_act", "silu", false);
-  const bool bias = r.boolean("attention_bias", false);
-  s.projections = llama_projections(bias, bias, false);
-  s.norms = pre_norms(NormKind::scale);
-  s.norms.push_back({"self_attn.q_norm", NormRole::q, NormKind::scale});
-  s.norms.push_back({"self_attn.k_norm", NormRole::k, NormKind::scale});
-  s.attn_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-  const double theta = r.number("rope_theta", d.rope_theta, false);
-  s.ropes.push_back(read_config_rope(r, theta, s.head_dim, std::nullopt, s.max_positions, 0,
-                                     {"linear", "llama3"}));
+  qwen3_attention(r, d, s);
   const bool use_window = r.boolean("use_sliding_window", false);
   const int64_t window = r.integer("sliding_window", 4096, false);
   for (auto& l : s.layer) l.window = use_window ? window : 0;
