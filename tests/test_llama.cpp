@@ -317,12 +317,33 @@ std::string run_train(const Case& c, const std::string& tag, const std::string& 
 
 // A run of 5 steps (run_train's save_dir) against PEFT's reference run of case c: the
 // per-step losses and the final adapters within 1e-4.
+/// A metric's values over the steps of a metrics.jsonl (empty: no step has it).
+std::vector<double> metric_values(const std::string& metrics, const std::string& key) {
+  std::ifstream f(metrics);
+  std::vector<double> out;
+  const std::string field = "\"" + key + "\": ";
+  for (std::string line; std::getline(f, line);) {
+    const auto at = line.find(field);
+    if (at != std::string::npos) out.push_back(std::stod(line.substr(at + field.size())));
+  }
+  return out;
+}
+
 void expect_matches_peft_run(const Case& c, const std::string& dir) {
   auto ref = kqlora::h5::open_file(c.dir + "/reference.h5");
   const auto want = read_doubles(ref, "losses"), got = losses_of(dir + "/metrics.jsonl");
   ASSERT_EQ(got.size(), want.size());
   for (size_t s = 0; s < want.size(); ++s)
     EXPECT_NEAR(got[s], want[s], 1e-4 * std::fabs(want[s])) << c.name << " step " << s + 1;
+  // The router's load-balancing share, reported apart (the first step's: transformers').
+  const auto aux = metric_values(dir + "/metrics.jsonl", "aux_loss");
+  if (kqlora::h5::exists(ref, "aux_loss")) {
+    ASSERT_EQ(aux.size(), want.size()) << c.name;
+    const double want_aux = read_doubles(ref, "aux_loss")[0];
+    EXPECT_NEAR(aux[0], want_aux, 1e-5 * want_aux) << c.name;
+  } else {
+    EXPECT_TRUE(aux.empty()) << c.name;
+  }
   auto out = kqlora::h5::open_file(dir + "/ckpt/step-00000005/rank-00000.h5");
   auto final_ref = kqlora::h5::open_group(ref, "final");
   auto params = kqlora::h5::open_group(out, "params");

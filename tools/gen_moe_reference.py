@@ -319,6 +319,9 @@ def generate(name, case, folder, gen):
         f.create_dataset("valid", data=valid.numpy())
         f.create_dataset("loss", data=np.array([out_.loss.item()]))
         f.create_dataset("losses", data=np.array(losses))
+        if getattr(out_, "aux_loss", None) is not None:  # (its share of the loss: coef * aux)
+            f.create_dataset("aux_loss", data=np.array(
+                [case["arch"]["router_aux_loss_coef"] * out_.aux_loss.item()]))
         for n, g in kq(grads).items():
             f.create_dataset("grads/" + n, data=g.numpy())
         for n, v in kq(final).items():

@@ -124,7 +124,7 @@ template <class ExecSpace>
 double BatchLoader<ExecSpace>::run(Model<ExecSpace>& model, DataParallel<ExecSpace>* dp,
                                    const DataSource& src, int64_t step, RunReport* report) {
   const double normaliser = src.normaliser(step, model.config().loss == LossKind::mse);
-  tokens_ = flops_ = 0;
+  tokens_ = flops_ = aux_ = 0;
   return pass(model, dp, src, step, normaliser, global_bs_, report);
 }
 
@@ -157,6 +157,7 @@ double BatchLoader<ExecSpace>::pass(Model<ExecSpace>& model, DataParallel<ExecSp
       }
       if (k + 1 == micro_batches_) dp->before_last_backward();  // the last one reduces
       loss += model.forward_backward(b, normaliser, k > 0);     // the first writes the grads
+      aux_ += model.aux_loss();
     } else {
       loss += model.loss(b, normaliser);
     }

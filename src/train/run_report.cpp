@@ -56,7 +56,7 @@ void RunReport::enter(Phase p) {
 }
 
 void RunReport::step(int64_t step, double loss, double lr, double norm, bool finite, double tokens,
-                     double flops) {
+                     double flops, double aux) {
   if (first_step_ < 0) {
     first_step_ = step;
     faults_after_first_ = minor_page_faults();
@@ -74,9 +74,12 @@ void RunReport::step(int64_t step, double loss, double lr, double norm, bool fin
     const double sps = static_cast<double>(done * cfg_.global_bs) / elapsed;
     const double eta = elapsed / done * (cfg_.num_steps - step - 1);
     log_ << "step " << std::setw(6) << step + 1 << "/" << cfg_.num_steps << "  loss "
-         << std::setprecision(6) << std::scientific << loss << std::defaultfloat << "  lr "
-         << std::setprecision(3) << lr << "  |g| " << std::setprecision(4) << norm << "  samples/s "
-         << std::fixed << std::setprecision(1) << sps << std::defaultfloat;
+         << std::setprecision(6) << std::scientific << loss << std::defaultfloat;
+    if (aux != 0)  // (the router's load-balancing share of the loss)
+      log_ << " (aux " << std::setprecision(4) << std::scientific << aux << std::defaultfloat
+           << ")";
+    log_ << "  lr " << std::setprecision(3) << lr << "  |g| " << std::setprecision(4) << norm
+         << "  samples/s " << std::fixed << std::setprecision(1) << sps << std::defaultfloat;
     if (tokens_ > 0)
       log_ << "  tokens/s " << std::fixed << std::setprecision(0) << tokens_ / elapsed;
     if (flops_ > 0 && peak_ > 0)
@@ -97,6 +100,7 @@ void RunReport::step(int64_t step, double loss, double lr, double norm, bool fin
     else
       metrics_ << "null";
     metrics_ << ", \"skipped\": " << (finite ? "false" : "true") << ", \"elapsed_s\": " << elapsed;
+    if (aux != 0) metrics_ << ", \"aux_loss\": " << aux;
     if (tokens_ > 0) metrics_ << ", \"tokens\": " << tokens_;
     if (flops_ > 0) metrics_ << ", \"model_flops\": " << flops_;
     if (flops_ > 0 && peak_ > 0) metrics_ << ", \"mfu\": " << flops_ / elapsed / peak_;

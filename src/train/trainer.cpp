@@ -69,13 +69,15 @@ std::string unchecksummed_data_note(const DataSource& d) {
 
 /// Sums `v` (and `tokens`, `flops`) over ranks; a stop signal on any rank travels with
 /// it, so every rank stops after the same step.
-bool sum_and_stop(Communicator& comm, double& v, double* tokens = nullptr,
-                  double* flops = nullptr) {
-  double all[4] = {v, stop_requested() ? 1.0 : 0.0, tokens ? *tokens : 0, flops ? *flops : 0};
-  if (comm.size() > 1) comm.wait(comm.allreduce_sum(all, 4));
+bool sum_and_stop(Communicator& comm, double& v, double* tokens = nullptr, double* flops = nullptr,
+                  double* aux = nullptr) {
+  double all[5] = {v, stop_requested() ? 1.0 : 0.0, tokens ? *tokens : 0, flops ? *flops : 0,
+                   aux ? *aux : 0};
+  if (comm.size() > 1) comm.wait(comm.allreduce_sum(all, 5));
   v = all[0];
   if (tokens) *tokens = all[2];
   if (flops) *flops = all[3];
+  if (aux) *aux = all[4];
   return all[1] > 0;
 }
 
@@ -256,8 +258,8 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
       double loss = batches.run(*model, dp.get(), data, step, &report);  // forward, backward
       report.enter(Phase::communication);
       dp->reduce_gradients();  // the gradient of the whole global batch
-      double tokens = batches.tokens(), flops = batches.flops();
-      stop = sum_and_stop(comm, loss, &tokens, &flops);
+      double tokens = batches.tokens(), flops = batches.flops(), aux = batches.aux();
+      stop = sum_and_stop(comm, loss, &tokens, &flops, &aux);
       report.enter(Phase::optimizer);
       const double norm = dp->grad_norm(exec);
       const bool finite = std::isfinite(loss) && std::isfinite(norm);
@@ -276,7 +278,7 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
       summary.losses.push_back(finite ? loss : NAN);
       summary.steps_skipped += finite ? 0 : 1;
       summary.steps_done = step + 1;
-      report.step(step, loss, lr, norm, finite, tokens, flops);
+      report.step(step, loss, lr, norm, finite, tokens, flops, aux);
     }
     if (eval && (step + 1) % cfg.eval_every == 0) {
       report.enter(Phase::evaluation);

@@ -63,7 +63,7 @@ class CausalLm : public Model<ExecSpace> {
   double train_flops(int64_t sequences, int64_t positions) const override;
 
   /// The load-balancing loss the last forward added (0: none).
-  double aux_loss() const { return aux_value_; }
+  double aux_loss() const override { return aux_value_; }
 
   /// The logits [tokens, vocab] of a batch (evaluation and tests; the loss never needs
   /// them whole).

@@ -56,6 +56,9 @@ class Model {
   virtual double forward_backward(const Batch<Mem>& batch, double normaliser, bool accumulate) = 0;
   /// The loss alone (evaluation: no dropout, no gradients).
   virtual double loss(const Batch<Mem>& batch, double normaliser) = 0;
+  /// The share of the last forward's loss that is an auxiliary loss (a router's
+  /// load-balancing loss), for the log; 0 where there is none.
+  virtual double aux_loss() const { return 0; }
   /// Model FLOPs of forward_backward on a token batch of that shape (progress lines:
   /// model-FLOPs utilisation); 0 where the model does not count them.
   virtual double train_flops(int64_t sequences, int64_t positions) const {

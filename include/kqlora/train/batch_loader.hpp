@@ -46,12 +46,15 @@ class BatchLoader {
   /// model FLOPs (Model::train_flops over the micro-batches as run).
   double tokens() const { return tokens_; }
   double flops() const { return flops_; }
+  /// The last run()'s auxiliary loss on this rank (Model::aux_loss over its micro-batches:
+  /// already part of run()'s loss).
+  double aux() const { return aux_; }
 
  private:
   ExecSpace exec_;
   InputSpec spec_;
   uint64_t seed_;
-  double tokens_ = 0, flops_ = 0, real_tokens_ = 0;  // (real_tokens_: the last load()'s)
+  double tokens_ = 0, flops_ = 0, aux_ = 0, real_tokens_ = 0;  // (real_tokens_: last load()'s)
   int64_t global_bs_, first_ = 0, count_ = 0, mb_ = 1, micro_batches_ = 1;
   Batch<Mem> buf_;
   std::vector<float> rows_, trows_;

@@ -34,8 +34,10 @@ class RunReport {
   /// record every log_every steps and at the last.
   /// `tokens` and `flops`: the step's over all ranks (token models; 0 otherwise): the
   /// line shows tokens/s and, with a peak set, the model-FLOPs utilisation.
+  /// `aux`: the share of `loss` that is a router's load-balancing loss (shown apart when
+  /// not 0).
   void step(int64_t step, double loss, double lr, double grad_norm, bool finite, double tokens = 0,
-            double flops = 0);
+            double flops = 0, double aux = 0);
   /// The FMA peak (FLOP/s) of every core of the run, which MFU is measured against (0:
   /// not known, no MFU).
   void set_peak_flops(double peak) { peak_ = peak; }
