@@ -714,7 +714,7 @@ TEST(MoeImport, BadRoutingAndExpertTensorsAreRefusedNamingThem) {
       {"num_experts_per_tok", "0"},  // none
       {"num_local_experts", "0"},    // no expert
       {"mlp_only_layers", "[3]"},    // not a layer
-      {"router_aux_loss_coef", "-1"}};
+      {"router_aux_loss_coef", "-1"}, {"num_experts_per_tok", "33"}};
   for (const auto& [field, value] : bad)
     expect_config_error(with_field(ok, field, value),
                         {"dir/config.json", "'" + field + "'", value});

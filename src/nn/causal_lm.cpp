@@ -806,23 +806,9 @@ void CausalLm<ExecSpace>::mark_real_tokens(const TokenMatrix<Mem>& labels) {
   const int64_t n = labels.extent(0), S = labels.extent(1);
   if (static_cast<int64_t>(aux_.real.extent(0)) < n * S)
     aux_.real = Kokkos::View<float*, Mem>("kqlora::CausalLm::aux_real", n * S);
-  const auto real = aux_.real;
-  Kokkos::parallel_for(
-      "kqlora::CausalLm::real_tokens",
-      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(this->exec_, 0, n),
-      KOKKOS_LAMBDA(int64_t i) {
-        int64_t last = -1;  // (the row's last scored label; padding follows it)
-        for (int64_t t = 1; t < S; ++t)
-          if (labels(i, t) != kIgnoreLabel) last = t;
-        for (int64_t t = 0; t < S; ++t) real(i * S + t) = t <= last ? 1.0f : 0.0f;
-      });
+  const double tokens = kqlora::mark_real_tokens(this->exec_, labels, aux_.real);
   Kokkos::deep_copy(this->exec_, aux_.counts, 0.0);
   Kokkos::deep_copy(this->exec_, aux_.probs, 0.0);
-  double tokens = 0;
-  Kokkos::parallel_reduce(
-      "kqlora::CausalLm::real_count",
-      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(this->exec_, 0, n * S),
-      KOKKOS_LAMBDA(int64_t i, double& sum) { sum += real(i); }, tokens);
   int64_t sparse = 0;
   for (const LayerSpec& l : spec_.layer) sparse += l.sparse;
   aux_.rows = tokens * static_cast<double>(sparse);
@@ -920,9 +906,10 @@ void CausalLm<ExecSpace>::backward(bool accumulate) {
     if (spec_.layer[l].sparse) {
       // (the experts' adapters add up their gradients: each expert's A from gate and up, and
       // an expert no token chose keeps a zero gradient)
+      const ParamEntry* expert_adapters[] = {B.gate_up_lora.first, B.gate_up_lora.second,
+                                             B.down_lora.first, B.down_lora.second};
       if (!accumulate)
-        for (const ParamEntry* e :
-             {B.gate_up_lora.first, B.gate_up_lora.second, B.down_lora.first, B.down_lora.second})
+        for (const ParamEntry* e : expert_adapters)
           if (e)
             Kokkos::deep_copy(
                 exec,

@@ -71,6 +71,10 @@ enum class RouterKind {
   topk_softmax   // the top k logits, then a softmax over those k (gpt-oss)
 };
 
+/// The most experts a token may have (a router's top k; the combine sorts them in place):
+/// far above any released model's 8.
+constexpr int64_t kMaxTopK = 32;
+
 /// A sparse MLP: E experts, each a gated MLP of its own intermediate size, k of them per
 /// token chosen by a router (a frozen [E, hidden] linear), their outputs summed with the
 /// routing weights. No token is dropped; ties in the top k go to the lower expert index.

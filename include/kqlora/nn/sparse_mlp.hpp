@@ -27,15 +27,13 @@
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/fast_exp.hpp"
 #include "kqlora/core/kokkos_compat.hpp"
+#include "kqlora/nn/batch.hpp"
 #include "kqlora/nn/decoder_spec.hpp"
 #include "kqlora/nn/elementwise.hpp"
 #include "kqlora/nn/gated_mlp.hpp"
 #include "kqlora/nn/lora_projection.hpp"
 
 namespace kqlora {
-
-/// The most experts a token may have (a router's top k): the combine sorts them in place.
-constexpr int kMaxTopK = 32;
 
 template <class M>
 using IndexMatrix = Kokkos::View<int32_t**, Kokkos::LayoutRight, M>;
@@ -192,7 +190,8 @@ template <class ExecSpace, class M>
 void combine_backward(const ExecSpace& exec, const SparseMlpCache<M>& c, const Matrix<M>& gy,
                       bool bf16, const SparseMlpScratch<M>& s) {
   const int64_t K = c.chosen.extent(1), H = gy.extent(1);
-  const auto where = c.where, weight = c.weight, yg = c.yg;
+  const auto where = c.where;
+  const auto weight = c.weight, yg = c.yg;
   const auto gyg = s.gyg, gw = s.gw;
   Kokkos::parallel_for(
       "kqlora::sparse_mlp::combine_backward", over(exec, gy.extent(0), K),
@@ -293,6 +292,30 @@ struct RouterAuxLoss {
   Kokkos::View<float*, M> grad;            // [E]: coef * weight * E * counts / rows^2
   double rows = 0;
 };
+
+/// real(i * S + t) = 1 for row i's positions up to its last scored label (prompts count,
+/// the padding after it does not), else 0; returns how many are 1. (A free function: CUDA's
+/// device lambdas may not sit in a class's private members.)
+template <class ExecSpace, class M>
+double mark_real_tokens(const ExecSpace& exec, const TokenMatrix<M>& labels,
+                        const Kokkos::View<float*, M>& real) {
+  const int64_t n = labels.extent(0), S = labels.extent(1);
+  Kokkos::parallel_for(
+      "kqlora::sparse_mlp::real_tokens",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, n),
+      KOKKOS_LAMBDA(int64_t i) {
+        int64_t last = -1;  // (the row's last scored label; padding follows it)
+        for (int64_t t = 1; t < S; ++t)
+          if (labels(i, t) != kIgnoreLabel) last = t;
+        for (int64_t t = 0; t < S; ++t) real(i * S + t) = t <= last ? 1.0f : 0.0f;
+      });
+  double tokens = 0;
+  Kokkos::parallel_reduce(
+      "kqlora::sparse_mlp::real_count",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, n * S),
+      KOKKOS_LAMBDA(int64_t i, double& sum) { sum += real(i); }, tokens);
+  return tokens;
+}
 
 namespace impl {
 

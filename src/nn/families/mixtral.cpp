@@ -37,6 +37,9 @@ DecoderSpec mixtral_family(HfConfigReader& r, const std::string& model_type) {
   ExpertsSpec& e = s.experts;
   e.experts = r.integer("num_local_experts", 8, false, 1);
   e.top_k = r.integer("num_experts_per_tok", 2, false, 1);
+  if (e.top_k > kMaxTopK)
+    r.fail("num_experts_per_tok", "is " + std::to_string(e.top_k) + "; kqlora routes at most " +
+                                      std::to_string(kMaxTopK) + " experts per token");
   if (e.top_k > e.experts)
     r.fail("num_experts_per_tok", "is " + std::to_string(e.top_k) +
                                       ", more than num_local_experts " + std::to_string(e.experts));

@@ -63,6 +63,9 @@ DecoderSpec qwen3_moe_family(HfConfigReader& r, const std::string& model_type) {
   for (int64_t l = 0; l < s.layers; ++l)
     s.layer[static_cast<size_t>(l)].sparse =
         (l + 1) % step == 0 && !dense_only[static_cast<size_t>(l)];
+  if (e.top_k > kMaxTopK)
+    r.fail("num_experts_per_tok", "is " + std::to_string(e.top_k) + "; kqlora routes at most " +
+                                      std::to_string(kMaxTopK) + " experts per token");
   if (e.top_k > e.experts)
     r.fail("num_experts_per_tok", "is " + std::to_string(e.top_k) + ", more than num_experts " +
                                       std::to_string(e.experts));
