@@ -49,7 +49,7 @@ std::vector<Case> family_cases() {
   std::vector<Case> out;
   for (const char* name :
        {"qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "phi3_long", "mistral_window",
-        "qwen3_moe", "qwen3_moe_raw", "qwen3_moe_experts", "mixtral", "qwen3_moe_aux"}) {
+        "qwen3_moe", "qwen3_moe_raw", "qwen3_moe_experts", "mixtral", "qwen3_moe_aux", "olmoe"}) {
     Case c{name, root + name, "all-linear"};
     std::ifstream f(c.dir + "/case.txt");
     for (std::string line; std::getline(f, line);) {
@@ -818,6 +818,24 @@ TEST(MoeImport, BadRoutingAndExpertTensorsAreRefusedNamingThem) {
   auto from_fused = load_dir(fused_dir, &log);
   expect_same_weights(*per_expert, *from_fused);
   EXPECT_EQ(log.find("not read"), std::string::npos) << log;
+}
+
+// OLMoE's fields (issue 50): a clip_qkv that is not a positive number, and a head_dim
+// other than hidden / heads (OlmoeAttention's q_norm is hidden_size wide), each refused
+// naming the file, the field and the value; clip_qkv null is none.
+TEST(MoeImport, OlmoeClipAndHeadDimAreCheckedNamingThem) {
+  const Case c = family_cases()[12];
+  ASSERT_EQ(c.name, "olmoe");
+  const std::string ok = read_text(c.dir + "/config.json");
+  for (const char* value : {"0", "-1.5", "true"})
+    expect_config_error(with_field(ok, "clip_qkv", value),
+                        {"dir/config.json", "'clip_qkv'", value});
+  expect_config_error(with_field(ok, "head_dim", "8"), {"dir/config.json", "'head_dim'", "8"});
+  EXPECT_EQ(kqlora::parse_decoder_config(with_field(ok, "clip_qkv", "null"), "c").clip_qkv, 0.0f);
+  const kqlora::DecoderSpec s = kqlora::parse_decoder_config(ok, "c");
+  EXPECT_EQ(s.clip_qkv, 1.5f);
+  EXPECT_TRUE(s.norm(kqlora::NormRole::q)->whole);
+  EXPECT_EQ(s.norm_width(*s.norm(kqlora::NormRole::k)), s.kv_features());
 }
 
 // Mixtral in transformers 5's names (what its save_pretrained writes: mlp.gate, the fused

@@ -40,7 +40,8 @@ import numpy as np
 import torch
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
-from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import (MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_llama_reference as ref  # noqa: E402
@@ -78,6 +79,13 @@ CASES = {
     "mixtral": dict(seed=1201, family="mixtral", experts=True, bf16=True,
                     arch=dict(ref.FAM, intermediate_size=32, num_local_experts=4,
                               num_experts_per_tok=2, sliding_window=ref.WINDOW)),
+    # OLMoE: q and k RMSNorms over the whole projections, q, k and v clamped at clip_qkv
+    # (1.5: about a tenth of q and k and a few v clamped), the raw top 2 of 8 (norm_topk_prob
+    # false, as OLMoE-1B-7B), biases on q, k, v and o, adapters on attention and the experts
+    "olmoe": dict(seed=1301, family="olmoe", experts=True, bf16=True,
+                  arch=dict(ref.FAM, intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                            clip_qkv=1.5, attention_bias=True, eos_token_id=2,
+                            pad_token_id=1)),
 }
 # model_type -> (config class, model class, the hub's names: experts module, router module,
 # gate / up / down names)
@@ -86,9 +94,11 @@ FAMILIES = {
                   ("mlp.experts", "mlp.gate", "gate_proj", "up_proj", "down_proj")),
     "mixtral": (MixtralConfig, MixtralForCausalLM,
                 ("block_sparse_moe.experts", "block_sparse_moe.gate", "w1", "w3", "w2")),
+    "olmoe": (OlmoeConfig, OlmoeForCausalLM,
+              ("mlp.experts", "mlp.gate", "gate_proj", "up_proj", "down_proj")),
 }
 EXPERT_PARAMS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
-ROUTER_STD, TIE_GAP = 0.3, 1e-3
+ROUTER_STD, TIE_GAP, CLIP_GAP = 0.3, 1e-3, 1e-4
 # The attention projections: naming gate_proj, up_proj or down_proj (even by a regex that
 # matches the dense layer's modules only), PEFT 0.21 puts adapters on the experts' fused
 # parameters of transformers 5 instead (its v4-to-v5 MoE mapping), which kqlora's expert
@@ -200,6 +210,27 @@ def router_gap(model, ids):
     return min(gaps)
 
 
+def clip_stats(model, ids):
+    """(the fraction of q, k and v values clamped by clip_qkv, the smallest distance of a
+    clamp input to the bound) of a model with clip_qkv, or None."""
+    clip = getattr(model.config, "clip_qkv", None)
+    if clip is None:
+        return None
+    values = []
+    mods = [m for n, m in model.named_modules()
+            if n.endswith(("self_attn.q_norm", "self_attn.k_norm", "self_attn.v_proj"))]
+    handles = [m.register_forward_hook(lambda mod, i, o: values.append(o.detach().float().clone()))
+               for m in mods]
+    try:
+        with torch.no_grad():
+            model(input_ids=ids)
+    finally:
+        for h in handles:
+            h.remove()
+    x = torch.cat([v.flatten() for v in values]).abs()
+    return (x > clip).float().mean().item(), (x - clip).abs().min().item()
+
+
 def kq_expert_adapters(params, arch, hub):
     """PEFT's expert adapters in kqlora's names and expert-major layout (causal_lm.cpp):
     A [E * r, in] as PEFT's lora_A; B [E * out, r] from PEFT's lora_B [out, r * E], whose
@@ -305,6 +336,11 @@ def generate(name, case, folder, gen):
     gap_lora = router_gap(peft_model.base_model.model, ids)
     if gap_lora <= TIE_GAP:
         return gap_lora  # (the caller draws again)
+    clipped = clip_stats(peft_model.base_model.model, ids)
+    if clipped is not None:  # (a clamp input at the bound could fall either side)
+        print(name, "clip_qkv: %.3f of q, k, v clamped, nearest %.2e from the bound" % clipped)
+        if clipped[1] <= CLIP_GAP:
+            return 0.0
     # (the aux loss over the real tokens: transformers counts those the attention mask covers)
     kw = dict(attention_mask=valid) if case["arch"].get("output_router_logits") else {}
     out_ = peft_model(input_ids=ids, labels=labels, **kw)

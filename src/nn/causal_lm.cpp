@@ -6,6 +6,7 @@
 
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/random.hpp"
+#include "kqlora/nn/clip_values.hpp"
 #include "kqlora/nn/embedding.hpp"
 #include "kqlora/nn/fused_columns.hpp"
 #include "kqlora/nn/gated_mlp.hpp"
@@ -232,11 +233,8 @@ ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
         e.alt_shape = e.shape;
       }
     }
-    for (const NormSpec& n : s.norms) {
-      if (n.role == NormRole::final) continue;
-      const bool head_norm = n.role == NormRole::q || n.role == NormRole::k;
-      add_dense(norm_name(n, g), {head_norm ? s.head_dim : s.hidden}, g);
-    }
+    for (const NormSpec& n : s.norms)
+      if (n.role != NormRole::final) add_dense(norm_name(n, g), {s.norm_width(n)}, g);
   }
   add_dense(norm_name(*s.norm(NormRole::final), ""), {s.hidden}, "head");
   if (!s.tied) add_dense("lm_head.weight", {s.vocab, s.hidden}, "head");
@@ -467,7 +465,7 @@ auto CausalLm<ExecSpace>::slot_output(Buffers& c, Slot s) -> Matrix<Mem> {
     case Slot::k:
       return qk_norm ? c[B::kKRaw] : c[B::kK];
     case Slot::v:
-      return c[B::kV];
+      return spec_.clip_qkv > 0 ? c[B::kVRaw] : c[B::kV];
     case Slot::o:
       return spec_.norm(NormRole::attn_out) ? c[B::kORaw] : buf_[B::kProjOut];
     case Slot::gate:
@@ -730,11 +728,18 @@ void CausalLm<ExecSpace>::block_forward(int l, Buffers& c, const Matrix<Mem>& ne
   };
   norm_forward(norm_of(NormRole::attn_in), NormRole::attn_in, c[B::kX], c[B::kN1], c[B::kInv1]);
   project_all(ProjectionInput::attn_norm);
-  if (norm_of(NormRole::q)) {  // per-head q and k norms, before the rotary
-    norm_forward(norm_of(NormRole::q), NormRole::q, per_head(c[B::kQRaw], D), per_head(c[B::kQ], D),
-                 c[B::kInvQ]);
-    norm_forward(norm_of(NormRole::k), NormRole::k, per_head(c[B::kKRaw], D), per_head(c[B::kK], D),
-                 c[B::kInvK]);
+  if (norm_of(NormRole::q)) {  // q and k norms (per head or whole), before the rotary
+    const int64_t wq = spec_.norm_width(*spec_.norm(NormRole::q)),
+                  wk = spec_.norm_width(*spec_.norm(NormRole::k));
+    norm_forward(norm_of(NormRole::q), NormRole::q, per_head(c[B::kQRaw], wq),
+                 per_head(c[B::kQ], wq), c[B::kInvQ]);
+    norm_forward(norm_of(NormRole::k), NormRole::k, per_head(c[B::kKRaw], wk),
+                 per_head(c[B::kK], wk), c[B::kInvK]);
+  }
+  if (spec_.clip_qkv > 0) {  // (v from its raw copy: the backward reads the clamp's input)
+    clip_forward(exec, spec_.clip_qkv, bf16, c[B::kQ], c[B::kQ]);
+    clip_forward(exec, spec_.clip_qkv, bf16, c[B::kK], c[B::kK]);
+    clip_forward(exec, spec_.clip_qkv, bf16, c[B::kVRaw], c[B::kV]);
   }
   const RopeTable<Mem>& rope = rope_[spec_.layer[l].rope];
   rope_apply(exec, rope, S, D, false, bf16, c[B::kQ], positions_);
@@ -943,11 +948,14 @@ void CausalLm<ExecSpace>::backward(bool accumulate) {
     const RopeTable<Mem>& rope = rope_[spec_.layer[l].rope];
     rope_apply(exec, rope, S, D, true, bf16, s[B::kGQ], positions_);
     rope_apply(exec, rope, S, D, true, bf16, s[B::kGK], positions_);
+    if (spec_.clip_qkv > 0) clip_qkv_backward(l, c);
     if (norm_of(NormRole::q)) {  // (in place: the norm's backward reads a row, then writes it)
-      norm_backward(norm_of(NormRole::q), NormRole::q, per_head(c[B::kQRaw], D), c[B::kInvQ],
-                    per_head(s[B::kGQ], D), per_head(s[B::kGQ], D));
-      norm_backward(norm_of(NormRole::k), NormRole::k, per_head(c[B::kKRaw], D), c[B::kInvK],
-                    per_head(s[B::kGK], D), per_head(s[B::kGK], D));
+      const int64_t wq = spec_.norm_width(*spec_.norm(NormRole::q)),
+                    wk = spec_.norm_width(*spec_.norm(NormRole::k));
+      norm_backward(norm_of(NormRole::q), NormRole::q, per_head(c[B::kQRaw], wq), c[B::kInvQ],
+                    per_head(s[B::kGQ], wq), per_head(s[B::kGQ], wq));
+      norm_backward(norm_of(NormRole::k), NormRole::k, per_head(c[B::kKRaw], wk), c[B::kInvK],
+                    per_head(s[B::kGK], wk), per_head(s[B::kGK], wk));
       if (bf16) {
         round_bf16(exec, s[B::kGQ]);
         round_bf16(exec, s[B::kGK]);
@@ -961,6 +969,27 @@ void CausalLm<ExecSpace>::backward(bool accumulate) {
     }
     this->release(group);
     this->group_done(group);
+  }
+}
+
+template <class ExecSpace>
+void CausalLm<ExecSpace>::clip_qkv_backward(int l, Buffers& c) {
+  // The clamp passes the gradient where its input was within [-c, c]: v's input is kept,
+  // q's and k's (their norms' outputs, rotated since) are computed again into the then
+  // free gradient of the attention output.
+  const ExecSpace& exec = this->exec_;
+  const bool bf16 = this->cfg_.bf16();
+  const float clip = spec_.clip_qkv;
+  Buffers& s = buf_;
+  clip_backward(exec, clip, bf16, c[B::kVRaw], s[B::kGV]);
+  for (NormRole role : {NormRole::q, NormRole::k}) {
+    const bool q = role == NormRole::q;
+    const int64_t w = spec_.norm_width(*spec_.norm(role));
+    const Matrix<Mem> raw = c[q ? B::kQRaw : B::kKRaw];
+    const Matrix<Mem> normed(s[B::kGAtt].data(), tokens_, raw.extent(1));
+    norm_forward(blocks_[l].norm[static_cast<int>(role)], role, per_head(raw, w),
+                 per_head(normed, w), c[q ? B::kInvQ : B::kInvK]);
+    clip_backward(exec, clip, bf16, normed, s[q ? B::kGQ : B::kGK]);
   }
 }
 

@@ -55,6 +55,7 @@ std::string first_spec_difference(const DecoderSpec& a, const DecoderSpec& b) {
   d.field("attention scale", a.attn_scale, b.attn_scale);
   d.field("attention soft-cap", a.attn_softcap, b.attn_softcap);
   d.field("final soft-cap", a.final_softcap, b.final_softcap);
+  d.field("clip_qkv", a.clip_qkv, b.clip_qkv);
   d.field("projections (count)", a.projections.size(), b.projections.size());
   for (size_t i = 0; i < a.projections.size() && i < b.projections.size(); ++i) {
     const ProjectionSpec &p = a.projections[i], &q = b.projections[i];
@@ -73,6 +74,7 @@ std::string first_spec_difference(const DecoderSpec& a, const DecoderSpec& b) {
     d.field("norm " + n.module + " (module)", n.module, m.module);
     d.code("norm " + n.module + " (role)", n.role, m.role);
     d.code("norm " + n.module + " (kind)", n.kind, m.kind);
+    d.field("norm " + n.module + " (whole projection)", n.whole, m.whole);
   }
   d.field("ropes (count)", a.ropes.size(), b.ropes.size());
   for (size_t i = 0; i < a.ropes.size() && i < b.ropes.size(); ++i) {

@@ -158,6 +158,8 @@ class CausalLm : public Model<ExecSpace> {
   /// Block `layer`'s forward from c[kX] into c; `next` (the block's output) empty: a
   /// recomputation, which stops short of it.
   void block_forward(int layer, Buffers& c, const Matrix<Mem>& next);
+  /// clip_qkv's backward on the gradients of q, k and v (before their norms').
+  void clip_qkv_backward(int layer, Buffers& c);
   /// Where slot s of block cache c is written (before any norm of its own).
   Matrix<Mem> slot_output(Buffers& c, Slot s);
   /// The gradient buffer of slot s (q, k, v, gate, up).

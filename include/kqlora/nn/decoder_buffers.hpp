@@ -40,9 +40,10 @@ struct DecoderBuffers {
     kQ,     // queries after their norm and the rotary
     kK,     // keys, the same
     kV,     // values
-    kQRaw,  // queries before their per-head norm (q/k norms only)
+    kQRaw,  // queries before their norm (q/k norms only)
     kKRaw,  // keys before theirs
-    kInvQ,  // 1/rms of each (token, head) of the q norm
+    kVRaw,  // values before their clamp (clip_qkv only)
+    kInvQ,  // 1/rms of each (token, head, or the whole projection) of the q norm
     kInvK,  // and of the k norm
     kAtt,   // attention output
     kLse,   // its log-sum-exp per (token, head)

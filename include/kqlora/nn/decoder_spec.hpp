@@ -6,7 +6,8 @@
 //
 // Per layer l, with x the block's input:
 //   h = norm_attn_in(x); slots q, k, v = the projections reading h
-//   q, k = norm_q(q), norm_k(k) per head (when present); rope(q), rope(k) (the layer's rope)
+//   q, k = norm_q(q), norm_k(k) per head or over the whole projection (when present);
+//   q, k, v clamped to [-clip_qkv, clip_qkv] (when set); rope(q), rope(k) (the layer's rope)
 //   a = attention(q, k, v; attn_scale, attn_softcap, the layer's window)
 //   o = o projection of a; o = norm_attn_out(o) (when present: Gemma's sandwich)
 //   m = x + o;  h2 = norm_mlp_in(m); slots gate, up = the projections reading h2
@@ -47,6 +48,7 @@ struct NormSpec {
   std::string module;  // under a layer ("input_layernorm") or, the final norm, "model.norm"
   NormRole role = NormRole::attn_in;
   NormKind kind = NormKind::scale;
+  bool whole = false;  // q and k norms: over the whole projection (OLMoE), not per head
 };
 
 /// One rotary table: inverse frequencies of the rotated dims (rotary_dim / 2 of them) and
@@ -113,6 +115,7 @@ struct DecoderSpec {
   float attn_scale = 0;     // scores = attn_scale * q k^T
   float attn_softcap = 0;   // 0: none; else s = c tanh(s / c)
   float final_softcap = 0;  // the same on the logits
+  float clip_qkv = 0;       // 0: none; else q, k (after their norms) and v clamped to [-c, c]
   bool tied = false;
   std::vector<RopeSpec> ropes;
   std::vector<LayerSpec> layer;    // one per layer
@@ -126,6 +129,9 @@ struct DecoderSpec {
   int64_t out_features(const ProjectionSpec& p) const;
   /// The norm in a role, or null.
   const NormSpec* norm(NormRole r) const;
+  /// The width a norm normalises over (and its weight's length): hidden, or a q/k norm's
+  /// head_dim, or its whole projection's width.
+  int64_t norm_width(const NormSpec& n) const;
   /// The index of the projection writing slot s.
   int writer(Slot s) const;
   /// Whether layer l has projection p: a sparse layer has no dense MLP projections (the

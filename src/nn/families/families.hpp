@@ -16,5 +16,6 @@ DecoderSpec gemma3_family(HfConfigReader& r, const std::string& model_type);  //
 DecoderSpec phi3_family(HfConfigReader& r, const std::string& model_type);
 DecoderSpec qwen3_moe_family(HfConfigReader& r, const std::string& model_type);
 DecoderSpec mixtral_family(HfConfigReader& r, const std::string& model_type);
+DecoderSpec olmoe_family(HfConfigReader& r, const std::string& model_type);
 
 }  // namespace kqlora::impl

@@ -315,4 +315,27 @@ Activation read_activation(HfConfigReader& r, const char* key, const std::string
                   (gelu ? std::string(", \"gelu_pytorch_tanh\"") : std::string()));
 }
 
+void read_router(HfConfigReader& r, int64_t experts_default, int64_t top_k_default,
+                 double coef_default, ExpertsSpec& e) {
+  // (transformers maps each spelling to the other: a config class saves its own)
+  const char* experts_key = r.has("num_local_experts") ? "num_local_experts" : "num_experts";
+  e.experts = r.integer(experts_key, experts_default, false, 1);
+  if (r.has("num_local_experts") && r.has("num_experts") &&
+      r.integer("num_experts", 0, true, 1) != e.experts)
+    r.fail("num_experts", "differs from num_local_experts " + std::to_string(e.experts) +
+                              " (one is the other's alias)");
+  e.top_k = r.integer("num_experts_per_tok", top_k_default, false, 1);
+  if (e.top_k > kMaxTopK)
+    r.fail("num_experts_per_tok", "is " + std::to_string(e.top_k) + "; kqlora routes at most " +
+                                      std::to_string(kMaxTopK) + " experts per token");
+  if (e.top_k > e.experts)
+    r.fail("num_experts_per_tok", "is " + std::to_string(e.top_k) + ", more than " + experts_key +
+                                      " " + std::to_string(e.experts));
+  e.aux_loss = r.boolean("output_router_logits", false);
+  e.aux_loss_coef = r.number("router_aux_loss_coef", coef_default, false);
+  if (!(e.aux_loss_coef >= 0))
+    r.fail("router_aux_loss_coef",
+           "must be >= 0, got " + value_text(*r.get("router_aux_loss_coef")));
+}
+
 }  // namespace kqlora::impl

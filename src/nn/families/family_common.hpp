@@ -61,6 +61,14 @@ RopeSpec read_config_rope(HfConfigReader& r, double theta, int64_t head_dim,
 void read_layer_types(HfConfigReader& r, int64_t window, const std::vector<bool>& sliding,
                       DecoderSpec& s, const char* window_off = nullptr);
 
+/// The experts' count and a router's common fields into `e`: num_experts or its alias
+/// num_local_experts (either spelling, both only when equal; at least 1),
+/// num_experts_per_tok (at least 1, at most the experts and kMaxTopK),
+/// output_router_logits and router_aux_loss_coef (>= 0), absent fields taking the config
+/// class's defaults.
+void read_router(HfConfigReader& r, int64_t experts_default, int64_t top_k_default,
+                 double coef_default, ExpertsSpec& e);
+
 /// Refuses a non-zero dropout field (kqlora trains without them, as eval-mode PyTorch
 /// computes).
 void refuse_dropout(HfConfigReader& r, const char* key);

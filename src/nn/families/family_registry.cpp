@@ -21,7 +21,7 @@ const std::vector<std::pair<std::string, Builder>>& families() {
       {"qwen2", impl::qwen2_family},     {"qwen3", impl::qwen3_family},
       {"gemma2", impl::gemma2_family},   {"gemma3_text", impl::gemma3_family},
       {"phi3", impl::phi3_family},       {"qwen3_moe", impl::qwen3_moe_family},
-      {"mixtral", impl::mixtral_family},
+      {"mixtral", impl::mixtral_family}, {"olmoe", impl::olmoe_family},
   };
   return table;
 }
@@ -57,6 +57,9 @@ void validate(const DecoderSpec& s) {
   for (int w : writers) KQLORA_CHECK(w == 1, s.model_type << ": a slot is not written once");
   KQLORA_CHECK((s.norm(NormRole::q) == nullptr) == (s.norm(NormRole::k) == nullptr),
                s.model_type << ": q and k norms come together");
+  // (the clamp's backward recomputes the normalised q and k: it needs their norms)
+  KQLORA_CHECK(s.clip_qkv == 0 || s.norm(NormRole::q) != nullptr,
+               s.model_type << ": clip_qkv without q/k norms");
   for (NormRole r : {NormRole::attn_in, NormRole::mlp_in, NormRole::final})
     KQLORA_CHECK(s.norm(r) != nullptr, s.model_type << ": a required norm is missing");
   KQLORA_CHECK(static_cast<int64_t>(s.layer.size()) == s.layers,
@@ -144,6 +147,12 @@ const NormSpec* DecoderSpec::norm(NormRole r) const {
   for (const auto& n : norms)
     if (n.role == r) return &n;
   return nullptr;
+}
+
+int64_t DecoderSpec::norm_width(const NormSpec& n) const {
+  if (n.role != NormRole::q && n.role != NormRole::k) return hidden;
+  if (!n.whole) return head_dim;
+  return n.role == NormRole::q ? q_features() : kv_features();
 }
 
 int DecoderSpec::writer(Slot s) const {

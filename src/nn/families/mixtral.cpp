@@ -35,14 +35,7 @@ DecoderSpec mixtral_family(HfConfigReader& r, const std::string& model_type) {
                     "runs irreproducible); set it to 0");
 
   ExpertsSpec& e = s.experts;
-  e.experts = r.integer("num_local_experts", 8, false, 1);
-  e.top_k = r.integer("num_experts_per_tok", 2, false, 1);
-  if (e.top_k > kMaxTopK)
-    r.fail("num_experts_per_tok", "is " + std::to_string(e.top_k) + "; kqlora routes at most " +
-                                      std::to_string(kMaxTopK) + " experts per token");
-  if (e.top_k > e.experts)
-    r.fail("num_experts_per_tok", "is " + std::to_string(e.top_k) +
-                                      ", more than num_local_experts " + std::to_string(e.experts));
+  read_router(r, 8, 2, 0.001, e);
   e.intermediate = s.intermediate;  // (Mixtral's experts are intermediate_size wide)
   e.norm_topk = true;               // (MixtralTopKRouter always renormalises)
   e.router = RouterKind::softmax_topk;
@@ -51,11 +44,6 @@ DecoderSpec mixtral_family(HfConfigReader& r, const std::string& model_type) {
   e.gate_name = "w1";
   e.up_name = "w3";
   e.down_name = "w2";
-  e.aux_loss = r.boolean("output_router_logits", false);
-  e.aux_loss_coef = r.number("router_aux_loss_coef", 0.001, false);
-  if (!(e.aux_loss_coef >= 0))
-    r.fail("router_aux_loss_coef",
-           "must be >= 0, got " + value_text(*r.get("router_aux_loss_coef")));
   for (auto& l : s.layer) l.sparse = true;
   return s;
 }

@@ -30,22 +30,10 @@ DecoderSpec qwen3_moe_family(HfConfigReader& r, const std::string& model_type) {
 
   ExpertsSpec& e = s.experts;
   // (0 experts would make a dense Qwen3 in transformers: a model_type of its own here)
-  // The hub's files say num_experts; transformers 5 writes num_local_experts (its alias).
-  const char* experts_key = r.has("num_local_experts") ? "num_local_experts" : "num_experts";
-  e.experts = r.integer(experts_key, 128, false, 1);
-  if (r.has("num_local_experts") && r.has("num_experts") &&
-      r.integer("num_experts", 0, true, 1) != e.experts)
-    r.fail("num_experts", "differs from num_local_experts " + std::to_string(e.experts) +
-                              " (one is the other's alias)");
-  e.top_k = r.integer("num_experts_per_tok", 8, false, 1);
+  read_router(r, 128, 8, 0.001, e);  // (the hub's files say num_experts)
   e.intermediate = r.integer("moe_intermediate_size", 768, false);
   e.norm_topk = r.boolean("norm_topk_prob", false);
   e.router = RouterKind::softmax_topk;
-  e.aux_loss = r.boolean("output_router_logits", false);
-  e.aux_loss_coef = r.number("router_aux_loss_coef", 0.001, false);
-  if (!(e.aux_loss_coef >= 0) || !std::isfinite(e.aux_loss_coef))
-    r.fail("router_aux_loss_coef",
-           "must be >= 0, got " + value_text(*r.get("router_aux_loss_coef")));
   const int64_t step = r.integer("decoder_sparse_step", 1, false);
   std::vector<bool> dense_only(static_cast<size_t>(s.layers), false);
   const std::vector<double> dense_layers = r.numbers("mlp_only_layers");
@@ -63,12 +51,6 @@ DecoderSpec qwen3_moe_family(HfConfigReader& r, const std::string& model_type) {
   for (int64_t l = 0; l < s.layers; ++l)
     s.layer[static_cast<size_t>(l)].sparse =
         (l + 1) % step == 0 && !dense_only[static_cast<size_t>(l)];
-  if (e.top_k > kMaxTopK)
-    r.fail("num_experts_per_tok", "is " + std::to_string(e.top_k) + "; kqlora routes at most " +
-                                      std::to_string(kMaxTopK) + " experts per token");
-  if (e.top_k > e.experts)
-    r.fail("num_experts_per_tok", "is " + std::to_string(e.top_k) + ", more than num_experts " +
-                                      std::to_string(e.experts));
   return s;
 }
 
