@@ -1,10 +1,10 @@
 #pragma once
 // A decoder-only LM read from a Hugging Face directory (kind causal_lm, alias llama), of any
 // family a DecoderSpec describes (nn/decoder_spec.hpp: Llama, Mistral, Qwen2, Qwen3,
-// Gemma 2/3, Phi-3), QLoRA-fine-tuned as torchtune and PEFT over torchao's NF4 do: every
-// base projection frozen in NF4 (fused ones kept fused), LoRA adapters on the projections
-// `lora_targets` names, the embedding, the norms, the biases and the LM head frozen dense
-// in the run's dtype. docs/MODELS.md.
+// Gemma 2/3, Phi-3, Qwen3-MoE, Mixtral, OLMoE), QLoRA-fine-tuned as torchtune and PEFT over
+// torchao's NF4 do: every base projection frozen in NF4 (fused ones kept fused), LoRA adapters on
+// the projections `lora_targets` names, the embedding, the norms, the biases and the LM head frozen
+// dense in the run's dtype. docs/MODELS.md.
 //
 // Forward per micro-batch of sequences [n, S]: x = embed[ids] (times the embedding scale),
 // the blocks as decoder_spec.hpp describes them, the final norm and the LM head (the
@@ -156,10 +156,28 @@ class CausalLm : public Model<ExecSpace> {
   void keep_bf16(int layer);
   void restore_bf16(int layer);
   /// Block `layer`'s forward from c[kX] into c; `next` (the block's output) empty: a
-  /// recomputation, which stops short of it.
+  /// recomputation, which stops short of it. The order, norms and residuals; the
+  /// sublayers below, each in a file of its own.
   void block_forward(int layer, Buffers& c, const Matrix<Mem>& next);
+  /// The attention (src/nn/decoder_attention.cpp): from c[kN1] to its o projection's
+  /// output (slot_output(o)); backward from g_o, the gradient of that output, to the
+  /// adapters' gradients and the gradient of c[kN1] into gx (empty: none, layer 0).
+  void attention_forward(int layer, Buffers& c);
+  void attention_backward(int layer, Buffers& c, const Matrix<Mem>& g_o, bool accumulate,
+                          const Matrix<Mem>& gx);
   /// clip_qkv's backward on the gradients of q, k and v (before their norms').
   void clip_qkv_backward(int layer, Buffers& c);
+  /// The dense MLP (src/nn/decoder_dense_mlp.cpp): from c[kN2] to its down projection's
+  /// output (slot_output(down)); backward as the attention's.
+  void dense_mlp_forward(int layer, Buffers& c);
+  void dense_mlp_backward(int layer, Buffers& c, const Matrix<Mem>& g_down, bool accumulate,
+                          const Matrix<Mem>& gx);
+  /// The experts (src/nn/decoder_sparse_mlp.cpp): from c[kN2] to slot_output(down), adding
+  /// to the aux loss's sums when `sum_aux`; backward as the attention's, and into the
+  /// routers through the aux loss.
+  void experts_forward(int layer, Buffers& c, bool sum_aux);
+  void experts_backward(int layer, Buffers& c, const Matrix<Mem>& g_out, bool accumulate,
+                        const Matrix<Mem>& gx);
   /// Where slot s of block cache c is written (before any norm of its own).
   Matrix<Mem> slot_output(Buffers& c, Slot s);
   /// The gradient buffer of slot s (q, k, v, gate, up).
@@ -167,6 +185,8 @@ class CausalLm : public Model<ExecSpace> {
   /// The buffer projection p reads.
   Matrix<Mem> projection_input(const Buffers& c, int p) const;
   void project(int layer, int p, Buffers& c);
+  /// Every projection reading `in`.
+  void project_all(int layer, ProjectionInput in, Buffers& c);
   void project_back(int layer, int p, const Buffers& c, const Matrix<Mem>& gy, bool accumulate,
                     float gx_beta, const Matrix<Mem>& gx);
   /// The projections reading `in`, backward: their slots' gradients into gx (summed).

@@ -1,0 +1,118 @@
+// The attention sublayer of a decoder block: q, k, v projections, their q/k norms (per
+// head or whole) and clamp, the rotary, the causal attention with its window, soft-cap and
+// documents, and the o projection; forward and backward (docs/MODELS.md).
+#include "decoder_names.hpp"
+#include "kqlora/nn/causal_lm.hpp"
+#include "kqlora/nn/clip_values.hpp"
+
+namespace kqlora {
+
+namespace {
+
+using B = DecoderBuffers;
+using decoder::flat;
+using decoder::per_head;
+
+}  // namespace
+
+template <class ExecSpace>
+void CausalLm<ExecSpace>::attention_forward(int l, Buffers& c) {
+  const ExecSpace& exec = this->exec_;
+  const bool bf16 = this->cfg_.bf16();
+  const int64_t S = seq_len_, D = spec_.head_dim;
+  const Block& B = blocks_[l];
+  const auto norm_of = [&](NormRole r) { return B.norm[static_cast<int>(r)]; };
+  project_all(l, ProjectionInput::attn_norm, c);
+  if (norm_of(NormRole::q)) {  // q and k norms (per head or whole), before the rotary
+    const int64_t wq = spec_.norm_width(*spec_.norm(NormRole::q)),
+                  wk = spec_.norm_width(*spec_.norm(NormRole::k));
+    norm_forward(norm_of(NormRole::q), NormRole::q, per_head(c[B::kQRaw], wq),
+                 per_head(c[B::kQ], wq), c[B::kInvQ]);
+    norm_forward(norm_of(NormRole::k), NormRole::k, per_head(c[B::kKRaw], wk),
+                 per_head(c[B::kK], wk), c[B::kInvK]);
+  }
+  if (spec_.clip_qkv > 0) {  // (v from its raw copy: the backward reads the clamp's input)
+    clip_forward(exec, spec_.clip_qkv, bf16, c[B::kQ], c[B::kQ]);
+    clip_forward(exec, spec_.clip_qkv, bf16, c[B::kK], c[B::kK]);
+    clip_forward(exec, spec_.clip_qkv, bf16, c[B::kVRaw], c[B::kV]);
+  }
+  const RopeTable<Mem>& rope = rope_[spec_.layer[l].rope];
+  rope_apply(exec, rope, S, D, false, bf16, c[B::kQ], positions_);
+  rope_apply(exec, rope, S, D, false, bf16, c[B::kK], positions_);
+  causal_attention_forward(exec, attention_shape(l), c[B::kQ], c[B::kK], c[B::kV], bf16, att_ws_,
+                           c[B::kAtt], flat(c[B::kLse]), docs_);
+  project_all(l, ProjectionInput::attn_out, c);
+}
+
+template <class ExecSpace>
+void CausalLm<ExecSpace>::attention_backward(int l, Buffers& c, const Matrix<Mem>& g_o,
+                                             bool accumulate, const Matrix<Mem>& gx) {
+  const ExecSpace& exec = this->exec_;
+  const bool bf16 = this->cfg_.bf16();
+  const int64_t S = seq_len_, D = spec_.head_dim;
+  const Block& B = blocks_[l];
+  const auto norm_of = [&](NormRole r) { return B.norm[static_cast<int>(r)]; };
+  Buffers& s = buf_;
+  project_back(l, spec_.writer(Slot::o), c, g_o, accumulate, 0.0f, s[B::kGAtt]);
+  causal_attention_backward(exec, attention_shape(l), c[B::kQ], c[B::kK], c[B::kV], c[B::kAtt],
+                            flat(c[B::kLse]), s[B::kGAtt], bf16, att_ws_, s[B::kGQ], s[B::kGK],
+                            s[B::kGV], docs_);
+  const RopeTable<Mem>& rope = rope_[spec_.layer[l].rope];
+  rope_apply(exec, rope, S, D, true, bf16, s[B::kGQ], positions_);
+  rope_apply(exec, rope, S, D, true, bf16, s[B::kGK], positions_);
+  if (spec_.clip_qkv > 0) clip_qkv_backward(l, c);
+  if (norm_of(NormRole::q)) {  // (in place: the norm's backward reads a row, then writes it)
+    const int64_t wq = spec_.norm_width(*spec_.norm(NormRole::q)),
+                  wk = spec_.norm_width(*spec_.norm(NormRole::k));
+    norm_backward(norm_of(NormRole::q), NormRole::q, per_head(c[B::kQRaw], wq), c[B::kInvQ],
+                  per_head(s[B::kGQ], wq), per_head(s[B::kGQ], wq));
+    norm_backward(norm_of(NormRole::k), NormRole::k, per_head(c[B::kKRaw], wk), c[B::kInvK],
+                  per_head(s[B::kGK], wk), per_head(s[B::kGK], wk));
+    if (bf16) {
+      round_bf16(exec, s[B::kGQ]);
+      round_bf16(exec, s[B::kGK]);
+    }
+  }
+  project_back_all(l, ProjectionInput::attn_norm, c, accumulate, gx);
+}
+
+template <class ExecSpace>
+AttentionShape CausalLm<ExecSpace>::attention_shape(int l) const {
+  AttentionShape a{tokens_ / seq_len_, seq_len_, spec_.heads, spec_.kv_heads, spec_.head_dim};
+  a.attn_scale = spec_.attn_scale;
+  a.softcap = spec_.attn_softcap;
+  a.window = spec_.layer[l].window;
+  if (docs_.data()) a.host_doc_start = host_docs_.data();
+  return a;
+}
+
+template <class ExecSpace>
+void CausalLm<ExecSpace>::clip_qkv_backward(int l, Buffers& c) {
+  // The clamp passes the gradient where its input was within [-c, c]: v's input is kept,
+  // q's and k's (their norms' outputs, rotated since) are computed again into the then
+  // free gradient of the attention output.
+  const ExecSpace& exec = this->exec_;
+  const bool bf16 = this->cfg_.bf16();
+  const float clip = spec_.clip_qkv;
+  Buffers& s = buf_;
+  clip_backward(exec, clip, bf16, c[B::kVRaw], s[B::kGV]);
+  for (NormRole role : {NormRole::q, NormRole::k}) {
+    const bool q = role == NormRole::q;
+    const int64_t w = spec_.norm_width(*spec_.norm(role));
+    const Matrix<Mem> raw = c[q ? B::kQRaw : B::kKRaw];
+    const Matrix<Mem> normed(s[B::kGAtt].data(), tokens_, raw.extent(1));
+    norm_forward(blocks_[l].norm[static_cast<int>(role)], role, per_head(raw, w),
+                 per_head(normed, w), c[q ? B::kInvQ : B::kInvK]);
+    clip_backward(exec, clip, bf16, normed, s[q ? B::kGQ : B::kGK]);
+  }
+}
+
+// (this file's members of the one instantiation, causal_lm.cpp)
+template void CausalLm<Kokkos::DefaultExecutionSpace>::attention_forward(int, Buffers&);
+template void CausalLm<Kokkos::DefaultExecutionSpace>::attention_backward(int, Buffers&,
+                                                                          const Matrix<Mem>&, bool,
+                                                                          const Matrix<Mem>&);
+template AttentionShape CausalLm<Kokkos::DefaultExecutionSpace>::attention_shape(int) const;
+template void CausalLm<Kokkos::DefaultExecutionSpace>::clip_qkv_backward(int, Buffers&);
+
+}  // namespace kqlora
