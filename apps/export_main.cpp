@@ -174,7 +174,6 @@ int export_main(std::vector<std::string>& args) {
   for (const auto& f : files) parts.push_back(kqlora::read_checkpoint_file(f));
   auto c = kqlora::assemble_checkpoint(parts, args[0]);
   const std::string& file = files.front();
-  KQLORA_INPUT_CHECK(c.table.export_refusal.empty(), file << ": " << c.table.export_refusal);
   std::optional<kqlora::DirectoryOutput> dir;
   if (directory) dir.emplace(option, out, own);
   // checkpoint_base = auto: the base quantized again from the run's hf_model_dir.

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <list>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -17,6 +19,7 @@
 #include "kqlora/core/json.hpp"
 #include "kqlora/io/peft_adapter.hpp"
 #include "kqlora/io/safetensors.hpp"
+#include "kqlora/nn/decoder_spec.hpp"
 #include "kqlora/nn/model_config.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
 
@@ -44,6 +47,21 @@ const h5::HostNf4& find_nf4(const CheckpointContents& c, const std::string& name
 const LoraAdapter* adapter_of(const ParamTable& t, const std::string& name) {
   for (const auto& a : t.adapters)
     if (a.base == name || a.a == name || a.b == name) return &a;
+  return nullptr;
+}
+
+/// The expert adapter adding to NF4 entry `name` (its index in `bases` in *at), or one that
+/// `name` is the A or B of.
+const ExpertAdapter* expert_adapter_of(const ParamTable& t, const std::string& name,
+                                       int64_t* at = nullptr) {
+  for (const auto& a : t.expert_adapters) {
+    if (a.a == name || a.b == name) return &a;
+    for (size_t i = 0; i < a.bases.size(); ++i)
+      if (a.bases[i] == name) {
+        if (at) *at = static_cast<int64_t>(i);
+        return &a;
+      }
+  }
   return nullptr;
 }
 
@@ -118,6 +136,24 @@ std::vector<float> weight_values(const CheckpointContents& c, const ParamEntry& 
     Matrix<Kokkos::HostSpace> Bm(const_cast<float*>(B.data.data()), out_f, r);
     gemm(Host(), "N", "N", scale, Bm, Am, 1.0f, Wm);
   }
+  int64_t at = 0;
+  const ExpertAdapter* xa = merge && !ad ? expert_adapter_of(table, e.name, &at) : nullptr;
+  if (xa) {  // expert j's part k: its A rows and the part's rows of its B
+    if (merged) *merged = true;
+    const int64_t r = xa->rank, j = at / xa->parts(), k = at % xa->parts();
+    const auto& A = find_param(c, xa->a, file);
+    const auto& B = find_param(c, xa->b, file);
+    KQLORA_INPUT_CHECK(
+        A.data.size() == size_t(xa->experts * r * in_f) &&
+            B.data.size() == size_t(xa->experts * xa->out * r) && out_f * xa->parts() == xa->out,
+        file << ": " << xa->module << "." << xa->parameter << ": adapters do not match rank " << r);
+    const float scale = static_cast<float>(xa->alpha / static_cast<double>(r));
+    Matrix<Kokkos::HostSpace> Wm(w.data(), out_f, in_f);
+    Matrix<Kokkos::HostSpace> Am(const_cast<float*>(A.data.data()) + j * r * in_f, r, in_f);
+    Matrix<Kokkos::HostSpace> Bm(const_cast<float*>(B.data.data()) + (j * xa->out + k * out_f) * r,
+                                 out_f, r);
+    gemm(Host(), "N", "N", scale, Bm, Am, 1.0f, Wm);
+  }
   return std::vector<float>(w.data(), w.data() + w.extent(0));
 }
 
@@ -128,7 +164,8 @@ const std::vector<float>& dense_values(const CheckpointContents& c, const std::s
 
 bool is_adapter_tensor(const CheckpointContents& c, const std::string& name) {
   const LoraAdapter* ad = adapter_of(c.table, name);
-  return ad && (ad->a == name || ad->b == name);
+  const ExpertAdapter* xa = expert_adapter_of(c.table, name);
+  return (ad && (ad->a == name || ad->b == name)) || (xa && (xa->a == name || xa->b == name));
 }
 
 void write_weights(const CheckpointContents& c, const std::string& file, const std::string& out,
@@ -150,10 +187,29 @@ void write_weights(const CheckpointContents& c, const std::string& file, const s
     }
   };
   int merged = 0;
+  // Entries with a place in a fused tensor (ParamEntry::alt_tensor: an expert's slice of
+  // transformers 5's gate_up_proj or down_proj, its router's name) are written there, in
+  // the layout transformers 5 loads; a fused tensor is written once its group is done.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> fused_order;
+  std::map<std::string, std::vector<float>> fused;
+  auto place = [&](const ParamEntry& e, const std::vector<float>& v) {
+    auto it = fused.find(e.alt_tensor);
+    if (it == fused.end()) {
+      int64_t n = 1;
+      for (int64_t d : e.alt_shape) n *= d;
+      it = fused.emplace(e.alt_tensor, std::vector<float>(static_cast<size_t>(n))).first;
+      fused_order.emplace_back(e.alt_tensor, e.alt_shape);
+    }
+    std::copy(v.begin(), v.end(), it->second.begin() + e.alt_first);
+  };
   auto weight = [&](const ParamEntry& e) {
     bool with_adapter = false;
-    add(e.name, e.shape, weight_values(c, e, file, merge, &with_adapter));
+    std::vector<float> v = weight_values(c, e, file, merge, &with_adapter);
     merged += with_adapter;
+    if (e.alt_tensor.empty())
+      add(e.name, e.shape, std::move(v));
+    else
+      place(e, v);
   };
   for (int g = 0; g < table.num_groups(); ++g) {
     for (const auto& e : table.entries)
@@ -161,8 +217,14 @@ void write_weights(const CheckpointContents& c, const std::string& file, const s
     for (const auto& e : table.entries) {
       if (e.group != g || e.kind == ParamKind::nf4 || !e.tied_to.empty()) continue;
       if (is_adapter_tensor(c, e.name)) continue;
-      add(e.name, e.shape, dense_values(c, e.name, file));
+      if (e.alt_tensor.empty())
+        add(e.name, e.shape, dense_values(c, e.name, file));
+      else
+        place(e, dense_values(c, e.name, file));
     }
+    for (auto& [name, shape] : fused_order) add(name, shape, std::move(fused[name]));
+    fused_order.clear();
+    fused.clear();
   }
   safetensors::write(
       out, tensors,
@@ -218,11 +280,33 @@ void write_hf_directory(const CheckpointContents& c, const std::string& file,
 void write_peft(const CheckpointContents& c, const std::string& file, const std::string& dir,
                 const std::string& shown) {
   const ParamTable& table = c.table;
-  KQLORA_INPUT_CHECK(!table.adapters.empty(), file << ": the model has no LoRA adapters");
+  KQLORA_INPUT_CHECK(!table.adapters.empty() || !table.expert_adapters.empty(),
+                     file << ": the model has no LoRA adapters");
   const bool hf = !c.arch_text.empty();
+  if (hf) {
+    // PEFT (0.21, on transformers 5) reads a target named as an expert's v4 projection
+    // (gate_proj, up_proj, down_proj; Mixtral's w1, w3, w2) as the experts' fused
+    // parameter, with twice the rank on gate_up: an adapter on a dense MLP (or a shared
+    // expert) of that name cannot be loaded as itself beside the experts.
+    const DecoderSpec spec = parse_decoder_config(c.arch_text, file + ": hf_config");
+    if (spec.any_sparse_mlp())
+      for (const auto& a : table.adapters) {
+        const std::string leaf = a.module.substr(a.module.rfind('.') + 1);
+        const ExpertsSpec& x = spec.experts;
+        KQLORA_INPUT_CHECK(
+            leaf != x.gate_name && leaf != x.up_name && leaf != x.down_name,
+            file << ": --peft: the adapter on " << a.module
+                 << " has the name of the experts' projections, which PEFT (on transformers "
+                    "5) maps onto the experts' fused parameters: a PEFT adapter cannot hold it "
+                    "(docs/MODELS.md, \"Experts\"); export --merged, or train with lora_targets "
+                    "that leave out the dense MLP's "
+                 << leaf);
+      }
+  }
   std::vector<safetensors::TensorToWrite> tensors;
   std::vector<std::string> targets;
-  std::set<std::string> seen;
+  std::set<std::string> seen, parameters;   // (PEFT sorts target_parameters; so does a set)
+  std::list<std::vector<float>> converted;  // (B in PEFT's layout; a list: stable addresses)
   bool other_trainable = false;
   auto add = [&](const std::string& key, const CheckpointTensor& t) {
     tensors.push_back({key, "F32", t.shape, t.data.data(), 4 * t.data.size()});
@@ -237,13 +321,25 @@ void write_peft(const CheckpointContents& c, const std::string& file, const std:
       const std::string t = hf ? a.module.substr(a.module.rfind('.') + 1) : a.module;
       if (seen.insert(t).second) targets.push_back(t);
     }
+    for (const auto& a : table.expert_adapters) {  // (target_parameters)
+      if (table.at(a.a).group != g) continue;
+      add(peft::expert_adapter_key(a, false), find_param(c, a.a, file));
+      converted.push_back(peft::convert_expert_b(a, find_param(c, a.b, file).data, true));
+      tensors.push_back({peft::expert_adapter_key(a, true), "F32", peft::peft_expert_b_shape(a),
+                         converted.back().data(), 4 * converted.back().size()});
+      parameters.insert(a.target);
+    }
     for (const auto& e : table.entries) {
-      if (e.group != g || e.kind != ParamKind::trainable || adapter_of(table, e.name)) continue;
+      if (e.group != g || e.kind != ParamKind::trainable || is_adapter_tensor(c, e.name)) continue;
       add(peft::tensor_key(e.name), find_param(c, e.name, file));
       other_trainable = true;
     }
   }
-  const LoraAdapter& first = table.adapters.front();
+  const double alpha =
+      table.adapters.empty() ? table.expert_adapters.front().alpha : table.adapters.front().alpha;
+  const int64_t rank =
+      table.adapters.empty() ? table.expert_adapters.front().rank : table.adapters.front().rank;
+  const double dropout = table.adapters.empty() ? 0.0 : table.adapters.front().dropout;
   // (producer: what tells an earlier export from another directory, docs/RELIABILITY.md)
   safetensors::write(
       dir + "/adapter_model.safetensors", tensors,
@@ -259,13 +355,19 @@ void write_peft(const CheckpointContents& c, const std::string& file, const std:
      << "  \"peft_type\": \"LORA\",\n"
      << "  \"task_type\": " << (hf ? "\"CAUSAL_LM\"" : "null") << ",\n"
      << "  \"base_model_name_or_path\": " << base << ",\n"
-     << "  \"r\": " << first.rank << ",\n"
-     << "  \"lora_alpha\": " << first.alpha << ",\n"
-     << "  \"lora_dropout\": " << first.dropout << ",\n"
+     << "  \"r\": " << rank << ",\n"
+     << "  \"lora_alpha\": " << alpha << ",\n"
+     << "  \"lora_dropout\": " << dropout << ",\n"
      << "  \"target_modules\": [";
   for (size_t i = 0; i < targets.size(); ++i) js << (i ? ", " : "") << json::quote(targets[i]);
-  js << "],\n"
-     << "  \"bias\": \"" << (other_trainable ? "all" : "none") << "\",\n"
+  js << "],\n";
+  if (!parameters.empty()) {
+    js << "  \"target_parameters\": [";
+    for (auto it = parameters.begin(); it != parameters.end(); ++it)
+      js << (it == parameters.begin() ? "" : ", ") << json::quote(*it);
+    js << "],\n";
+  }
+  js << "  \"bias\": \"" << (other_trainable ? "all" : "none") << "\",\n"
      << "  \"fan_in_fan_out\": false,\n"
      << "  \"use_rslora\": false,\n"
      << "  \"init_lora_weights\": true,\n"
@@ -273,7 +375,7 @@ void write_peft(const CheckpointContents& c, const std::string& file, const std:
      << "}\n";
   write_text(dir + "/adapter_config.json", js.str());
   std::cout << shown << ": adapter_model.safetensors (" << tensors.size()
-            << " tensors) and adapter_config.json (r " << first.rank << ", alpha " << first.alpha
+            << " tensors) and adapter_config.json (r " << rank << ", alpha " << alpha
             << (hf ? ", task_type CAUSAL_LM" : "") << ", step " << c.step << ")\n";
 }
 

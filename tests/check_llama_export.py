@@ -74,9 +74,22 @@ def check_case(train, export, case, work):
     data = os.path.join(case, "data.h5")
     run = lambda *cmd: subprocess.run(cmd, check=True, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True).stdout
+    hf_cfg = json.load(open(os.path.join(case, "config.json")))
+    # (a model with experts: all-linear adapts them too, and PEFT refuses dropout there)
+    experts = "num_experts" in hf_cfg or "num_local_experts" in hf_cfg
+    dropout = 0.0 if experts else 0.1
+    # PEFT reads gate_proj / up_proj / down_proj of a model with experts as the experts'
+    # (its v4-to-v5 conversion): a dense layer's adapters of those names are refused by
+    # --peft (checked below), so such a model trains the attention and the experts.
+    want_targets = linear_names(case)
+    dense_mlp = experts and "gate_proj" in want_targets
+    targets = (["lora_targets=q_proj,k_proj,v_proj,o_proj,experts.gate_up_proj,"
+                "experts.down_proj"] if dense_mlp else [])
+    if dense_mlp:
+        want_targets = ["k_proj", "o_proj", "q_proj", "v_proj"]
     run(train, deck, "hf_model_dir=" + case, "data_file=" + data, "eval_file=" + data,
-        "eval_every=5", "num_steps=5", "global_bs=3", "lora_rank=4", "lora_alpha=8",
-        "lora_dropout=0.1", "block_size=32", "scaler_block_size=32", "optimizer=adamw",
+        "eval_every=5", "num_steps=5", "global_bs=3", "lora_rank=4", "lora_alpha=8", *targets,
+        "lora_dropout=%g" % dropout, "block_size=32", "scaler_block_size=32", "optimizer=adamw",
         "lr=1e-2", "save_dir=" + os.path.join(work, "ckpt"),
         "metrics_file=" + os.path.join(work, "metrics.jsonl"))
     want = [json.loads(l)["eval_loss"] for l in open(os.path.join(work, "metrics.jsonl"))
@@ -88,16 +101,32 @@ def check_case(train, export, case, work):
     cfg = json.load(open(os.path.join(work, "peft", "adapter_config.json")))
     checks = [("task_type", cfg["task_type"] == "CAUSAL_LM"),
               ("r and lora_alpha", (cfg["r"], cfg["lora_alpha"]) == (4, 8)),
-              ("lora_dropout", abs(cfg["lora_dropout"] - 0.1) < 1e-12),
-              ("target_modules", sorted(cfg["target_modules"]) == linear_names(case)),
+              ("lora_dropout", abs(cfg["lora_dropout"] - dropout) < 1e-12),
+              ("target_modules", sorted(cfg["target_modules"]) == want_targets),
               ("base_model_name_or_path",
                cfg["base_model_name_or_path"] == os.path.realpath(case))]
-    hf_cfg = json.load(open(os.path.join(case, "config.json")))
     with open(os.path.join(work, "merged", "model.safetensors"), "rb") as f:
         n = int.from_bytes(f.read(8), "little")
         names = set(json.loads(f.read(n))) - {"__metadata__"}
     checks.append(("lm_head.weight only when untied",
                    ("lm_head.weight" in names) != hf_cfg.get("tie_word_embeddings", False)))
+    if dense_mlp:  # all-linear: the dense layer's gate_proj beside the experts, refused
+        run(train, deck, "hf_model_dir=" + case, "data_file=" + data, "num_steps=1",
+            "global_bs=3", "lora_rank=4", "lora_alpha=8", "block_size=32",
+            "scaler_block_size=32", "save_dir=" + os.path.join(work, "all_linear"))
+        refused = subprocess.run([export, os.path.join(work, "all_linear"), "--peft",
+                                  os.path.join(work, "peft_all_linear")],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        checks.append(("--peft of a dense gate_proj beside experts: exit 2 naming it",
+                       refused.returncode == 2 and "gate_proj" in refused.stdout
+                       and "PEFT" in refused.stdout))
+    if experts:  # PEFT's target_parameters; --merged in transformers 5's fused layout
+        checks.append(("target_parameters %s" % cfg.get("target_parameters"),
+                       cfg.get("target_parameters") == ["mlp.experts.down_proj",
+                                                        "mlp.experts.gate_up_proj"]))
+        checks.append(("--merged: the fused experts (model.layers.0.mlp.experts.gate_up_proj)",
+                       "model.layers.0.mlp.experts.gate_up_proj" in names and
+                       not any(".experts.0." in n for n in names)))
 
     with h5py.File(data) as f:
         ids = torch.tensor(f["input_ids"][...], dtype=torch.long)
@@ -126,7 +155,7 @@ def check_case(train, export, case, work):
         """kqlora's eval loss of the PEFT-saved adapters over eval_file."""
         run(train, deck, "hf_model_dir=" + case, "data_file=" + data, "eval_file=" + eval_file,
             "eval_every=1", "num_steps=1", "global_bs=3", "lora_rank=4", "lora_alpha=8",
-            "block_size=32", "scaler_block_size=32", "optimizer=adamw", "lr=0",
+            *targets, "block_size=32", "scaler_block_size=32", "optimizer=adamw", "lr=0",
             "init_file=" + os.path.join(work, "peft_saved"), "save_dir=" + os.path.join(work, name),
             "metrics_file=" + os.path.join(work, name + ".jsonl"))
         return [json.loads(l)["eval_loss"] for l in open(os.path.join(work, name + ".jsonl"))

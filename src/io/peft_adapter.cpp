@@ -30,4 +30,28 @@ std::string kqlora_name(const std::string& key, const std::string& where) {
   return name;
 }
 
+std::string expert_adapter_key(const ExpertAdapter& ad, bool b) {
+  return std::string(kPrefix) + ad.module + (ad.inner ? ".base_layer" : "") +
+         (b ? ".lora_B.weight" : ".lora_A.weight");
+}
+
+std::vector<int64_t> peft_expert_b_shape(const ExpertAdapter& ad) {
+  return {ad.out, ad.rank * ad.experts};
+}
+
+std::vector<float> convert_expert_b(const ExpertAdapter& ad, const std::vector<float>& b,
+                                    bool to_peft) {
+  const int64_t E = ad.experts, out = ad.out, r = ad.rank;
+  KQLORA_CHECK(static_cast<int64_t>(b.size()) == E * out * r, "convert_expert_b: size");
+  std::vector<float> v(b.size());
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t k = 0; k < r; ++k) {
+        const int64_t mine = (e * out + o) * r + k, peft = o * r * E + k * E + e;
+        v[static_cast<size_t>(to_peft ? peft : mine)] =
+            b[static_cast<size_t>(to_peft ? mine : peft)];
+      }
+  return v;
+}
+
 }  // namespace kqlora::peft

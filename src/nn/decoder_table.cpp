@@ -51,9 +51,24 @@ void add_expert_adapters(const DecoderSpec& s, const ModelConfig& cfg, std::arra
     e.init = {cfg.lora_b_zeros ? Dist::zeros : Dist::uniform, r,
               static_cast<uint64_t>(RandomStream::lora_b) + stream};
     t.add(e, g);
+    // (what kqlora-export and a PEFT init_file read: PEFT's module and parameter)
+    ExpertAdapter ad;
+    ad.module = g + "." + x.fused_module;
+    ad.parameter = w == 0 ? "gate_up_proj" : "down_proj";
+    ad.target = x.fused_module + "." + ad.parameter;
+    ad.inner = w == 0 && on[1];  // (PEFT wraps the module's parameters in their order)
+    ad.a = name + ".lora_a.weight";
+    ad.b = name + ".lora_b.weight";
+    for (int64_t j = 0; j < E; ++j)
+      for (int k = w == 0 ? 0 : 2; k <= (w == 0 ? 1 : 2); ++k)
+        ad.bases.push_back(expert_weight_name(s, g, j, k));
+    ad.experts = E;
+    ad.rank = r;
+    ad.out = out;
+    ad.in = in;
+    ad.alpha = cfg.alpha;
+    t.expert_adapters.push_back(ad);
   }
-  t.export_refusal = "adapters on the experts (lora_targets " + cfg.lora_targets +
-                     ") are not written by kqlora-export yet (issue 50): export a run without them";
 }
 
 }  // namespace

@@ -45,6 +45,7 @@ struct InitFile {
 #endif
   std::set<std::string> names, used;
   std::map<std::string, std::string> stored;  // kqlora name -> the file's (PEFT directories)
+  std::map<std::string, const ExpertAdapter*> peft_expert_b;  // B in PEFT's layout
 
   explicit InitFile(const std::string& p, const ModelConfig* cfg = nullptr) : path(p) {
     if (p.empty()) return;
@@ -118,6 +119,24 @@ struct InitFile {
     path = weights;
   }
 
+  /// A PEFT directory's expert adapters (target_parameters) under the table's names: A as
+  /// stored, B from PEFT's [out, r * E] layout (docs/MODELS.md, "Experts").
+  void map_expert_adapters(const ParamTable& t) {
+    if (stored.empty()) return;  // (not a PEFT directory)
+    for (const ExpertAdapter& a : t.expert_adapters)
+      for (bool b : {false, true}) {
+        const std::string key = peft::expert_adapter_key(a, b);
+        const std::string as_read = peft::kqlora_name(key, path);
+        if (!names.count(as_read)) continue;
+        names.erase(as_read);
+        stored.erase(as_read);
+        const std::string& mine = b ? a.b : a.a;
+        names.insert(mine);
+        stored[mine] = key;
+        if (b) peft_expert_b[mine] = &a;
+      }
+  }
+
   std::string stored_name(const std::string& name) const {
     const auto it = stored.find(name);
     return it == stored.end() ? name : it->second;
@@ -148,12 +167,17 @@ struct InitFile {
     }
 #endif
     HostTensor t = source->load(stored_name(name));
-    KQLORA_INPUT_CHECK(t.shape == shape, where << " has shape " << shape_text(t.shape)
-                                               << ", expected " << shape_text(shape));
+    const auto peft_b = peft_expert_b.find(name);
+    const std::vector<int64_t> want =
+        peft_b == peft_expert_b.end() ? shape : peft::peft_expert_b_shape(*peft_b->second);
+    KQLORA_INPUT_CHECK(t.shape == want, path << ": tensor '" << stored_name(name) << "' has shape "
+                                             << shape_text(t.shape) << ", expected "
+                                             << shape_text(want));
     if (t.is_bf16)
       for (const auto& b : t.bf16) out.push_back(static_cast<float>(b));
     else
       out = std::move(t.f32);
+    if (peft_b != peft_expert_b.end()) out = peft::convert_expert_b(*peft_b->second, out, false);
     refuse_non_finite(out.data(), static_cast<int64_t>(out.size()), 0, shape,
                       path + ": tensor '" + stored_name(name) + "'");
     return out;
@@ -227,6 +251,7 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
   const ModelConfig& cfg = model.config();
   // Highest precedence first: the init_file, the model's own files, the seed.
   InitFile init(init_file, &cfg);
+  init.map_expert_adapters(model.table());
   InitFile base(cfg.hf_model_dir.empty() ? std::string() : hf_weights_file(cfg.hf_model_dir));
   int from_file = 0, from_base = 0, from_seed = 0;
   // (an entry read from its alternative place: a fused expert parameter of the base's)

@@ -2,10 +2,15 @@
 // PEFT's adapter format, its tensor names: adapter_model.safetensors holds
 // base_model.model.<module>.lora_A.weight and .lora_B.weight for kqlora's
 // <module>.lora_a.weight and .lora_b.weight, and base_model.model.<name> for any other
-// trainable tensor. kqlora-export writes these names, an init_file that is a PEFT
-// adapter directory is read through them (docs/FINETUNING.md).
+// trainable tensor; an expert adapter (target_parameters) is <module>.lora_A.weight of its
+// experts module, or <module>.base_layer.lora_A.weight for the inner of two wrappers, with
+// B in PEFT's [out, r * E] layout. kqlora-export writes these names, an init_file that is
+// a PEFT adapter directory is read through them (docs/FINETUNING.md).
 
 #include <string>
+#include <vector>
+
+#include "kqlora/nn/param_table.hpp"
 
 namespace kqlora::peft {
 
@@ -18,5 +23,14 @@ std::string adapter_key(const std::string& module, bool b);
 std::string tensor_key(const std::string& name);
 /// kqlora's name of PEFT's `key`; InputError naming `where` for a name outside the layout.
 std::string kqlora_name(const std::string& key, const std::string& where);
+
+/// PEFT's name of an expert adapter's A (b false) or B (b true).
+std::string expert_adapter_key(const ExpertAdapter& ad, bool b);
+/// PEFT's shape of an expert adapter's B: [out, r * E].
+std::vector<int64_t> peft_expert_b_shape(const ExpertAdapter& ad);
+/// An expert adapter's B from kqlora's expert-major [E * out, r] to PEFT's [out, r * E]
+/// (column k * E + e is expert e's k-th), or back (`to_peft` false).
+std::vector<float> convert_expert_b(const ExpertAdapter& ad, const std::vector<float>& b,
+                                    bool to_peft);
 
 }  // namespace kqlora::peft

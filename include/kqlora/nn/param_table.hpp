@@ -69,17 +69,34 @@ struct LoraAdapter {
   double dropout = 0;
 };
 
+/// LoRA on one fused parameter of a sparse layer's experts, as PEFT's target_parameters puts
+/// it on transformers 5's (docs/MODELS.md, "Experts"): per expert e a rank-r adapter, its
+/// A rows e*r .. e*r+r-1 of `a` [E * r, in], its B rows e*out .. e*out+out-1 of `b`
+/// [E * out, r] (PEFT's lora_B is [out, r * E], expert e in columns k * E + e).
+struct ExpertAdapter {
+  std::string module;     // transformers 5's module path: "model.layers.0.mlp.experts"
+  std::string parameter;  // the fused parameter: "gate_up_proj" or "down_proj"
+  std::string target;     // PEFT's target_parameters entry: "mlp.experts.gate_up_proj"
+  bool inner = false;     // two wrappers on one module: this one is PEFT's "base_layer"
+  std::string a, b;       // the entries
+  /// The NF4 entries the adapter adds to, expert by expert: each expert's `parts` tensors
+  /// (gate then up, or down) split its out rows evenly.
+  std::vector<std::string> bases;
+  int64_t experts = 0, rank = 0, out = 0, in = 0;
+  double alpha = 0;
+  int64_t parts() const { return static_cast<int64_t>(bases.size()) / experts; }
+};
+
 struct ParamTable {
   std::string model_kind;
   std::vector<ParamEntry> entries;
   std::vector<std::string> groups;
   std::vector<LoraAdapter> adapters;
+  std::vector<ExpertAdapter> expert_adapters;
   /// Name prefixes every base-file tensor under which must be one of the table's (a sparse
   /// layer's experts: an expert the config does not have is a damaged or mismatched model,
   /// not a tensor to skip with a note).
   std::vector<std::string> owned_prefixes;
-  /// Why kqlora-export cannot write this model's adapters yet (empty: it can).
-  std::string export_refusal;
   int64_t num_trainable = 0;  // floats in the flat buffers
 
   /// Appends an entry (a new group when `group` names none yet); trainable entries are
