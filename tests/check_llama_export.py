@@ -111,15 +111,24 @@ def check_case(train, export, case, work):
     checks.append(("lm_head.weight only when untied",
                    ("lm_head.weight" in names) != hf_cfg.get("tie_word_embeddings", False)))
     if dense_mlp:  # all-linear: the dense layer's gate_proj beside the experts, refused
-        run(train, deck, "hf_model_dir=" + case, "data_file=" + data, "num_steps=1",
-            "global_bs=3", "lora_rank=4", "lora_alpha=8", "block_size=32",
-            "scaler_block_size=32", "save_dir=" + os.path.join(work, "all_linear"))
+        run(train, deck, "hf_model_dir=" + case, "data_file=" + data, "eval_file=" + data,
+            "eval_every=2", "num_steps=2", "global_bs=3", "lora_rank=4", "lora_alpha=8",
+            "block_size=32", "scaler_block_size=32", "optimizer=adamw", "lr=1e-2",
+            "save_dir=" + os.path.join(work, "all_linear"),
+            "metrics_file=" + os.path.join(work, "all_linear.jsonl"))
         refused = subprocess.run([export, os.path.join(work, "all_linear"), "--peft",
                                   os.path.join(work, "peft_all_linear")],
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         checks.append(("--peft of a dense gate_proj beside experts: exit 2 naming it",
                        refused.returncode == 2 and "gate_proj" in refused.stdout
                        and "PEFT" in refused.stdout))
+        # ... which --merged carries: the dense (and shared expert's) adapters merged too
+        run(export, os.path.join(work, "all_linear"), "--merged",
+            os.path.join(work, "merged_all_linear"))
+        all_linear_want = [json.loads(l)["eval_loss"]
+                           for l in open(os.path.join(work, "all_linear.jsonl"))
+                           if "eval_loss" in l][-1]
+        all_linear_merged = os.path.join(work, "merged_all_linear")
     if experts:  # PEFT's target_parameters; --merged in transformers 5's fused layout
         checks.append(("target_parameters %s" % cfg.get("target_parameters"),
                        cfg.get("target_parameters") == ["mlp.experts.down_proj",
@@ -145,6 +154,12 @@ def check_case(train, export, case, work):
                                                   dtype=torch.float32,
                                                   attn_implementation="eager")
     got_merged = loss_of(merged)
+    if dense_mlp:
+        got = loss_of(AutoModelForCausalLM.from_pretrained(
+            all_linear_merged, dtype=torch.float32, attn_implementation="eager"))
+        checks.append(("--merged of all-linear (the dense MLP's adapters too): loss %.7f vs "
+                       "kqlora's %.7f" % (got, all_linear_want),
+                       abs(got - all_linear_want) <= 1e-4 * abs(all_linear_want)))
     untrained = loss_of(AutoModelForCausalLM.from_pretrained(
         os.path.join(work, "base"), dtype=torch.float32, attn_implementation="eager"))
     # PEFT's own writer, read back by kqlora (init_file = a PEFT adapter directory; lr 0

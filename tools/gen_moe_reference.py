@@ -40,8 +40,10 @@ import numpy as np
 import torch
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
+import peft.utils.transformers_weight_conversion as peft_conversion  # noqa: E402
 from transformers import (MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM,
-                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                          Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_llama_reference as ref  # noqa: E402
@@ -86,6 +88,18 @@ CASES = {
                   arch=dict(ref.FAM, intermediate_size=32, num_experts=8, num_experts_per_tok=2,
                             clip_qkv=1.5, attention_bias=True, eos_token_id=2,
                             pad_token_id=1)),
+    # Qwen2-MoE: a shared expert (48 wide, the dense layer's MLP 64) gated by
+    # sigmoid(shared_expert_gate(x)) beside the raw top 2 of 8, layer 1 dense, biases on q,
+    # k, v; adapters on attention, the shared expert's and dense layer's gate/up/down and
+    # the experts (PEFT's v4-to-v5 target conversion, which would move gate_proj / up_proj /
+    # down_proj onto the experts, is turned off here: PEFT's LoRA on those Linear modules)
+    "qwen2_moe": dict(seed=1401, family="qwen2_moe", experts=True, bf16=True, eps=1e-3,
+                      targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                               "down_proj"],
+                      arch=dict(ref.FAM, num_hidden_layers=3, num_experts=8,
+                                num_experts_per_tok=2, moe_intermediate_size=32,
+                                shared_expert_intermediate_size=48, decoder_sparse_step=1,
+                                mlp_only_layers=[1], norm_topk_prob=False)),
 }
 # model_type -> (config class, model class, the hub's names: experts module, router module,
 # gate / up / down names)
@@ -96,6 +110,8 @@ FAMILIES = {
                 ("block_sparse_moe.experts", "block_sparse_moe.gate", "w1", "w3", "w2")),
     "olmoe": (OlmoeConfig, OlmoeForCausalLM,
               ("mlp.experts", "mlp.gate", "gate_proj", "up_proj", "down_proj")),
+    "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                  ("mlp.experts", "mlp.gate", "gate_proj", "up_proj", "down_proj")),
 }
 EXPERT_PARAMS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 ROUTER_STD, TIE_GAP, CLIP_GAP = 0.3, 1e-3, 1e-4
@@ -280,6 +296,7 @@ def run_steps(peft_model, params, ids, labels, dtype, eps=1e-8, **kw):
 def generate(name, case, folder, gen):
     os.makedirs(folder, exist_ok=True)
     cfg_cls, model_cls, hub = FAMILIES[case.get("family", "qwen3_moe")]
+    targets = case.get("targets", TARGETS)
     torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
     config = cfg_cls(**case["arch"])
     config._attn_implementation = "eager"
@@ -304,7 +321,7 @@ def generate(name, case, folder, gen):
               metadata={"format": "pt"})
     with open(os.path.join(folder, "case.txt"), "w") as f:
         f.write("lora_targets = %s\n" % ",".join(
-            TARGETS + (["experts.gate_up_proj", "experts.down_proj"] if case.get("experts") else [])))
+            targets + (["experts.gate_up_proj", "experts.down_proj"] if case.get("experts") else [])))
         if case.get("bf16"):
             f.write("bf16 = true\n")
         if "eps" in case:
@@ -314,7 +331,7 @@ def generate(name, case, folder, gen):
     nf4.update(replace_experts_with_nf4(model, torch.float32, hub))
     experts = EXPERT_PARAMS if case.get("experts") else None
     peft_model = get_peft_model(model, LoraConfig(r=ref.RANK, lora_alpha=ref.ALPHA,
-                                                  lora_dropout=0.0, target_modules=TARGETS,
+                                                  lora_dropout=0.0, target_modules=targets,
                                                   target_parameters=experts))
     params = ref.lora_params(peft_model)
     assert bool(experts) == any("experts" in n for n in params), "adapters on the experts?"
@@ -370,7 +387,7 @@ def generate(name, case, folder, gen):
             replace_experts_with_nf4(model16, torch.bfloat16, hub)
             peft16 = get_peft_model(model16, LoraConfig(r=ref.RANK, lora_alpha=ref.ALPHA,
                                                         lora_dropout=0.0,
-                                                        target_modules=TARGETS,
+                                                        target_modules=targets,
                                                         target_parameters=experts))
             params16 = ref.lora_params(peft16)
             with torch.no_grad():
@@ -387,6 +404,11 @@ def generate(name, case, folder, gen):
     return gap_lora
 
 
+def no_target_conversion(peft_config, model, conversions):
+    """PEFT's LoRA on the Linear modules a config names, as it is without the v4-to-v5 MoE
+    conversion (which would read gate_proj / up_proj / down_proj as the experts')."""
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -398,6 +420,8 @@ def main(argv=None):
         if name not in CASES:
             sys.exit("unknown case '%s' (%s)" % (name, ",".join(CASES)))
         case = CASES[name]
+        if "targets" in case:  # (the shared expert's own gate_proj, up_proj, down_proj)
+            peft_conversion.convert_peft_config_for_transformers = no_target_conversion
         # (the adapters move the routers' inputs: a draw with a near-tie there is drawn again)
         for attempt in range(20):
             gen = torch.Generator().manual_seed(case["seed"] + 1000 * attempt)

@@ -31,18 +31,21 @@ double decoder_train_flops(const DecoderSpec& s, int64_t rank, const std::vector
     for (size_t p = 0; p < s.projections.size(); ++p) {
       const ProjectionSpec& proj = s.projections[p];
       if (!s.has_projection(l, proj)) continue;
-      const double n = static_cast<double>(s.out_features(proj) * s.in_features(proj));
+      const int64_t out = s.out_features(proj, l), in = s.in_features(proj, l);
+      const double n = static_cast<double>(out * in);
       weights += n;
       if (proj.input == ProjectionInput::attn_norm) first_inputs += n;
-      if (targets[p]) lora_io += static_cast<double>(s.out_features(proj) + s.in_features(proj));
+      if (targets[p]) lora_io += static_cast<double>(out + in);
     }
     projections += 2 * T * (2 * weights - (l == 0 ? first_inputs : 0));
     if (s.layer[static_cast<size_t>(l)].sparse) {
       const ExpertsSpec& e = s.experts;
       const double expert = 3.0 * static_cast<double>(e.intermediate * s.hidden);
+      // (the router's logits, and a shared expert's gate)
+      const int64_t routers = e.experts + (s.shared_expert(l) ? 1 : 0);
       projections +=
           2 * 2 * T *
-          (static_cast<double>(e.top_k) * expert + static_cast<double>(e.experts * s.hidden));
+          (static_cast<double>(e.top_k) * expert + static_cast<double>(routers * s.hidden));
     }
     lora += 2 * T * static_cast<double>(rank) * 3 * lora_io;
   }
@@ -79,7 +82,7 @@ CausalLm<ExecSpace>::CausalLm(const ExecSpace& exec, const ModelConfig& cfg, boo
     Block b;
     for (size_t p = 0; p < spec_.projections.size(); ++p) {
       const ProjectionSpec& proj = spec_.projections[p];
-      const std::string m = g + "." + proj.module;
+      const std::string m = g + "." + spec_.module_of(l, proj);
       Projection x;
       if (!spec_.has_projection(l, proj)) {  // (a sparse layer's dense MLP: none)
         b.proj.push_back(x);
@@ -100,6 +103,8 @@ CausalLm<ExecSpace>::CausalLm(const ExecSpace& exec, const ModelConfig& cfg, boo
       b.down_lora = {t.find(m + ".down_proj.lora_a.weight"),
                      t.find(m + ".down_proj.lora_b.weight")};
       b.router = &t.at(g + "." + spec_.experts.router_module + ".weight");
+      if (spec_.shared_expert(l))
+        b.shared_gate = &t.at(g + "." + spec_.experts.shared_gate_module + ".weight");
       for (int64_t j = 0; j < spec_.experts.experts; ++j)
         b.experts.push_back({&t.at(expert_weight_name(spec_, g, j, 0)),
                              &t.at(expert_weight_name(spec_, g, j, 1)),
@@ -313,10 +318,12 @@ void CausalLm<ExecSpace>::block_forward(int l, Buffers& c, const Matrix<Mem>& ne
                  c[B::kInvO]);
   residual_sum(exec, c[B::kX], buf_[B::kProjOut], bf16, c[B::kMid]);
   norm_forward(norm_of(NormRole::mlp_in), NormRole::mlp_in, c[B::kMid], c[B::kN2], c[B::kInv2]);
-  if (spec_.layer[l].sparse)  // (the aux loss's sums once per forward, not in a recomputation)
+  if (spec_.layer[l].sparse) {  // (the aux loss's sums once per forward, not in a recomputation)
+    if (spec_.shared_expert(l)) dense_mlp_forward(l, c);
     experts_forward(l, c, aux_on_ && next.data());
-  else
+  } else {
     dense_mlp_forward(l, c);
+  }
   if (norm_of(NormRole::mlp_out))
     norm_forward(norm_of(NormRole::mlp_out), NormRole::mlp_out, c[B::kDRaw], buf_[B::kProjOut],
                  c[B::kInvD]);

@@ -12,11 +12,13 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
   const std::array<bool, 2> expert_targets = expert_lora_targets(cfg.lora_targets, s);
   // (the dense MLP's buffers only where a layer has one; the experts' where a layer has them)
   const int64_t H = s.hidden, Q = s.q_features(), KV = s.kv_features();
-  const int64_t I = s.any_dense_mlp() ? s.intermediate : 0;
+  const int64_t I = s.widest_mlp();  // (a layer's dense MLP or shared expert; 0: none)
   const bool sparse = s.any_sparse_mlp();
   const int64_t E = sparse ? s.experts.experts : 0, K = sparse ? s.experts.top_k : 0;
   const int64_t KI = K * s.experts.intermediate, KH = K * H;
   const int64_t r = cfg.rank;
+  bool shared = false;  // (a layer with a shared expert)
+  for (int64_t l = 0; l < s.layers; ++l) shared = shared || s.shared_expert(l);
   const bool qk_norm = s.norm(NormRole::q) != nullptr;
   const bool attn_out = s.norm(NormRole::attn_out) != nullptr;
   const bool mlp_out = s.norm(NormRole::mlp_out) != nullptr;
@@ -55,17 +57,27 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
              {"act_g", KI, true},
              {"yg", KH, true},
              {"h_gate_up", expert_targets[0] ? K * r : 0, true},
-             {"h_down", expert_targets[1] ? K * r : 0, true}};
+             {"h_down", expert_targets[1] ? K * r : 0, true},
+             {"shared", shared ? H : 0, true},
+             {"shared_gate", shared ? 1 : 0}};
   int64_t widest_in = 0, widest_fused = 0;
   for (size_t p = 0; p < s.projections.size(); ++p) {
     const ProjectionSpec& proj = s.projections[p];
-    bool some = false;  // (a projection no layer has, the dense MLP's of an all-sparse model)
-    for (int64_t l = 0; l < s.layers; ++l) some = some || s.has_projection(l, proj);
+    // (a projection no layer has, the dense MLP's of an all-sparse model: none; else its
+    // widest over the layers, a shared expert's width differing)
+    bool some = false;
+    int64_t in = 0, out = 0;
+    for (int64_t l = 0; l < s.layers; ++l)
+      if (s.has_projection(l, proj)) {
+        some = true;
+        in = std::max(in, s.in_features(proj, l));
+        out = std::max(out, s.out_features(proj, l));
+      }
     const bool on = some && p < targets.size() && targets[p];
     b.block.push_back({"h", on ? r : 0, true});
-    b.block.push_back({"xd", on && cfg.dropout > 0 ? s.in_features(proj) : 0, true});
-    widest_in = std::max(widest_in, s.in_features(proj));
-    if (proj.slots.size() > 1) widest_fused = std::max(widest_fused, s.out_features(proj));
+    b.block.push_back({"xd", on && cfg.dropout > 0 ? in : 0, true});
+    widest_in = std::max(widest_in, in);
+    if (proj.slots.size() > 1) widest_fused = std::max(widest_fused, out);
   }
   b.shared = {{"x_out", H},
               {"nf", H},
@@ -94,7 +106,8 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
               {"ggate_g", KI},
               {"gup_g", KI},
               {"gw", K},
-              {"glogits", E}};
+              {"glogits", E},
+              {"g_shared", shared ? H : 0}};
   return b;
 }
 

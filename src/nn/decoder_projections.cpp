@@ -91,15 +91,15 @@ auto CausalLm<ExecSpace>::projection_input(const Buffers& c, int p) const -> Mat
 }
 
 template <class ExecSpace>
-void CausalLm<ExecSpace>::project(int l, int p, Buffers& c) {
+void CausalLm<ExecSpace>::project(int l, int p, Buffers& c, const Matrix<Mem>& out) {
   const bool bf16 = this->cfg_.bf16();
   const ProjectionSpec& spec = spec_.projections[p];
   const Projection& P = blocks_[l].proj[p];
   const Matrix<Mem> x = projection_input(c, p);
   const bool fused = spec.slots.size() > 1;
-  const Matrix<Mem> y = fused
-                            ? Matrix<Mem>(buf_[B::kFused].data(), tokens_, spec_.out_features(spec))
-                            : slot_output(c, spec.slots[0]);
+  const Matrix<Mem> y =
+      fused ? Matrix<Mem>(buf_[B::kFused].data(), tokens_, spec_.out_features(spec, l))
+            : (out.data() ? out : slot_output(c, spec.slots[0]));
   const Kokkos::View<const float*, Mem> bias =
       P.bias ? dense_vector(P.bias) : Kokkos::View<const float*, Mem>();
   if (!P.a) {
@@ -119,7 +119,7 @@ void CausalLm<ExecSpace>::project(int l, int p, Buffers& c) {
   int64_t col = 0;
   for (Slot s : spec.slots) {
     take_columns(this->exec_, y, col, slot_output(c, s));
-    col += spec_.slot_width(s);
+    col += spec_.slot_width(s, l);
   }
 }
 
@@ -137,7 +137,7 @@ void CausalLm<ExecSpace>::project_back(int l, int p, const Buffers& c, const Mat
     return;
   }
   const auto lora = adapter(l, p);
-  const DropoutKey key = dropout_key(l, p, spec_.in_features(spec_.projections[p]));
+  const DropoutKey key = dropout_key(l, p, spec_.in_features(spec_.projections[p], l));
   // The input this projection read: its dropped-out copy, or the shared input itself.
   const Matrix<Mem> x_read = dropout_on_ ? c[DecoderBuffers::xd(p)] : projection_input(c, p);
   lora_projection_backward(this->exec_, W, &lora, gy, x_read, c[DecoderBuffers::h(p)], accumulate,
@@ -146,18 +146,18 @@ void CausalLm<ExecSpace>::project_back(int l, int p, const Buffers& c, const Mat
 
 template <class ExecSpace>
 void CausalLm<ExecSpace>::project_back_all(int l, ProjectionInput in, const Buffers& c,
-                                           bool accumulate, const Matrix<Mem>& gx) {
-  float beta = 0.0f;
+                                           bool accumulate, const Matrix<Mem>& gx, float gx_beta) {
+  float beta = gx_beta;
   for (size_t p = 0; p < spec_.projections.size(); ++p) {
     const ProjectionSpec& spec = spec_.projections[p];
     if (spec.input != in) continue;
     Matrix<Mem> gy = slot_gradient(spec.slots[0]);
     if (spec.slots.size() > 1) {  // gather the slots' gradients into the fused one's
-      gy = Matrix<Mem>(buf_[B::kGFused].data(), tokens_, spec_.out_features(spec));
+      gy = Matrix<Mem>(buf_[B::kGFused].data(), tokens_, spec_.out_features(spec, l));
       int64_t col = 0;
       for (Slot s : spec.slots) {
         put_columns(this->exec_, slot_gradient(s), col, gy);
-        col += spec_.slot_width(s);
+        col += spec_.slot_width(s, l);
       }
     }
     project_back(l, static_cast<int>(p), c, gy, accumulate, beta, gx);
@@ -171,6 +171,20 @@ void CausalLm<ExecSpace>::project_all(int l, ProjectionInput in, Buffers& c) {
     if (spec_.projections[p].input == in) project(l, static_cast<int>(p), c);
 }
 
+template <class ExecSpace>
+void CausalLm<ExecSpace>::mlp_views(int l, Buffers& c) {
+  // (views from each buffer's start: its storage is the widest layer's)
+  const auto narrow = [&](Matrix<Mem>& m, int64_t width) {
+    if (m.data()) m = Matrix<Mem>(m.data(), tokens_, width);
+  };
+  const int64_t w = spec_.mlp_width(l);
+  for (int i : {B::kGate, B::kUp, B::kAct}) narrow(c[i], w);
+  for (int i : {B::kGAct, B::kGGate, B::kGUp}) narrow(buf_[i], w);
+  for (size_t p = 0; p < spec_.projections.size(); ++p)
+    if (spec_.projections[p].input == ProjectionInput::mlp_act)
+      narrow(c[DecoderBuffers::xd(static_cast<int>(p))], w);
+}
+
 // (this file's members of the one instantiation, causal_lm.cpp)
 template auto CausalLm<Kokkos::DefaultExecutionSpace>::adapter(int, int) const
     -> LoraAdapterViews<Mem>;
@@ -179,13 +193,15 @@ template auto CausalLm<Kokkos::DefaultExecutionSpace>::slot_output(Buffers&, Slo
 template auto CausalLm<Kokkos::DefaultExecutionSpace>::slot_gradient(Slot) -> Matrix<Mem>;
 template auto CausalLm<Kokkos::DefaultExecutionSpace>::projection_input(const Buffers&, int) const
     -> Matrix<Mem>;
-template void CausalLm<Kokkos::DefaultExecutionSpace>::project(int, int, Buffers&);
+template void CausalLm<Kokkos::DefaultExecutionSpace>::project(int, int, Buffers&,
+                                                               const Matrix<Mem>&);
+template void CausalLm<Kokkos::DefaultExecutionSpace>::mlp_views(int, Buffers&);
 template void CausalLm<Kokkos::DefaultExecutionSpace>::project_back(int, int, const Buffers&,
                                                                     const Matrix<Mem>&, bool, float,
                                                                     const Matrix<Mem>&);
 template void CausalLm<Kokkos::DefaultExecutionSpace>::project_back_all(int, ProjectionInput,
                                                                         const Buffers&, bool,
-                                                                        const Matrix<Mem>&);
+                                                                        const Matrix<Mem>&, float);
 template void CausalLm<Kokkos::DefaultExecutionSpace>::project_all(int, ProjectionInput, Buffers&);
 
 }  // namespace kqlora

@@ -1,7 +1,9 @@
 // The sparse MLP sublayer of a decoder block (the experts; nn/sparse_mlp.hpp): its
 // buffers, its experts' weights and adapters, forward and backward, and the router's
 // load-balancing loss over a forward (docs/MODELS.md, "Experts").
+#include "decoder_names.hpp"
 #include "kqlora/nn/causal_lm.hpp"
+#include "kqlora/nn/shared_expert_gate.hpp"
 #include "kqlora/nn/sparse_mlp.hpp"
 
 namespace kqlora {
@@ -9,6 +11,7 @@ namespace kqlora {
 namespace {
 
 using B = DecoderBuffers;
+using decoder::flat;
 
 }  // namespace
 
@@ -20,6 +23,10 @@ void CausalLm<ExecSpace>::experts_forward(int l, Buffers& c, bool sum_aux) {
                      this->cfg_.bf16(), sc, lora_, ws_, slot_output(c, Slot::down),
                      sum_aux ? &aux_ : nullptr, buf_[B::kGLogits]);
   offsets_[l] = std::move(sc.offsets);
+  if (spec_.shared_expert(l))  // (its output in c[kShared]: block_forward ran it first)
+    shared_expert_gate_forward(this->exec_, c[B::kN2], dense_vector(blocks_[l].shared_gate),
+                               c[B::kShared], this->cfg_.bf16(), flat(c[B::kSharedGate]),
+                               slot_output(c, Slot::down));
 }
 
 template <class ExecSpace>
@@ -42,6 +49,12 @@ void CausalLm<ExecSpace>::experts_backward(int l, Buffers& c, const Matrix<Mem>&
   sparse_mlp_backward(exec, spec_.experts, spec_.mlp_activation, dense_matrix(B.router),
                       expert_weights(l), sc, g_out, this->cfg_.bf16(), sparse_scratch(), lora_, ws_,
                       gx, aux_on_ ? &aux_ : nullptr);
+  if (spec_.shared_expert(l)) {  // the gate's path into gx, then the shared expert's
+    shared_expert_gate_backward(exec, g_out, dense_vector(B.shared_gate), c[B::kShared],
+                                Kokkos::View<const float*, Mem>(flat(c[B::kSharedGate])),
+                                this->cfg_.bf16(), buf_[B::kGShared], gx);
+    dense_mlp_backward(l, c, buf_[B::kGShared], accumulate, gx, 1.0f);
+  }
 }
 
 template <class ExecSpace>

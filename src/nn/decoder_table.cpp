@@ -98,8 +98,8 @@ ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
     for (uint64_t p = 0; p < P; ++p) {  // the adapters first: contiguous per group
       const ProjectionSpec& proj = s.projections[p];
       if (!targets[p] || !s.has_projection(l, proj)) continue;
-      const int64_t out = s.out_features(proj), in = s.in_features(proj);
-      const std::string m = g + "." + proj.module;
+      const int64_t out = s.out_features(proj, l), in = s.in_features(proj, l);
+      const std::string m = g + "." + s.module_of(l, proj);
       KQLORA_INPUT_CHECK(cfg.rank >= 1 && cfg.rank <= std::min(out, in),
                          "lora_rank " << cfg.rank << " must be between 1 and " << std::min(out, in)
                                       << " (the smaller side of " << m << " [" << out << ", " << in
@@ -132,7 +132,8 @@ ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
     };
     for (const ProjectionSpec& proj : s.projections)
       if (s.has_projection(l, proj))
-        add_nf4(g + "." + proj.module + ".weight", {s.out_features(proj), s.in_features(proj)});
+        add_nf4(g + "." + s.module_of(l, proj) + ".weight",
+                {s.out_features(proj, l), s.in_features(proj, l)});
     const bool sparse = s.layer[static_cast<size_t>(l)].sparse;
     if (sparse)
       for (const std::string& m : {s.experts.experts_module, s.experts.fused_module})
@@ -154,7 +155,7 @@ ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
     }
     for (const ProjectionSpec& proj : s.projections)
       if (proj.bias && s.has_projection(l, proj))
-        add_dense(g + "." + proj.module + ".bias", {s.out_features(proj)}, g);
+        add_dense(g + "." + s.module_of(l, proj) + ".bias", {s.out_features(proj, l)}, g);
     // (the router in the run's dtype, as transformers computes its logits: frozen, and a
     // few E x hidden values whose rounding to NF4 could flip which experts a token gets)
     if (sparse) {
@@ -164,6 +165,8 @@ ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
         e.alt_tensor = g + "." + s.experts.fused_router + ".weight";
         e.alt_shape = e.shape;
       }
+      if (s.shared_expert(l))  // (its gate dense as the router, for the same reasons)
+        add_dense(g + "." + s.experts.shared_gate_module + ".weight", {1, s.hidden}, g);
     }
     for (const NormSpec& n : s.norms)
       if (n.role != NormRole::final) add_dense(norm_name(n, g), {s.norm_width(n)}, g);

@@ -82,9 +82,10 @@ class CausalLm : public Model<ExecSpace> {
     const ParamEntry *gate = nullptr, *up = nullptr, *down = nullptr;
   };
   struct Block {
-    std::vector<Projection> proj;         // by projection (w null: the layer has none)
-    std::vector<const ParamEntry*> norm;  // by NormRole; null: none
-    const ParamEntry* router = nullptr;   // a sparse layer's
+    std::vector<Projection> proj;             // by projection (w null: the layer has none)
+    std::vector<const ParamEntry*> norm;      // by NormRole; null: none
+    const ParamEntry* router = nullptr;       // a sparse layer's
+    const ParamEntry* shared_gate = nullptr;  // its shared expert's gate [1, hidden]
     std::vector<Expert> experts;
     // Its experts' adapters (A, B; null: none), expert-major (causal_lm.cpp).
     std::pair<const ParamEntry*, const ParamEntry*> gate_up_lora{}, down_lora{};
@@ -171,7 +172,7 @@ class CausalLm : public Model<ExecSpace> {
   /// output (slot_output(down)); backward as the attention's.
   void dense_mlp_forward(int layer, Buffers& c);
   void dense_mlp_backward(int layer, Buffers& c, const Matrix<Mem>& g_down, bool accumulate,
-                          const Matrix<Mem>& gx);
+                          const Matrix<Mem>& gx, float gx_beta = 0.0f);
   /// The experts (src/nn/decoder_sparse_mlp.cpp): from c[kN2] to slot_output(down), adding
   /// to the aux loss's sums when `sum_aux`; backward as the attention's, and into the
   /// routers through the aux loss.
@@ -184,14 +185,18 @@ class CausalLm : public Model<ExecSpace> {
   Matrix<Mem> slot_gradient(Slot s);
   /// The buffer projection p reads.
   Matrix<Mem> projection_input(const Buffers& c, int p) const;
-  void project(int layer, int p, Buffers& c);
+  /// Projection p of `layer` on block cache c, into its slots (or `out` when given).
+  void project(int layer, int p, Buffers& c, const Matrix<Mem>& out = Matrix<Mem>());
+  /// The dense MLP's buffers of c (and the shared gradients') as views of `layer`'s MLP
+  /// width: a shared expert's may be narrower than the widest.
+  void mlp_views(int layer, Buffers& c);
   /// Every projection reading `in`.
   void project_all(int layer, ProjectionInput in, Buffers& c);
   void project_back(int layer, int p, const Buffers& c, const Matrix<Mem>& gy, bool accumulate,
                     float gx_beta, const Matrix<Mem>& gx);
   /// The projections reading `in`, backward: their slots' gradients into gx (summed).
   void project_back_all(int layer, ProjectionInput in, const Buffers& c, bool accumulate,
-                        const Matrix<Mem>& gx);
+                        const Matrix<Mem>& gx, float gx_beta = 0.0f);
   void norm_forward(const ParamEntry* w, NormRole role, const Matrix<Mem>& x, const Matrix<Mem>& y,
                     const Matrix<Mem>& inv);
   void norm_backward(const ParamEntry* w, NormRole role, const Matrix<Mem>& x,

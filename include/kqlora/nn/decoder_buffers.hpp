@@ -72,6 +72,8 @@ struct DecoderBuffers {
     kYg,       // their down outputs
     kHGateUp,  // the expert adapters' x A^T (gate_up's, down's), [T * k, rank]
     kHDown,
+    kShared,      // a shared expert's output before its gate [T, H]
+    kSharedGate,  // sigmoid of its gate's logit [T]
     kBlockBuffers
   };
 
@@ -102,6 +104,7 @@ struct DecoderBuffers {
     kGUpG,
     kGW,
     kGLogits,
+    kGShared,  // the shared expert's output gradient
     kSharedBuffers
   };
 

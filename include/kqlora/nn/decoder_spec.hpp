@@ -12,6 +12,8 @@
 //   o = o projection of a; o = norm_attn_out(o) (when present: Gemma's sandwich)
 //   m = x + o;  h2 = norm_mlp_in(m); slots gate, up = the projections reading h2
 //   d = down projection of act(gate) * up; d = norm_mlp_out(d) (when present); x' = m + d
+//   (a sparse layer: d = the experts' weighted sum, plus a shared expert's output times
+//   sigmoid(h2 g^T) when the family has one)
 // then norm_final and the LM head (final_softcap) with the cross-entropy.
 
 #include <array>
@@ -95,6 +97,12 @@ struct ExpertsSpec {
   std::string fused_module = "mlp.experts", fused_router = "mlp.gate";
   double aux_loss_coef = 0;  // router_aux_loss_coef
   bool aux_loss = false;     // output_router_logits: the load-balancing loss is added
+  // A shared expert beside the routed ones (Qwen2-MoE): the dense MLP's projections, of
+  // width shared_intermediate, under shared_module (<layer>.mlp.shared_expert.gate_proj,
+  // ...), its output times sigmoid(x g^T), g the [1, hidden] <shared_gate_module>.weight
+  // (frozen, dense), added to the experts'.
+  int64_t shared_intermediate = 0;  // 0: none
+  std::string shared_module = "mlp.shared_expert", shared_gate_module = "mlp.shared_expert_gate";
 };
 
 struct LayerSpec {
@@ -134,12 +142,31 @@ struct DecoderSpec {
   int64_t norm_width(const NormSpec& n) const;
   /// The index of the projection writing slot s.
   int writer(Slot s) const;
-  /// Whether layer l has projection p: a sparse layer has no dense MLP projections (the
-  /// per-layer projection sets, docs/MODELS.md).
+  /// Whether layer l has projection p: a sparse layer has the dense MLP's projections only
+  /// as its shared expert (the per-layer projection sets, docs/MODELS.md).
   bool has_projection(int64_t l, const ProjectionSpec& p) const {
-    return !layer[static_cast<size_t>(l)].sparse ||
-           (p.input != ProjectionInput::mlp_norm && p.input != ProjectionInput::mlp_act);
+    return !layer[static_cast<size_t>(l)].sparse || !reads_mlp(p) || shared_expert(l);
   }
+  /// Whether p is one of the dense MLP's projections.
+  static bool reads_mlp(const ProjectionSpec& p) {
+    return p.input == ProjectionInput::mlp_norm || p.input == ProjectionInput::mlp_act;
+  }
+  /// Whether layer l has a shared expert (its dense MLP projections are that).
+  bool shared_expert(int64_t l) const {
+    return layer[static_cast<size_t>(l)].sparse && experts.shared_intermediate > 0;
+  }
+  /// Layer l's dense MLP width: intermediate, or a shared expert's.
+  int64_t mlp_width(int64_t l) const {
+    return shared_expert(l) ? experts.shared_intermediate : intermediate;
+  }
+  /// Projection p's module path under layer l (a shared expert's under shared_module).
+  std::string module_of(int64_t l, const ProjectionSpec& p) const;
+  /// Slot and projection sizes in layer l (a shared expert's MLP width).
+  int64_t slot_width(Slot s, int64_t l) const;
+  int64_t in_features(const ProjectionSpec& p, int64_t l) const;
+  int64_t out_features(const ProjectionSpec& p, int64_t l) const;
+  /// The widest dense MLP of any layer that has one (0: none).
+  int64_t widest_mlp() const;
   /// Whether any layer has the dense MLP, or the experts.
   bool any_dense_mlp() const;
   bool any_sparse_mlp() const;

@@ -17,5 +17,6 @@ DecoderSpec phi3_family(HfConfigReader& r, const std::string& model_type);
 DecoderSpec qwen3_moe_family(HfConfigReader& r, const std::string& model_type);
 DecoderSpec mixtral_family(HfConfigReader& r, const std::string& model_type);
 DecoderSpec olmoe_family(HfConfigReader& r, const std::string& model_type);
+DecoderSpec qwen2_moe_family(HfConfigReader& r, const std::string& model_type);
 
 }  // namespace kqlora::impl

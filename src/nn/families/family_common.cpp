@@ -338,4 +338,24 @@ void read_router(HfConfigReader& r, int64_t experts_default, int64_t top_k_defau
            "must be >= 0, got " + value_text(*r.get("router_aux_loss_coef")));
 }
 
+void read_sparse_layers(HfConfigReader& r, DecoderSpec& s) {
+  const int64_t step = r.integer("decoder_sparse_step", 1, false);
+  std::vector<bool> dense_only(static_cast<size_t>(s.layers), false);
+  const std::vector<double> dense_layers = r.numbers("mlp_only_layers");
+  std::ostringstream listed;  // (for messages: the list as written, compactly)
+  for (size_t i = 0; i < dense_layers.size(); ++i) listed << (i ? ", " : "[") << dense_layers[i];
+  listed << "]";
+  for (double l : dense_layers) {
+    if (!(l >= 0 && l < static_cast<double>(s.layers) && l == std::floor(l)))
+      r.fail("mlp_only_layers",
+             "is " + listed.str() + ": not layer indices below " + std::to_string(s.layers));
+    dense_only[static_cast<size_t>(l)] = true;
+  }
+  // transformers: a layer is sparse when num_experts > 0 and (l + 1) % step == 0, unless
+  // mlp_only_layers names it.
+  for (int64_t l = 0; l < s.layers; ++l)
+    s.layer[static_cast<size_t>(l)].sparse =
+        (l + 1) % step == 0 && !dense_only[static_cast<size_t>(l)];
+}
+
 }  // namespace kqlora::impl

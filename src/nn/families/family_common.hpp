@@ -69,6 +69,10 @@ void read_layer_types(HfConfigReader& r, int64_t window, const std::vector<bool>
 void read_router(HfConfigReader& r, int64_t experts_default, int64_t top_k_default,
                  double coef_default, ExpertsSpec& e);
 
+/// Which layers are sparse (Qwen2-MoE's and Qwen3-MoE's rule, as transformers): layer l
+/// when (l + 1) % decoder_sparse_step == 0 and mlp_only_layers does not name it.
+void read_sparse_layers(HfConfigReader& r, DecoderSpec& s);
+
 /// Refuses a non-zero dropout field (kqlora trains without them, as eval-mode PyTorch
 /// computes).
 void refuse_dropout(HfConfigReader& r, const char* key);

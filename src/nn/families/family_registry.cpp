@@ -17,11 +17,12 @@ using Builder = DecoderSpec (*)(impl::HfConfigReader&, const std::string&);
 // One row per model_type (a family file may serve several).
 const std::vector<std::pair<std::string, Builder>>& families() {
   static const std::vector<std::pair<std::string, Builder>> table = {
-      {"llama", impl::llama_family},     {"mistral", impl::llama_family},
-      {"qwen2", impl::qwen2_family},     {"qwen3", impl::qwen3_family},
-      {"gemma2", impl::gemma2_family},   {"gemma3_text", impl::gemma3_family},
-      {"phi3", impl::phi3_family},       {"qwen3_moe", impl::qwen3_moe_family},
-      {"mixtral", impl::mixtral_family}, {"olmoe", impl::olmoe_family},
+      {"llama", impl::llama_family},         {"mistral", impl::llama_family},
+      {"qwen2", impl::qwen2_family},         {"qwen3", impl::qwen3_family},
+      {"gemma2", impl::gemma2_family},       {"gemma3_text", impl::gemma3_family},
+      {"phi3", impl::phi3_family},           {"qwen3_moe", impl::qwen3_moe_family},
+      {"mixtral", impl::mixtral_family},     {"olmoe", impl::olmoe_family},
+      {"qwen2_moe", impl::qwen2_moe_family},
   };
   return table;
 }
@@ -116,6 +117,32 @@ int64_t DecoderSpec::slot_width(Slot s) const {
     default:
       return intermediate;
   }
+}
+
+int64_t DecoderSpec::slot_width(Slot s, int64_t l) const {
+  return s == Slot::gate || s == Slot::up ? mlp_width(l) : slot_width(s);
+}
+
+int64_t DecoderSpec::in_features(const ProjectionSpec& p, int64_t l) const {
+  return p.input == ProjectionInput::mlp_act ? mlp_width(l) : in_features(p);
+}
+
+int64_t DecoderSpec::out_features(const ProjectionSpec& p, int64_t l) const {
+  int64_t n = 0;
+  for (Slot s : p.slots) n += slot_width(s, l);
+  return n;
+}
+
+std::string DecoderSpec::module_of(int64_t l, const ProjectionSpec& p) const {
+  if (!shared_expert(l) || !reads_mlp(p)) return p.module;
+  return experts.shared_module + p.module.substr(p.module.rfind('.'));
+}
+
+int64_t DecoderSpec::widest_mlp() const {
+  int64_t w = 0;
+  for (int64_t l = 0; l < layers; ++l)
+    if (!layer[static_cast<size_t>(l)].sparse || shared_expert(l)) w = std::max(w, mlp_width(l));
+  return w;
 }
 
 int64_t DecoderSpec::in_features(const ProjectionSpec& p) const {

@@ -34,23 +34,7 @@ DecoderSpec qwen3_moe_family(HfConfigReader& r, const std::string& model_type) {
   e.intermediate = r.integer("moe_intermediate_size", 768, false);
   e.norm_topk = r.boolean("norm_topk_prob", false);
   e.router = RouterKind::softmax_topk;
-  const int64_t step = r.integer("decoder_sparse_step", 1, false);
-  std::vector<bool> dense_only(static_cast<size_t>(s.layers), false);
-  const std::vector<double> dense_layers = r.numbers("mlp_only_layers");
-  std::ostringstream listed;  // (for messages: the list as written, compactly)
-  for (size_t i = 0; i < dense_layers.size(); ++i) listed << (i ? ", " : "[") << dense_layers[i];
-  listed << "]";
-  for (double l : dense_layers) {
-    if (!(l >= 0 && l < static_cast<double>(s.layers) && l == std::floor(l)))
-      r.fail("mlp_only_layers",
-             "is " + listed.str() + ": not layer indices below " + std::to_string(s.layers));
-    dense_only[static_cast<size_t>(l)] = true;
-  }
-  // transformers: a layer is sparse when num_experts > 0 and (l + 1) % step == 0, unless
-  // mlp_only_layers names it.
-  for (int64_t l = 0; l < s.layers; ++l)
-    s.layer[static_cast<size_t>(l)].sparse =
-        (l + 1) % step == 0 && !dense_only[static_cast<size_t>(l)];
+  read_sparse_layers(r, s);
   return s;
 }
 
