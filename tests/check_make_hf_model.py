@@ -27,7 +27,8 @@ except ImportError as e:
     sys.exit(77)
 from tool_in_process import run_tool  # noqa: E402
 
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3"]
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "qwen3_moe",
+            "qwen2_moe", "mixtral", "olmoe"]
 
 
 def main():

@@ -7,7 +7,9 @@
         --config '{"num_hidden_layers": 4}'
     python3 tools/make_hf_model.py OUT_DIR --family phi3 --config my_config.json
 
-Families: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3. The shape comes from
+Families: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, and the mixtures of
+experts qwen3_moe, qwen2_moe, mixtral, olmoe (each expert's tensors in the hub's
+per-expert names; presets olmoe-1b-7b, qwen3-30b-a3b, ...). The shape comes from
 --preset (realistic shapes of public models, and "tiny" per family: PRESETS) with --config
 (a JSON object, inline or a file) overriding fields; neither: the family's transformers
 defaults. OUT_DIR gets:
@@ -68,7 +70,12 @@ FAMILIES = {
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
     "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
     "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM"),
 }
+MOE = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 GEMMA_KIND = ("gemma2", "gemma3_text")
 
 
@@ -228,6 +235,47 @@ PRESETS = {
 _TINY = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
              initializer_range=0.08)
+# ---- mixtures of experts (the experts in the hub's per-expert layout) ----
+PRESETS.update({
+    "olmoe-1b-7b": ("olmoe", dict(vocab_size=50304, hidden_size=2048, intermediate_size=1024,
+                                  num_hidden_layers=16, num_attention_heads=16,
+                                  num_key_value_heads=16, max_position_embeddings=4096,
+                                  rms_norm_eps=1e-5, num_experts=64, num_experts_per_tok=8,
+                                  norm_topk_prob=False, clip_qkv=None, pad_token_id=1,
+                                  eos_token_id=50279, tie_word_embeddings=False,
+                                  rope_parameters={"rope_type": "default",
+                                                   "rope_theta": 10000.0})),
+    "qwen3-30b-a3b": ("qwen3_moe", dict(vocab_size=151936, hidden_size=2048,
+                                        intermediate_size=6144, moe_intermediate_size=768,
+                                        num_hidden_layers=48, num_attention_heads=32,
+                                        num_key_value_heads=4, head_dim=128,
+                                        max_position_embeddings=40960, rms_norm_eps=1e-6,
+                                        num_experts=128, num_experts_per_tok=8,
+                                        norm_topk_prob=True, decoder_sparse_step=1,
+                                        mlp_only_layers=[], bos_token_id=151643,
+                                        eos_token_id=151645, tie_word_embeddings=False,
+                                        rope_parameters={"rope_type": "default",
+                                                         "rope_theta": 1000000.0})),
+    "qwen1.5-moe-a2.7b": ("qwen2_moe", dict(vocab_size=151936, hidden_size=2048,
+                                            intermediate_size=5632, moe_intermediate_size=1408,
+                                            shared_expert_intermediate_size=5632,
+                                            num_hidden_layers=24, num_attention_heads=16,
+                                            num_key_value_heads=16,
+                                            max_position_embeddings=8192, rms_norm_eps=1e-6,
+                                            num_experts=60, num_experts_per_tok=4,
+                                            norm_topk_prob=False, tie_word_embeddings=False,
+                                            rope_parameters={"rope_type": "default",
+                                                             "rope_theta": 1000000.0})),
+    "mixtral-8x7b": ("mixtral", dict(vocab_size=32000, hidden_size=4096,
+                                     intermediate_size=14336, num_hidden_layers=32,
+                                     num_attention_heads=32, num_key_value_heads=8,
+                                     max_position_embeddings=32768, rms_norm_eps=1e-5,
+                                     num_local_experts=8, num_experts_per_tok=2,
+                                     tie_word_embeddings=False,
+                                     rope_parameters={"rope_type": "default",
+                                                      "rope_theta": 1000000.0})),
+})
+
 TINY = {
     "llama": dict(_TINY),
     "mistral": dict(_TINY, sliding_window=37),
@@ -250,6 +298,15 @@ TINY = {
                  rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
                                   "short_factor": [1.0, 1.25, 1.5, 2.0],
                                   "long_factor": [1.5, 2.0, 3.0, 4.0]}),
+    "qwen3_moe": dict(_TINY, num_hidden_layers=3, head_dim=16, num_experts=8,
+                      num_experts_per_tok=2, moe_intermediate_size=24, mlp_only_layers=[1],
+                      norm_topk_prob=True),
+    "qwen2_moe": dict(_TINY, num_hidden_layers=3, num_experts=8, num_experts_per_tok=2,
+                      moe_intermediate_size=24, shared_expert_intermediate_size=40,
+                      mlp_only_layers=[1]),
+    "mixtral": dict(_TINY, num_local_experts=4, num_experts_per_tok=2, sliding_window=37),
+    "olmoe": dict(_TINY, num_experts=8, num_experts_per_tok=2, clip_qkv=2.0,
+                  attention_bias=True, pad_token_id=1, eos_token_id=2),
 }
 
 CHUNK = 1 << 22  # elements generated at a time (fixed: the values do not depend on memory)
@@ -274,11 +331,13 @@ def tensor_specs(family, cfg):
     norm = "gemma_norm" if family in GEMMA_KIND else "norm"
     if family == "qwen2":
         attn_bias = True   # hard-wired in Qwen2Attention (no config field)
-    elif family in ("mistral", "phi3"):
+    elif family == "qwen2_moe":
+        attn_bias = bool(cfg.qkv_bias)
+    elif family in ("mistral", "phi3", "mixtral"):
         attn_bias = False  # hard-wired
     else:
         attn_bias = bool(getattr(cfg, "attention_bias", False))
-    o_bias = attn_bias and family != "qwen2"  # Qwen2: biases on q, k, v only
+    o_bias = attn_bias and family not in ("qwen2", "qwen2_moe")  # (biases on q, k, v only)
     mlp_bias = family == "llama" and getattr(cfg, "mlp_bias", False)
     specs = [("model.embed_tokens.weight", (V, H), "matrix")]
     for i in range(cfg.num_hidden_layers):
@@ -296,13 +355,19 @@ def tensor_specs(family, cfg):
             lin("self_attn.k_proj", nkv * hd, H, attn_bias)
             lin("self_attn.v_proj", nkv * hd, H, attn_bias)
         lin("self_attn.o_proj", H, nh * hd, o_bias)
-        if family in ("qwen3", "gemma3_text"):
+        if family in ("qwen3", "gemma3_text", "qwen3_moe"):
             specs.append((p + "self_attn.q_norm.weight", (hd,), norm))
             specs.append((p + "self_attn.k_norm.weight", (hd,), norm))
+        if family == "olmoe":  # (over the whole projections)
+            specs.append((p + "self_attn.q_norm.weight", (nh * hd,), norm))
+            specs.append((p + "self_attn.k_norm.weight", (nkv * hd,), norm))
         specs.append((p + "post_attention_layernorm.weight", (H,), norm))
         if family in GEMMA_KIND:
             specs.append((p + "pre_feedforward_layernorm.weight", (H,), norm))
             specs.append((p + "post_feedforward_layernorm.weight", (H,), norm))
+        if family in MOE and sparse_layer(family, cfg, i):
+            moe_layer(lin, family, cfg, H)
+            continue
         if family == "phi3":
             lin("mlp.gate_up_proj", 2 * I, H, False)
         else:
@@ -313,6 +378,36 @@ def tensor_specs(family, cfg):
     if not cfg.tie_word_embeddings:
         specs.append(("lm_head.weight", (V, H), "matrix"))
     return specs
+
+
+def sparse_layer(family, cfg, i):
+    """Whether layer i's MLP is the experts (Qwen-MoE: decoder_sparse_step, mlp_only_layers)."""
+    if family in ("mixtral", "olmoe"):
+        return True
+    return (i + 1) % cfg.decoder_sparse_step == 0 and i not in (cfg.mlp_only_layers or [])
+
+
+def moe_layer(lin, family, cfg, H):
+    """A sparse layer's router and experts in the hub's per-expert names (and Qwen2-MoE's
+    shared expert with its gate)."""
+    if family == "mixtral":
+        E, inter, m, names = cfg.num_local_experts, cfg.intermediate_size, "block_sparse_moe", \
+            ("w1", "w3", "w2")
+    else:
+        E = cfg.num_experts
+        inter = cfg.intermediate_size if family == "olmoe" else cfg.moe_intermediate_size
+        m, names = "mlp", ("gate_proj", "up_proj", "down_proj")
+    lin(m + ".gate", E, H, False)
+    for j in range(E):
+        lin("%s.experts.%d.%s" % (m, j, names[0]), inter, H, False)
+        lin("%s.experts.%d.%s" % (m, j, names[1]), inter, H, False)
+        lin("%s.experts.%d.%s" % (m, j, names[2]), H, inter, False)
+    if family == "qwen2_moe":
+        S = cfg.shared_expert_intermediate_size
+        lin("mlp.shared_expert.gate_proj", S, H, False)
+        lin("mlp.shared_expert.up_proj", S, H, False)
+        lin("mlp.shared_expert.down_proj", H, S, False)
+        lin("mlp.shared_expert_gate", 1, H, False)
 
 
 def tensor_seed(seed, name):
