@@ -5,6 +5,7 @@
 // tensor in memory at a time.
 
 #include <iostream>
+#include <map>
 
 #include "export_writers.hpp"
 #include "gguf_families.hpp"
@@ -69,7 +70,9 @@ void write_gguf(const CheckpointContents& c, const std::string& file, const std:
   struct Item {
     const ParamEntry* e;  // null: rope_freqs
     GgufTensorPlan plan;
+    std::vector<const ParamEntry*> experts;  // a stacked tensor's, expert by expert
   };
+  std::map<std::string, size_t> stacked;  // a stacked tensor's item
   std::vector<Item> items;
   std::string fallbacks;        // q8_0 tensors written as F16
   if (!d.rope_freqs.empty()) {  // llama3-style rope: per-frequency divisors
@@ -80,15 +83,32 @@ void write_gguf(const CheckpointContents& c, const std::string& file, const std:
   for (const ParamEntry& e : c.table.entries) {
     if (!e.tied_to.empty() || is_adapter_tensor(c, e.name)) continue;
     const GgufTensorPlan plan = d.tensor(e.name, file);
-    const bool matrix = e.shape.size() == 2;
+    if (plan.expert > 0) {  // (expert 0 made the tensor: the hub's order, expert by expert)
+      const auto at = stacked.find(plan.name);
+      KQLORA_CHECK(at != stacked.end() &&
+                       static_cast<int64_t>(items[at->second].experts.size()) == plan.expert,
+                   "gguf: experts out of order at " << e.name);
+      items[at->second].experts.push_back(&e);
+      continue;
+    }
+    const bool matrix = e.shape.size() == 2 && !plan.as_vector;
     gguf::TensorType t = matrix ? type : gguf::TensorType::f32;  // 1-D: F32, as llama.cpp
     if (t == gguf::TensorType::q8_0 && e.shape.back() % 32 != 0) {
       t = gguf::TensorType::f16;  // rows not whole Q8_0 blocks: F16, as llama.cpp's converter
-      fallbacks += (fallbacks.empty() ? "" : ", ") + e.name;
+      fallbacks += (fallbacks.empty() ? "" : ", ") + (plan.expert == 0 ? plan.name : e.name);
     }
-    w.add_tensor(plan.name, e.shape, t);
-    items.push_back({&e, plan});
+    std::vector<int64_t> shape = plan.as_vector ? std::vector<int64_t>{e.numel()} : e.shape;
+    if (plan.expert == 0) {  // [E, out, in]
+      shape.insert(shape.begin(), d.spec.experts.experts);
+      stacked[plan.name] = items.size();
+    }
+    w.add_tensor(plan.name, shape, t);
+    items.push_back({&e, plan, {}});
+    if (plan.expert == 0) items.back().experts.push_back(&e);
   }
+  for (const auto& [name, at] : stacked)
+    KQLORA_CHECK(static_cast<int64_t>(items[at].experts.size()) == d.spec.experts.experts,
+                 "gguf: " << name << " lacks experts");
   int merged = 0;
   w.write(out, [&](size_t i, std::vector<float>& values) {
     const Item& it = items[i];
@@ -98,6 +118,15 @@ void write_gguf(const CheckpointContents& c, const std::string& file, const std:
     }
     const ParamEntry& e = *it.e;
     bool with_adapter = false;
+    if (!it.experts.empty()) {  // the experts' matrices end to end
+      values.clear();
+      for (const ParamEntry* x : it.experts) {
+        const std::vector<float> v = weight_values(c, *x, file, merge, &with_adapter);
+        values.insert(values.end(), v.begin(), v.end());
+        merged += with_adapter;
+      }
+      return;
+    }
     values = e.kind == ParamKind::nf4 ? weight_values(c, e, file, merge, &with_adapter)
                                       : dense_values(c, e.name, file);
     merged += with_adapter;

@@ -65,8 +65,9 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
   const json::Value cfg = json::parse(config_text, file + ": hf_config");
   const std::string where = file + ": --gguf: ";
   static const std::map<std::string, std::string> archs = {
-      {"llama", "llama"},   {"mistral", "llama"},      {"qwen2", "qwen2"}, {"qwen3", "qwen3"},
-      {"gemma2", "gemma2"}, {"gemma3_text", "gemma3"}, {"phi3", "phi3"}};
+      {"llama", "llama"}, {"mistral", "llama"},      {"qwen2", "qwen2"},
+      {"qwen3", "qwen3"}, {"gemma2", "gemma2"},      {"gemma3_text", "gemma3"},
+      {"phi3", "phi3"},   {"qwen3_moe", "qwen3moe"}, {"qwen2_moe", "qwen2moe"}};
   const auto a = archs.find(spec.model_type);
   KQLORA_INPUT_CHECK(a != archs.end(), where << "model_type '" << spec.model_type
                                              << "' has no llama.cpp architecture here");
@@ -77,6 +78,19 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
                                     << ": " << why << " (docs/GGUF.md, \"Families\")");
   };
 
+  // Experts: llama.cpp's qwen3moe and qwen2moe make every layer sparse; qwen3moe always
+  // renormalises the top k, qwen2moe never.
+  if (spec.any_sparse_mlp()) {
+    for (int64_t l = 0; l < spec.layers; ++l)
+      if (!spec.layer[static_cast<size_t>(l)].sparse)
+        refuse(cfg.find("mlp_only_layers") ? "mlp_only_layers" : "decoder_sparse_step",
+               "layer " + std::to_string(l) + " has a dense MLP; llama.cpp's " + d.arch +
+                   " makes every layer a mixture of experts");
+    const bool renorm = d.arch == "qwen3moe";
+    if (spec.experts.norm_topk != renorm)
+      refuse("norm_topk_prob", "llama.cpp's " + d.arch + (renorm ? " always" : " never") +
+                                   " renormalises the top-k routing weights");
+  }
   // The MLP's activation: llama.cpp's graph for the architecture has one.
   const Activation act = gemma ? Activation::gelu_tanh : Activation::silu;
   if (spec.mlp_activation != act)
@@ -193,6 +207,13 @@ void GgufDecoder::add_metadata(gguf::Writer& w) const {
   u32("embedding_length", spec.hidden);
   u32("block_count", spec.layers);
   u32("feed_forward_length", spec.intermediate);
+  if (spec.any_sparse_mlp()) {
+    u32("expert_count", spec.experts.experts);
+    u32("expert_used_count", spec.experts.top_k);
+    u32("expert_feed_forward_length", spec.experts.intermediate);
+    if (spec.experts.shared_intermediate > 0)
+      u32("expert_shared_feed_forward_length", spec.experts.shared_intermediate);
+  }
   u32("attention.head_count", spec.heads);
   u32("attention.head_count_kv", spec.kv_heads);
   u32("attention.key_length", spec.head_dim);
@@ -240,7 +261,31 @@ GgufTensorPlan GgufDecoder::tensor(const std::string& hf, const std::string& fil
         {NormRole::q, "attn_q_norm"},     {NormRole::k, "attn_k_norm"}};
     return {blk + names.at(n.role) + ".weight", 0, n.kind == NormKind::one_plus};
   }
+  // A sparse layer's: the router, each expert's slice of the stacked tensors, a shared
+  // expert's projections and gate.
+  const ExpertsSpec& x = spec.experts;
+  if (spec.any_sparse_mlp() && kind == "weight") {
+    if (module == x.router_module) return {blk + "ffn_gate_inp.weight"};
+    if (module == x.shared_gate_module && x.shared_intermediate > 0)
+      return {blk + "ffn_gate_inp_shexp.weight", 0, false, -1, true};
+    static const std::regex expert(R"((.*)\.(\d+)\.([^.]+))");
+    std::smatch e;
+    if (std::regex_match(module, e, expert) && e[1].str() == x.experts_module) {
+      const std::string w = e[3].str();
+      const std::string part = w == x.gate_name ? "gate" : w == x.up_name ? "up" : "down";
+      KQLORA_INPUT_CHECK(w == x.gate_name || w == x.up_name || w == x.down_name,
+                         file << ": --gguf: tensor '" << hf << "' has no llama.cpp name");
+      return {blk + "ffn_" + part + "_exps.weight", 0, false, std::stoll(e[2].str())};
+    }
+  }
   for (const ProjectionSpec& p : spec.projections) {
+    const int64_t l = std::stoll(m[1].str());
+    if (spec.shared_expert(l) && DecoderSpec::reads_mlp(p) && module == spec.module_of(l, p)) {
+      static const std::map<Slot, std::string> shexp = {{Slot::gate, "ffn_gate_shexp"},
+                                                        {Slot::up, "ffn_up_shexp"},
+                                                        {Slot::down, "ffn_down_shexp"}};
+      return {blk + shexp.at(p.slots[0]) + "." + kind};
+    }
     if (p.module != module) continue;
     static const std::map<Slot, std::string> names = {
         {Slot::q, "attn_q"},      {Slot::k, "attn_k"},      {Slot::v, "attn_v"},

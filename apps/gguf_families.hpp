@@ -20,6 +20,8 @@ struct GgufTensorPlan {
   std::string name;           // llama.cpp's
   int64_t permute_heads = 0;  // > 0: llama's rotary row order over this many heads
   bool plus_one = false;      // Gemma's (1 + w) norms stored as w + 1
+  int64_t expert = -1;        // >= 0: this expert's slice of a stacked [E, out, in] tensor
+  bool as_vector = false;     // a [1, n] matrix stored as the vector [n]
 };
 
 /// A decoder as llama.cpp runs it.

@@ -74,12 +74,18 @@ CASES = {
                                     "tie_word_embeddings": False}),
     "phi3": ("phi3", {"sliding_window": None, "rope_parameters": {
         "rope_type": "default", "rope_theta": 10000.0}, "partial_rotary_factor": 0.5}),
+    # experts on every layer (llama.cpp has no dense layer there), the routing each renormalises
+    # or not as llama.cpp does; qwen2moe's shared expert
+    "qwen3_moe": ("qwen3_moe", {"mlp_only_layers": [], "norm_topk_prob": True}),
+    "qwen2_moe": ("qwen2_moe", {"mlp_only_layers": [], "norm_topk_prob": False}),
 }
 # Reference cases (tests/data/family_reference) llama.cpp cannot run as trained, and the
 # config.json field each refusal names.
 REFUSED = {"gemma2": "attention_bias", "gemma3_text": "query_pre_attn_scalar",
            "qwen2": "layer_types", "qwen3": "attention_bias", "phi3": "sliding_window",
-           "phi3_long": "rope_parameters", "mistral_window": "sliding_window"}
+           "phi3_long": "rope_parameters", "mistral_window": "sliding_window",
+           "qwen3_moe": "mlp_only_layers", "qwen3_moe_raw": "norm_topk_prob",
+           "qwen2_moe": "mlp_only_layers"}
 ROWS, T = 3, 64
 
 
@@ -166,7 +172,8 @@ def check_case(name, family, over, train_bin, export_bin, work, checks):
     # The hyperparameters llama.cpp reads (transformers took them from config=).
     fields = GGUFReader(os.path.join(work, "model-f32.gguf")).fields
     arch = fields["general.architecture"].contents()
-    expect_arch = {"mistral": "llama", "gemma3_text": "gemma3"}.get(family, family)
+    expect_arch = {"mistral": "llama", "gemma3_text": "gemma3", "qwen3_moe": "qwen3moe",
+                   "qwen2_moe": "qwen2moe"}.get(family, family)
     checks.append(("%s: general.architecture %r" % (name, arch), arch == expect_arch))
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     meta = {"block_count": cfg["num_hidden_layers"], "embedding_length": cfg["hidden_size"],
@@ -176,6 +183,13 @@ def check_case(name, family, over, train_bin, export_bin, work, checks):
             "attention.key_length": head_dim, "context_length": cfg["max_position_embeddings"],
             "attention.layer_norm_rms_epsilon": cfg["rms_norm_eps"],
             "rope.dimension_count": int(head_dim * cfg.get("partial_rotary_factor", 1.0))}
+    experts = cfg.get("num_experts", cfg.get("num_local_experts"))
+    if experts:
+        meta.update({"expert_count": experts,
+                     "expert_used_count": cfg["num_experts_per_tok"],
+                     "expert_feed_forward_length": cfg["moe_intermediate_size"]})
+        if "shared_expert_intermediate_size" in cfg:
+            meta["expert_shared_feed_forward_length"] = cfg["shared_expert_intermediate_size"]
     for k, v in meta.items():
         got = fields[arch + "." + k].contents()
         checks.append(("%s: %s.%s = %r (config.json %r)" % (name, arch, k, got, v),

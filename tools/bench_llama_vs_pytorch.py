@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """kqlora-train against PyTorch + PEFT + torchao on a SmolLM2-135M-shaped Llama (or any
 family and shape tools/make_hf_model.py writes), one thread per rank, side by side
-(docs/BENCHMARKS.md, "Llama fine-tuning speed").
+(docs/BENCHMARKS.md, "Llama fine-tuning speed"; a model with experts, "Experts' speed").
 
     python3 tools/bench_llama_vs_pytorch.py [--model DIR | --family F --preset P]
                                             [--steps 6] [--pairs 5] [--batches 1,4]
@@ -57,21 +57,37 @@ def token_file(path, rows, seq, vocab):
     return ids
 
 
-def torch_steps(model_dir, ids, batch, steps, dtype="float32"):
-    """Median seconds of a PyTorch + PEFT + torchao QLoRA step after the first."""
+def has_experts(model_dir):
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    return "num_experts" in cfg or "num_local_experts" in cfg
+
+
+def torch_steps(model_dir, ids, batch, steps, dtype="float32", experts_impl=None):
+    """Median seconds of a PyTorch + PEFT + torchao QLoRA step after the first. A model with
+    experts: its Linear modules NF4, the experts' fused parameters in `dtype` (torchao's NF4
+    does not hold 3-D parameters), LoRA on the Linear modules and, through PEFT's
+    target_parameters, on the experts (kqlora's all-linear), transformers' experts_implementation
+    `experts_impl`."""
     import torch
     torch.set_num_threads(1)
     from peft import LoraConfig, get_peft_model
     from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    kw = {"experts_implementation": experts_impl} if experts_impl else {}
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), **kw)
+    linears = set()
     for name, lin in model.named_modules():
         if isinstance(lin, torch.nn.Linear) and name != "lm_head":
             lin.weight = torch.nn.Parameter(
                 to_nf4(lin.weight.detach(), block_size=64, scaler_block_size=64),
                 requires_grad=False)
-    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
-                                             target_modules="all-linear"))
+            linears.add(name.rsplit(".", 1)[-1])
+    if has_experts(model_dir):  # (named: PEFT's all-linear would also adapt the routers)
+        lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=sorted(linears),
+                          target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+    else:
+        lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear")
+    model = get_peft_model(model, lora)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     x = torch.tensor(ids[:batch], dtype=torch.long)
     times = []
@@ -118,6 +134,10 @@ def main():
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     ap.add_argument("--json", default=None)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--experts-impl", default="fastest",
+                    help="transformers' experts_implementation for a model with experts: "
+                         "eager, batched_mm, grouped_mm, or fastest (each timed over "
+                         "--steps steps at the first batch size, the fastest kept)")
     args = ap.parse_args()
     for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[v] = "1"
@@ -136,11 +156,26 @@ def main():
     result = {"model": model_dir, "dtype": args.dtype}
     batches = [int(b) for b in args.batches.split(",")]
     runs = {b: [] for b in batches}
+    impl = None
+    if has_experts(model_dir):
+        impls = ["eager", "batched_mm", "grouped_mm"] if args.experts_impl == "fastest" \
+            else [args.experts_impl]
+        timed = {}
+        for name in impls:
+            try:
+                timed[name] = torch_steps(model_dir, ids, batches[0], args.steps, args.dtype, name)
+            except Exception as e:  # (an implementation this torch lacks)
+                print("experts_implementation %s: %s" % (name, e))
+        impl = min(timed, key=timed.get)
+        print("experts_implementation: %s (%s s/step at %d x 256)" % (
+            impl, ", ".join("%s %.3f" % kv for kv in timed.items()), batches[0]), flush=True)
+        result["experts_implementation"] = impl
+        result["experts_implementation_s"] = timed
     for pair in range(args.pairs):
         for batch in batches:
             k = kqlora_steps(args.bin, model_dir, data, batch, args.steps, 1, work, "k%d" % batch,
                              args.dtype)
-            t = torch_steps(model_dir, ids, batch, args.steps, args.dtype)
+            t = torch_steps(model_dir, ids, batch, args.steps, args.dtype, impl)
             runs[batch].append((k, t))
             print("pair %d, %d x 256: kqlora-train %.3f s/step, PyTorch+PEFT+torchao %.3f s/step:"
                   " %.2fx" % (pair + 1, batch, k, t, t / k), flush=True)
