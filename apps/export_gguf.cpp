@@ -92,7 +92,8 @@ void write_gguf(const CheckpointContents& c, const std::string& file, const std:
       continue;
     }
     const bool matrix = e.shape.size() == 2 && !plan.as_vector;
-    gguf::TensorType t = matrix ? type : gguf::TensorType::f32;  // 1-D: F32, as llama.cpp
+    gguf::TensorType t =  // 1-D: F32, as llama.cpp
+        matrix && !plan.keep_f32 ? type : gguf::TensorType::f32;
     if (t == gguf::TensorType::q8_0 && e.shape.back() % 32 != 0) {
       t = gguf::TensorType::f16;  // rows not whole Q8_0 blocks: F16, as llama.cpp's converter
       fallbacks += (fallbacks.empty() ? "" : ", ") + (plan.expert == 0 ? plan.name : e.name);

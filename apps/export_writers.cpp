@@ -50,21 +50,6 @@ const LoraAdapter* adapter_of(const ParamTable& t, const std::string& name) {
   return nullptr;
 }
 
-/// The expert adapter adding to NF4 entry `name` (its index in `bases` in *at), or one that
-/// `name` is the A or B of.
-const ExpertAdapter* expert_adapter_of(const ParamTable& t, const std::string& name,
-                                       int64_t* at = nullptr) {
-  for (const auto& a : t.expert_adapters) {
-    if (a.a == name || a.b == name) return &a;
-    for (size_t i = 0; i < a.bases.size(); ++i)
-      if (a.bases[i] == name) {
-        if (at) *at = static_cast<int64_t>(i);
-        return &a;
-      }
-  }
-  return nullptr;
-}
-
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f << text;
@@ -136,9 +121,9 @@ std::vector<float> weight_values(const CheckpointContents& c, const ParamEntry& 
     Matrix<Kokkos::HostSpace> Bm(const_cast<float*>(B.data.data()), out_f, r);
     gemm(Host(), "N", "N", scale, Bm, Am, 1.0f, Wm);
   }
-  int64_t at = 0;
-  const ExpertAdapter* xa = merge && !ad ? expert_adapter_of(table, e.name, &at) : nullptr;
-  if (xa) {  // expert j's part k: its A rows and the part's rows of its B
+  int64_t at = -1;
+  const ExpertAdapter* xa = merge && !ad ? table.expert_adapter_of(e.name, &at) : nullptr;
+  if (xa && at >= 0) {  // expert j's part k: its A rows and the part's rows of its B
     if (merged) *merged = true;
     const int64_t r = xa->rank, j = at / xa->parts(), k = at % xa->parts();
     const auto& A = find_param(c, xa->a, file);
@@ -164,7 +149,7 @@ const std::vector<float>& dense_values(const CheckpointContents& c, const std::s
 
 bool is_adapter_tensor(const CheckpointContents& c, const std::string& name) {
   const LoraAdapter* ad = adapter_of(c.table, name);
-  const ExpertAdapter* xa = expert_adapter_of(c.table, name);
+  const ExpertAdapter* xa = c.table.expert_adapter_of(name);
   return (ad && (ad->a == name || ad->b == name)) || (xa && (xa->a == name || xa->b == name));
 }
 

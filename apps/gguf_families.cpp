@@ -81,9 +81,16 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
   // Experts: llama.cpp's qwen3moe and qwen2moe make every layer sparse; qwen3moe always
   // renormalises the top k, qwen2moe never.
   if (spec.any_sparse_mlp()) {
+    const json::Value* listed = cfg.find("mlp_only_layers");
+    const auto lists = [&](int64_t l) {
+      if (!listed || listed->kind != json::Value::Kind::array) return false;
+      for (const json::Value& v : listed->array)
+        if (v.kind == json::Value::Kind::number && v.number == static_cast<double>(l)) return true;
+      return false;
+    };
     for (int64_t l = 0; l < spec.layers; ++l)
       if (!spec.layer[static_cast<size_t>(l)].sparse)
-        refuse(cfg.find("mlp_only_layers") ? "mlp_only_layers" : "decoder_sparse_step",
+        refuse(lists(l) ? "mlp_only_layers" : "decoder_sparse_step",
                "layer " + std::to_string(l) + " has a dense MLP; llama.cpp's " + d.arch +
                    " makes every layer a mixture of experts");
     const bool renorm = d.arch == "qwen3moe";
@@ -105,7 +112,8 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
       refuse(p.slots[0] == Slot::o ? "attention_bias" : "mlp_bias",
              "llama.cpp's " + d.arch + " has no " + p.name + " bias");
   }
-  if ((d.arch == "qwen2" || d.arch == "phi3") && spec.heads * spec.head_dim != spec.hidden)
+  if ((d.arch == "qwen2" || d.arch == "qwen2moe" || d.arch == "phi3") &&
+      spec.heads * spec.head_dim != spec.hidden)
     refuse("head_dim", "llama.cpp's " + d.arch + " needs heads x head_dim = hidden_size");
   if (d.arch == "gemma2" && !spec.tied)
     refuse("tie_word_embeddings", "llama.cpp's gemma2 always ties the output to the embedding");
@@ -265,9 +273,10 @@ GgufTensorPlan GgufDecoder::tensor(const std::string& hf, const std::string& fil
   // expert's projections and gate.
   const ExpertsSpec& x = spec.experts;
   if (spec.any_sparse_mlp() && kind == "weight") {
-    if (module == x.router_module) return {blk + "ffn_gate_inp.weight"};
+    // (the routers in F32, as llama.cpp's converter: a rounding could change the experts)
+    if (module == x.router_module) return {blk + "ffn_gate_inp.weight", 0, false, -1, false, true};
     if (module == x.shared_gate_module && x.shared_intermediate > 0)
-      return {blk + "ffn_gate_inp_shexp.weight", 0, false, -1, true};
+      return {blk + "ffn_gate_inp_shexp.weight", 0, false, -1, true, true};
     static const std::regex expert(R"((.*)\.(\d+)\.([^.]+))");
     std::smatch e;
     if (std::regex_match(module, e, expert) && e[1].str() == x.experts_module) {

@@ -22,6 +22,7 @@ struct GgufTensorPlan {
   bool plus_one = false;      // Gemma's (1 + w) norms stored as w + 1
   int64_t expert = -1;        // >= 0: this expert's slice of a stacked [E, out, in] tensor
   bool as_vector = false;     // a [1, n] matrix stored as the vector [n]
+  bool keep_f32 = false;      // F32 whatever the type (routers: llama.cpp's converter keeps them)
 };
 
 /// A decoder as llama.cpp runs it.

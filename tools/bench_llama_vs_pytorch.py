@@ -64,10 +64,11 @@ def has_experts(model_dir):
 
 def torch_steps(model_dir, ids, batch, steps, dtype="float32", experts_impl=None):
     """Median seconds of a PyTorch + PEFT + torchao QLoRA step after the first. A model with
-    experts: its Linear modules NF4, the experts' fused parameters in `dtype` (torchao's NF4
-    does not hold 3-D parameters), LoRA on the Linear modules and, through PEFT's
-    target_parameters, on the experts (kqlora's all-linear), transformers' experts_implementation
-    `experts_impl`."""
+    experts: its attention's Linear modules NF4 (any other Linear, a dense or shared expert's
+    MLP, frozen in `dtype`: faster than NF4, in PyTorch's favour), the experts' fused
+    parameters in `dtype` (torchao's NF4 does not hold 3-D parameters), LoRA on the attention
+    and, through PEFT's target_parameters, on the experts (kqlora's lora_targets the same),
+    transformers' experts_implementation `experts_impl`."""
     import torch
     torch.set_num_threads(1)
     from peft import LoraConfig, get_peft_model
@@ -76,7 +77,13 @@ def torch_steps(model_dir, ids, batch, steps, dtype="float32", experts_impl=None
     kw = {"experts_implementation": experts_impl} if experts_impl else {}
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), **kw)
     linears = set()
+    # A model with experts: the attention and the experts adapted on both sides (kqlora's
+    # lora_targets the same); PEFT would move a dense gate_proj / up_proj / down_proj onto
+    # the experts (its v4-to-v5 conversion), and a shared expert's gate stays dense.
+    attention = {"q_proj", "k_proj", "v_proj", "o_proj"}
     for name, lin in model.named_modules():
+        if has_experts(model_dir) and name.rsplit(".", 1)[-1] not in attention:
+            continue
         if isinstance(lin, torch.nn.Linear) and name != "lm_head":
             lin.weight = torch.nn.Parameter(
                 to_nf4(lin.weight.detach(), block_size=64, scaler_block_size=64),
@@ -109,7 +116,9 @@ def kqlora_steps(bin_dir, model_dir, data, batch, steps, ranks, work, tag, dtype
     metrics = os.path.join(work, tag + ".jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
-    cmd = [os.path.join(bin_dir, "kqlora-train"), deck, "hf_model_dir=" + model_dir,
+    targets = ["lora_targets=q_proj,k_proj,v_proj,o_proj,experts.gate_up_proj,experts.down_proj"] \
+        if has_experts(model_dir) else []
+    cmd = [os.path.join(bin_dir, "kqlora-train"), deck, "hf_model_dir=" + model_dir, *targets,
            "data_file=" + data, "global_bs=%d" % batch, "micro_bs=%d" % batch,
            "num_steps=%d" % steps, "optimizer=adamw", "lr=1e-4", "lora_rank=8",
            "lora_alpha=16", "block_size=64", "scaler_block_size=64", "checkpoint_every=0",

@@ -108,6 +108,9 @@ std::string first_spec_difference(const DecoderSpec& a, const DecoderSpec& b) {
   d.field("fused router module", x.fused_router, y.fused_router);
   d.field("output_router_logits", x.aux_loss, y.aux_loss);
   d.field("router_aux_loss_coef", x.aux_loss_coef, y.aux_loss_coef);
+  d.field("shared_expert_intermediate_size", x.shared_intermediate, y.shared_intermediate);
+  d.field("shared expert module", x.shared_module, y.shared_module);
+  d.field("shared expert gate module", x.shared_gate_module, y.shared_gate_module);
   return d.text();
 }
 

@@ -37,9 +37,30 @@ ParamEntry& ParamTable::add(ParamEntry e, const std::string& group) {
 }
 
 const ParamEntry* ParamTable::find(const std::string& name) const {
-  for (const auto& e : entries)
-    if (e.name == name) return &e;
-  return nullptr;
+  if (index_.size() != entries.size()) {  // (names are never changed once added)
+    index_.clear();
+    for (size_t i = 0; i < entries.size(); ++i) index_.emplace(entries[i].name, i);
+  }
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &entries[it->second];
+}
+
+const ExpertAdapter* ParamTable::expert_adapter_of(const std::string& name, int64_t* base) const {
+  if (expert_indexed_ != expert_adapters.size()) {
+    expert_index_.clear();
+    for (size_t a = 0; a < expert_adapters.size(); ++a) {
+      const ExpertAdapter& x = expert_adapters[a];
+      expert_index_[x.a] = {a, -1};
+      expert_index_[x.b] = {a, -1};
+      for (size_t i = 0; i < x.bases.size(); ++i)
+        expert_index_[x.bases[i]] = {a, static_cast<int64_t>(i)};
+    }
+    expert_indexed_ = expert_adapters.size();
+  }
+  const auto it = expert_index_.find(name);
+  if (it == expert_index_.end()) return nullptr;
+  if (base) *base = it->second.second;
+  return &expert_adapters[it->second.first];
 }
 
 const ParamEntry& ParamTable::at(const std::string& name) const {

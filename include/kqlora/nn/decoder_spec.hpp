@@ -143,7 +143,7 @@ struct DecoderSpec {
   /// The index of the projection writing slot s.
   int writer(Slot s) const;
   /// Whether layer l has projection p: a sparse layer has the dense MLP's projections only
-  /// as its shared expert (the per-layer projection sets, docs/MODELS.md).
+  /// as its shared expert (docs/MODELS.md, "Experts").
   bool has_projection(int64_t l, const ProjectionSpec& p) const {
     return !layer[static_cast<size_t>(l)].sparse || !reads_mlp(p) || shared_expert(l);
   }
@@ -167,8 +167,7 @@ struct DecoderSpec {
   int64_t out_features(const ProjectionSpec& p, int64_t l) const;
   /// The widest dense MLP of any layer that has one (0: none).
   int64_t widest_mlp() const;
-  /// Whether any layer has the dense MLP, or the experts.
-  bool any_dense_mlp() const;
+  /// Whether any layer has the experts.
   bool any_sparse_mlp() const;
 };
 

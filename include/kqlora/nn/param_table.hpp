@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -106,6 +107,9 @@ struct ParamTable {
 
   const ParamEntry* find(const std::string& name) const;
   const ParamEntry& at(const std::string& name) const;  // Error when absent
+  /// The expert adapter adding to NF4 entry `name` (its index in `bases` in *base), or whose
+  /// A or B `name` is; null: none.
+  const ExpertAdapter* expert_adapter_of(const std::string& name, int64_t* base = nullptr) const;
   int num_groups() const { return static_cast<int>(groups.size()); }
   /// The entries of one kind, in table order.
   std::vector<const ParamEntry*> of_kind(ParamKind k) const;
@@ -115,6 +119,13 @@ struct ParamTable {
   std::pair<int64_t, int64_t> trainable_range(int group) const;
   /// Indices (ParamEntry::offset) of a group's nf4 entries.
   std::vector<int> nf4_of_group(int group) const;
+
+ private:
+  // Name lookups (a 30B model's table has tens of thousands of entries): built on first use
+  // and again whenever entries were appended since.
+  mutable std::unordered_map<std::string, size_t> index_;
+  mutable std::unordered_map<std::string, std::pair<size_t, int64_t>> expert_index_;
+  mutable size_t expert_indexed_ = 0;
 };
 
 }  // namespace kqlora

@@ -25,25 +25,30 @@ std::string shortest(double v) {
 /// node's memory in float32, and so must the layers' descriptions; the key is named when
 /// one does not. No fixed limit: a vocabulary of 262144 or a head_dim of 512 pass where
 /// they fit, and what the whole model needs is the memory check's (FSDP shards it).
-void bound_sizes(HfConfigReader& r, const DecoderSpec& s) {
+/// Refuses `shape` (float32 values) when it exceeds this node's memory, naming the largest
+/// of `sizes` the file gives (a default is not the cause).
+void refuse_beyond_node(HfConfigReader& r, std::vector<std::pair<const char*, int64_t>> sizes,
+                        const std::vector<int64_t>& shape, const char* what) {
   const MemoryBudget node = node_memory();
   if (node.bytes <= 0) return;
-  // (the key named is the largest of the sizes the file gives: a default is not the cause)
+  double n = 1;  // (in double: the product of hostile sizes overflows int64)
+  for (int64_t d : shape) n *= static_cast<double>(d);
+  if (n <= static_cast<double>(node.bytes / 4)) return;
+  std::pair<const char*, int64_t> named = sizes.front();
+  for (const auto& kv : sizes)
+    if (r.has(kv.first) && (!r.has(named.first) || kv.second > named.second)) named = kv;
+  std::ostringstream count;
+  count.precision(4);
+  count << n;
+  r.fail(named.first, "is " + std::to_string(named.second) + ": " + what + " would hold " +
+                          count.str() + " float32 values, more than this node's memory (" +
+                          node.source + ")");
+}
+
+void bound_sizes(HfConfigReader& r, const DecoderSpec& s) {
   const auto fits = [&](std::vector<std::pair<const char*, int64_t>> sizes,
-                        const std::vector<int64_t>& shape, const char* what) {
-    double n = 1;  // (in double: the product of hostile sizes overflows int64)
-    for (int64_t d : shape) n *= static_cast<double>(d);
-    if (n <= static_cast<double>(node.bytes / 4)) return;
-    std::pair<const char*, int64_t> named = sizes.front();
-    for (const auto& kv : sizes)
-      if (r.has(kv.first) && (!r.has(named.first) || kv.second > named.second)) named = kv;
-    std::ostringstream count;
-    count.precision(4);
-    count << n;
-    r.fail(named.first, "is " + std::to_string(named.second) + ": " + what + " would hold " +
-                            count.str() + " float32 values, more than this node's memory (" +
-                            node.source + ")");
-  };
+                        const std::vector<int64_t>& shape,
+                        const char* what) { refuse_beyond_node(r, std::move(sizes), shape, what); };
   fits({{"vocab_size", s.vocab}, {"hidden_size", s.hidden}}, {s.vocab, s.hidden}, "the embedding");
   fits({{"head_dim", s.head_dim}, {"num_attention_heads", s.heads}, {"hidden_size", s.hidden}},
        {s.heads, s.head_dim, s.hidden}, "q_proj");
@@ -356,6 +361,26 @@ void read_sparse_layers(HfConfigReader& r, DecoderSpec& s) {
   for (int64_t l = 0; l < s.layers; ++l)
     s.layer[static_cast<size_t>(l)].sparse =
         (l + 1) % step == 0 && !dense_only[static_cast<size_t>(l)];
+}
+
+void bound_expert_sizes(HfConfigReader& r, const DecoderSpec& s) {
+  if (!s.any_sparse_mlp()) return;
+  const ExpertsSpec& e = s.experts;
+  refuse_beyond_node(r,
+                     {{"moe_intermediate_size", e.intermediate},
+                      {"intermediate_size", e.intermediate},
+                      {"hidden_size", s.hidden}},
+                     {e.intermediate, s.hidden}, "an expert's projection");
+  refuse_beyond_node(r, {{"num_experts", e.experts}, {"num_local_experts", e.experts}},
+                     {e.experts, s.hidden}, "the router");
+  // (a table row of about 1 KiB per expert matrix)
+  refuse_beyond_node(r,
+                     {{"num_experts", e.experts},
+                      {"num_local_experts", e.experts},
+                      {"num_hidden_layers", s.layers}},
+                     {e.experts, s.layers, 3, 256}, "the experts' descriptions");
+  refuse_beyond_node(r, {{"shared_expert_intermediate_size", e.shared_intermediate}},
+                     {e.shared_intermediate, s.hidden}, "the shared expert's projection");
 }
 
 }  // namespace kqlora::impl

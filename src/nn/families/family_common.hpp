@@ -69,6 +69,11 @@ void read_layer_types(HfConfigReader& r, int64_t window, const std::vector<bool>
 void read_router(HfConfigReader& r, int64_t experts_default, int64_t top_k_default,
                  double coef_default, ExpertsSpec& e);
 
+/// The experts' sizes bounded as read_dims bounds the dense ones: an expert's projection,
+/// the router, the experts' table rows, a shared expert's projection each within this
+/// node's memory, else the field is named (called for every family after its reader).
+void bound_expert_sizes(HfConfigReader& r, const DecoderSpec& s);
+
 /// Which layers are sparse (Qwen2-MoE's and Qwen3-MoE's rule, as transformers): layer l
 /// when (l + 1) % decoder_sparse_step == 0 and mlp_only_layers does not name it.
 void read_sparse_layers(HfConfigReader& r, DecoderSpec& s);

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "families.hpp"
+#include "family_common.hpp"
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/json.hpp"
 #include "kqlora/nn/decoder_spec.hpp"
@@ -99,6 +100,7 @@ DecoderSpec parse_decoder_config(const std::string& text, const std::string& sou
   if (it == table.end())
     r.fail("model_type", "is " + json::quote(type) + "; supported: " + family_list());
   DecoderSpec s = it->second(r, type);
+  impl::bound_expert_sizes(r, s);
   r.finish();
   validate(s);
   return s;
@@ -160,10 +162,6 @@ int64_t DecoderSpec::out_features(const ProjectionSpec& p) const {
   int64_t n = 0;
   for (Slot s : p.slots) n += slot_width(s);
   return n;
-}
-
-bool DecoderSpec::any_dense_mlp() const {
-  return std::any_of(layer.begin(), layer.end(), [](const LayerSpec& l) { return !l.sparse; });
 }
 
 bool DecoderSpec::any_sparse_mlp() const {
