@@ -124,12 +124,16 @@ std::map<std::string, ModelKind>& registry() {
 
 ModelFootprint footprint_of(const ParamTable& t) {
   ModelFootprint f;
+  std::vector<int64_t> group_nf4(static_cast<size_t>(t.num_groups()), 0);
   for (const auto& e : t.entries) {
     f.tensors += 1;
     const int64_t n = e.numel();
     if (e.kind == ParamKind::nf4) {
       f.nf4_elements = checked_add(f.nf4_elements, n, "the model's size");
       f.largest_nf4_elements = std::max(f.largest_nf4_elements, n);
+      int64_t& g = group_nf4[static_cast<size_t>(e.group)];
+      g = checked_add(g, n, "the model's size");
+      f.largest_group_nf4_elements = std::max(f.largest_group_nf4_elements, g);
     }
     if (e.kind == ParamKind::dense)
       f.dense_elements = checked_add(f.dense_elements, n, "the model's size");

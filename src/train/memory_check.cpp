@@ -94,6 +94,22 @@ MemoryEstimate estimate_memory(const Config& c, int world_size, int ranks_per_no
   int64_t training = 0;
   for (const auto& p : model_parts)
     training = checked_add(training, p.second, "the memory estimate");
+  if (!device && fsdp && world > 1) {
+    // FSDP on the host: a group's NF4 gathered whole around its products (a layer's: with
+    // experts, hundreds of tensors), and the padded parameter and gradient vectors and the
+    // chunk's gradients beside the model (parallel/fsdp).
+    const int64_t g = f.largest_group_nf4_elements;
+    const int64_t trainable4 = mul(4, f.trainable_elements);
+    const int64_t padded =
+        checked_add(mul(2, trainable4), trainable4 / world, "the memory estimate");
+    const int64_t fsdp_bytes =
+        checked_add(g / 2 + g / m.block_size + mul(4, g / m.block_size / m.scaler_block_size + 1),
+                    padded, "the memory estimate");
+    e.parts.push_back({"FSDP's gathered layer and padded vectors", fsdp_bytes});
+    training = checked_add(training, fsdp_bytes, "the memory estimate");
+    // (the padded vectors are made while the whole base, quantized by every rank, still is)
+    setup = checked_add(setup, padded, "the memory estimate");
+  }
   if (!device) {
     if (setup > training) e.parts.push_back({"set-up's excess over training", setup - training});
     // What no allocation of kqlora's holds: GEMM packing buffers, MPI's and HDF5's, the
