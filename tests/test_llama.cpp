@@ -714,9 +714,11 @@ TEST(MoeImport, BadRoutingAndExpertTensorsAreRefusedNamingThem) {
       {"num_experts_per_tok", "0"},  // none
       {"num_local_experts", "0"},    // no expert
       {"mlp_only_layers", "[3]"},    // not a layer
-      {"router_aux_loss_coef", "-1"}, {"num_experts_per_tok", "33"},
+      {"router_aux_loss_coef", "-1"},
+      {"num_experts_per_tok", "33"},
       // sizes beyond this node's memory, refused before any table row
-      {"moe_intermediate_size", "100000000000"}, {"num_local_experts", "100000000000"}};
+      {"moe_intermediate_size", "100000000000"},
+      {"num_local_experts", "100000000000"}};
   for (const auto& [field, value] : bad)
     expect_config_error(with_field(ok, field, value),
                         {"dir/config.json", "'" + field + "'", value});

@@ -24,6 +24,10 @@ struct FamilyDefaults {
 /// q/k norms of Llama's kind, 1/sqrt(head_dim) scores, the rope (default, linear, llama3).
 void qwen3_attention(HfConfigReader& r, const FamilyDefaults& d, DecoderSpec& s);
 
+/// Qwen2's attention (Qwen2 and Qwen2-MoE): biases on q, k, v when `qkv_bias` (none on o),
+/// no q/k norms, 1/sqrt(head_dim) scores, the rope (default, linear, llama3).
+void qwen2_attention(HfConfigReader& r, const FamilyDefaults& d, bool qkv_bias, DecoderSpec& s);
+
 /// The dimensions, eps, tie flag; absent fields take `d` with a note.
 void read_dims(HfConfigReader& r, const FamilyDefaults& d, DecoderSpec& s);
 

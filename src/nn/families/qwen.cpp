@@ -21,6 +21,15 @@ void qwen3_attention(HfConfigReader& r, const FamilyDefaults& d, DecoderSpec& s)
                                      {"linear", "llama3"}));
 }
 
+void qwen2_attention(HfConfigReader& r, const FamilyDefaults& d, bool qkv_bias, DecoderSpec& s) {
+  s.projections = llama_projections(qkv_bias, false, false);
+  s.norms = pre_norms(NormKind::scale);
+  s.attn_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  const double theta = r.number("rope_theta", d.rope_theta, false);
+  s.ropes.push_back(read_config_rope(r, theta, s.head_dim, std::nullopt, s.max_positions, 0,
+                                     {"linear", "llama3"}));
+}
+
 namespace {
 
 DecoderSpec qwen(HfConfigReader& r, const std::string& model_type, bool qwen3) {
@@ -33,16 +42,10 @@ DecoderSpec qwen(HfConfigReader& r, const std::string& model_type, bool qwen3) {
   read_dims(r, d, s);
   refuse_dropout(r, "attention_dropout");
   s.mlp_activation = read_activation(r, "hidden_act", "silu", false);
-  if (qwen3) {
+  if (qwen3)
     qwen3_attention(r, d, s);
-  } else {
-    s.projections = llama_projections(true, false, false);
-    s.norms = pre_norms(NormKind::scale);
-    s.attn_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-    const double theta = r.number("rope_theta", d.rope_theta, false);
-    s.ropes.push_back(read_config_rope(r, theta, s.head_dim, std::nullopt, s.max_positions, 0,
-                                       {"linear", "llama3"}));
-  }
+  else
+    qwen2_attention(r, d, true, s);
   // transformers: sliding_window = sliding_window if use_sliding_window else None; a layer
   // slides when its layer_types entry says so (default: from max_window_layers on).
   const bool use_window = r.boolean("use_sliding_window", false);

@@ -6,8 +6,6 @@
 // norm_topk_prob) beside a shared expert of shared_expert_intermediate_size gated per token
 // by sigmoid(shared_expert_gate(x)) (docs/MODELS.md, "Experts"). The other layers have
 // Qwen2's dense MLP of intermediate_size.
-#include <cmath>
-
 #include "families.hpp"
 #include "family_common.hpp"
 
@@ -22,12 +20,7 @@ DecoderSpec qwen2_moe_family(HfConfigReader& r, const std::string& model_type) {
   read_dims(r, d, s);
   refuse_dropout(r, "attention_dropout");
   s.mlp_activation = read_activation(r, "hidden_act", "silu", false);
-  s.projections = llama_projections(r.boolean("qkv_bias", true), false, false);
-  s.norms = pre_norms(NormKind::scale);
-  s.attn_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-  const double theta = r.number("rope_theta", d.rope_theta, false);
-  s.ropes.push_back(read_config_rope(r, theta, s.head_dim, std::nullopt, s.max_positions, 0,
-                                     {"linear", "llama3"}));
+  qwen2_attention(r, d, r.boolean("qkv_bias", true), s);
   // transformers: layer l slides when l is even, below max_window_layers and
   // use_sliding_window (or as layer_types says).
   const bool use_window = r.boolean("use_sliding_window", false);
