@@ -172,26 +172,33 @@ void write_weights(const CheckpointContents& c, const std::string& file, const s
     }
   };
   int merged = 0;
-  // Entries with a place in a fused tensor (ParamEntry::alt_tensor: an expert's slice of
-  // transformers 5's gate_up_proj or down_proj, its router's name) are written there, in
-  // the layout transformers 5 loads; a fused tensor is written once its group is done.
+  // Entries with a place in a fused tensor (ParamEntry::alts, the first: an expert's slice
+  // of transformers 5's gate_up_proj or down_proj, gpt-oss's interleaved ones, its router's
+  // name) are written there, in the layout transformers 5 loads; a fused tensor is written
+  // once its group is done.
   std::vector<std::pair<std::string, std::vector<int64_t>>> fused_order;
   std::map<std::string, std::vector<float>> fused;
   auto place = [&](const ParamEntry& e, const std::vector<float>& v) {
-    auto it = fused.find(e.alt_tensor);
+    const TensorSlice& a = e.alts.front();
+    auto it = fused.find(a.tensor);
     if (it == fused.end()) {
       int64_t n = 1;
-      for (int64_t d : e.alt_shape) n *= d;
-      it = fused.emplace(e.alt_tensor, std::vector<float>(static_cast<size_t>(n))).first;
-      fused_order.emplace_back(e.alt_tensor, e.alt_shape);
+      for (int64_t d : a.shape) n *= d;
+      it = fused.emplace(a.tensor, std::vector<float>(static_cast<size_t>(n))).first;
+      fused_order.emplace_back(a.tensor, a.shape);
     }
-    std::copy(v.begin(), v.end(), it->second.begin() + e.alt_first);
+    const int64_t rows = e.shape.size() == 2 ? e.shape[0] : 1, cols = e.shape.back();
+    const int64_t row_stride = a.row_stride ? a.row_stride : cols;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < cols; ++k)
+        it->second[static_cast<size_t>(a.first + r * row_stride + k * a.col_stride)] =
+            v[static_cast<size_t>(r * cols + k)];
   };
   auto weight = [&](const ParamEntry& e) {
     bool with_adapter = false;
     std::vector<float> v = weight_values(c, e, file, merge, &with_adapter);
     merged += with_adapter;
-    if (e.alt_tensor.empty())
+    if (e.alts.empty())
       add(e.name, e.shape, std::move(v));
     else
       place(e, v);
@@ -202,7 +209,7 @@ void write_weights(const CheckpointContents& c, const std::string& file, const s
     for (const auto& e : table.entries) {
       if (e.group != g || e.kind == ParamKind::nf4 || !e.tied_to.empty()) continue;
       if (is_adapter_tensor(c, e.name)) continue;
-      if (e.alt_tensor.empty())
+      if (e.alts.empty())
         add(e.name, e.shape, dense_values(c, e.name, file));
       else
         place(e, dense_values(c, e.name, file));

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 
@@ -49,7 +50,7 @@ std::vector<Case> family_cases() {
   std::vector<Case> out;
   for (const char* name : {"qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "phi3_long",
                            "mistral_window", "qwen3_moe", "qwen3_moe_raw", "qwen3_moe_experts",
-                           "mixtral", "qwen3_moe_aux", "olmoe", "qwen2_moe"}) {
+                           "mixtral", "qwen3_moe_aux", "olmoe", "qwen2_moe", "gpt_oss"}) {
     Case c{name, root + name, "all-linear"};
     std::ifstream f(c.dir + "/case.txt");
     for (std::string line; std::getline(f, line);) {
@@ -900,6 +901,147 @@ TEST(MoeImport, MixtralInTransformers5NamesLoadsTheHubsBytes) {
   kqlora::initialize_model(Exec(), b, "", log);
   expect_same_weights(a, b);
   EXPECT_EQ(log.str().find("not read"), std::string::npos) << log.str();
+}
+
+// gpt-oss's experts (issue 50): transformers 5's unquantized layout (gate_up_proj [E, H, 2I]
+// with gate and up in even and odd columns, down_proj [E, I, H], as a dequantized
+// save_pretrained writes them) loads the same NF4 bytes as the hub's MXFP4 blocks and
+// scales, decoded here by the format's definition (quant/mxfp4.hpp is not used).
+TEST(MoeImport, GptOssUnquantizedLayoutLoadsTheMxfp4Bytes) {
+  const Case c = family_cases()[14];
+  ASSERT_EQ(c.name, "gpt_oss");
+  const auto src = kqlora::safetensors::read_header(c.dir + "/model.safetensors");
+  const std::string dir = tmp_dir("gpt_oss_v5");
+  std::system(
+      ("rm -rf " + dir + " && mkdir -p " + dir + " && cp " + c.dir + "/config.json " + dir + "/")
+          .c_str());
+  const float fp4[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  std::map<std::string, std::vector<uint8_t>> raw;
+  for (const auto& t : src.tensors) raw[t.name] = kqlora::safetensors::read_bytes(src, t);
+  std::vector<std::vector<float>> plain;
+  plain.reserve(8);
+  std::vector<kqlora::safetensors::TensorToWrite> ts;
+  int decoded = 0;
+  for (const auto& t : src.tensors) {
+    const auto at = t.name.rfind("_blocks");
+    if (at == std::string::npos) {
+      if (t.name.find("_scales") == std::string::npos)
+        ts.push_back({t.name, t.dtype, t.shape, raw[t.name].data(), raw[t.name].size()});
+      continue;
+    }
+    // [E, rows, cols / 32, 16] -> [E, rows, cols] -> transposed [E, cols, rows]
+    const std::string name = t.name.substr(0, at);
+    const auto& b = raw[t.name];
+    const auto& sc = raw[name + "_scales"];
+    const int64_t E = t.shape[0], rows = t.shape[1], cols = t.shape[2] * 32;
+    std::vector<float> out(static_cast<size_t>(E * rows * cols));
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t k = 0; k < cols; ++k) {
+          const int64_t block = (e * rows + r) * (cols / 32) + k / 32;
+          const uint8_t byte = b[static_cast<size_t>(block * 16 + (k % 32) / 2)];
+          const int code = k % 2 == 0 ? byte & 15 : byte >> 4;
+          out[static_cast<size_t>((e * cols + k) * rows + r)] =
+              std::ldexp(fp4[code], static_cast<int>(sc[static_cast<size_t>(block)]) - 127);
+        }
+    plain.push_back(std::move(out));
+    ts.push_back({name, "F32", {E, cols, rows}, plain.back().data(), 4 * plain.back().size()});
+    ++decoded;
+  }
+  ASSERT_EQ(decoded, 4);  // (two layers, gate_up and down)
+  kqlora::safetensors::write(dir + "/model.safetensors", ts);
+  std::string log;
+  auto hub = load_dir(c.dir, &log);
+  auto v5 = load_dir(dir, &log);
+  expect_same_weights(*hub, *v5);
+  EXPECT_EQ(log.find("not read"), std::string::npos) << log;
+}
+
+// gpt-oss's bad input (issue 50): an MXFP4 scale of 255 (E8M0's NaN), a value past float32's
+// range, blocks of the wrong shape, scales missing, both layouts at once; the config's
+// quantization, experts_per_token, swiglu fields and YaRN factor -- each refused naming the
+// file, the tensor or field and the value.
+TEST(MoeImport, GptOssBadExpertsAndFieldsAreRefusedNamingThem) {
+  const Case c = family_cases()[14];
+  ASSERT_EQ(c.name, "gpt_oss");
+  const std::string ok = read_text(c.dir + "/config.json");
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"experts_per_token", "3"},   {"swiglu_limit", "0"},        {"swiglu_alpha", "-1"},
+      {"num_experts_per_tok", "0"}, {"num_experts_per_tok", "9"}, {"num_local_experts", "0"}};
+  for (const auto& [field, value] : bad)
+    expect_config_error(with_field(ok, field, value),
+                        {"dir/config.json", "'" + field + "'", value});
+  expect_config_error(with_field(ok, "quantization_config", "{\"quant_method\": \"fp8\"}"),
+                      {"dir/config.json", "'quantization_config.quant_method'", "fp8"});
+  expect_config_error(
+      with_field(ok, "rope_parameters",
+                 "{\"rope_type\": \"yarn\", \"factor\": 0.5, \"original_max_position_embeddings\": "
+                 "64, \"rope_theta\": 10000}"),
+      {"dir/config.json", "factor", "0.5"});
+  expect_config_error(with_field(ok, "router_jitter_noise", "0.1"),
+                      {"dir/config.json", "'router_jitter_noise'"});
+
+  const auto src = kqlora::safetensors::read_header(c.dir + "/model.safetensors");
+  auto rewrite = [&](const std::string& name, auto&& edit) {
+    const std::string dir = tmp_dir("gpt_oss_bad_" + name);
+    std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+    std::ofstream(dir + "/config.json") << ok;
+    std::vector<std::vector<uint8_t>> bytes;
+    bytes.reserve(src.tensors.size() + 1);
+    std::vector<kqlora::safetensors::TensorToWrite> ts;
+    for (const auto& t : src.tensors) {
+      bytes.push_back(kqlora::safetensors::read_bytes(src, t));
+      ts.push_back({t.name, t.dtype, t.shape, bytes.back().data(), bytes.back().size()});
+    }
+    edit(ts, bytes);
+    kqlora::safetensors::write(dir + "/model.safetensors", ts);
+    return dir;
+  };
+  auto expect_refused = [&](const std::string& dir, const std::vector<std::string>& words) {
+    try {
+      load_dir(dir);
+      ADD_FAILURE() << dir << ": accepted";
+    } catch (const kqlora::InputError& e) {
+      for (const auto& w : words)
+        EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what() << " lacks " << w;
+    }
+  };
+  const std::string m = "model.layers.1.mlp.experts.";
+  auto find = [](auto& ts, const std::string& name) {
+    return std::find_if(ts.begin(), ts.end(), [&](const auto& t) { return t.name == name; });
+  };
+  // (the scales and blocks are written from `bytes`: edit the copy a tensor points into)
+  auto bytes_of = [&](auto& ts, auto& bytes, const std::string& name) -> std::vector<uint8_t>& {
+    const auto it = find(ts, name);
+    return bytes[static_cast<size_t>(it - ts.begin())];
+  };
+  expect_refused(
+      rewrite("nan_scale",
+              [&](auto& ts, auto& bytes) { bytes_of(ts, bytes, m + "down_proj_scales")[5] = 255; }),
+      {m + "down_proj'", "scale byte 255"});
+  expect_refused(rewrite("inf_value",
+                         [&](auto& ts, auto& bytes) {
+                           bytes_of(ts, bytes, m + "gate_up_proj_scales")[0] = 254;
+                           bytes_of(ts, bytes, m + "gate_up_proj_blocks")[0] = 0x77;  // 6, 6
+                         }),
+                 {m + "gate_up_proj'", "inf"});
+  expect_refused(rewrite("blocks_shape",
+                         [&](auto& ts, auto&) {
+                           auto it = find(ts, m + "down_proj_blocks");
+                           it->shape = {it->shape[0], it->shape[1] / 2, it->shape[2] * 2, 16};
+                         }),
+                 {m + "down_proj_blocks'", "expected"});
+  expect_refused(
+      rewrite("no_scales", [&](auto& ts, auto&) { ts.erase(find(ts, m + "down_proj_scales")); }),
+      {m + "down_proj_scales'"});
+  std::vector<float> zeros(8 * 64 * 64);
+  expect_refused(
+      rewrite(
+          "both",
+          [&](auto& ts, auto&) {
+            ts.push_back({m + "gate_up_proj", "F32", {8, 64, 64}, zeros.data(), 4 * zeros.size()});
+          }),
+      {"two layouts"});
 }
 
 // The model FLOPs count each query's visible keys: min(position + 1, window) on sliding

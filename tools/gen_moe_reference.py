@@ -28,9 +28,30 @@ router stays float (it is in kqlora too). The router's weights are drawn until n
 any layer has a near-tie between its k-th and (k+1)-th experts (logit gap < 1e-3), without
 and with the adapters (a draw whose adapters bring one is made again from the seed plus
 1000), so a last-bit difference between the two sides' logits cannot change a routing.
+
+gpt-oss (the gpt_oss case) differs: its model.safetensors holds the experts as the hub's
+gpt-oss checkpoints do, MXFP4 (model.layers.<l>.mlp.experts.gate_up_proj_blocks uint8
+[E, 2I, H/32, 16] and gate_up_proj_scales uint8 [E, 2I, H/32] -- rows in transformers'
+gate_up_proj column order, gate and up interleaved --, gate_up_proj_bias float32 [E, 2I],
+down_proj_blocks [E, H, I/32, 16], down_proj_scales [E, H, I/32], down_proj_bias [E, H];
+per block of 32 inputs an E8M0 scale byte and 32 FP4 e2m1 values, two to a byte, the even
+element in the low nibble) and its config.json the real checkpoints' quantization_config
+(mxfp4, modules_to_not_convert); everything else float32 under transformers' names (the
+router model.layers.<l>.mlp.router.weight and .bias, the attention sinks self_attn.sinks).
+Both sides start from the MXFP4 decoding (transformers' convert_moe_packed_tensors) and
+quantize each expert's gate, up and down (kqlora's [out, in] matrices: gate_proj = column
+0::2 of transformers' gate_up_proj [H, 2I], transposed; up_proj = 1::2; down_proj =
+down_proj [I, H] transposed) with torchao's NF4 as above, named model.layers.<l>.mlp.experts.
+<j>.gate_proj.weight etc. in init.h5. Its expert adapters: PEFT's lora_B of gate_up has its
+rows in gate_up's interleaved order; kqlora's [E * 2I, r] has expert e's I gate rows, then
+its I up rows. Its SwiGLU clamps' inputs are kept off the bounds as clip_qkv's are (none
+within 1e-4 of swiglu_limit, else the case is drawn again). The bfloat16 run rounds the
+RMSNorms' weights as everything else, as transformers 5.25's bfloat16 load does (gpt-oss's
+_keep_in_fp32_modules holds for float16 loads only); GptOssRMSNorm multiplies in float32.
 """
 import argparse
 import copy
+import json
 import math
 import os
 import sys
@@ -41,9 +62,10 @@ import torch
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
 import peft.utils.transformers_weight_conversion as peft_conversion  # noqa: E402
-from transformers import (MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM,
-                          Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig,
-                          Qwen3MoeForCausalLM)
+from transformers import (GptOssConfig, GptOssForCausalLM, MixtralConfig, MixtralForCausalLM,
+                          OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
+from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_llama_reference as ref  # noqa: E402
@@ -52,6 +74,13 @@ from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4  # no
 
 torch.set_num_threads(1)
 
+# gpt-oss's experts: gate_up (weights and biases) 8 times the others' 0.08 and 0.1, so that
+# the clamp inputs spread out (with 0.08, about a tenth of the 100k gate and up values of a
+# draw clamped, every draw had one within CLIP_GAP of a bound), down 1/8 of 0.08 (the
+# experts' outputs of rms about 1); the limit clamps about 6% of the gate values, 14% of up
+GPT_OSS_STD = {"gate_up_proj": 0.64, "gate_up_proj_bias": 0.8, "down_proj": 0.01,
+               "down_proj_bias": 0.1}
+GPT_OSS_LIMIT = 10.0
 MOE = dict(ref.FAM, head_dim=16, num_hidden_layers=3, num_experts=8, num_experts_per_tok=2,
            moe_intermediate_size=32, decoder_sparse_step=1, mlp_only_layers=[1])
 CASES = {
@@ -100,6 +129,28 @@ CASES = {
                                 num_experts_per_tok=2, moe_intermediate_size=32,
                                 shared_expert_intermediate_size=48, decoder_sparse_step=1,
                                 mlp_only_layers=[1], norm_topk_prob=False)),
+    # gpt-oss: the experts MXFP4 in model.safetensors (per-row magnitudes, so the blocks'
+    # scale bytes differ), biases on them, gate and up interleaved in gate_up_proj, the
+    # clamped SwiGLU (swiglu_limit GPT_OSS_LIMIT: 6% of the gate values and 14% of the up
+    # values clamped), routers with a bias (softmax of the top-2 logits), attention sinks,
+    # biases on q, k, v and o, layers sliding (37) then full, YaRN (factor 4 over 256
+    # original positions: of the 8 frequencies one extrapolated, three between, four
+    # interpolated; truncate false, attention scaling 1 + 0.1 ln 4); the load-balancing
+    # loss (coefficient 0.05, AdamW eps 1e-3 as qwen3_moe_aux), adapters on attention and
+    # the experts; also a bfloat16 run (the RMSNorms float32)
+    "gpt_oss": dict(seed=1501, family="gpt_oss", experts=True, bf16=True, eps=1e-3,
+                    arch=dict(ref.FAM, head_dim=16, intermediate_size=32, num_local_experts=8,
+                              num_experts_per_tok=2, max_position_embeddings=1024,
+                              layer_types=["sliding_attention", "full_attention"],
+                              sliding_window=ref.WINDOW, attention_bias=True,
+                              tie_word_embeddings=False, rms_norm_eps=1e-5,
+                              swiglu_alpha=1.702, swiglu_limit=GPT_OSS_LIMIT,
+                              rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                               "factor": 4.0, "beta_fast": 32.0,
+                                               "beta_slow": 1.0,
+                                               "original_max_position_embeddings": 256,
+                                               "truncate": False},
+                              output_router_logits=True, router_aux_loss_coef=0.05)),
 }
 # model_type -> (config class, model class, the hub's names: experts module, router module,
 # gate / up / down names)
@@ -112,6 +163,9 @@ FAMILIES = {
               ("mlp.experts", "mlp.gate", "gate_proj", "up_proj", "down_proj")),
     "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM,
                   ("mlp.experts", "mlp.gate", "gate_proj", "up_proj", "down_proj")),
+    # (the experts' names are kqlora's own for the NF4 in init.h5: the hub file has MXFP4)
+    "gpt_oss": (GptOssConfig, GptOssForCausalLM,
+                ("mlp.experts", "mlp.router", "gate_proj", "up_proj", "down_proj")),
 }
 EXPERT_PARAMS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 ROUTER_STD, TIE_GAP, CLIP_GAP = 0.3, 1e-3, 1e-4
@@ -132,7 +186,9 @@ def routers(model):
 
 def randomise(model, gen):
     """Biases 0.1 randn, norms 1 + 0.2 randn, experts 0.08 randn, routers ROUTER_STD randn;
-    checks every parameter was drawn."""
+    gpt-oss: its experts GPT_OSS_STD randn, each row (an output) scaled by a factor in
+    [0.3, 3] (log-uniform), their biases GPT_OSS_STD randn, the routers' biases 0.3 randn,
+    the attention sinks 0.5 randn; checks every parameter was drawn."""
     done = set()
     with torch.no_grad():
         for mname, mod in model.named_modules():
@@ -150,18 +206,39 @@ def randomise(model, gen):
         for name, mod in experts_modules(model):
             for p in ("gate_up_proj", "down_proj"):
                 w = getattr(mod, p)
-                w.copy_(0.08 * torch.randn(w.shape, generator=gen))
+                if getattr(mod, "is_transposed", False):  # gpt-oss: [E, in, out]
+                    rows = 0.3 * 10 ** torch.rand(w.shape[0], 1, w.shape[2], generator=gen)
+                    w.copy_(GPT_OSS_STD[p] * torch.randn(w.shape, generator=gen) * rows)
+                else:
+                    w.copy_(0.08 * torch.randn(w.shape, generator=gen))
                 done.add(name + "." + p)
+                if getattr(mod, "has_bias", False):
+                    b = getattr(mod, p + "_bias")
+                    b.copy_(GPT_OSS_STD[p + "_bias"] * torch.randn(b.shape, generator=gen))
+                    done.add(name + "." + p + "_bias")
         for name, mod in routers(model):
             mod.weight.copy_(ROUTER_STD * torch.randn(mod.weight.shape, generator=gen))
             done.add(name + ".weight")
+            if isinstance(getattr(mod, "bias", None), torch.nn.Parameter):  # gpt-oss
+                mod.bias.copy_(0.3 * torch.randn(mod.bias.shape, generator=gen))
+                done.add(name + ".bias")
+        for name, mod in model.named_modules():
+            if isinstance(getattr(mod, "sinks", None), torch.nn.Parameter):  # gpt-oss
+                mod.sinks.copy_(0.5 * torch.randn(mod.sinks.shape, generator=gen))
+                done.add(name + ".sinks")
     for name, _ in model.named_parameters():
         assert name in done, "parameter not randomised: " + name
 
 
 def expert_slices(mod):
     """(j, kind, tensor) of each expert's gate, up and down (views of the fused params;
-    kind 0, 1, 2)."""
+    kind 0, 1, 2), each [out, in]."""
+    if getattr(mod, "is_transposed", False):  # gpt-oss: [E, H, 2I] gate/up interleaved, [E, I, H]
+        for j in range(mod.num_experts):
+            yield j, 0, mod.gate_up_proj[j][:, 0::2].T
+            yield j, 1, mod.gate_up_proj[j][:, 1::2].T
+            yield j, 2, mod.down_proj[j].T
+        return
     inter = mod.intermediate_dim
     for j in range(mod.num_experts):
         yield j, 0, mod.gate_up_proj[j, :inter]
@@ -189,8 +266,74 @@ def replace_experts_with_nf4(model, dtype, hub):
     return nf4
 
 
-def hub_state_dict(model, hub):
-    """The model's tensors in the hub's layout: per-expert weights, the hub's router name."""
+FP4_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+
+
+def mxfp4_encode(w):
+    """w [..., rows, in] (in a multiple of 32) -> (blocks uint8 [..., rows, in / 32, 16],
+    scales uint8 [..., rows, in / 32]): per block of 32 inputs the smallest power of two
+    2^e with max |w| / 2^e <= 6 (scale byte e + 127, E8M0), each w / 2^e rounded to the
+    nearest FP4 e2m1 value (ties to the even code), sign bit 8 (none on a zero), two codes
+    a byte, the even element in the low nibble."""
+    x = w.detach().double().reshape(*w.shape[:-1], w.shape[-1] // 32, 32)
+    amax = x.abs().amax(-1)
+    e = torch.ceil(torch.log2(amax.clamp_min(2.0 ** -126) / 6.0))
+    e = torch.where(amax / torch.exp2(e - 1) <= 6.0, e - 1, e)  # (log2's last bit)
+    e = torch.where(amax / torch.exp2(e) > 6.0, e + 1, e).clamp_min(-127)  # (a zero block)
+    assert ((amax / torch.exp2(e)) <= 6.0).all() and ((e >= -127) & (e <= 127)).all()
+    y = x / torch.exp2(e)[..., None]
+    dist = (y.abs()[..., None] - FP4_E2M1).abs()
+    code = dist.argmin(-1)  # (the first of a tie: the lower, even when the upper is odd)
+    upper = (code + 1).clamp_max(7)
+    tie = (dist.gather(-1, upper[..., None])[..., 0] == dist.gather(-1, code[..., None])[..., 0])
+    code = torch.where(tie & (code % 2 == 1), upper, code)
+    code = code | ((y < 0) & (code > 0)).long() << 3
+    blocks = (code[..., 0::2] | code[..., 1::2] << 4).to(torch.uint8)
+    return blocks, (e + 127).to(torch.uint8)
+
+
+def mxfp4_values(blocks, scales):
+    """The float64 values of mxfp4_encode's bytes [..., rows, in] (this script's decoder)."""
+    lo, hi = (blocks & 15).long(), (blocks >> 4).long()
+    code = torch.stack([lo, hi], -1).reshape(*blocks.shape[:-1], 32)
+    v = FP4_E2M1[code & 7] * torch.where(code >= 8, -1.0, 1.0)
+    v = v * torch.exp2(scales.double() - 127)[..., None]
+    return v.reshape(*blocks.shape[:-2], -1)
+
+
+def to_mxfp4(model):
+    """gpt-oss: every experts module's gate_up_proj and down_proj to MXFP4 in the hub's
+    layout ([E, out, in] rows: transformers' parameters transposed), the parameters set to
+    transformers' own decoding of those bytes (convert_moe_packed_tensors); returns the hub
+    tensors by name (blocks, scales and the float32 biases)."""
+    hub = {}
+    with torch.no_grad():
+        for name, mod in experts_modules(model):
+            for p in ("gate_up_proj", "down_proj"):
+                w = getattr(mod, p)
+                blocks, scales = mxfp4_encode(w.transpose(1, 2))
+                mine = mxfp4_values(blocks, scales)
+                theirs = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+                assert theirs.shape == w.shape
+                assert torch.equal(theirs.double(), mine.transpose(1, 2)), "MXFP4 decode"
+                again = mxfp4_values(*mxfp4_encode(theirs.transpose(1, 2)))  # (a fixed point)
+                assert torch.equal(again, mine), "MXFP4 round trip"
+                unit = torch.exp2(scales.double() - 127).repeat_interleave(32, -1)
+                assert ((mine - w.transpose(1, 2)).abs() <= unit).all()  # (half the widest step)
+                assert len(torch.unique(scales)) > 1, "every MXFP4 block has one scale"
+                w.copy_(theirs)
+                hub[name + "." + p + "_blocks"] = blocks.contiguous()
+                hub[name + "." + p + "_scales"] = scales.contiguous()
+                hub[name + "." + p + "_bias"] = getattr(mod, p + "_bias").detach().clone()
+    scales = torch.cat([t.flatten() for n, t in hub.items() if n.endswith("_scales")])
+    print("MXFP4: %d blocks, scale bytes %d..%d (%d distinct)" % (
+        scales.numel(), scales.min(), scales.max(), len(torch.unique(scales))))
+    return hub
+
+
+def hub_state_dict(model, hub, mxfp4=None):
+    """The model's tensors in the hub's layout: per-expert weights, the hub's router name;
+    or with mxfp4 (gpt-oss) its MXFP4 experts."""
     sd = {}
     fused = {name for name, _ in experts_modules(model)}
     router_names = {n + ".weight" for n, _ in routers(model)}
@@ -200,6 +343,9 @@ def hub_state_dict(model, hub):
         if name in router_names:
             name = name.replace(".mlp.gate.", "." + hub[1] + ".")
         sd[name] = t.detach().contiguous()
+    if mxfp4 is not None:
+        sd.update(mxfp4)
+        return sd
     for name, mod in experts_modules(model):
         for j, kind, w in expert_slices(mod):
             sd[hub_expert_name(name, j, kind, hub)] = w.detach().clone().contiguous()
@@ -247,11 +393,36 @@ def clip_stats(model, ids):
     return (x > clip).float().mean().item(), (x - clip).abs().min().item()
 
 
-def kq_expert_adapters(params, arch, hub):
+def swiglu_stats(model, ids):
+    """(the fraction of gate values above swiglu_limit, of up values outside [-limit,
+    limit], the smallest distance of a clamp input to its bound) of a gpt-oss model, or
+    None."""
+    limit = getattr(model.config, "swiglu_limit", None)
+    if limit is None:
+        return None
+    values, mods = [], [m for _, m in experts_modules(model)]
+    for m in mods:
+        m._apply_gate = (lambda orig: lambda gu: (values.append(gu.detach().float().clone()),
+                                                  orig(gu))[1])(m._apply_gate)
+    try:
+        with torch.no_grad():
+            model(input_ids=ids)
+    finally:
+        for m in mods:
+            del m._apply_gate
+    gu = torch.cat([v.reshape(-1, v.shape[-1]) for v in values])
+    gate, up = gu[:, 0::2].flatten(), gu[:, 1::2].flatten()
+    near = min((gate - limit).abs().min().item(), (up.abs() - limit).abs().min().item())
+    return (gate > limit).float().mean().item(), (up.abs() > limit).float().mean().item(), near
+
+
+def kq_expert_adapters(params, arch, hub, interleaved=False):
     """PEFT's expert adapters in kqlora's names and expert-major layout (causal_lm.cpp):
     A [E * r, in] as PEFT's lora_A; B [E * out, r] from PEFT's lora_B [out, r * E], whose
     column k * E + e is expert e's k-th. Which wrapper is gate_up and which down (PEFT nests
-    them: experts.base_layer.lora_* and experts.lora_*) is told by A's in-features."""
+    them: experts.base_layer.lora_* and experts.lora_*) is told by A's in-features.
+    interleaved (gpt-oss): gate_up's B rows alternate gate and up (gate_up_proj's columns);
+    kqlora's expert e has its I gate rows, then its I up rows."""
     E, H = arch.get("num_experts", arch.get("num_local_experts")), arch["hidden_size"]
     out = {}
     for n, p in params.items():
@@ -262,13 +433,20 @@ def kq_expert_adapters(params, arch, hub):
         a_name = n.replace("lora_b", "lora_a")
         in_features = params[a_name].shape[1]
         which = "gate_up_proj" if in_features == H else "down_proj"
+        kind = "b" if "lora_b" in n else None
+        if kind and interleaved and which == "gate_up_proj":
+            kind = "b_interleaved"
         out[n] = ("%s.%s.%s.%s.weight" % (layer, hub[0], which, "lora_a" if "lora_a" in n
-                                                   else "lora_b"), "b" if "lora_b" in n else None)
+                                                   else "lora_b"), kind)
     def convert(n, t):
         new, kind = out[n]
         if kind == "b":  # [out, r * E] -> [E * out, r]
             o, re = t.shape
             t = t.reshape(o, re // E, E).permute(2, 0, 1).reshape(E * o, re // E)
+        elif kind == "b_interleaved":  # [2I, r * E] -> [E, 2I, r], rows gate..., up...
+            o, re = t.shape
+            t = t.reshape(o, re // E, E).permute(2, 0, 1)
+            t = torch.cat([t[:, 0::2], t[:, 1::2]], 1).reshape(E * o, re // E)
         return new, t.contiguous()
     return convert
 
@@ -293,15 +471,83 @@ def run_steps(peft_model, params, ids, labels, dtype, eps=1e-8, **kw):
     return losses, {n: m.detach() for n, m in masters.items()}
 
 
+GPT_OSS_QUANTIZATION = {"quant_method": "mxfp4",  # (as openai/gpt-oss-20b's config.json)
+                        "modules_to_not_convert": ["model.layers.*.self_attn",
+                                                   "model.layers.*.mlp.router",
+                                                   "model.embed_tokens", "lm_head"]}
+
+
+def check_expert_deltas(peft_model, convert, layer="model.layers.0"):
+    """gpt-oss: kqlora's expert adapters (convert's layout) reproduce PEFT's
+    get_delta_weight of one layer's gate_up_proj and down_proj (gate, up, down apart)."""
+    from peft.tuners.lora.layer import ParamWrapper
+    kq = dict(convert(ref.kq_name(n), p.detach()) for n, p in peft_model.named_parameters()
+              if "lora_" in n and layer + ".mlp.experts." in n)
+    scale = ref.ALPHA / ref.RANK
+    worst = 0.0
+    for n, m in peft_model.named_modules():
+        if not (isinstance(m, ParamWrapper) and (layer + ".mlp.experts") in n):
+            continue
+        delta = m.get_delta_weight("default").detach()  # [E, in, out] (is_transposed)
+        pre = "%s.mlp.experts.%s." % (layer, m.parameter_name)
+        a, b = kq[pre + "lora_a.weight"], kq[pre + "lora_b.weight"]
+        E, r = delta.shape[0], ref.RANK
+        for e in range(E):
+            d = scale * b.reshape(E, -1, r)[e] @ a.reshape(E, r, -1)[e]  # [out, in], kqlora's
+            if m.parameter_name == "gate_up_proj":
+                want = torch.cat([delta[e][:, 0::2].T, delta[e][:, 1::2].T])  # gate, up
+            else:
+                want = delta[e].T
+            worst = max(worst, (d - want).abs().max().item())
+    assert worst < 1e-6, worst
+    print("expert adapters: kqlora's layout reproduces PEFT's get_delta_weight of %s's "
+          "gate (0::2), up (1::2) and down, max |diff| %.2e" % (layer, worst))
+
+
+def yarn_report(model):
+    rot = model.model.rotary_emb
+    rp = model.config.rope_parameters
+    if rp.get("rope_type") != "yarn":
+        return
+    dim = model.config.head_dim
+    extra = 1.0 / rp["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)
+    print("yarn inv_freq", ["%.9g" % x for x in rot.inv_freq.tolist()])
+    print("yarn (extrapolated", ["%.6g" % x for x in extra.tolist()], "interpolated /",
+          rp["factor"], ") attention_scaling %r" % rot.attention_scaling)
+
+
+def topk_report(model, ids, layer=0, tokens=4):
+    """Layer `layer`'s top-k experts and routing weights of row 0's first tokens."""
+    seen = []
+    router = [m for _, m in routers(model)][layer]
+    h = router.register_forward_hook(lambda m, i, o: seen.append(o))
+    try:
+        with torch.no_grad():
+            model(input_ids=ids)
+    finally:
+        h.remove()
+    logits, scores, idx = seen[0]
+    for t in range(tokens):
+        print("layer %d token %d: experts %s weights %s (logits %s)" % (
+            layer, t, idx[t].tolist(), ["%.7f" % x for x in scores[t].tolist()],
+            ["%.5f" % x for x in logits[t, idx[t]].tolist()]))
+
+
 def generate(name, case, folder, gen):
     os.makedirs(folder, exist_ok=True)
-    cfg_cls, model_cls, hub = FAMILIES[case.get("family", "qwen3_moe")]
+    family = case.get("family", "qwen3_moe")
+    cfg_cls, model_cls, hub = FAMILIES[family]
     targets = case.get("targets", TARGETS)
     torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
     config = cfg_cls(**case["arch"])
     config._attn_implementation = "eager"
+    if family == "gpt_oss":
+        config._experts_implementation = "eager"  # (GptOssExperts' own loop)
     model = model_cls(config).float().eval()
+    if family == "gpt_oss":
+        assert model.config._experts_implementation == "eager"
     randomise(model, gen)
+    mxfp4 = to_mxfp4(model) if family == "gpt_oss" else None
     ids, labels, valid = ref.make_data(gen, case["arch"]["vocab_size"], ref.S_FAMILY,
                                        ref.LAYOUT_FAMILY)
     for attempt in range(50):  # no near-ties in any routing (on the NF4 model, as both run)
@@ -317,7 +563,14 @@ def generate(name, case, folder, gen):
     else:
         sys.exit("%s: no router draw without a near-tie" % name)
     config.save_pretrained(folder)
-    save_file(hub_state_dict(model, hub), os.path.join(folder, "model.safetensors"),
+    if mxfp4 is not None:
+        path = os.path.join(folder, "config.json")
+        with open(path) as f:
+            cfg = json.load(f)
+        cfg["quantization_config"] = GPT_OSS_QUANTIZATION
+        with open(path, "w") as f:
+            f.write(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    save_file(hub_state_dict(model, hub, mxfp4), os.path.join(folder, "model.safetensors"),
               metadata={"format": "pt"})
     with open(os.path.join(folder, "case.txt"), "w") as f:
         f.write("lora_targets = %s\n" % ",".join(
@@ -335,13 +588,15 @@ def generate(name, case, folder, gen):
                                                   target_parameters=experts))
     params = ref.lora_params(peft_model)
     assert bool(experts) == any("experts" in n for n in params), "adapters on the experts?"
-    convert = kq_expert_adapters(params, case["arch"], hub)
+    convert = kq_expert_adapters(params, case["arch"], hub, interleaved=family == "gpt_oss")
     kq = lambda d: dict(convert(n, t.detach()) for n, t in d.items())  # noqa: E731
     with torch.no_grad():
         for n, p in params.items():
             torch.nn.init.kaiming_uniform_(p, a=math.sqrt(5), generator=gen)
             if ".lora_b." in n:
                 p.mul_(0.5)
+    if family == "gpt_oss":
+        check_expert_deltas(peft_model, convert)
     ref.write_init(os.path.join(folder, "init.h5"), nf4, kq(params), ref.FAMILY_LIBVER)
     if case.get("bf16"):
         ref.write_init(os.path.join(folder, "init_adapters.h5"), {}, kq(params),
@@ -358,6 +613,15 @@ def generate(name, case, folder, gen):
         print(name, "clip_qkv: %.3f of q, k, v clamped, nearest %.2e from the bound" % clipped)
         if clipped[1] <= CLIP_GAP:
             return 0.0
+    clamped = swiglu_stats(peft_model.base_model.model, ids)
+    if clamped is not None:  # (the same for the SwiGLU's clamps)
+        print(name, "swiglu_limit %g: %.3f of gate values clamped, %.3f of up values, "
+              "nearest %.2e from a bound" % ((config.swiglu_limit,) + clamped))
+        if clamped[2] <= CLIP_GAP:
+            return 0.0
+    if family == "gpt_oss":
+        yarn_report(peft_model.base_model.model)
+        topk_report(peft_model.base_model.model, ids)
     # (the aux loss over the real tokens: transformers counts those the attention mask covers)
     kw = dict(attention_mask=valid) if case["arch"].get("output_router_logits") else {}
     out_ = peft_model(input_ids=ids, labels=labels, **kw)
@@ -382,6 +646,9 @@ def generate(name, case, folder, gen):
         if case.get("bf16"):
             # The same run in bfloat16: the float32 model rounded to bfloat16, NF4 of the
             # bfloat16 weights (kqlora quantizes model.safetensors itself), float32 masters.
+            # (gpt-oss's RMSNorms too: its _keep_in_fp32_modules holds for float16 loads
+            # only in transformers 5.25, so a bfloat16 load rounds their weights; the norm
+            # still multiplies in float32 and rounds once)
             model16 = float_model.to(torch.bfloat16).eval()
             ref.replace_with_nf4(model16, torch.bfloat16, ref.PROJ)
             replace_experts_with_nf4(model16, torch.bfloat16, hub)

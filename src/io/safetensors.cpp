@@ -228,6 +228,21 @@ void read_f32_range_into(const Header& h, const TensorInfo& t, int64_t first, in
   }
 }
 
+void read_u8_range_into(const Header& h, const TensorInfo& t, int64_t first, int64_t n,
+                        uint8_t* dst) {
+  KQLORA_INPUT_CHECK(t.dtype == "U8", h.path << ": tensor '" << t.name << "' is " << t.dtype
+                                             << ", expected U8 (MXFP4 blocks or scales)");
+  KQLORA_CHECK(first >= 0 && n >= 0 && first + n <= t.numel(),
+               h.path << ": tensor '" << t.name << "': bytes [" << first << ", " << first + n
+                      << ") of " << t.numel());
+  std::ifstream f(h.path, std::ios::binary);
+  KQLORA_INPUT_CHECK(f.good(), h.path << ": cannot open: " << std::strerror(errno));
+  f.seekg(static_cast<std::streamoff>(h.data_start + t.begin + first));
+  f.read(reinterpret_cast<char*>(dst), static_cast<std::streamsize>(n));
+  KQLORA_INPUT_CHECK(f.good() || n == 0,
+                     h.path << ": tensor '" << t.name << "': short read (file changed?)");
+}
+
 void write(const std::string& path, const std::vector<TensorToWrite>& tensors,
            const std::map<std::string, std::string>& metadata) {
   std::ostringstream hdr;

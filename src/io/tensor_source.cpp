@@ -98,6 +98,14 @@ class SafetensorsSource : public TensorSource {
     safetensors::read_f32_range_into(h, *h.find(name), first, count, dst);
   }
 
+  void load_u8_range(const std::string& name, int64_t first, int64_t count,
+                     uint8_t* dst) const override {
+    const auto it = where_.find(name);
+    KQLORA_INPUT_CHECK(it != where_.end(), "no tensor '" << name << "'");
+    const safetensors::Header& h = headers_[it->second];
+    safetensors::read_u8_range_into(h, *h.find(name), first, count, dst);
+  }
+
  private:
   std::vector<safetensors::Header> headers_;
   std::map<std::string, size_t> where_;
@@ -178,6 +186,11 @@ void TensorSource::load_f32_range(const std::string& name, int64_t first, int64_
   std::vector<float> whole(static_cast<size_t>(n));
   load_f32(name, whole.data());
   std::copy(whole.begin() + first, whole.begin() + first + count, dst);
+}
+
+void TensorSource::load_u8_range(const std::string& name, int64_t, int64_t, uint8_t*) const {
+  KQLORA_INPUT_CHECK(false, origin() << ": tensor '" << name
+                                     << "': bytes (MXFP4) are read from safetensors files only");
 }
 
 void TensorSource::load_f32(const std::string& name, float* dst) const {

@@ -325,8 +325,14 @@ void host_fused_attention_forward(const AttentionShape& a, HostHeads q, HostHead
       for_each_row(it, b, [&](int64_t r, int64_t i, int64_t lo, int64_t hi) {
         float* x = it.p() + r * L;
         const float m = row_max_one_thread(x, lo, hi), z = exp_row(x, lo, hi, m);
-        l[i] = m + logf(z);
-        const float inv = 1.0f / z;
+        float top = m, total = z;  // (a sink: one more term, no value)
+        if (shape.sinks) {
+          const float sink = shape.sinks[b.h];
+          top = std::max(sink, m);
+          total = z * expf(m - top) + expf(sink - top);
+        }
+        l[i] = top + logf(total);
+        const float inv = expf(m - top) / total;
         for (int64_t j = lo; j < hi; ++j) x[j] *= inv;
         std::fill(x, x + lo, 0.0f);
         std::fill(x + hi, x + b.cols, 0.0f);

@@ -103,6 +103,14 @@ CausalLm<ExecSpace>::CausalLm(const ExecSpace& exec, const ModelConfig& cfg, boo
       b.down_lora = {t.find(m + ".down_proj.lora_a.weight"),
                      t.find(m + ".down_proj.lora_b.weight")};
       b.router = &t.at(g + "." + spec_.experts.router_module + ".weight");
+      if (spec_.experts.router_bias)
+        b.router_bias = &t.at(g + "." + spec_.experts.router_module + ".bias");
+      if (spec_.experts.expert_bias) {
+        const std::string f = g + "." + spec_.experts.fused_module;
+        b.gate_bias = &t.at(f + ".gate_proj_bias");
+        b.up_bias = &t.at(f + ".up_proj_bias");
+        b.down_bias = &t.at(f + ".down_proj_bias");
+      }
       if (spec_.shared_expert(l))
         b.shared_gate = &t.at(g + "." + spec_.experts.shared_gate_module + ".weight");
       for (int64_t j = 0; j < spec_.experts.experts; ++j)
@@ -110,6 +118,7 @@ CausalLm<ExecSpace>::CausalLm(const ExecSpace& exec, const ModelConfig& cfg, boo
                              &t.at(expert_weight_name(spec_, g, j, 1)),
                              &t.at(expert_weight_name(spec_, g, j, 2))});
     }
+    if (spec_.sinks) b.sinks = &t.at(g + ".self_attn.sinks");
     b.norm.assign(kNormRoles, nullptr);
     for (const NormSpec& n : spec_.norms)
       if (n.role != NormRole::final) b.norm[static_cast<int>(n.role)] = &t.at(norm_name(n, g));

@@ -82,6 +82,7 @@ AttentionShape CausalLm<ExecSpace>::attention_shape(int l) const {
   a.attn_scale = spec_.attn_scale;
   a.softcap = spec_.attn_softcap;
   a.window = spec_.layer[l].window;
+  if (blocks_[l].sinks) a.sinks = dense_vector(blocks_[l].sinks).data();
   if (docs_.data()) a.host_doc_start = host_docs_.data();
   return a;
 }

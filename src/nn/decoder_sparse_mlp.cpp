@@ -18,10 +18,9 @@ using decoder::flat;
 template <class ExecSpace>
 void CausalLm<ExecSpace>::experts_forward(int l, Buffers& c, bool sum_aux) {
   SparseMlpCache<Mem> sc = sparse_cache(c);
-  sparse_mlp_forward(this->exec_, spec_.experts, spec_.mlp_activation,
-                     dense_matrix(blocks_[l].router), expert_weights(l), c[B::kN2],
-                     this->cfg_.bf16(), sc, lora_, ws_, slot_output(c, Slot::down),
-                     sum_aux ? &aux_ : nullptr, buf_[B::kGLogits]);
+  sparse_mlp_forward(this->exec_, spec_.experts, spec_.mlp_activation, router_weights(l),
+                     expert_weights(l), c[B::kN2], this->cfg_.bf16(), sc, lora_, ws_,
+                     slot_output(c, Slot::down), sum_aux ? &aux_ : nullptr, buf_[B::kGLogits]);
   offsets_[l] = std::move(sc.offsets);
   if (spec_.shared_expert(l))  // (its output in c[kShared]: block_forward ran it first)
     shared_expert_gate_forward(this->exec_, c[B::kN2], dense_vector(blocks_[l].shared_gate),
@@ -46,7 +45,7 @@ void CausalLm<ExecSpace>::experts_backward(int l, Buffers& c, const Matrix<Mem>&
             0.0f);
   SparseMlpCache<Mem> sc = sparse_cache(c);
   sc.offsets = offsets_[l];
-  sparse_mlp_backward(exec, spec_.experts, spec_.mlp_activation, dense_matrix(B.router),
+  sparse_mlp_backward(exec, spec_.experts, spec_.mlp_activation, router_weights(l),
                       expert_weights(l), sc, g_out, this->cfg_.bf16(), sparse_scratch(), lora_, ws_,
                       gx, aux_on_ ? &aux_ : nullptr);
   if (spec_.shared_expert(l)) {  // the gate's path into gx, then the shared expert's
@@ -98,6 +97,13 @@ auto CausalLm<ExecSpace>::sparse_scratch() const -> SparseMlpScratch<Mem> {
 }
 
 template <class ExecSpace>
+auto CausalLm<ExecSpace>::router_weights(int l) const -> RouterWeights<Mem> {
+  const Block& B = blocks_[l];
+  return {dense_matrix(B.router),
+          B.router_bias ? dense_vector(B.router_bias) : Kokkos::View<const float*, Mem>()};
+}
+
+template <class ExecSpace>
 auto CausalLm<ExecSpace>::expert_weights(int l) const -> std::vector<ExpertWeights<Mem>> {
   const Block& B = blocks_[l];
   const int64_t r = this->cfg_.rank, H = spec_.hidden, I = spec_.experts.intermediate;
@@ -133,6 +139,14 @@ auto CausalLm<ExecSpace>::expert_weights(int l) const -> std::vector<ExpertWeigh
       x.up_ad = adapter(B.gate_up_lora, static_cast<int64_t>(j), I, I);
     }
     if (x.down_lora) x.down_ad = adapter(B.down_lora, static_cast<int64_t>(j), 0, H);
+    if (B.gate_bias) {  // (expert j's row of each [E, width] bias)
+      const auto row = [&](const ParamEntry* e, int64_t width) {
+        return Kokkos::View<const float*, Mem>(dense_vector(e).data() + j * width, width);
+      };
+      x.gate_bias = row(B.gate_bias, I);
+      x.up_bias = row(B.up_bias, I);
+      x.down_bias = row(B.down_bias, H);
+    }
     w.push_back(x);
   }
   return w;
@@ -183,6 +197,8 @@ template auto CausalLm<Kokkos::DefaultExecutionSpace>::sparse_cache(Buffers&) co
     -> SparseMlpCache<Mem>;
 template auto CausalLm<Kokkos::DefaultExecutionSpace>::sparse_scratch() const
     -> SparseMlpScratch<Mem>;
+template auto CausalLm<Kokkos::DefaultExecutionSpace>::router_weights(int) const
+    -> RouterWeights<Mem>;
 template auto CausalLm<Kokkos::DefaultExecutionSpace>::expert_weights(int) const
     -> std::vector<ExpertWeights<Mem>>;
 template void CausalLm<Kokkos::DefaultExecutionSpace>::mark_real_tokens(const TokenMatrix<Mem>&);

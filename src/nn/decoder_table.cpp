@@ -71,6 +71,28 @@ void add_expert_adapters(const DecoderSpec& s, const ModelConfig& cfg, std::arra
   }
 }
 
+/// Where expert j's weight w (gate, up, down) of a model file may be besides its hub
+/// name: transformers 5's fused rows, or gpt-oss's interleaved transposes (plain, then
+/// MXFP4: a fused base written by kqlora-export takes the first).
+std::vector<TensorSlice> fused_expert_slices(const ExpertsSpec& x, const std::string& m, int64_t H,
+                                             int64_t j, int w) {
+  const int64_t I = x.intermediate;
+  const std::string name = m + (w < 2 ? ".gate_up_proj" : ".down_proj");
+  if (x.layout == ExpertsSpec::Layout::rows)
+    return {
+        {name,
+         w < 2 ? std::vector<int64_t>{x.experts, 2 * I, H} : std::vector<int64_t>{x.experts, H, I},
+         w < 2 ? (j * 2 * I + w * I) * H : j * H * I}};
+  // gpt-oss: gate_up_proj [E, H, 2I] (gate i in column 2i, up i in 2i + 1), down_proj
+  // [E, I, H]: the transposes of [out, in]; MXFP4 stores them untransposed ([E, 2I, H]
+  // with gate i in row 2i; [E, H, I]).
+  if (w < 2)
+    return {{name, {x.experts, H, 2 * I}, j * H * 2 * I + w, 2, 2 * I, false},
+            {name, {x.experts, 2 * I, H}, j * 2 * I * H + w * H, 2 * H, 1, true}};
+  return {{name, {x.experts, I, H}, j * I * H, 1, H, false},
+          {name, {x.experts, H, I}, j * H * I, I, 1, true}};
+}
+
 }  // namespace
 
 template <class ExecSpace>
@@ -140,31 +162,37 @@ ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
         if (t.owned_prefixes.empty() || t.owned_prefixes.back() != g + "." + m + ".")
           t.owned_prefixes.push_back(g + "." + m + ".");
     if (sparse) {  // every expert's gate, up and down in NF4, one tensor each
-      const int64_t E = s.experts.experts, I = s.experts.intermediate, H = s.hidden;
-      const std::string m = g + "." + s.experts.fused_module;
+      const ExpertsSpec& x = s.experts;
+      const int64_t E = x.experts, I = x.intermediate, H = s.hidden;
+      const std::string m = g + "." + x.fused_module;
       for (int64_t j = 0; j < E; ++j)
         for (int w = 0; w < 3; ++w) {
           add_nf4(expert_weight_name(s, g, j, w),
                   w < 2 ? std::vector<int64_t>{I, H} : std::vector<int64_t>{H, I});
-          // (or its rows of transformers 5's fused parameters: gate then up in gate_up_proj)
-          ParamEntry& e = t.entries.back();
-          e.alt_tensor = m + (w < 2 ? ".gate_up_proj" : ".down_proj");
-          e.alt_shape = w < 2 ? std::vector<int64_t>{E, 2 * I, H} : std::vector<int64_t>{E, H, I};
-          e.alt_first = w < 2 ? (j * 2 * I + w * I) * H : j * H * I;
+          t.entries.back().alts = fused_expert_slices(x, m, H, j, w);
         }
+      if (x.expert_bias) {  // (gpt-oss: gate's and up's interleaved in gate_up_proj_bias)
+        for (int w = 0; w < 2; ++w) {
+          add_dense(m + (w == 0 ? ".gate_proj_bias" : ".up_proj_bias"), {E, I}, g);
+          t.entries.back().alts = {{m + ".gate_up_proj_bias", {E, 2 * I}, w, 2 * I, 2, false}};
+        }
+        add_dense(m + ".down_proj_bias", {E, H}, g);
+      }
     }
     for (const ProjectionSpec& proj : s.projections)
       if (proj.bias && s.has_projection(l, proj))
         add_dense(g + "." + s.module_of(l, proj) + ".bias", {s.out_features(proj, l)}, g);
+    if (s.sinks) add_dense(g + ".self_attn.sinks", {s.heads}, g);
     // (the router in the run's dtype, as transformers computes its logits: frozen, and a
     // few E x hidden values whose rounding to NF4 could flip which experts a token gets)
     if (sparse) {
       add_dense(g + "." + s.experts.router_module + ".weight", {s.experts.experts, s.hidden}, g);
       if (s.experts.fused_router != s.experts.router_module) {  // (transformers 5's name)
         ParamEntry& e = t.entries.back();
-        e.alt_tensor = g + "." + s.experts.fused_router + ".weight";
-        e.alt_shape = e.shape;
+        e.alts = {{g + "." + s.experts.fused_router + ".weight", e.shape}};
       }
+      if (s.experts.router_bias)
+        add_dense(g + "." + s.experts.router_module + ".bias", {s.experts.experts}, g);
       if (s.shared_expert(l))  // (its gate dense as the router, for the same reasons)
         add_dense(g + "." + s.experts.shared_gate_module + ".weight", {1, s.hidden}, g);
     }

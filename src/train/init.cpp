@@ -17,6 +17,7 @@
 #include "kqlora/core/random.hpp"
 #include "kqlora/io/peft_adapter.hpp"
 #include "kqlora/io/tensor_source.hpp"
+#include "kqlora/quant/mxfp4.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
 #include "kqlora/train/synthetic.hpp"
 #if KQLORA_HAVE_HDF5
@@ -202,18 +203,81 @@ struct InitFile {
     source->load_f32(stored, dst);
   }
 
-  /// Entry e's values from its alternative place (ParamEntry::alt_tensor) into dst.
-  void slice_into(const ParamEntry& e, float* dst) {
-    used.insert(e.alt_tensor);
-    KQLORA_INPUT_CHECK(source, path << ": tensor '" << e.alt_tensor
+  /// The tensors of an alternative place (MXFP4: its blocks and scales).
+  static std::vector<std::string> tensors_of(const TensorSlice& a) {
+    if (!a.mxfp4) return {a.tensor};
+    return {a.tensor + "_blocks", a.tensor + "_scales"};
+  }
+
+  /// The alternative place of e this file holds (null: none); InputError when it holds two
+  /// (the experts in two layouts).
+  const TensorSlice* alt_of(const ParamEntry& e) const {
+    const TensorSlice* found = nullptr;
+    for (const TensorSlice& a : e.alts) {
+      if (!has(tensors_of(a).front())) continue;
+      KQLORA_INPUT_CHECK(!found, path << ": both '" << tensors_of(*found).front() << "' and '"
+                                      << tensors_of(a).front()
+                                      << "' are there: one tensor in two layouts; keep one");
+      found = &a;
+    }
+    return found;
+  }
+
+  /// Entry e's values from its alternative place `a` (ParamEntry::alts) into dst.
+  void slice_into(const ParamEntry& e, const TensorSlice& a, float* dst) {
+    for (const auto& n : tensors_of(a)) used.insert(n);
+    KQLORA_INPUT_CHECK(source, path << ": tensor '" << a.tensor
                                     << "': a fused tensor in an HDF5 init_file is not read");
-    std::vector<int64_t> got;
-    for (const auto& x : source->entries())
-      if (x.name == e.alt_tensor) got = x.shape;
-    KQLORA_INPUT_CHECK(got == e.alt_shape, path + ": tensor '" + e.alt_tensor + "'"
-                                               << " has shape " << shape_text(got) << ", expected "
-                                               << shape_text(e.alt_shape));
-    source->load_f32_range(e.alt_tensor, e.alt_first, e.numel(), dst);
+    const auto shape_of = [&](const std::string& name) {
+      for (const auto& x : source->entries())
+        if (x.name == name) return x.shape;
+      return std::vector<int64_t>();
+    };
+    const int64_t rows = e.shape.size() == 2 ? e.shape[0] : 1, cols = e.shape.back();
+    const int64_t row_stride = a.row_stride ? a.row_stride : cols;
+    const int64_t lo = a.first,
+                  hi = a.first + (rows - 1) * row_stride + (cols - 1) * a.col_stride + 1;
+    std::vector<float> span;
+    int64_t base = lo;  // (the element span[0] is)
+    if (!a.mxfp4) {
+      const auto got = shape_of(a.tensor);
+      KQLORA_INPUT_CHECK(got == a.shape, path + ": tensor '" + a.tensor + "'"
+                                             << " has shape " << shape_text(got) << ", expected "
+                                             << shape_text(a.shape));
+      span.resize(static_cast<size_t>(hi - lo));
+      source->load_f32_range(a.tensor, lo, hi - lo, span.data());
+    } else {
+      // MXFP4: the source rows the span covers, decoded (quant/mxfp4.hpp).
+      const int64_t C = a.shape.back();
+      std::vector<int64_t> blocks_shape(a.shape.begin(), a.shape.end() - 1), scales_shape;
+      blocks_shape.push_back(C / 32);
+      scales_shape = blocks_shape;
+      blocks_shape.push_back(16);
+      const std::string blocks = a.tensor + "_blocks", scales = a.tensor + "_scales";
+      KQLORA_INPUT_CHECK(C % 32 == 0 && shape_of(blocks) == blocks_shape,
+                         path << ": tensor '" << blocks << "' has shape "
+                              << shape_text(shape_of(blocks)) << ", expected "
+                              << shape_text(blocks_shape) << " (MXFP4 of " << shape_text(a.shape)
+                              << ")");
+      KQLORA_INPUT_CHECK(shape_of(scales) == scales_shape,
+                         path << ": tensor '" << scales << "' has shape "
+                              << shape_text(shape_of(scales)) << ", expected "
+                              << shape_text(scales_shape) << " (MXFP4 of " << shape_text(a.shape)
+                              << ")");
+      const int64_t r0 = lo / C, r1 = (hi - 1) / C + 1;
+      std::vector<uint8_t> b(static_cast<size_t>((r1 - r0) * C / 2)),
+          sc(static_cast<size_t>((r1 - r0) * C / 32));
+      source->load_u8_range(blocks, r0 * C / 2, static_cast<int64_t>(b.size()), b.data());
+      source->load_u8_range(scales, r0 * C / 32, static_cast<int64_t>(sc.size()), sc.data());
+      span.resize(static_cast<size_t>((r1 - r0) * C));
+      mxfp4_decode(b.data(), sc.data(), r1 - r0, C, span.data(),
+                   path + ": tensor '" + a.tensor + "' (rows " + std::to_string(r0) + " on)");
+      base = r0 * C;
+    }
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        dst[r * cols + c] =
+            span[static_cast<size_t>(a.first - base + r * row_stride + c * a.col_stride)];
   }
 
   static std::string shape_text(const std::vector<int64_t>& s) {
@@ -256,18 +320,23 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
   int from_file = 0, from_base = 0, from_seed = 0;
   // (an entry read from its alternative place: a fused expert parameter of the base's)
   auto sliced = [&](const ParamEntry& e) {
-    if (e.alt_tensor.empty() || !base.has(e.alt_tensor)) return false;
-    KQLORA_INPUT_CHECK(
-        !base.has(e.name), base.path
-                               << ": both '" << e.name << "' and '" << e.alt_tensor
-                               << "' are there: the experts in two layouts (the hub's "
-                                  "per-expert tensors and transformers 5's fused ones); keep one");
+    const TensorSlice* a = base.alt_of(e);
+    if (!a) return false;
+    KQLORA_INPUT_CHECK(!base.has(e.name),
+                       base.path << ": both '" << e.name << "' and '" << a->tensor
+                                 << "' are there: the experts in two layouts (the hub's "
+                                    "per-expert tensors and a fused one); keep one");
     return !init.has(e.name);
+  };
+  // The base's tensors of an entry the init_file gives (overridden: read, in a sense).
+  auto overridden = [&](const ParamEntry& e) {
+    if (base.has(e.name)) base.used.insert(e.name);
+    if (const TensorSlice* a = base.alt_of(e))
+      for (const auto& n : InitFile::tensors_of(*a)) base.used.insert(n);
   };
   auto file_of = [&](const ParamEntry& e) -> InitFile* {
     if (init.has(e.name)) {
-      if (base.has(e.name)) base.used.insert(e.name);  // (overridden: read, in a sense)
-      if (!e.alt_tensor.empty() && base.has(e.alt_tensor)) base.used.insert(e.alt_tensor);
+      overridden(e);
       return &init;
     }
     if (base.has(e.name) || sliced(e)) return &base;
@@ -285,7 +354,7 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
     InitFile* f = file_of(e);
     if (f == &base && sliced(e)) {
       std::vector<float> w(static_cast<size_t>(e.numel()));
-      base.slice_into(e, w.data());
+      base.slice_into(e, *base.alt_of(e), w.data());
       // device-wide: set-up
       Kokkos::deep_copy(w32, Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
                                  w.data(), w.size()));
@@ -320,6 +389,7 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
     h5::InputFileScope scope(init_file);
     if (init.has(e.name) && !init.source && h5::is_nf4_group(init.params, e.name)) {
       init.used.insert(e.name);
+      overridden(e);
       auto t = h5::read_nf4(init.params, e.name, init_file);
       KQLORA_INPUT_CHECK(
           t.layout == layout,

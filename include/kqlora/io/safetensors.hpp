@@ -45,6 +45,9 @@ void read_f32_into(const Header& h, const TensorInfo& t, float* dst);
 /// fused [E, ...] parameter).
 void read_f32_range_into(const Header& h, const TensorInfo& t, int64_t first, int64_t n,
                          float* dst);
+/// `n` bytes from element `first` of a U8 tensor into dst (InputError for another dtype).
+void read_u8_range_into(const Header& h, const TensorInfo& t, int64_t first, int64_t n,
+                        uint8_t* dst);
 
 struct TensorToWrite {
   std::string name, dtype;

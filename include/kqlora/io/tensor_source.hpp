@@ -43,6 +43,10 @@ class TensorSource {
   /// into dst, NaN and Inf refused as load_f32 does.
   virtual void load_f32_range(const std::string& name, int64_t first, int64_t count,
                               float* dst) const;
+  /// `count` bytes from element `first` of a U8 tensor (MXFP4 blocks and scales) into dst;
+  /// InputError for another dtype, or a source that holds none (HDF5).
+  virtual void load_u8_range(const std::string& name, int64_t first, int64_t count,
+                             uint8_t* dst) const;
   /// The file messages name.
   virtual std::string origin() const = 0;
   /// Every file the tensors are read from (a sharded checkpoint's shards).

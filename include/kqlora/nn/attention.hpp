@@ -4,8 +4,10 @@
 // o [tokens, heads * D]; query head h reads kv head h / (heads / kv_heads). Per sequence
 // and head: Z = scale * Q K^T, optionally soft-capped (Z = c tanh(Z / c), Gemma 2), then
 // P = softmax(Z + mask) with the softmax in float32, O = P V; no dropout, no bias (Hugging
-// Face's eager attention). The mask is transformers': key k is visible to query q iff
-// k <= q, q - k < window (a sliding-window layer; 0: none) and k is in q's document (a
+// Face's eager attention). With sinks (gpt-oss), head h's softmax has one more logit s_h
+// in its denominator and no value: the row's log-sum-exp takes it in, and the backward,
+// recomputing P from that, is otherwise unchanged. The mask is transformers': key k is visible to
+// query q iff k <= q, q - k < window (a sliding-window layer; 0: none) and k is in q's document (a
 // packed row holds several: doc_start[s, q] is the position its document starts at; no
 // view: the row is one document). Keys before a row block's first visible key under the
 // window, or before its first row's document (packed rows), are not computed at all.
@@ -162,6 +164,8 @@ struct SoftmaxRows {
   float softcap = 0;
   Matrix<M> tanh;  // softcap: tanh(Z / c) of each score, for the backward
   DocStarts<M> docs;
+  const float* sinks = nullptr;  // AttentionShape::sinks
+  int64_t head0 = 0;             // the head of the first row block
 };
 
 /// `p` [heads x rows, cols] holds the row blocks of one or more heads one after the other
@@ -179,6 +183,8 @@ void causal_softmax(const ExecSpace& exec, const Matrix<M>& p, const Kokkos::Vie
   const auto tanh_of = b.tanh;
   const auto docs = b.docs;
   const bool has_docs = docs.data() != nullptr;
+  const float* sinks = b.sinks;
+  const int64_t head0 = b.head0;
   Kokkos::parallel_for(
       recompute ? "kqlora::attention::probabilities" : "kqlora::attention::softmax",
       Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(p.extent(0)), Kokkos::AUTO),
@@ -205,8 +211,14 @@ void causal_softmax(const ExecSpace& exec, const Matrix<M>& p, const Kokkos::Vie
           row_exp(team, x, lo, hi, m);  // one exp per score, kept
           team.team_barrier();
           const float z = row_sum(team, x, lo, hi);
-          Kokkos::single(Kokkos::PerTeam(team), [&] { lse(at) = m + logf(z); });
-          row_scale(team, x, lo, hi, 1.0f / z);
+          float top = m, total = z;  // (a sink: one more term, no value)
+          if (sinks) {
+            const float sink = sinks[head0 + r / rows];
+            top = sink > m ? sink : m;
+            total = z * expf(m - top) + expf(sink - top);
+          }
+          Kokkos::single(Kokkos::PerTeam(team), [&] { lse(at) = top + logf(total); });
+          row_scale(team, x, lo, hi, expf(m - top) / total);
         }
         row_fill(team, x, 0, lo, 0.0f);
         row_fill(team, x, hi, cols, 0.0f);
@@ -291,7 +303,7 @@ void attention_forward_all_heads(const ExecSpace& exec, const AttentionShape& a,
         s,         i0,
         j0,        a.window,
         a.softcap, a.softcap > 0 ? Matrix<M>(ws.tanh.data(), H * rows, cols) : Matrix<M>(),
-        docs};
+        docs,      a.sinks};
     for (int64_t r = 0; r < group; ++r)
       gemm_strided_batched(exec, "N", "T", a.scale(), head_block(q, s, S, i0, rows, r, D),
                            group * D, head_block(k, s, S, j0, cols, 0, D), D, 0.0f,
@@ -321,7 +333,7 @@ void attention_backward_all_heads(const ExecSpace& exec, const AttentionShape& a
     const int64_t j0 = a.first_key(s, i0), cols = i0 + rows - j0, block = rows * cols;
     const Matrix<M> P(ws.scores.data(), H * rows, cols), dP(ws.dscores.data(), H * rows, cols);
     const Matrix<M> T = a.softcap > 0 ? Matrix<M>(ws.tanh.data(), H * rows, cols) : Matrix<M>();
-    const SoftmaxRows<M> b{s, i0, j0, a.window, a.softcap, T, docs};
+    const SoftmaxRows<M> b{s, i0, j0, a.window, a.softcap, T, docs, a.sinks};
     const auto K0 = head_block(k, s, S, j0, cols, 0, D), V0 = head_block(v, s, S, j0, cols, 0, D);
     for (int64_t r = 0; r < group; ++r)
       gemm_strided_batched(exec, "N", "T", scale, head_block(q, s, S, i0, rows, r, D), group * D,
@@ -378,7 +390,7 @@ void causal_attention_forward(const ExecSpace& exec, const AttentionShape& a, co
       const impl::SoftmaxRows<M> b{
           s,        i0,        j0,
           a.window, a.softcap, a.softcap > 0 ? Matrix<M>(ws.tanh.data(), rows, cols) : Matrix<M>(),
-          docs};
+          docs,     a.sinks,   h};
       gemm(exec, "N", "T", a.scale(), impl::head_block(q, s, S, i0, rows, h, D),
            impl::head_block(k, s, S, j0, cols, g, D), 0.0f, P, in);
       if (bf16) round_bf16(exec, P);
@@ -424,7 +436,7 @@ void causal_attention_backward(const ExecSpace& exec, const AttentionShape& a, c
       const auto gO = impl::head_block(go, s, S, i0, rows, h, D);
       const Matrix<M> P(ws.scores.data(), rows, cols), dP(ws.dscores.data(), rows, cols);
       const Matrix<M> T = a.softcap > 0 ? Matrix<M>(ws.tanh.data(), rows, cols) : Matrix<M>();
-      const impl::SoftmaxRows<M> b{s, i0, j0, a.window, a.softcap, T, docs};
+      const impl::SoftmaxRows<M> b{s, i0, j0, a.window, a.softcap, T, docs, a.sinks, h};
       gemm(exec, "N", "T", scale, Q, K, 0.0f, P, in);
       if (bf16) round_bf16(exec, P);
       impl::causal_softmax(exec, P, lse, (s * a.heads + h) * S + i0, rows, S, b, true, bf16);

@@ -15,6 +15,9 @@ struct AttentionShape {
   // Packed rows: each token's document start, [sequences * S] in host memory (the
   // attention's DocStarts, read where the blocks are planned); null: a document a row.
   const int32_t* host_doc_start = nullptr;
+  // Per-head sink logits [heads] in the operands' memory (gpt-oss; null: none): each enters
+  // its head's softmax denominator only, as a key no value belongs to.
+  const float* sinks = nullptr;
   float scale() const {
     return attn_scale > 0 ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
   }

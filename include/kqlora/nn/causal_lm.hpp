@@ -85,7 +85,11 @@ class CausalLm : public Model<ExecSpace> {
     std::vector<Projection> proj;             // by projection (w null: the layer has none)
     std::vector<const ParamEntry*> norm;      // by NormRole; null: none
     const ParamEntry* router = nullptr;       // a sparse layer's
+    const ParamEntry* router_bias = nullptr;  // (gpt-oss)
     const ParamEntry* shared_gate = nullptr;  // its shared expert's gate [1, hidden]
+    // gpt-oss: its experts' biases ([E, I], [E, I], [E, hidden]) and the attention's sinks
+    const ParamEntry *gate_bias = nullptr, *up_bias = nullptr, *down_bias = nullptr;
+    const ParamEntry* sinks = nullptr;
     std::vector<Expert> experts;
     // Its experts' adapters (A, B; null: none), expert-major (causal_lm.cpp).
     std::pair<const ParamEntry*, const ParamEntry*> gate_up_lora{}, down_lora{};
@@ -207,6 +211,7 @@ class CausalLm : public Model<ExecSpace> {
   SparseMlpCache<Mem> sparse_cache(Buffers& c) const;
   /// The sparse backward's scratch, views of the shared buffers.
   SparseMlpScratch<Mem> sparse_scratch() const;
+  RouterWeights<Mem> router_weights(int layer) const;
   std::vector<ExpertWeights<Mem>> expert_weights(int layer) const;
 };
 

@@ -103,6 +103,17 @@ struct ExpertsSpec {
   // (frozen, dense), added to the experts'.
   int64_t shared_intermediate = 0;  // 0: none
   std::string shared_module = "mlp.shared_expert", shared_gate_module = "mlp.shared_expert_gate";
+  // gpt-oss: a router bias (<router_module>.bias [E], in the logits), expert biases (gate
+  // and up's from <fused_module>.gate_up_proj_bias [E, 2I], down's from .down_proj_bias
+  // [E, hidden]), and the clamped SwiGLU: g = min(gate, limit), u = clamp(up, -limit, limit),
+  // act = g sigmoid(alpha g) (u + 1) (limit 0: the family's plain activation).
+  bool router_bias = false, expert_bias = false;
+  float swiglu_alpha = 0, swiglu_limit = 0;
+  // How the experts are stored besides the hub's per-expert tensors: `rows`, transformers
+  // 5's [E, 2I, hidden] gate_up_proj (gate rows, then up rows) and [E, hidden, I] down_proj;
+  // `interleaved`, gpt-oss's [E, hidden, 2I] gate_up_proj (gate in even, up in odd columns)
+  // and [E, I, hidden] down_proj, or their MXFP4 _blocks and _scales (docs/MODELS.md).
+  enum class Layout { rows, interleaved } layout = Layout::rows;
 };
 
 struct LayerSpec {
@@ -124,6 +135,7 @@ struct DecoderSpec {
   float attn_softcap = 0;   // 0: none; else s = c tanh(s / c)
   float final_softcap = 0;  // the same on the logits
   float clip_qkv = 0;       // 0: none; else q, k (after their norms) and v clamped to [-c, c]
+  bool sinks = false;       // per-head sink logits self_attn.sinks [heads] (gpt-oss)
   bool tied = false;
   std::vector<RopeSpec> ropes;
   std::vector<LayerSpec> layer;    // one per layer

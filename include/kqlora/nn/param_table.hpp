@@ -35,6 +35,20 @@ struct InitRule {
   uint64_t stream = 0;  // a RandomStream, offset by the layer
 };
 
+/// An entry's values inside another tensor of a model file: element (r, c) of the entry
+/// (as [rows, cols]: a vector is one row) is element first + r * row_stride + c * col_stride
+/// of `tensor` [shape], row-major -- an expert of transformers 5's fused layout (one [E, 2I,
+/// hidden] gate_up_proj, one [E, hidden, I] down_proj), or of gpt-oss's (gate and up
+/// interleaved in a transposed [E, hidden, 2I]). `mxfp4`: the tensor is stored as MXFP4
+/// (<tensor>_blocks [..., cols / 32, 16] and <tensor>_scales [..., cols / 32] bytes), `shape`
+/// what they decode to (quant/mxfp4.hpp).
+struct TensorSlice {
+  std::string tensor;
+  std::vector<int64_t> shape;
+  int64_t first = 0, row_stride = 0, col_stride = 1;  // row_stride 0: the entry's width
+  bool mxfp4 = false;
+};
+
 struct ParamEntry {
   std::string name;
   std::vector<int64_t> shape;  // [out, in] for a weight, [n] for a vector
@@ -47,12 +61,9 @@ struct ParamEntry {
   /// tensors of that kind (Model::nf4, Model::dense).
   int64_t offset = 0;
   int64_t block_size = 64, scaler_block_size = 256;  // nf4
-  /// Where a model file may hold it instead (empty tensor: nowhere else): numel() values
-  /// of `alt_tensor` [alt_shape] from element `alt_first` -- an expert of transformers 5's
-  /// fused layout (one [E, 2I, hidden] gate_up_proj, one [E, hidden, I] down_proj).
-  std::string alt_tensor;
-  std::vector<int64_t> alt_shape;
-  int64_t alt_first = 0;
+  /// Where a model file may hold it instead (TensorSlice; none: nowhere else), in order of
+  /// preference for writing (kqlora-export writes the first).
+  std::vector<TensorSlice> alts;
 
   int64_t numel() const;
   /// The NF4 layout of an nf4 entry.

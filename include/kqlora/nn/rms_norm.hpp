@@ -4,9 +4,11 @@
 //   inv = 1 / sqrt(mean(x^2) + eps)            (statistics in float32)
 //   n   = x * inv, cast to the activation dtype (bfloat16 rounding when `bf16`)
 //   y   = w * n                                 (rounded again when `bf16`)
-// and Gemma's (GemmaRMSNorm, NormKind::one_plus): y = (1 + w) * n in float32, n unrounded,
-// rounded once. The backward gives the input gradient only (w is frozen), with w' = w or
-// 1 + w:
+// Gemma's (GemmaRMSNorm, NormKind::one_plus): y = (1 + w) * n in float32, n unrounded,
+// rounded once; and gpt-oss's (GptOssRMSNorm, NormKind::float32): y = w * n in float32, n
+// unrounded, rounded once (its weight in the run's dtype: transformers 5.25 keeps it in
+// float32, _keep_in_fp32_modules, for float16 loads only). The backward gives the
+// input gradient only (w is frozen), with w' = w or 1 + w:
 //   gx = inv * (w' gy - n * mean(w' gy n))
 // One team per row; the row's inv is kept for the backward.
 
@@ -18,7 +20,7 @@
 
 namespace kqlora {
 
-enum class NormKind { scale, one_plus };
+enum class NormKind { scale, one_plus, float32 };
 
 /// y = rmsnorm(x) * w; `inv` [tokens] receives each row's 1/rms (for rms_norm_backward).
 template <class ExecSpace, class M>
@@ -26,7 +28,7 @@ void rms_norm_forward(const ExecSpace& exec, const Matrix<M>& x,
                       const Kokkos::View<const float*, M>& w, float eps, bool bf16,
                       const Matrix<M>& y, const Kokkos::View<float*, M>& inv,
                       NormKind kind = NormKind::scale) {
-  const bool one_plus = kind == NormKind::one_plus;
+  const bool one_plus = kind == NormKind::one_plus, wide = kind == NormKind::float32;
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const int64_t F = x.extent(1);
   Kokkos::parallel_for(
@@ -37,9 +39,9 @@ void rms_norm_forward(const ExecSpace& exec, const Matrix<M>& x,
         const float ss = row_sum(team, 0, F, [&](int64_t f) { return x(t, f) * x(t, f); });
         const float r = 1.0f / sqrtf(ss / static_cast<float>(F) + eps);
         Kokkos::single(Kokkos::PerTeam(team), [&] { inv(t) = r; });
-        if (one_plus) {  // (1 + w) * n in float32, one rounding
+        if (one_plus || wide) {  // (1 + w) * n or w * n in float32, one rounding
           row_for(team, 0, F, [&](int64_t f) {
-            const float v = (1.0f + w(f)) * (x(t, f) * r);
+            const float v = (one_plus ? 1.0f + w(f) : w(f)) * (x(t, f) * r);
             y(t, f) = bf16 ? round_to_bf16(v) : v;
           });
           return;

@@ -7,6 +7,8 @@
 //   softmax_topk: p = softmax(logits) in float32, chosen = the k largest p (ties to the
 //                 lower expert, as torch.topk), w = p[chosen] (/ their sum when norm_topk)
 //   topk_softmax: chosen = the k largest logits, w = softmax over them
+// (gpt-oss: logits = x R^T + b, its experts' products with biases and their activation
+// the clamped SwiGLU, nn/clamped_swiglu.hpp)
 //   y_t = sum over j of w_tj * down_e(act(gate_e(x_t)) * up_e(x_t)),  e = chosen_tj
 // The (token, j) slots are grouped by expert (counts, offsets and an order of the slots,
 // expert by expert and token by token), the inputs gathered into that order, each
@@ -28,6 +30,7 @@
 #include "kqlora/core/fast_exp.hpp"
 #include "kqlora/core/kokkos_compat.hpp"
 #include "kqlora/nn/batch.hpp"
+#include "kqlora/nn/clamped_swiglu.hpp"
 #include "kqlora/nn/decoder_spec.hpp"
 #include "kqlora/nn/elementwise.hpp"
 #include "kqlora/nn/gated_mlp.hpp"
@@ -66,7 +69,15 @@ template <class M>
 struct ExpertWeights {
   const Nf4Tensor<M>*gate = nullptr, *up = nullptr, *down = nullptr;
   bool gate_up_lora = false, down_lora = false;
-  LoraAdapterViews<M> gate_ad, up_ad, down_ad;  // (gate's and up's a and ga alike)
+  LoraAdapterViews<M> gate_ad, up_ad, down_ad;                  // (gate's and up's a and ga alike)
+  Kokkos::View<const float*, M> gate_bias, up_bias, down_bias;  // (gpt-oss; empty: none)
+};
+
+/// The router: its frozen weight [E, H] and bias [E] (gpt-oss; empty: none).
+template <class M>
+struct RouterWeights {
+  Matrix<M> weight;
+  Kokkos::View<const float*, M> bias;
 };
 
 namespace impl {
@@ -277,6 +288,28 @@ void route_backward(const ExecSpace& exec, const ExpertsSpec& spec, const Sparse
       });
 }
 
+/// The experts' act(gate) * up: the family's gated activation, or gpt-oss's clamped SwiGLU.
+template <class ExecSpace, class M>
+void expert_activation(const ExecSpace& exec, const ExpertsSpec& spec, Activation act,
+                       const Matrix<M>& gate, const Matrix<M>& up, bool bf16, const Matrix<M>& a) {
+  if (spec.swiglu_limit > 0)
+    clamped_swiglu_forward(exec, ClampedSwiglu{spec.swiglu_alpha, spec.swiglu_limit}, gate, up,
+                           bf16, a);
+  else
+    gated_mlp_forward(exec, act, gate, up, bf16, a);
+}
+
+template <class ExecSpace, class M>
+void expert_activation_backward(const ExecSpace& exec, const ExpertsSpec& spec, Activation act,
+                                const Matrix<M>& gate, const Matrix<M>& up, const Matrix<M>& ga,
+                                bool bf16, const Matrix<M>& gg, const Matrix<M>& gu) {
+  if (spec.swiglu_limit > 0)
+    clamped_swiglu_backward(exec, ClampedSwiglu{spec.swiglu_alpha, spec.swiglu_limit}, gate, up, ga,
+                            bf16, gg, gu);
+  else
+    gated_mlp_backward(exec, act, gate, up, ga, bf16, gg, gu);
+}
+
 }  // namespace impl
 
 /// transformers' load-balancing loss (load_balancing_loss_func) over one forward's sparse
@@ -383,15 +416,19 @@ void aux_backward(const ExecSpace& exec, const SparseMlpCache<M>& c, const Route
 /// `router` [E, H] (dense), `experts[e]` expert e's weights.
 template <class ExecSpace, class M>
 void sparse_mlp_forward(const ExecSpace& exec, const ExpertsSpec& spec, Activation act,
-                        const Matrix<M>& router, const std::vector<ExpertWeights<M>>& experts,
-                        const Matrix<M>& x, bool bf16, SparseMlpCache<M>& c, LoraScratch<M>& lora,
-                        LinearNf4Workspace<M>& ws, const Matrix<M>& y,
-                        const RouterAuxLoss<M>* aux = nullptr, const Matrix<M>& aux_scratch = {}) {
+                        const RouterWeights<M>& router,
+                        const std::vector<ExpertWeights<M>>& experts, const Matrix<M>& x, bool bf16,
+                        SparseMlpCache<M>& c, LoraScratch<M>& lora, LinearNf4Workspace<M>& ws,
+                        const Matrix<M>& y, const RouterAuxLoss<M>* aux = nullptr,
+                        const Matrix<M>& aux_scratch = {}) {
   const int64_t E = spec.experts, K = spec.top_k;
   KQLORA_CHECK(K <= kMaxTopK && static_cast<int64_t>(experts.size()) == E,
                "sparse_mlp_forward: top_k " << K << " or experts");
-  gemm(exec, "N", "T", 1.0f, x, router, 0.0f, c.logits);
-  if (bf16) round_bf16(exec, c.logits);
+  gemm(exec, "N", "T", 1.0f, x, router.weight, 0.0f, c.logits);
+  if (router.bias.data())
+    add_bias(exec, router.bias, bf16, c.logits);  // (one rounding of the sum, as addmm)
+  else if (bf16)
+    round_bf16(exec, c.logits);
   impl::route(exec, spec, bf16, c.logits, c.chosen, c.weight);
   if (aux) impl::aux_accumulate(exec, c, aux_scratch, *aux);
   impl::group_by_expert(exec, E, c);
@@ -404,11 +441,13 @@ void sparse_mlp_forward(const ExecSpace& exec, const ExpertsSpec& spec, Activati
     // (gate and up share their adapter's A: each computes the same h, kept once)
     const Matrix<M> h = w.gate_up_lora ? impl::row_block(c.h_gate_up, a, b) : Matrix<M>();
     lora_projection_forward<ExecSpace, M>(exec, *w.gate, w.gate_up_lora ? &w.gate_ad : nullptr, xe,
-                                          xe, bf16, h, lora, ws, impl::row_block(c.gate, a, b));
+                                          xe, bf16, h, lora, ws, impl::row_block(c.gate, a, b),
+                                          w.gate_bias);
     lora_projection_forward<ExecSpace, M>(exec, *w.up, w.gate_up_lora ? &w.up_ad : nullptr, xe, xe,
-                                          bf16, h, lora, ws, impl::row_block(c.up, a, b));
+                                          bf16, h, lora, ws, impl::row_block(c.up, a, b),
+                                          w.up_bias);
   }
-  gated_mlp_forward(exec, act, c.gate, c.up, bf16, c.act);
+  impl::expert_activation(exec, spec, act, c.gate, c.up, bf16, c.act);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t a = c.offsets[e], b = c.offsets[e + 1];
     if (a == b) continue;
@@ -417,7 +456,7 @@ void sparse_mlp_forward(const ExecSpace& exec, const ExpertsSpec& spec, Activati
     lora_projection_forward<ExecSpace, M>(
         exec, *w.down, w.down_lora ? &w.down_ad : nullptr, ae, ae, bf16,
         w.down_lora ? impl::row_block(c.h_down, a, b) : Matrix<M>(), lora, ws,
-        impl::row_block(c.yg, a, b));
+        impl::row_block(c.yg, a, b), w.down_bias);
   }
   impl::combine(exec, c, bf16, y);
 }
@@ -427,10 +466,10 @@ void sparse_mlp_forward(const ExecSpace& exec, const ExpertsSpec& spec, Activati
 /// (the caller zeroes them first where a pass starts afresh: gate and up add into one A's).
 template <class ExecSpace, class M>
 void sparse_mlp_backward(const ExecSpace& exec, const ExpertsSpec& spec, Activation act,
-                         const Matrix<M>& router, const std::vector<ExpertWeights<M>>& experts,
-                         const SparseMlpCache<M>& c, const Matrix<M>& gy, bool bf16,
-                         const SparseMlpScratch<M>& s, LoraScratch<M>& lora,
-                         LinearNf4Workspace<M>& ws, const Matrix<M>& gx,
+                         const RouterWeights<M>& router,
+                         const std::vector<ExpertWeights<M>>& experts, const SparseMlpCache<M>& c,
+                         const Matrix<M>& gy, bool bf16, const SparseMlpScratch<M>& s,
+                         LoraScratch<M>& lora, LinearNf4Workspace<M>& ws, const Matrix<M>& gx,
                          const RouterAuxLoss<M>* aux = nullptr) {
   const int64_t E = spec.experts;
   impl::combine_backward(exec, c, gy, bf16, s);
@@ -443,7 +482,7 @@ void sparse_mlp_backward(const ExecSpace& exec, const ExpertsSpec& spec, Activat
         impl::row_block(c.act, a, b), w.down_lora ? impl::row_block(c.h_down, a, b) : Matrix<M>(),
         true, nullptr, bf16, lora, ws, 0.0f, impl::row_block(s.gact, a, b));
   }
-  gated_mlp_backward(exec, act, c.gate, c.up, s.gact, bf16, s.ggate, s.gup);
+  impl::expert_activation_backward(exec, spec, act, c.gate, c.up, s.gact, bf16, s.ggate, s.gup);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t a = c.offsets[e], b = c.offsets[e + 1];
     if (a == b) continue;
@@ -460,7 +499,7 @@ void sparse_mlp_backward(const ExecSpace& exec, const ExpertsSpec& spec, Activat
   impl::scatter_rows(exec, c, s.gxg, bf16, gx);
   impl::route_backward(exec, spec, c, s);
   if (aux) impl::aux_backward(exec, c, *aux, s.glogits);
-  gemm(exec, "N", "N", 1.0f, s.glogits, router, 1.0f, gx);  // gx += dlogits R
+  gemm(exec, "N", "N", 1.0f, s.glogits, router.weight, 1.0f, gx);  // gx += dlogits R
   if (bf16) round_bf16(exec, gx);
 }
 

@@ -17,6 +17,7 @@ DecoderSpec phi3_family(HfConfigReader& r, const std::string& model_type);
 DecoderSpec qwen3_moe_family(HfConfigReader& r, const std::string& model_type);
 DecoderSpec mixtral_family(HfConfigReader& r, const std::string& model_type);
 DecoderSpec olmoe_family(HfConfigReader& r, const std::string& model_type);
+DecoderSpec gpt_oss_family(HfConfigReader& r, const std::string& model_type);
 DecoderSpec qwen2_moe_family(HfConfigReader& r, const std::string& model_type);
 
 }  // namespace kqlora::impl

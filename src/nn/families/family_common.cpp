@@ -123,6 +123,54 @@ bool rope_object(HfConfigReader& r, const char** name) {
 
 namespace {
 
+/// YaRN (gpt-oss) as transformers' _compute_yarn_parameters, in its float32 steps: each
+/// frequency blends its interpolated (/ factor) and extrapolated values by a linear ramp
+/// over the dimensions between the correction range of beta_fast and beta_slow rotations
+/// in the original context; cos and sin times the attention factor (0.1 ln(factor) + 1 by
+/// default, or the mscale ratio).
+RopeSpec yarn(RopeSpec rope, HfConfigReader& p, int64_t original_max) {
+  const double factor = p.number("factor", 0, true);
+  if (!(factor >= 1)) p.fail("factor", "must be >= 1 for yarn, got " + shortest(factor));
+  if (original_max <= 0) p.fail("original_max_position_embeddings", "is missing (yarn needs it)");
+  const auto mscale_of = [&](double m) {
+    return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1;
+  };
+  const double mscale = p.number("mscale", 0, false), all = p.number("mscale_all_dim", 0, false);
+  double attention = p.number("attention_factor", 0, false);
+  if (!p.has("attention_factor"))
+    attention = mscale != 0 && all != 0 ? mscale_of(mscale) / mscale_of(all) : mscale_of(1);
+  // (transformers: `get("beta_fast") or 32`: absent, null or 0 take the default)
+  double fast = p.number("beta_fast", 0, false), slow = p.number("beta_slow", 0, false);
+  if (fast == 0) fast = 32;
+  if (slow == 0) slow = 1;
+  const bool truncate = p.boolean("truncate", true);
+  const double dim = static_cast<double>(rope.rotary_dim), base = rope.theta;
+  const auto correction = [&](double rotations) {
+    return dim * std::log(static_cast<double>(original_max) / (rotations * 2 * M_PI)) /
+           (2 * std::log(base));
+  };
+  double low = correction(fast), high = correction(slow);
+  if (truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, dim - 1);
+  if (low == high) high += 0.001;  // (transformers' guard against a zero-width ramp)
+  const float f = static_cast<float>(factor), lo = static_cast<float>(low),
+              width = static_cast<float>(high - low);
+  for (size_t i = 0; i < rope.inv_freq.size(); ++i) {
+    const float pos =
+        std::pow(static_cast<float>(base), static_cast<float>(2 * i) / static_cast<float>(dim));
+    const float extrapolated = 1.0f / pos, interpolated = 1.0f / (f * pos);
+    const float ramp = std::min(1.0f, std::max(0.0f, (static_cast<float>(i) - lo) / width));
+    const float keep = 1.0f - ramp;
+    rope.inv_freq[i] = interpolated * (1.0f - keep) + extrapolated * keep;
+  }
+  rope.attention_factor = static_cast<float>(attention);
+  return rope;
+}
+
 RopeSpec rope_tables(HfConfigReader& top, HfConfigReader* p, double theta, int64_t head_dim,
                      std::optional<double> partial_factor, int64_t max_positions,
                      int64_t original_max, const std::vector<std::string>& allowed) {
@@ -160,7 +208,10 @@ RopeSpec rope_tables(HfConfigReader& top, HfConfigReader* p, double theta, int64
     fail(p && p->has("rope_type") ? "rope_type" : "type",
          "is " + json::quote(type) + "; supported here: \"default\"" + list);
   }
-  if (type == "su" || type == "yarn") type = "longrope";  // (Phi-3's older spellings)
+  // (Phi-3's older spellings of longrope; gpt-oss's "yarn" is YaRN)
+  const bool phi3_spelling =
+      std::find(allowed.begin(), allowed.end(), std::string("longrope")) != allowed.end();
+  if (type == "su" || (type == "yarn" && phi3_spelling)) type = "longrope";
   RopeSpec rope;
   rope.theta = theta;
   rope.type = type;
@@ -224,6 +275,7 @@ RopeSpec rope_tables(HfConfigReader& top, HfConfigReader* p, double theta, int64
     }
     return rope;
   }
+  if (type == "yarn") return yarn(rope, *p, original_max);
   // longrope (Phi-3.5, Phi-4-mini): per-frequency factors, the long ones past the original
   // context; cos and sin times an attention factor.
   const auto short_f = p->numbers("short_factor"), long_f = p->numbers("long_factor");

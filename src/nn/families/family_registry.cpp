@@ -23,7 +23,7 @@ const std::vector<std::pair<std::string, Builder>>& families() {
       {"gemma2", impl::gemma2_family},       {"gemma3_text", impl::gemma3_family},
       {"phi3", impl::phi3_family},           {"qwen3_moe", impl::qwen3_moe_family},
       {"mixtral", impl::mixtral_family},     {"olmoe", impl::olmoe_family},
-      {"qwen2_moe", impl::qwen2_moe_family},
+      {"qwen2_moe", impl::qwen2_moe_family}, {"gpt_oss", impl::gpt_oss_family},
   };
   return table;
 }
