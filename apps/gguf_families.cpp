@@ -69,14 +69,24 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
       {"qwen3", "qwen3"}, {"gemma2", "gemma2"},      {"gemma3_text", "gemma3"},
       {"phi3", "phi3"},   {"qwen3_moe", "qwen3moe"}, {"qwen2_moe", "qwen2moe"}};
   const auto a = archs.find(spec.model_type);
-  KQLORA_INPUT_CHECK(a != archs.end(), where << "model_type '" << spec.model_type
-                                             << "' has no llama.cpp architecture here");
-  d.arch = a->second;
-  const bool gemma = d.arch == "gemma2" || d.arch == "gemma3";
   const auto refuse = [&](const std::string& key, const std::string& why) {
     KQLORA_INPUT_CHECK(false, where << "config.json's " << key << " = " << value_of(cfg, key)
                                     << ": " << why << " (docs/GGUF.md, \"Families\")");
   };
+  // (gpt-oss: llama.cpp's gpt-oss architecture has tensors and fields of its own -- the
+  // sinks, the expert and router biases, the clamped SwiGLU's limit -- and stores the hub's
+  // experts as MXFP4; the writer knows none of them, and guessing their layout would make
+  // a file llama.cpp might load wrong)
+  if (spec.model_type == "gpt_oss")
+    refuse("model_type",
+           "kqlora's GGUF writer has no gpt-oss architecture (its attention sinks, expert and "
+           "router biases, clamped SwiGLU and MXFP4 experts are tensors and fields it does not "
+           "write); export --merged and convert that directory with llama.cpp's "
+           "convert_hf_to_gguf.py");
+  KQLORA_INPUT_CHECK(a != archs.end(), where << "model_type '" << spec.model_type
+                                             << "' has no llama.cpp architecture here");
+  d.arch = a->second;
+  const bool gemma = d.arch == "gemma2" || d.arch == "gemma3";
 
   // Experts: llama.cpp's qwen3moe and qwen2moe make every layer sparse; qwen3moe always
   // renormalises the top k, qwen2moe never.

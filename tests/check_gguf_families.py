@@ -85,7 +85,7 @@ REFUSED = {"gemma2": "attention_bias", "gemma3_text": "query_pre_attn_scalar",
            "qwen2": "layer_types", "qwen3": "attention_bias", "phi3": "sliding_window",
            "phi3_long": "rope_parameters", "mistral_window": "sliding_window",
            "qwen3_moe": "mlp_only_layers", "qwen3_moe_raw": "norm_topk_prob",
-           "qwen2_moe": "mlp_only_layers"}
+           "qwen2_moe": "mlp_only_layers", "gpt_oss": "model_type"}
 ROWS, T = 3, 64
 
 

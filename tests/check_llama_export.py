@@ -85,6 +85,8 @@ def check_case(train, export, case, work):
     dense_mlp = experts and "gate_proj" in want_targets
     targets = (["lora_targets=q_proj,k_proj,v_proj,o_proj,experts.gate_up_proj,"
                 "experts.down_proj"] if dense_mlp else [])
+    if hf_cfg.get("output_router_logits"):
+        targets.append("router_aux_loss=off")
     if dense_mlp:
         want_targets = ["k_proj", "o_proj", "q_proj", "v_proj"]
     run(train, deck, "hf_model_dir=" + case, "data_file=" + data, "eval_file=" + data,
@@ -141,10 +143,14 @@ def check_case(train, export, case, work):
         ids = torch.tensor(f["input_ids"][...], dtype=torch.long)
         labels = torch.tensor(f["labels"][...], dtype=torch.long)
 
+    # (the load-balancing loss off on both sides: it depends on how rows are batched, and
+    # the reference cases check it)
+    no_aux = {"output_router_logits": False} if hf_cfg.get("output_router_logits") else {}
+
     def loss_of(model):
         model.eval()
         with torch.no_grad():
-            return model(input_ids=ids, labels=labels).loss.item()
+            return model(input_ids=ids, labels=labels, **no_aux).loss.item()
 
     base = AutoModelForCausalLM.from_pretrained(os.path.join(work, "base"), dtype=torch.float32,
                                                  attn_implementation="eager")
@@ -194,7 +200,7 @@ def check_case(train, export, case, work):
     kq_packed = kqlora_eval("packed", packed)
     with torch.no_grad():
         hf_packed = merged(input_ids=p_ids, position_ids=p_pos, labels=p_labels,
-                           use_cache=False).loss.item()  # (a cache turns its detection off)
+                           use_cache=False, **no_aux).loss.item()  # (a cache turns its detection off)
     # --gguf (the llama architecture): transformers' GGUF loader, given --merged's config
     # (its loader drops fields), gives kqlora's eval loss: f32 1e-4, bf16 and f16 1e-2,
     # q8_0 within 2% (docs/GGUF.md).
@@ -255,10 +261,17 @@ def check_case(train, export, case, work):
                 abs(again - want) <= 1e-5 * abs(want)),
                ("packed eval rows: kqlora %.7f vs unpacked %.7f" % (kq_packed, want),
                 abs(kq_packed - want) <= 1e-5 * abs(want)),
-               ("packed rows in transformers (position_ids, no mask): %.7f vs kqlora's %.7f"
-                % (hf_packed, kq_packed), abs(hf_packed - kq_packed) <= 1e-4 * abs(kq_packed)),
                ("the adapters matter: --base alone %.7f" % untrained,
                 abs(untrained - want) > 1e-3 * abs(want))]
+    # (transformers 5.25's GptOssModel builds its masks without position_ids: its packed
+    # rows' documents see each other, so only kqlora's packed = unpacked is checked there)
+    if hf_cfg.get("model_type") == "gpt_oss":
+        print("note: transformers' packed rows not compared: GptOssModel ignores position_ids "
+              "in its masks (%.7f)" % hf_packed)
+    else:
+        checks.append(("packed rows in transformers (position_ids, no mask): %.7f vs kqlora's "
+                       "%.7f" % (hf_packed, kq_packed),
+                       abs(hf_packed - kq_packed) <= 1e-4 * abs(kq_packed)))
     ok = True
     for name, passed in checks:
         print("%s: %s" % ("ok" if passed else "FAILED", name))

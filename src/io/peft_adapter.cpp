@@ -44,10 +44,14 @@ std::vector<float> convert_expert_b(const ExpertAdapter& ad, const std::vector<f
   const int64_t E = ad.experts, out = ad.out, r = ad.rank;
   KQLORA_CHECK(static_cast<int64_t>(b.size()) == E * out * r, "convert_expert_b: size");
   std::vector<float> v(b.size());
+  // (gpt-oss's gate_up: PEFT's row 2i is gate i, 2i + 1 up i; kqlora's gate rows, then up)
+  const auto peft_row = [&](int64_t o) {
+    return ad.interleaved ? (o < out / 2 ? 2 * o : 2 * (o - out / 2) + 1) : o;
+  };
   for (int64_t e = 0; e < E; ++e)
     for (int64_t o = 0; o < out; ++o)
       for (int64_t k = 0; k < r; ++k) {
-        const int64_t mine = (e * out + o) * r + k, peft = o * r * E + k * E + e;
+        const int64_t mine = (e * out + o) * r + k, peft = peft_row(o) * r * E + k * E + e;
         v[static_cast<size_t>(to_peft ? peft : mine)] =
             b[static_cast<size_t>(to_peft ? mine : peft)];
       }

@@ -57,6 +57,7 @@ void add_expert_adapters(const DecoderSpec& s, const ModelConfig& cfg, std::arra
     ad.parameter = w == 0 ? "gate_up_proj" : "down_proj";
     ad.target = x.fused_module + "." + ad.parameter;
     ad.inner = w == 0 && on[1];  // (PEFT wraps the module's parameters in their order)
+    ad.interleaved = w == 0 && x.layout == ExpertsSpec::Layout::interleaved;
     ad.a = name + ".lora_a.weight";
     ad.b = name + ".lora_b.weight";
     for (int64_t j = 0; j < E; ++j)

@@ -29,7 +29,8 @@ std::string expert_adapter_key(const ExpertAdapter& ad, bool b);
 /// PEFT's shape of an expert adapter's B: [out, r * E].
 std::vector<int64_t> peft_expert_b_shape(const ExpertAdapter& ad);
 /// An expert adapter's B from kqlora's expert-major [E * out, r] to PEFT's [out, r * E]
-/// (column k * E + e is expert e's k-th), or back (`to_peft` false).
+/// (column k * E + e is expert e's k-th; an interleaved adapter's rows in gpt-oss's gate_up
+/// order), or back (`to_peft` false).
 std::vector<float> convert_expert_b(const ExpertAdapter& ad, const std::vector<float>& b,
                                     bool to_peft);
 
