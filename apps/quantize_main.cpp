@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 
@@ -20,12 +21,14 @@
 #include "kqlora/core/output_guard.hpp"
 #include "kqlora/io/hdf5_params.hpp"
 #include "kqlora/io/tensor_source.hpp"
+#include "kqlora/nn/model_registry.hpp"
 #include "kqlora/quant/nf4_kernels.hpp"
 
 namespace {
 
 const char* usage =
-    "usage: kqlora-quantize IN OUT.h5 [--block-size 64] [--scaler-block-size 256]\n"
+    "usage: kqlora-quantize IN OUT.h5 [--config CONFIG.json] [--block-size 64]\n"
+    "                       [--scaler-block-size 256]\n"
     "\n"
     "Quantizes every 2-D float tensor of IN to NF4 (double-quantized scalers, torchao's\n"
     "bytes) and writes OUT.h5 with /params/<name> in kqlora's checkpoint schema, usable as\n"
@@ -35,6 +38,12 @@ const char* usage =
     "datasets, with a note. BF16 tensors give bfloat16 NF4; F32 and F16 give float32 NF4.\n"
     "Prints the relative Frobenius error of each dequantized weight.\n"
     "\n"
+    "  --config CONFIG.json    a decoder's config.json (model = causal_lm): quantize the\n"
+    "                          tensors it holds in NF4 (projections, experts), copy those it\n"
+    "                          holds dense (embedding, head, norms, biases, routers) as\n"
+    "                          floats, skip the others with a note -- an init_file that\n"
+    "                          gives the model every base tensor (hf_model_dir may then hold\n"
+    "                          config.json alone; docs/TRAINING.md)\n"
     "  --block-size N          elements per absmax block (even; default 64)\n"
     "  --scaler-block-size N   block scalers per double-quantization block (default 256)\n"
     "  --version               version and build configuration\n"
@@ -76,6 +85,8 @@ int quantize_main(std::vector<std::string>& args) {
     defaults.block_size = kqlora::parse_integer(v, "--block-size");
   if (kqlora::app::take_option(args, "--scaler-block-size", &v))
     defaults.scaler_block_size = kqlora::parse_integer(v, "--scaler-block-size");
+  std::string config_path;
+  kqlora::app::take_option(args, "--config", &config_path);
   for (const auto& a : args)
     KQLORA_INPUT_CHECK(a.empty() || a[0] != '-' || a == "-",
                        "unknown option '" << a << "' (see --help)");
@@ -86,6 +97,22 @@ int quantize_main(std::vector<std::string>& args) {
   KQLORA_INPUT_CHECK(defaults.scaler_block_size > 0,
                      "--scaler-block-size must be positive, got " << defaults.scaler_block_size);
   const std::string in_path = args[0], out_path = args[1];
+  // --config: the decoder's table says which tensors are NF4 and which dense.
+  kqlora::ParamTable table;
+  if (!config_path.empty()) {
+    std::ifstream f(config_path);
+    KQLORA_INPUT_CHECK(f.good(), config_path << ": cannot read: " << std::strerror(errno));
+    std::ostringstream text;
+    text << f.rdbuf();
+    kqlora::ModelConfig mc;
+    mc.kind = "causal_lm";
+    mc.arch_text = text.str();
+    mc.arch_source = config_path;
+    mc.rank = 1;  // (adapters do not matter here)
+    mc.block_size = defaults.block_size;
+    mc.scaler_block_size = defaults.scaler_block_size;
+    table = kqlora::model_kind("causal_lm").table(mc);
+  }
   // OUT never destroys IN (docs/RELIABILITY.md, "Writers"); checked before any work.
   // (its headers only: the shards of an index are inputs too)
   auto source = kqlora::open_tensor_source(in_path);
@@ -123,7 +150,15 @@ int quantize_main(std::vector<std::string>& args) {
         layout.shape = e.shape;
         const int64_t numel = kqlora::checked_numel(e.shape, in_path + ": tensor '" + e.name + "'");
         std::string why;
-        if (numel == 0)
+        const kqlora::ParamEntry* entry = table.find(e.name);
+        if (!config_path.empty() && (!entry || entry->kind == kqlora::ParamKind::trainable)) {
+          std::cout << "skipped: not a base tensor of " << config_path << "\n";
+          ++skipped;
+          continue;
+        }
+        if (entry && entry->kind == kqlora::ParamKind::dense)
+          why = "dense in the model";
+        else if (numel == 0)
           why = "empty";
         else if (e.shape.size() != 2)
           why = "1-D or >2-D";

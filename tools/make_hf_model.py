@@ -473,7 +473,7 @@ def write_shard(path, specs, dtype, seed, std):
 
 # An earlier model directory's entries: written here (replaced) and kept from it.
 WRITTEN = re.compile(r"config\.json|model\.safetensors(\.index\.json)?|"
-                     r"model-\d{5}-of-\d{5}\.safetensors")
+                     r"model-\d{5}-of-\d{5}\.safetensors|base\.h5")
 KEPT = {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
         "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja",
         "chat_template.json", "generation_config.json"}
@@ -509,12 +509,24 @@ def main(argv=None):
     ap.add_argument("--shard-mb", type=float, default=2000.0,
                     help="largest shard in megabytes of 10^6 bytes (default 2000)")
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    ap.add_argument("--nf4-base", metavar="KQLORA_QUANTIZE",
+                    help="keep no safetensors: quantize each shard as soon as it is written "
+                         "with this kqlora-quantize binary, append its NF4 tensors to "
+                         "OUT_DIR/base.h5 and delete the shard (a base larger than the disk "
+                         "could hold in BF16; train with hf_model_dir=OUT_DIR "
+                         "init_file=OUT_DIR/base.h5)")
+    ap.add_argument("--block-size", type=int, default=64,
+                    help="--nf4-base: NF4 block size (default 64)")
+    ap.add_argument("--scaler-block-size", type=int, default=256,
+                    help="--nf4-base: NF4 scaler block size (default 256)")
     ap.add_argument("--check", action="store_true",
                     help="afterwards load the directory with transformers' "
                          "AutoModelForCausalLM (the whole model in memory: small shapes) and "
                          "fail on any missing, unexpected or mismatched tensor or a "
                          "non-finite forward")
     args = ap.parse_args(argv)
+    if args.check and args.nf4_base:
+        sys.exit("--check reads the safetensors, which --nf4-base does not keep")
     check_output_directory("OUT_DIR", args.out_dir,
                            [args.config] if args.config and os.path.isfile(args.config) else [],
                            own=model_dir_entry)
@@ -551,7 +563,9 @@ def main(argv=None):
             total += write_shard(os.path.join(out, fn), shard, args.dtype, args.seed, std)
             weight_map.update({name: fn for name, _, _ in shard})
             print("wrote %s (%d tensors)" % (fn, len(shard)), flush=True)
-        if len(shards) > 1:
+            if args.nf4_base:
+                append_nf4(args, os.path.join(out, fn), os.path.join(out, "base.h5"))
+        if len(shards) > 1 and not args.nf4_base:
             n_params = sum(math.prod(s[1]) for s in specs)
             with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
                 json.dump({"metadata": {"total_size": total, "total_parameters": n_params},
@@ -563,6 +577,33 @@ def main(argv=None):
             total / 1e9, len(shards)))
         if args.check:  # (before the swap: a failed check leaves an earlier OUT_DIR)
             check(out, args.family)
+
+
+def append_nf4(args, shard, base):
+    """--nf4-base: the shard quantized by kqlora-quantize into a piece, the piece's /params
+    copied into base (its root attributes from the first), shard and piece deleted."""
+    import subprocess
+    import h5py
+    piece = shard + ".nf4.h5"
+    p = subprocess.run([args.nf4_base, shard, piece, "--config",
+                        os.path.join(os.path.dirname(shard), "config.json"),
+                        "--block-size", str(args.block_size),
+                        "--scaler-block-size", str(args.scaler_block_size)],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        sys.exit("%s failed (%d):\n%s" % (args.nf4_base, p.returncode, p.stdout[-4000:]))
+    print("  " + p.stdout.strip().splitlines()[-1], flush=True)
+    with h5py.File(piece, "r") as src, h5py.File(base, "a") as dst:
+        if "params" not in dst:
+            for k, v in src.attrs.items():
+                dst.attrs[k] = v
+            dst.create_group("params")
+        for name in src["params"]:
+            if name in dst["params"]:
+                sys.exit("%s: tensor %s twice" % (base, name))
+            src.copy(src["params"][name], dst["params"], name=name)
+    os.remove(piece)
+    os.remove(shard)
 
 
 def check(out_dir, family):

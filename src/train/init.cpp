@@ -298,14 +298,15 @@ std::vector<float> seed_values(const ModelConfig& cfg, const ParamEntry& p) {
   return uniform(cfg.seed, r.stream, p.numel(), 1.0 / std::sqrt(static_cast<double>(r.fan_in)));
 }
 
-std::string hf_weights_file(const std::string& dir) {
+std::string hf_weights_file(const std::string& dir, bool optional) {
   for (const char* name : {"model.safetensors", "model.safetensors.index.json"}) {
     const std::string path = dir + "/" + name;
     if (std::ifstream(path).good()) return path;
   }
-  KQLORA_INPUT_CHECK(false, "hf_model_dir " << dir
-                                            << ": has neither model.safetensors nor "
-                                               "model.safetensors.index.json");
+  KQLORA_INPUT_CHECK(optional, "hf_model_dir " << dir
+                                               << ": has neither model.safetensors nor "
+                                                  "model.safetensors.index.json");
+  return "";
 }
 
 template <class ExecSpace>
@@ -316,7 +317,14 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
   // Highest precedence first: the init_file, the model's own files, the seed.
   InitFile init(init_file, &cfg);
   init.map_expert_adapters(model.table());
-  InitFile base(cfg.hf_model_dir.empty() ? std::string() : hf_weights_file(cfg.hf_model_dir));
+  // (a directory of config.json alone when the init_file holds every base tensor: an NF4
+  // base made shard by shard, docs/TRAINING.md "A base larger than the disk")
+  const std::string weights =
+      cfg.hf_model_dir.empty() ? std::string() : hf_weights_file(cfg.hf_model_dir, !init_file.empty());
+  if (!cfg.hf_model_dir.empty() && weights.empty())
+    log << "init: hf_model_dir " << cfg.hf_model_dir
+        << " has no weights file: every base tensor from the init_file\n";
+  InitFile base(weights);
   int from_file = 0, from_base = 0, from_seed = 0;
   // (an entry read from its alternative place: a fused expert parameter of the base's)
   auto sliced = [&](const ParamEntry& e) {

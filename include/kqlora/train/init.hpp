@@ -15,8 +15,9 @@ namespace kqlora {
 std::vector<float> seed_values(const ModelConfig& cfg, const ParamEntry& p);
 
 /// The weights file of a Hugging Face model directory: model.safetensors, or the index of
-/// a sharded one (model.safetensors.index.json); InputError when it has neither.
-std::string hf_weights_file(const std::string& dir);
+/// a sharded one (model.safetensors.index.json); when it has neither, "" if `optional`,
+/// else InputError.
+std::string hf_weights_file(const std::string& dir, bool optional = false);
 
 /// Fills every tensor of the model's table; notes what came from where on `log`.
 template <class ExecSpace>
