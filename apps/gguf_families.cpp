@@ -67,7 +67,8 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
   static const std::map<std::string, std::string> archs = {
       {"llama", "llama"}, {"mistral", "llama"},      {"qwen2", "qwen2"},
       {"qwen3", "qwen3"}, {"gemma2", "gemma2"},      {"gemma3_text", "gemma3"},
-      {"phi3", "phi3"},   {"qwen3_moe", "qwen3moe"}, {"qwen2_moe", "qwen2moe"}};
+      {"phi3", "phi3"},   {"qwen3_moe", "qwen3moe"}, {"qwen2_moe", "qwen2moe"},
+      {"mixtral", "llama"}, {"olmoe", "olmoe"}};
   const auto a = archs.find(spec.model_type);
   const auto refuse = [&](const std::string& key, const std::string& why) {
     KQLORA_INPUT_CHECK(false, where << "config.json's " << key << " = " << value_of(cfg, key)
@@ -88,8 +89,8 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
   d.arch = a->second;
   const bool gemma = d.arch == "gemma2" || d.arch == "gemma3";
 
-  // Experts: llama.cpp's qwen3moe and qwen2moe make every layer sparse; qwen3moe always
-  // renormalises the top k, qwen2moe never.
+  // Experts: llama.cpp's MoE architectures make every layer sparse; qwen3moe and llama
+  // (Mixtral) always renormalise the top k, qwen2moe and olmoe never.
   if (spec.any_sparse_mlp()) {
     const json::Value* listed = cfg.find("mlp_only_layers");
     const auto lists = [&](int64_t l) {
@@ -103,10 +104,23 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
         refuse(lists(l) ? "mlp_only_layers" : "decoder_sparse_step",
                "layer " + std::to_string(l) + " has a dense MLP; llama.cpp's " + d.arch +
                    " makes every layer a mixture of experts");
-    const bool renorm = d.arch == "qwen3moe";
+    const bool renorm = d.arch == "qwen3moe" || d.arch == "llama";
     if (spec.experts.norm_topk != renorm)
       refuse("norm_topk_prob", "llama.cpp's " + d.arch + (renorm ? " always" : " never") +
                                    " renormalises the top-k routing weights");
+  }
+  // OLMoE: llama.cpp's olmoe normalises q and k over the whole projection with norms of
+  // hidden_size each (so as many kv heads as heads), clamps nothing and has no biases.
+  if (d.arch == "olmoe") {
+    if (spec.clip_qkv > 0)
+      refuse("clip_qkv", "llama.cpp's olmoe does not clamp q, k and v");
+    for (const ProjectionSpec& p : spec.projections)
+      if (p.bias) refuse("attention_bias", "llama.cpp's olmoe has no attention biases");
+    if (spec.kv_heads != spec.heads)
+      refuse("num_key_value_heads",
+             "llama.cpp's olmoe sizes k_norm by hidden_size, so kv heads must equal heads");
+    if (spec.tied)
+      refuse("tie_word_embeddings", "llama.cpp's olmoe reads an output.weight of its own");
   }
   // The MLP's activation: llama.cpp's graph for the architecture has one.
   const Activation act = gemma ? Activation::gelu_tanh : Activation::silu;

@@ -78,14 +78,23 @@ CASES = {
     # or not as llama.cpp does; qwen2moe's shared expert
     "qwen3_moe": ("qwen3_moe", {"mlp_only_layers": [], "norm_topk_prob": True}),
     "qwen2_moe": ("qwen2_moe", {"mlp_only_layers": [], "norm_topk_prob": False}),
+    # Mixtral as llama with experts (always renormalised, no window); OLMoE's whole-
+    # projection q/k norms, as many kv heads as heads, no clip_qkv, no biases
+    "mixtral": ("mixtral", {"sliding_window": None}),
+    "olmoe": ("olmoe", {"clip_qkv": None, "attention_bias": False, "num_key_value_heads": 4,
+                        "norm_topk_prob": False}),
 }
+# Families transformers' GGUF loader does not read as trained (Mixtral's file is llama's
+# architecture, which it loads without experts; no olmoe): llama.cpp checks their numbers.
+NO_HF_GGUF = {"mixtral", "olmoe"}
 # Reference cases (tests/data/family_reference) llama.cpp cannot run as trained, and the
 # config.json field each refusal names.
 REFUSED = {"gemma2": "attention_bias", "gemma3_text": "query_pre_attn_scalar",
            "qwen2": "layer_types", "qwen3": "attention_bias", "phi3": "sliding_window",
            "phi3_long": "rope_parameters", "mistral_window": "sliding_window",
            "qwen3_moe": "mlp_only_layers", "qwen3_moe_raw": "norm_topk_prob",
-           "qwen2_moe": "mlp_only_layers", "gpt_oss": "model_type"}
+           "qwen2_moe": "mlp_only_layers", "gpt_oss": "model_type", "olmoe": "clip_qkv",
+           "mixtral": "sliding_window"}
 ROWS, T = 3, 64
 
 
@@ -160,6 +169,10 @@ def check_case(name, family, over, train_bin, export_bin, work, checks):
                            % (name, kinds["blk.0.attn_q.weight"], kinds["blk.0.ffn_down.weight"]),
                            kinds["blk.0.attn_q.weight"] == "F16" and
                            kinds["blk.0.ffn_down.weight"] == "Q8_0" and "as f16" in out))
+        if family in NO_HF_GGUF:
+            print("%s: transformers' GGUF loader does not read %s as trained: llama.cpp "
+                  "checks it" % (name, family))
+            continue
         # (transformers' loader knows mistral by no gguf architecture: the file's llama.*
         # keys alone configure it, the same numbers without a window)
         extra = {} if family == "mistral" else {"config": merged_cfg}
@@ -173,7 +186,7 @@ def check_case(name, family, over, train_bin, export_bin, work, checks):
     fields = GGUFReader(os.path.join(work, "model-f32.gguf")).fields
     arch = fields["general.architecture"].contents()
     expect_arch = {"mistral": "llama", "gemma3_text": "gemma3", "qwen3_moe": "qwen3moe",
-                   "qwen2_moe": "qwen2moe"}.get(family, family)
+                   "qwen2_moe": "qwen2moe", "mixtral": "llama"}.get(family, family)
     checks.append(("%s: general.architecture %r" % (name, arch), arch == expect_arch))
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     meta = {"block_count": cfg["num_hidden_layers"], "embedding_length": cfg["hidden_size"],
@@ -187,7 +200,8 @@ def check_case(name, family, over, train_bin, export_bin, work, checks):
     if experts:
         meta.update({"expert_count": experts,
                      "expert_used_count": cfg["num_experts_per_tok"],
-                     "expert_feed_forward_length": cfg["moe_intermediate_size"]})
+                     "expert_feed_forward_length": cfg.get("moe_intermediate_size",
+                                                           cfg["intermediate_size"])})
         if "shared_expert_intermediate_size" in cfg:
             meta["expert_shared_feed_forward_length"] = cfg["shared_expert_intermediate_size"]
     for k, v in meta.items():
