@@ -160,12 +160,18 @@ Kokkos::View<GroupedTile*, M> device_tiles(const ExecSpace& exec,
 
 }  // namespace impl
 
+/// How grouped_product writes its sums S into Y: alpha S + beta Y; or, for a bfloat16 run's
+/// adapter outputs (lora_projection.hpp's roundings, with no scratch of all the rows),
+/// Y = R(R(Y) + R(alpha R(S))) (add_scaled) or Y = R(Y + R(S)) (add_rounded).
+enum class GroupedEpilogue { plain, bf16_add_scaled, bf16_add_rounded };
+
 /// Y rows of each expert's group = alpha X rows W_e^T (W_e [P, K]; `transposed`: alpha X
 /// rows W_e, W_e [K, P]) + beta Y rows. X [N, K], Y [N, P]; `offsets` (host) E + 1.
 template <class ExecSpace, class M>
 void grouped_product(const ExecSpace& exec, const ExpertMatrices<M>& w, bool transposed,
                      const std::vector<int64_t>& offsets, float alpha, const Matrix<M>& x,
-                     float beta, const Matrix<M>& y) {
+                     float beta, const Matrix<M>& y,
+                     GroupedEpilogue epilogue = GroupedEpilogue::plain) {
   const int64_t P = transposed ? w.cols : w.rows, K = transposed ? w.rows : w.cols;
   KQLORA_CHECK(
       static_cast<int64_t>(x.extent(1)) == K && static_cast<int64_t>(y.extent(1)) == P &&
@@ -226,7 +232,12 @@ void grouped_product(const ExecSpace& exec, const ExpertMatrices<M>& w, bool tra
           const int64_t r = i / TP, p = i % TP;
           if (r >= nr || p >= np) return;
           float& out = y(t.r0 + r, t.p0 + p);
-          out = beta == 0.0f ? alpha * acc(i) : alpha * acc(i) + beta * out;
+          if (epilogue == GroupedEpilogue::bf16_add_scaled)
+            out = round_to_bf16(round_to_bf16(out) + round_to_bf16(alpha * round_to_bf16(acc(i))));
+          else if (epilogue == GroupedEpilogue::bf16_add_rounded)
+            out = round_to_bf16(out + round_to_bf16(acc(i)));
+          else
+            out = beta == 0.0f ? alpha * acc(i) : alpha * acc(i) + beta * out;
         });
       });
 }

@@ -19,7 +19,9 @@
 // into the router's logits and so into its input (the router itself is frozen).
 //
 // The grouping is made on the host: a device run copies the chosen experts there per
-// layer (a synchronisation of the model's stream), and loops over the experts with rows.
+// layer (a synchronisation of the model's stream). The experts' products then loop over
+// the experts with rows (the host: each a call of the fused NF4 kernel), or run grouped,
+// one launch a projection for all of them (a device; nn/sparse_mlp_grouped.hpp).
 
 #include <Kokkos_Core.hpp>
 
@@ -35,6 +37,7 @@
 #include "kqlora/nn/elementwise.hpp"
 #include "kqlora/nn/gated_mlp.hpp"
 #include "kqlora/nn/lora_projection.hpp"
+#include "kqlora/nn/sparse_mlp_grouped.hpp"
 
 namespace kqlora {
 
@@ -288,6 +291,46 @@ void route_backward(const ExecSpace& exec, const ExpertsSpec& spec, const Sparse
       });
 }
 
+/// Projection `which` (0 gate, 1 up, 2 down) of every expert as the grouped products read
+/// it (nn/sparse_mlp_grouped.hpp).
+template <class ExecSpace, class M>
+GroupedProjection<M> grouped_projection(const ExecSpace& exec,
+                                        const std::vector<ExpertWeights<M>>& experts, int which) {
+  GroupedProjection<M> p;
+  std::vector<const Nf4Tensor<M>*> w;
+  std::vector<Matrix<M>> a, b, ga, gb;
+  const auto bias_of = [&](const ExpertWeights<M>& e) {
+    return which == 0 ? e.gate_bias : which == 1 ? e.up_bias : e.down_bias;
+  };
+  for (const ExpertWeights<M>& e : experts) {
+    w.push_back(which == 0 ? e.gate : which == 1 ? e.up : e.down);
+    if (!(which == 2 ? e.down_lora : e.gate_up_lora)) continue;
+    const LoraAdapterViews<M>& ad = which == 0 ? e.gate_ad : which == 1 ? e.up_ad : e.down_ad;
+    a.push_back(ad.a);
+    b.push_back(ad.b);
+    ga.push_back(ad.ga);
+    gb.push_back(ad.gb);
+    p.scale = ad.scale;
+  }
+  p.w = nf4_expert_matrices(exec, w);
+  p.lora = !a.empty();
+  if (p.lora) {
+    p.a = dense_expert_matrices(exec, a);
+    p.b = dense_expert_matrices(exec, b);
+    p.ga = dense_expert_matrices(exec, ga);
+    p.gb = dense_expert_matrices(exec, gb);
+  }
+  const auto b0 = bias_of(experts[0]);
+  if (b0.data()) {  // (the rows of one [E, width] tensor, expert_weights' views of it)
+    const int64_t width = b0.extent(0), E = static_cast<int64_t>(experts.size());
+    for (int64_t e = 0; e < E; ++e)
+      KQLORA_CHECK(bias_of(experts[e]).data() == b0.data() + e * width,
+                   "grouped_projection: expert biases not one tensor");
+    p.bias = Matrix<M>(const_cast<float*>(b0.data()), E, width);
+  }
+  return p;
+}
+
 /// The experts' act(gate) * up: the family's gated activation, or gpt-oss's clamped SwiGLU.
 template <class ExecSpace, class M>
 void expert_activation(const ExecSpace& exec, const ExpertsSpec& spec, Activation act,
@@ -433,6 +476,17 @@ void sparse_mlp_forward(const ExecSpace& exec, const ExpertsSpec& spec, Activati
   if (aux) impl::aux_accumulate(exec, c, aux_scratch, *aux);
   impl::group_by_expert(exec, E, c);
   impl::gather_rows(exec, x, c.order, K, c.xg);
+  if (grouped_expert_products<M>()) {
+    grouped_projection_forward(exec, impl::grouped_projection(exec, experts, 0), c.offsets, c.xg,
+                               bf16, c.h_gate_up, c.gate);
+    grouped_projection_forward(exec, impl::grouped_projection(exec, experts, 1), c.offsets, c.xg,
+                               bf16, c.h_gate_up, c.up);
+    impl::expert_activation(exec, spec, act, c.gate, c.up, bf16, c.act);
+    grouped_projection_forward(exec, impl::grouped_projection(exec, experts, 2), c.offsets, c.act,
+                               bf16, c.h_down, c.yg);
+    impl::combine(exec, c, bf16, y);
+    return;
+  }
   for (int64_t e = 0; e < E; ++e) {
     const int64_t a = c.offsets[e], b = c.offsets[e + 1];
     if (a == b) continue;
@@ -461,18 +515,14 @@ void sparse_mlp_forward(const ExecSpace& exec, const ExpertsSpec& spec, Activati
   impl::combine(exec, c, bf16, y);
 }
 
-/// The backward: gx = the input's gradient from gy (the output's), through the experts
-/// and the routing weights. The experts' adapter gradients are added into their ga and gb
-/// (the caller zeroes them first where a pass starts afresh: gate and up add into one A's).
+/// sparse_mlp_backward's experts on the host: each expert's products on its rows.
 template <class ExecSpace, class M>
-void sparse_mlp_backward(const ExecSpace& exec, const ExpertsSpec& spec, Activation act,
-                         const RouterWeights<M>& router,
-                         const std::vector<ExpertWeights<M>>& experts, const SparseMlpCache<M>& c,
-                         const Matrix<M>& gy, bool bf16, const SparseMlpScratch<M>& s,
-                         LoraScratch<M>& lora, LinearNf4Workspace<M>& ws, const Matrix<M>& gx,
-                         const RouterAuxLoss<M>* aux = nullptr) {
+void sparse_mlp_experts_backward_loop(const ExecSpace& exec, const ExpertsSpec& spec,
+                                      Activation act, const std::vector<ExpertWeights<M>>& experts,
+                                      const SparseMlpCache<M>& c, bool bf16,
+                                      const SparseMlpScratch<M>& s, LoraScratch<M>& lora,
+                                      LinearNf4Workspace<M>& ws) {
   const int64_t E = spec.experts;
-  impl::combine_backward(exec, c, gy, bf16, s);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t a = c.offsets[e], b = c.offsets[e + 1];
     if (a == b) continue;
@@ -495,6 +545,37 @@ void sparse_mlp_backward(const ExecSpace& exec, const ExpertsSpec& spec, Activat
     lora_projection_backward<ExecSpace, M>(exec, *w.up, w.gate_up_lora ? &w.up_ad : nullptr,
                                            impl::row_block(s.gup, a, b), xe, h, true, nullptr, bf16,
                                            lora, ws, 1.0f, gxe);
+  }
+}
+
+/// The backward: gx = the input's gradient from gy (the output's), through the experts
+/// and the routing weights. The experts' adapter gradients are added into their ga and gb
+/// (the caller zeroes them first where a pass starts afresh: gate and up add into one A's).
+template <class ExecSpace, class M>
+void sparse_mlp_backward(const ExecSpace& exec, const ExpertsSpec& spec, Activation act,
+                         const RouterWeights<M>& router,
+                         const std::vector<ExpertWeights<M>>& experts, const SparseMlpCache<M>& c,
+                         const Matrix<M>& gy, bool bf16, const SparseMlpScratch<M>& s,
+                         LoraScratch<M>& lora, LinearNf4Workspace<M>& ws, const Matrix<M>& gx,
+                         const RouterAuxLoss<M>* aux = nullptr) {
+  impl::combine_backward(exec, c, gy, bf16, s);
+  if (grouped_expert_products<M>()) {
+    // (each adapter's gh in a buffer free at that point: gxg before gate and up write it,
+    // gact after the activation's backward has read it)
+    const int64_t rows = c.xg.extent(0), r = c.h_gate_up.data() ? c.h_gate_up.extent(1)
+                                             : c.h_down.data()  ? c.h_down.extent(1)
+                                                                : 0;
+    grouped_projection_backward(exec, impl::grouped_projection(exec, experts, 2), c.offsets, s.gyg,
+                                c.act, c.h_down, bf16, Matrix<M>(s.gxg.data(), rows, r), 0.0f,
+                                s.gact);
+    impl::expert_activation_backward(exec, spec, act, c.gate, c.up, s.gact, bf16, s.ggate, s.gup);
+    const Matrix<M> gh(s.gact.data(), rows, r);
+    grouped_projection_backward(exec, impl::grouped_projection(exec, experts, 0), c.offsets,
+                                s.ggate, c.xg, c.h_gate_up, bf16, gh, 0.0f, s.gxg);
+    grouped_projection_backward(exec, impl::grouped_projection(exec, experts, 1), c.offsets, s.gup,
+                                c.xg, c.h_gate_up, bf16, gh, 1.0f, s.gxg);
+  } else {
+    sparse_mlp_experts_backward_loop(exec, spec, act, experts, c, bf16, s, lora, ws);
   }
   impl::scatter_rows(exec, c, s.gxg, bf16, gx);
   impl::route_backward(exec, spec, c, s);
