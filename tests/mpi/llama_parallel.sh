@@ -11,7 +11,10 @@
 # and sandwich norms, qwen3's biases and q/k norms). Last, bfloat16 FSDP at 2 ranks with the
 # activations kept in 16 bits equals the same run keeping them in float32, bit for bit.
 # The experts' load-balancing loss is off: a product of batch means, it is not additive over
-# ranks and micro-batches (docs/MODELS.md, "Experts").
+# ranks and micro-batches (docs/MODELS.md, "Experts"). AdamW's eps is 1e-3: at 1e-8 the
+# last bits of a near-zero gradient, which a reduction over ranks sums in another order,
+# become steps of up to lr (an expert's adapter that few tokens chose: gpt_oss failed so in
+# the sanitizer build).
 # usage: llama_parallel.sh MPIEXEC "MPIEXEC_FLAGS" KQLORA_TRAIN KQLORA_DIFF DATA_DIR WORKDIR
 #        [ONE_TARGET (a projection of the family: the lora_targets a restart refuses)]
 set -u
@@ -21,7 +24,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 echo "model = causal_lm" > "$dir/deck.in"
 keys="hf_model_dir=$model init_file=$model/init.h5 data_file=$model/data.h5 lora_rank=4
   lora_alpha=8 block_size=32 scaler_block_size=32 global_bs=2 micro_bs=1 optimizer=adamw
-  lr=1e-2 log_every=100 shuffle=true eval_file=$model/data.h5 eval_every=2 router_aux_loss=off"
+  lr=1e-2 eps=1e-3 log_every=100 shuffle=true eval_file=$model/data.h5 eval_every=2
+  router_aux_loss=off"
 run() {  # NP NAME KEYS...
   local np=$1 name=$2
   shift 2
