@@ -65,9 +65,9 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
   const json::Value cfg = json::parse(config_text, file + ": hf_config");
   const std::string where = file + ": --gguf: ";
   static const std::map<std::string, std::string> archs = {
-      {"llama", "llama"}, {"mistral", "llama"},      {"qwen2", "qwen2"},
-      {"qwen3", "qwen3"}, {"gemma2", "gemma2"},      {"gemma3_text", "gemma3"},
-      {"phi3", "phi3"},   {"qwen3_moe", "qwen3moe"}, {"qwen2_moe", "qwen2moe"},
+      {"llama", "llama"},   {"mistral", "llama"},      {"qwen2", "qwen2"},
+      {"qwen3", "qwen3"},   {"gemma2", "gemma2"},      {"gemma3_text", "gemma3"},
+      {"phi3", "phi3"},     {"qwen3_moe", "qwen3moe"}, {"qwen2_moe", "qwen2moe"},
       {"mixtral", "llama"}, {"olmoe", "olmoe"}};
   const auto a = archs.find(spec.model_type);
   const auto refuse = [&](const std::string& key, const std::string& why) {
@@ -112,8 +112,7 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
   // OLMoE: llama.cpp's olmoe normalises q and k over the whole projection with norms of
   // hidden_size each (so as many kv heads as heads), clamps nothing and has no biases.
   if (d.arch == "olmoe") {
-    if (spec.clip_qkv > 0)
-      refuse("clip_qkv", "llama.cpp's olmoe does not clamp q, k and v");
+    if (spec.clip_qkv > 0) refuse("clip_qkv", "llama.cpp's olmoe does not clamp q, k and v");
     for (const ProjectionSpec& p : spec.projections)
       if (p.bias) refuse("attention_bias", "llama.cpp's olmoe has no attention biases");
     if (spec.kv_heads != spec.heads)

@@ -319,8 +319,9 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
   init.map_expert_adapters(model.table());
   // (a directory of config.json alone when the init_file holds every base tensor: an NF4
   // base made shard by shard, docs/TRAINING.md "A base larger than the disk")
-  const std::string weights =
-      cfg.hf_model_dir.empty() ? std::string() : hf_weights_file(cfg.hf_model_dir, !init_file.empty());
+  const std::string weights = cfg.hf_model_dir.empty()
+                                  ? std::string()
+                                  : hf_weights_file(cfg.hf_model_dir, !init_file.empty());
   if (!cfg.hf_model_dir.empty() && weights.empty())
     log << "init: hf_model_dir " << cfg.hf_model_dir
         << " has no weights file: every base tensor from the init_file\n";

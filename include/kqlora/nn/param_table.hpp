@@ -86,12 +86,12 @@ struct LoraAdapter {
 /// A rows e*r .. e*r+r-1 of `a` [E * r, in], its B rows e*out .. e*out+out-1 of `b`
 /// [E * out, r] (PEFT's lora_B is [out, r * E], expert e in columns k * E + e).
 struct ExpertAdapter {
-  std::string module;     // transformers 5's module path: "model.layers.0.mlp.experts"
-  std::string parameter;  // the fused parameter: "gate_up_proj" or "down_proj"
-  std::string target;     // PEFT's target_parameters entry: "mlp.experts.gate_up_proj"
-  bool inner = false;     // two wrappers on one module: this one is PEFT's "base_layer"
+  std::string module;        // transformers 5's module path: "model.layers.0.mlp.experts"
+  std::string parameter;     // the fused parameter: "gate_up_proj" or "down_proj"
+  std::string target;        // PEFT's target_parameters entry: "mlp.experts.gate_up_proj"
+  bool inner = false;        // two wrappers on one module: this one is PEFT's "base_layer"
   bool interleaved = false;  // PEFT's B rows in gpt-oss's gate_up order (gate i at 2i, up 2i+1)
-  std::string a, b;       // the entries
+  std::string a, b;          // the entries
   /// The NF4 entries the adapter adds to, expert by expert: each expert's `parts` tensors
   /// (gate then up, or down) split its out rows evenly.
   std::vector<std::string> bases;
