@@ -188,10 +188,9 @@ void grouped_product(const ExecSpace& exec, const ExpertMatrices<M>& w, bool tra
   constexpr int64_t TR = impl::kGroupedRows, TP = impl::kGroupedCols, TK = impl::kGroupedChunk;
   const size_t scratch = Scratch::shmem_size(TR * TK + TP * TK + TR * TP);
   const auto refs = w.refs;
-  const int64_t rows = w.rows, cols = w.cols, bs = w.block_size, sbs = w.scaler_block_size;
+  const int64_t cols = w.cols, bs = w.block_size, sbs = w.scaler_block_size;
   const bool bf16 = w.bf16_nf4;
   const Nf4Codebook cb = bf16 ? Nf4Codebook::make<bfloat16>() : Nf4Codebook::make<float>();
-  (void)rows;
   Kokkos::parallel_for(
       "kqlora::grouped_product",
       Policy(exec, static_cast<int>(tiles.extent(0)), Kokkos::AUTO)

@@ -22,8 +22,7 @@ DecoderSpec gpt_oss_family(HfConfigReader& r, const std::string& model_type) {
   read_dims(r, d, s);
   refuse_dropout(r, "attention_dropout");
   // (GptOssExperts applies its clamped SwiGLU whatever hidden_act says; the hub writes silu)
-  const Activation act = read_activation(r, "hidden_act", "silu", false);
-  (void)act;
+  read_activation(r, "hidden_act", "silu", false);  // (checked: silu, or refused)
   const bool bias = r.boolean("attention_bias", true);
   s.projections = llama_projections(bias, bias, false);
   s.norms = pre_norms(NormKind::float32);
