@@ -275,7 +275,8 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
     Record fused{prefix + "lm_head_cross_entropy_" + tag};
     if (wanted(fused.name, filter))
       fused.median_s = median_seconds(repeats, [&] {
-        lm_head_cross_entropy(exec, h, W, b.labels, normaliser, bf16, gh, cws, 0.0f, head_inputs);
+        lm_head_cross_entropy(exec, h, W, b.labels, normaliser, bf16, gh, cws, FinalLogits{},
+                              head_inputs);
       });
     fused.flops = 2.0 * 2 * T * a.vocab * a.hidden;
     if (fused.median_s > 0) out.push_back(fused);
@@ -284,7 +285,7 @@ void llama_records(const LlamaShape& shape, const std::vector<int64_t>& batches,
     // tokens over the whole vocabulary (v0 -1: bfloat16).
     Record products{prefix + "lm_head_products_" + tag}, ce{prefix + "cross_entropy_" + tag};
     if ((wanted(products.name, filter) || wanted(ce.name, filter)) && cws.logits.extent(0) == 0)
-      lm_head_cross_entropy(exec, h, W, b.labels, normaliser, bf16, gh, cws, 0.0f,
+      lm_head_cross_entropy(exec, h, W, b.labels, normaliser, bf16, gh, cws, FinalLogits{},
                             head_inputs);  // (the workspace, and a head's 16-bit copy)
     const bool by_vocab = CrossEntropyWorkspace<Mem>::by_vocab_chunks(bf16);
     const auto chunking = cws.chunking(T, a.vocab, bf16);

@@ -48,9 +48,10 @@ void PrintTo(const Case& c, std::ostream* os) {
 std::vector<Case> family_cases() {
   const std::string root = std::string(KQLORA_TEST_DATA_DIR) + "/family_reference/";
   std::vector<Case> out;
-  for (const char* name : {"qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "phi3_long",
-                           "mistral_window", "qwen3_moe", "qwen3_moe_raw", "qwen3_moe_experts",
-                           "mixtral", "qwen3_moe_aux", "olmoe", "qwen2_moe", "gpt_oss"}) {
+  for (const char* name :
+       {"qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "phi3_long", "mistral_window",
+        "qwen3_moe", "qwen3_moe_raw", "qwen3_moe_experts", "mixtral", "qwen3_moe_aux", "olmoe",
+        "qwen2_moe", "gpt_oss", "smollm3", "olmo2", "olmo3", "granite"}) {
     Case c{name, root + name, "all-linear"};
     std::ifstream f(c.dir + "/case.txt");
     for (std::string line; std::getline(f, line);) {

@@ -308,10 +308,13 @@ TYPED_TEST(LlamaOps, FusedLmHeadCrossEntropyInChunks) {
   kqlora::Matrix<M> gh("gh", T, H);
   const D W64 = widen(wf);
   // Float64: logits at t scored against labels[t + 1] within each sequence (rounded to
-  // bfloat16 first with `bf16`); `first_max_after` receives how many scored rows have
-  // their largest logit at or past that vocabulary entry.
-  auto ref_loss = [&](const D& x, double cap, bool bf16, int64_t first_max_after = 0,
+  // bfloat16 first with `bf16`), then divided (rounded again) or soft-capped as `fl` says;
+  // `first_max_after` receives how many scored rows have their largest logit at or past
+  // that vocabulary entry.
+  using kqlora::FinalLogits;
+  auto ref_loss = [&](const D& x, FinalLogits fl, bool bf16, int64_t first_max_after = 0,
                       int64_t* past = nullptr) {
+    const double cap = fl.softcap, div = fl.divisor;
     double sum = 0;
     for (int64_t t = 0; t < T; ++t) {
       if (t % S + 1 >= S || labels[t + 1] == kqlora::kIgnoreLabel) continue;
@@ -321,6 +324,8 @@ TYPED_TEST(LlamaOps, FusedLmHeadCrossEntropyInChunks) {
       for (int64_t v = 0; v < V; ++v) {
         for (int64_t f = 0; f < H; ++f) z[v] += x[t * H + f] * W64[v * H + f];
         if (bf16) z[v] = kqlora::round_to_bf16(static_cast<float>(z[v]));
+        if (div > 0) z[v] /= div;
+        if (bf16 && div > 0) z[v] = kqlora::round_to_bf16(static_cast<float>(z[v]));
         if (cap > 0) z[v] = cap * std::tanh(z[v] / cap);
         if (z[v] > m) arg = v;
         m = std::max(m, z[v]);
@@ -337,18 +342,19 @@ TYPED_TEST(LlamaOps, FusedLmHeadCrossEntropyInChunks) {
   // as scratch, over the 9 scored tokens only (h's copy is overwritten).
   using kqlora::HiddenAfter;
   for (const int64_t pieces : {int64_t(0), int64_t(4)})
-    for (const double cap : {0.0, 1.5})  // none, and Gemma's final-logit soft-cap (bending)
+    // none, Gemma's final-logit soft-cap (bending), Granite's logits divisor
+    for (const FinalLogits fl : {FinalLogits{}, FinalLogits{0.0f, 1.5f}, FinalLogits{1.7f, 0.0f}})
       for (const HiddenAfter hidden : {HiddenAfter::kept, HiddenAfter::scratch}) {
         kqlora::CrossEntropyWorkspace<M> ws;
         if (pieces > 0) ws.pass_tokens = ws.vocab_chunk = pieces;
-        const std::string tag = "cap " + std::to_string(cap) + ", pieces " +
-                                std::to_string(pieces) +
+        const std::string tag = "cap " + std::to_string(fl.softcap) + ", divisor " +
+                                std::to_string(fl.divisor) + ", pieces " + std::to_string(pieces) +
                                 (hidden == HiddenAfter::scratch ? ", scored rows only" : "");
         const auto hin = matrix<M>(hf, T, H);
         Kokkos::deep_copy(gh, 7.0f);  // (every row is written)
-        const double loss = kqlora::lm_head_cross_entropy(TypeParam(), hin, W, lab, count, false,
-                                                          gh, ws, static_cast<float>(cap),
-                                                          kqlora::GemmInputs::float32, hidden);
+        const double loss =
+            kqlora::lm_head_cross_entropy(TypeParam(), hin, W, lab, count, false, gh, ws, fl,
+                                          kqlora::GemmInputs::float32, hidden);
         if (hidden == HiddenAfter::scratch) {
           const auto g = host(gh);
           for (int64_t t = 0; t < T; ++t)
@@ -356,17 +362,17 @@ TYPED_TEST(LlamaOps, FusedLmHeadCrossEntropyInChunks) {
               for (int64_t f = 0; f < H; ++f) EXPECT_EQ(g[t * H + f], 0.0) << tag << ", row " << t;
         }
         int64_t moved = 0;
-        EXPECT_NEAR(loss, ref_loss(widen(hf), cap, false, 4, &moved)[0], 1e-6 * std::fabs(loss))
+        EXPECT_NEAR(loss, ref_loss(widen(hf), fl, false, 4, &moved)[0], 1e-6 * std::fabs(loss))
             << tag;
         EXPECT_GT(moved, 0) << tag << ": no row's largest logit past the first chunk";
         expect_close(host(gh),
-                     finite_difference([&](const D& x) { return ref_loss(x, cap, false); },
+                     finite_difference([&](const D& x) { return ref_loss(x, fl, false); },
                                        widen(hf), D{1.0}),
                      1e-5, "d hidden, " + tag);
         // Without gradients: the same loss (over every row: the products' sums may differ
         // in the last bits with their row count).
-        const double again = kqlora::lm_head_cross_entropy(
-            TypeParam(), h, W, lab, count, false, kqlora::Matrix<M>(), ws, static_cast<float>(cap));
+        const double again = kqlora::lm_head_cross_entropy(TypeParam(), h, W, lab, count, false,
+                                                           kqlora::Matrix<M>(), ws, fl);
         if (hidden == HiddenAfter::kept)
           EXPECT_EQ(again, loss) << tag;
         else
@@ -374,15 +380,20 @@ TYPED_TEST(LlamaOps, FusedLmHeadCrossEntropyInChunks) {
       }
   // bfloat16 goes over the tokens in chunks (its logits' gradient is rounded too): four of
   // 4 tokens, the last partial. Against float64 with the logits rounded alike (the loss)
-  // and unrounded (the gradient: within bfloat16's rounding of each logit and its gradient).
-  kqlora::CrossEntropyWorkspace<M> ws;
-  ws.chunk_bytes = 4 * 4 * V;
-  const double loss = kqlora::lm_head_cross_entropy(TypeParam(), h, W, lab, count, true, gh, ws);
-  EXPECT_NEAR(loss, ref_loss(widen(hf), 0.0, true)[0], 1e-3 * std::fabs(loss)) << "bfloat16";
-  expect_close(
-      host(gh),
-      finite_difference([&](const D& x) { return ref_loss(x, 0.0, false); }, widen(hf), D{1.0}),
-      3e-2, "d hidden, bfloat16");
+  // and unrounded (the gradient: within bfloat16's rounding of each logit and its gradient);
+  // without and with a divisor.
+  for (const FinalLogits fl : {FinalLogits{}, FinalLogits{1.7f, 0.0f}}) {
+    kqlora::CrossEntropyWorkspace<M> ws;
+    ws.chunk_bytes = 4 * 4 * V;
+    const std::string tag = "bfloat16, divisor " + std::to_string(fl.divisor);
+    const double loss =
+        kqlora::lm_head_cross_entropy(TypeParam(), h, W, lab, count, true, gh, ws, fl);
+    EXPECT_NEAR(loss, ref_loss(widen(hf), fl, true)[0], 1e-3 * std::fabs(loss)) << tag;
+    expect_close(
+        host(gh),
+        finite_difference([&](const D& x) { return ref_loss(x, fl, false); }, widen(hf), D{1.0}),
+        3e-2, "d hidden, " + tag);
+  }
 }
 
 // No token scored (a micro-batch of prompts only): a zero loss and a zero gradient, with h
@@ -401,7 +412,7 @@ TYPED_TEST(LlamaOps, FusedLmHeadCrossEntropyWithNoScoredToken) {
     Kokkos::deep_copy(gh, 7.0f);
     const double loss =
         kqlora::lm_head_cross_entropy(TypeParam(), matrix<M>(hf, T, H), W, lab, 1.0, false, gh, ws,
-                                      0.0f, kqlora::GemmInputs::float32, hidden);
+                                      kqlora::FinalLogits{}, kqlora::GemmInputs::float32, hidden);
     EXPECT_EQ(loss, 0.0);
     for (const float g : host(gh)) ASSERT_EQ(g, 0.0f);
   }

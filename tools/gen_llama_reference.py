@@ -13,7 +13,8 @@ outputs are committed (well under a megabyte per case). Two groups of cases:
       Llama / Mistral, sequences of 12 tokens, the default attention implementation; the
       four share one random stream (seeded 20261201, in that order), so they are written
       together (naming some but not all of them is refused) and bit for bit as before.
-  family cases (qwen2, qwen3, gemma2, gemma3_text, phi3, phi3_long, mistral_window)
+  family cases (qwen2, qwen3, gemma2, gemma3_text, phi3, phi3_long, mistral_window,
+                smollm3, olmo2, olmo3, granite)
                                                         -> tests/data/family_reference/<case>
       one model family each (FAMILY_CASES), sequences of 136 tokens, sliding windows of 37
       tokens, attn_implementation="eager" (the soft-caps' and windows' eager semantics),
@@ -23,6 +24,7 @@ outputs are committed (well under a megabyte per case). Two groups of cases:
       Gemma-kind norms ((1 + w) * x) 0.2 randn. Each folder also has case.txt:
           lora_targets = all-linear        (or the comma list the case uses)
           bf16 = true                      (bfloat16 cases only)
+          adamw_eps = 0.001                (the steps' AdamW eps, where not 1e-8)
 
 --out DIR puts every selected case under DIR/<case> instead. tools/check_family_reference.py
 re-derives any case's logits and loss from its files alone (the families' semantics written
@@ -60,9 +62,11 @@ import numpy as np
 import torch
 from peft import LoraConfig, get_peft_model
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
-                          LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                          Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM)
+                          GraniteConfig, GraniteForCausalLM, LlamaConfig, LlamaForCausalLM,
+                          MistralConfig, MistralForCausalLM, Olmo2Config, Olmo2ForCausalLM,
+                          Olmo3Config, Olmo3ForCausalLM, Phi3Config, Phi3ForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          SmolLM3Config, SmolLM3ForCausalLM)
 from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 
@@ -85,6 +89,10 @@ FAMILIES = {
     "gemma2": (Gemma2Config, Gemma2ForCausalLM, PROJ),
     "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM, PROJ),
     "phi3": (Phi3Config, Phi3ForCausalLM, PHI3_PROJ),
+    "smollm3": (SmolLM3Config, SmolLM3ForCausalLM, PROJ),
+    "olmo2": (Olmo2Config, Olmo2ForCausalLM, PROJ),
+    "olmo3": (Olmo3Config, Olmo3ForCausalLM, PROJ),
+    "granite": (GraniteConfig, GraniteForCausalLM, PROJ),
 }
 # Norms computing (1 + w) * x (weights initialised to 0); every other RMSNorm is w * x.
 GEMMA_NORMS = (Gemma2RMSNorm, Gemma3RMSNorm)
@@ -185,6 +193,38 @@ FAMILY_CASES = {
                                 max_position_embeddings=512, sliding_window=None)),
     # Mistral with a window shorter than the sequences
     "mistral_window": dict(family="mistral", seed=1007, arch=dict(FAM, sliding_window=WINDOW)),
+    # The 2026 families (these and later cases: AdamW eps 1e-3, so that last-bit gradient
+    # differences of near-zero entries do not become steps of up to lr).
+    # SmolLM3: no rope on layer 1 (no_rope_layers 0), a window of 37 on layers 1 and 2 (one
+    # without rope, one with), q/k/v/o and MLP biases, tied head
+    "smollm3": dict(family="smollm3", seed=1008, bf16=True, eps=1e-3,
+                    arch=dict(FAM, num_hidden_layers=3, no_rope_layers=[1, 0, 1],
+                              pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                              use_sliding_window=True, sliding_window=WINDOW,
+                              layer_types=["full_attention", "sliding_attention",
+                                           "sliding_attention"],
+                              attention_bias=True, mlp_bias=True, tie_word_embeddings=True)),
+    # OLMo 2: post-norms only, q/k norms over the whole projections (k's over 2 kv heads),
+    # norms w * n in float32, q/k/v/o biases, rope base 5e5
+    "olmo2": dict(family="olmo2", seed=1009, bf16=True, eps=1e-3,
+                  arch=dict(FAM, attention_bias=True,
+                            rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
+    # OLMo 3: three sliding layers (window 37) then a full one whose rope is YaRN (factor 4
+    # over an original context of 64 < 136, a partial ramp), the sliding layers' unscaled
+    "olmo3": dict(family="olmo3", seed=1010, eps=1e-3,
+                  arch=dict(FAM, num_hidden_layers=4, sliding_window=WINDOW,
+                            rope_parameters={
+                                "full_attention": {"rope_type": "yarn", "factor": 4.0,
+                                                   "original_max_position_embeddings": 64,
+                                                   "rope_theta": 500000.0},
+                                "sliding_attention": {"rope_type": "default",
+                                                      "rope_theta": 500000.0}})),
+    # Granite 3: embeddings times 6, sublayer outputs times 0.5, scores times 0.3 (not
+    # head_dim^-1/2), logits over 3; q/k/v/o and MLP biases
+    "granite": dict(family="granite", seed=1011, bf16=True, eps=1e-3,
+                    arch=dict(FAM, embedding_multiplier=6.0, residual_multiplier=0.5,
+                              attention_multiplier=0.3, logits_scaling=3.0,
+                              attention_bias=True, mlp_bias=True)),
 }
 
 GROUPS = {"llama": (LLAMA_CASES, "tests/data/llama_reference"),
@@ -311,10 +351,10 @@ def lora_params(peft_model):
     return {kq_name(n): p for n, p in peft_model.named_parameters() if "lora_" in n}
 
 
-def run_steps(peft_model, params, ids, labels, dtype):
+def run_steps(peft_model, params, ids, labels, dtype, eps=1e-8):
     """5 AdamW steps over the whole batch on float32 master copies of the adapters."""
     masters = {n: p.detach().float().clone().requires_grad_(True) for n, p in params.items()}
-    opt = torch.optim.AdamW(list(masters.values()), lr=LR)
+    opt = torch.optim.AdamW(list(masters.values()), lr=LR, eps=eps)
     losses = []
     for _ in range(STEPS):
         with torch.no_grad():
@@ -395,6 +435,8 @@ def generate(name, case, folder, gen, family_case):
                                              else ",".join(targets)))
             if case.get("bf16"):
                 f.write("bf16 = true\n")
+            if case.get("eps"):
+                f.write("adamw_eps = %g\n" % case["eps"])
     nf4 = replace_with_nf4(model, torch.float32, proj)
     peft_model = get_peft_model(model, LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0,
                                                   target_modules=targets))
@@ -418,7 +460,8 @@ def generate(name, case, folder, gen, family_case):
     out_.loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in params.items()}
     init = {n: p.detach().clone() for n, p in params.items()}
-    losses, final = run_steps(peft_model, params, ids, labels, torch.float32)
+    eps = case.get("eps", 1e-8)
+    losses, final = run_steps(peft_model, params, ids, labels, torch.float32, eps)
     losses16 = None
     with h5_create(os.path.join(folder, "reference.h5"), libver) as f:
         f.create_dataset("logits", data=out_.logits.detach().numpy())
@@ -441,7 +484,7 @@ def generate(name, case, folder, gen, family_case):
             with torch.no_grad():
                 for n, p in params16.items():
                     p.copy_(init[n].to(torch.bfloat16))
-            losses16, _ = run_steps(peft16, params16, ids, labels, torch.bfloat16)
+            losses16, _ = run_steps(peft16, params16, ids, labels, torch.bfloat16, eps)
             f.create_dataset("losses_bf16", data=np.array(losses16))
     print(name, "loss", out_.loss.item(), "losses", ["%.6f" % x for x in losses])
     if losses16 is not None:

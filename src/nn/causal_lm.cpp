@@ -320,13 +320,23 @@ void CausalLm<ExecSpace>::block_forward(int l, Buffers& c, const Matrix<Mem>& ne
   const bool bf16 = this->cfg_.bf16();
   const Block& B = blocks_[l];
   const auto norm_of = [&](NormRole r) { return B.norm[static_cast<int>(r)]; };
-  norm_forward(norm_of(NormRole::attn_in), NormRole::attn_in, c[B::kX], c[B::kN1], c[B::kInv1]);
+  // (a block without an input norm reads the stream itself: OLMo 2's post-norms)
+  const auto input_norm = [&](NormRole r, const Matrix<Mem>& x, const Matrix<Mem>& y,
+                              const Matrix<Mem>& inv) {
+    if (norm_of(r))
+      norm_forward(norm_of(r), r, x, y, inv);
+    else
+      Kokkos::deep_copy(exec, y, x);
+  };
+  const float rm = spec_.residual_multiplier;
+  input_norm(NormRole::attn_in, c[B::kX], c[B::kN1], c[B::kInv1]);
   attention_forward(l, c);
   if (norm_of(NormRole::attn_out))
     norm_forward(norm_of(NormRole::attn_out), NormRole::attn_out, c[B::kORaw], buf_[B::kProjOut],
                  c[B::kInvO]);
+  if (rm != 0) scale_values(exec, rm, bf16, buf_[B::kProjOut]);
   residual_sum(exec, c[B::kX], buf_[B::kProjOut], bf16, c[B::kMid]);
-  norm_forward(norm_of(NormRole::mlp_in), NormRole::mlp_in, c[B::kMid], c[B::kN2], c[B::kInv2]);
+  input_norm(NormRole::mlp_in, c[B::kMid], c[B::kN2], c[B::kInv2]);
   if (spec_.layer[l].sparse) {  // (the aux loss's sums once per forward, not in a recomputation)
     if (spec_.shared_expert(l)) dense_mlp_forward(l, c);
     experts_forward(l, c, aux_on_ && next.data());
@@ -337,6 +347,7 @@ void CausalLm<ExecSpace>::block_forward(int l, Buffers& c, const Matrix<Mem>& ne
     norm_forward(norm_of(NormRole::mlp_out), NormRole::mlp_out, c[B::kDRaw], buf_[B::kProjOut],
                  c[B::kInvD]);
   if (!next.data()) return;  // a recomputation: the backward needs no block output
+  if (rm != 0) scale_values(exec, rm, bf16, buf_[B::kProjOut]);
   residual_sum(exec, c[B::kMid], buf_[B::kProjOut], bf16, next);
 }
 
@@ -391,6 +402,7 @@ double CausalLm<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool
   const Matrix<Mem> x0 = block_cache(0)[B::kX];
   embedding_forward(exec, dense_vector(embed_), b.tokens, x0);
   if (spec_.embed_scale > 0) embedding_scale(exec, spec_.embed_scale, bf16, x0);
+  if (spec_.embed_multiplier > 0) scale_values(exec, spec_.embed_multiplier, bf16, x0);
   for (int l = 0; l < spec_.layers; ++l) {
     // (kept in bfloat16: each block's input is the one block's, its output goes through x_out)
     const bool last = l + 1 == spec_.layers;
@@ -408,10 +420,10 @@ double CausalLm<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool
   norm_forward(norm_, NormRole::final, buf_[B::kXOut], buf_[B::kNf], buf_[B::kInvF]);
   if (aux_on_) aux_value_ = finish_aux_loss(n, b.global_bs);
   // (kNf, the final norm's output, is read by the head alone: its rows are scratch there)
-  return aux_value_ +
-         lm_head_cross_entropy(exec, buf_[B::kNf], dense_matrix(head_), b.labels, normaliser, bf16,
-                               with_grads ? buf_[B::kGN] : Matrix<Mem>(), ce_ws_,
-                               spec_.final_softcap, head_inputs(), HiddenAfter::scratch);
+  return aux_value_ + lm_head_cross_entropy(exec, buf_[B::kNf], dense_matrix(head_), b.labels,
+                                            normaliser, bf16,
+                                            with_grads ? buf_[B::kGN] : Matrix<Mem>(), ce_ws_,
+                                            final_logits(), head_inputs(), HiddenAfter::scratch);
 }
 
 template <class ExecSpace>
@@ -430,32 +442,38 @@ void CausalLm<ExecSpace>::backward(bool accumulate) {
     if (bf16_kept_) restore_bf16(l);  // (before anything reads c)
     if (this->cfg_.activation_checkpointing) block_forward(l, c, Matrix<Mem>());
     // MLP: g is the gradient of the block's output (and of mid, through the residual).
-    Matrix<Mem> g_down = s[B::kG];
-    if (norm_of(NormRole::mlp_out)) {
-      norm_backward(norm_of(NormRole::mlp_out), NormRole::mlp_out, c[B::kDRaw], c[B::kInvD],
-                    s[B::kG], s[B::kGTmp]);
+    // (a sublayer's output gradient: g times the residual multiplier, then back through
+    // the output norm, each rounded in bfloat16; kGTmp holds it)
+    const float rm = spec_.residual_multiplier;
+    const auto output_gradient = [&](NormRole r, const Matrix<Mem>& raw, const Matrix<Mem>& inv) {
+      Matrix<Mem> g = s[B::kG];
+      if (rm != 0) {
+        scale_values(exec, rm, bf16, g, s[B::kGTmp]);
+        g = s[B::kGTmp];
+      }
+      if (!norm_of(r)) return g;
+      // (in place when scaled: the norm's backward reads a row, then writes it)
+      norm_backward(norm_of(r), r, raw, inv, g, s[B::kGTmp]);
       if (bf16) round_bf16(exec, s[B::kGTmp]);
-      g_down = s[B::kGTmp];
-    }
+      return s[B::kGTmp];
+    };
+    // (the stream's own gradient, plus an input norm's backward or, without one, its input's)
+    const auto input_gradient = [&](NormRole r, const Matrix<Mem>& x, const Matrix<Mem>& inv) {
+      if (norm_of(r))
+        norm_backward(norm_of(r), r, x, inv, s[B::kGN], s[B::kG], NormGradOut::add);
+      else
+        residual_add(exec, s[B::kGN], bf16, s[B::kG]);
+    };
+    const Matrix<Mem> g_down = output_gradient(NormRole::mlp_out, c[B::kDRaw], c[B::kInvD]);
     if (spec_.layer[l].sparse)
       experts_backward(l, c, g_down, accumulate, s[B::kGN]);
     else
       dense_mlp_backward(l, c, g_down, accumulate, s[B::kGN]);
-    norm_backward(norm_of(NormRole::mlp_in), NormRole::mlp_in, c[B::kMid], c[B::kInv2], s[B::kGN],
-                  s[B::kG], NormGradOut::add);
+    input_gradient(NormRole::mlp_in, c[B::kMid], c[B::kInv2]);
     // Attention: g is now the gradient of mid (and of the block's input).
-    Matrix<Mem> g_o = s[B::kG];
-    if (norm_of(NormRole::attn_out)) {
-      norm_backward(norm_of(NormRole::attn_out), NormRole::attn_out, c[B::kORaw], c[B::kInvO],
-                    s[B::kG], s[B::kGTmp]);
-      if (bf16) round_bf16(exec, s[B::kGTmp]);
-      g_o = s[B::kGTmp];
-    }
+    const Matrix<Mem> g_o = output_gradient(NormRole::attn_out, c[B::kORaw], c[B::kInvO]);
     attention_backward(l, c, g_o, accumulate, l > 0 ? s[B::kGN] : Matrix<Mem>());
-    if (l > 0) {  // (layer 0: no input gradient)
-      norm_backward(norm_of(NormRole::attn_in), NormRole::attn_in, c[B::kX], c[B::kInv1], s[B::kGN],
-                    s[B::kG], NormGradOut::add);
-    }
+    if (l > 0) input_gradient(NormRole::attn_in, c[B::kX], c[B::kInv1]);  // (layer 0: none)
     this->release(group);
     this->group_done(group);
   }
@@ -484,11 +502,10 @@ auto CausalLm<ExecSpace>::logits(const Batch<Mem>& b) -> Matrix<Mem> {
   impl::head_logits(this->exec_, buf_[B::kNf], W, bf16_unit, ce_ws_, head_inputs(), out);
   const bool bf16 = this->cfg_.bf16();
   if (bf16) round_bf16(this->exec_, out);
-  const float cap = spec_.final_softcap;
-  if (cap > 0)
-    Kokkos::parallel_for(
-        "kqlora::CausalLm::soft_cap", over(this->exec_, out.extent(0), out.extent(1)),
-        KOKKOS_LAMBDA(int64_t t, int64_t v) { out(t, v) = soft_cap(out(t, v), cap, bf16); });
+  const FinalLogits f = final_logits();
+  Kokkos::parallel_for(
+      "kqlora::CausalLm::final_logits", over(this->exec_, out.extent(0), out.extent(1)),
+      KOKKOS_LAMBDA(int64_t t, int64_t v) { out(t, v) = f.apply(out(t, v), bf16); });
   return out;
 }
 

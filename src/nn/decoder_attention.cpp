@@ -36,9 +36,11 @@ void CausalLm<ExecSpace>::attention_forward(int l, Buffers& c) {
     clip_forward(exec, spec_.clip_qkv, bf16, c[B::kK], c[B::kK]);
     clip_forward(exec, spec_.clip_qkv, bf16, c[B::kVRaw], c[B::kV]);
   }
-  const RopeTable<Mem>& rope = rope_[spec_.layer[l].rope];
-  rope_apply(exec, rope, S, D, false, bf16, c[B::kQ], positions_);
-  rope_apply(exec, rope, S, D, false, bf16, c[B::kK], positions_);
+  if (spec_.layer[l].rotary) {
+    const RopeTable<Mem>& rope = rope_[spec_.layer[l].rope];
+    rope_apply(exec, rope, S, D, false, bf16, c[B::kQ], positions_);
+    rope_apply(exec, rope, S, D, false, bf16, c[B::kK], positions_);
+  }
   causal_attention_forward(exec, attention_shape(l), c[B::kQ], c[B::kK], c[B::kV], bf16, att_ws_,
                            c[B::kAtt], flat(c[B::kLse]), docs_);
   project_all(l, ProjectionInput::attn_out, c);
@@ -57,9 +59,11 @@ void CausalLm<ExecSpace>::attention_backward(int l, Buffers& c, const Matrix<Mem
   causal_attention_backward(exec, attention_shape(l), c[B::kQ], c[B::kK], c[B::kV], c[B::kAtt],
                             flat(c[B::kLse]), s[B::kGAtt], bf16, att_ws_, s[B::kGQ], s[B::kGK],
                             s[B::kGV], docs_);
-  const RopeTable<Mem>& rope = rope_[spec_.layer[l].rope];
-  rope_apply(exec, rope, S, D, true, bf16, s[B::kGQ], positions_);
-  rope_apply(exec, rope, S, D, true, bf16, s[B::kGK], positions_);
+  if (spec_.layer[l].rotary) {
+    const RopeTable<Mem>& rope = rope_[spec_.layer[l].rope];
+    rope_apply(exec, rope, S, D, true, bf16, s[B::kGQ], positions_);
+    rope_apply(exec, rope, S, D, true, bf16, s[B::kGK], positions_);
+  }
   if (spec_.clip_qkv > 0) clip_qkv_backward(l, c);
   if (norm_of(NormRole::q)) {  // (in place: the norm's backward reads a row, then writes it)
     const int64_t wq = spec_.norm_width(*spec_.norm(NormRole::q)),

@@ -55,7 +55,11 @@ std::string first_spec_difference(const DecoderSpec& a, const DecoderSpec& b) {
   d.field("attention scale", a.attn_scale, b.attn_scale);
   d.field("attention soft-cap", a.attn_softcap, b.attn_softcap);
   d.field("final soft-cap", a.final_softcap, b.final_softcap);
+  d.field("embedding_multiplier", a.embed_multiplier, b.embed_multiplier);
+  d.field("residual_multiplier", a.residual_multiplier, b.residual_multiplier);
+  d.field("logits_scaling", a.logits_divisor, b.logits_divisor);
   d.field("clip_qkv", a.clip_qkv, b.clip_qkv);
+  d.field("attention sinks", a.sinks, b.sinks);
   d.field("projections (count)", a.projections.size(), b.projections.size());
   for (size_t i = 0; i < a.projections.size() && i < b.projections.size(); ++i) {
     const ProjectionSpec &p = a.projections[i], &q = b.projections[i];
@@ -92,6 +96,7 @@ std::string first_spec_difference(const DecoderSpec& a, const DecoderSpec& b) {
     d.field("layer " + std::to_string(l) + " sliding window", a.layer[l].window, b.layer[l].window);
     d.field("layer " + std::to_string(l) + " rope", a.layer[l].rope, b.layer[l].rope);
     d.field("layer " + std::to_string(l) + " sparse", a.layer[l].sparse, b.layer[l].sparse);
+    d.field("layer " + std::to_string(l) + " rotary", a.layer[l].rotary, b.layer[l].rotary);
   }
   const ExpertsSpec &x = a.experts, &y = b.experts;
   d.field("num_experts", x.experts, y.experts);
@@ -111,6 +116,11 @@ std::string first_spec_difference(const DecoderSpec& a, const DecoderSpec& b) {
   d.field("shared_expert_intermediate_size", x.shared_intermediate, y.shared_intermediate);
   d.field("shared expert module", x.shared_module, y.shared_module);
   d.field("shared expert gate module", x.shared_gate_module, y.shared_gate_module);
+  d.field("router bias", x.router_bias, y.router_bias);
+  d.field("expert biases", x.expert_bias, y.expert_bias);
+  d.field("swiglu_alpha", x.swiglu_alpha, y.swiglu_alpha);
+  d.field("swiglu_limit", x.swiglu_limit, y.swiglu_limit);
+  d.code("experts layout", x.layout, y.layout);
   return d.text();
 }
 

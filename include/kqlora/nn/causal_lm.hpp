@@ -151,6 +151,8 @@ class CausalLm : public Model<ExecSpace> {
   /// What the LM head's products multiply: bfloat16 values in a bfloat16 run over a
   /// bfloat16 head, float32 otherwise.
   GemmInputs head_inputs() const;
+  /// The logits' divisor and soft-cap (nn/lm_head_cross_entropy.hpp).
+  FinalLogits final_logits() const { return {spec_.logits_divisor, spec_.final_softcap}; }
   /// The buffers block `layer` runs on: its own cache, or with activation checkpointing
   /// or activations kept in bfloat16 the one block's buffers over the layer's float32 ones
   /// (then what it keeps in 16 bits is there only after restore_bf16(layer)).

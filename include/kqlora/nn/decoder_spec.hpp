@@ -1,20 +1,27 @@
 #pragma once
 // A decoder-only transformer described as plain data: what sets one model family apart from
-// another (Llama, Mistral, Qwen2, Qwen3, Gemma 2/3, Phi-3; docs/MODELS.md), read by one
+// another (Llama, Mistral, Qwen2, Qwen3, Gemma 2/3, Phi-3, ...; docs/MODELS.md), read by one
 // decoder (nn/causal_lm.hpp) whose forward and backward are written once. A family file
 // (src/nn/families/) builds the spec from config.json; nothing else knows families.
 //
 // Per layer l, with x the block's input:
-//   h = norm_attn_in(x); slots q, k, v = the projections reading h
+//   h = norm_attn_in(x) (when present, else x: OLMo 2's post-norm blocks)
+//   slots q, k, v = the projections reading h
 //   q, k = norm_q(q), norm_k(k) per head or over the whole projection (when present);
-//   q, k, v clamped to [-clip_qkv, clip_qkv] (when set); rope(q), rope(k) (the layer's rope)
+//   q, k, v clamped to [-clip_qkv, clip_qkv] (when set); rope(q), rope(k) (the layer's
+//   rope, unless the layer has none: SmolLM3's no_rope_layers)
 //   a = attention(q, k, v; attn_scale, attn_softcap, the layer's window)
 //   o = o projection of a; o = norm_attn_out(o) (when present: Gemma's sandwich)
-//   m = x + o;  h2 = norm_mlp_in(m); slots gate, up = the projections reading h2
-//   d = down projection of act(gate) * up; d = norm_mlp_out(d) (when present); x' = m + d
+//   o = o * residual_multiplier (when set: Granite)
+//   m = x + o;  h2 = norm_mlp_in(m) (when present, else m); slots gate, up = the
+//   projections reading h2
+//   d = down projection of act(gate) * up; d = norm_mlp_out(d) (when present);
+//   d = d * residual_multiplier (when set); x' = m + d
 //   (a sparse layer: d = the experts' weighted sum, plus a shared expert's output times
 //   sigmoid(h2 g^T) when the family has one)
-// then norm_final and the LM head (final_softcap) with the cross-entropy.
+// then norm_final and the LM head (logits / logits_divisor when set, final_softcap) with
+// the cross-entropy. Each product by a multiplier rounds once in a bfloat16 run, the
+// multiplier itself unrounded (a Python float times a tensor).
 
 #include <array>
 #include <cstdint>
@@ -120,6 +127,7 @@ struct LayerSpec {
   int64_t window = 0;   // 0: full attention; else key k visible to query q iff q - k < window
   int rope = 0;         // index into DecoderSpec::ropes
   bool sparse = false;  // its MLP is the experts (DecoderSpec::experts), not the dense one
+  bool rotary = true;   // false: q and k are not rotated (SmolLM3's no_rope_layers)
 };
 
 struct DecoderSpec {
@@ -130,12 +138,15 @@ struct DecoderSpec {
   std::vector<ProjectionSpec> projections;  // table order; every slot once
   std::vector<NormSpec> norms;              // per-layer norms and the final one
   Activation mlp_activation = Activation::silu;
-  float embed_scale = 0;    // 0: none; else x = embed * R(scale) (Gemma: sqrt(hidden))
-  float attn_scale = 0;     // scores = attn_scale * q k^T
-  float attn_softcap = 0;   // 0: none; else s = c tanh(s / c)
-  float final_softcap = 0;  // the same on the logits
-  float clip_qkv = 0;       // 0: none; else q, k (after their norms) and v clamped to [-c, c]
-  bool sinks = false;       // per-head sink logits self_attn.sinks [heads] (gpt-oss)
+  float embed_scale = 0;          // 0: none; else x = embed * R(scale) (Gemma: sqrt(hidden))
+  float embed_multiplier = 0;     // 0: none; else x = embed * m, m unrounded (Granite)
+  float residual_multiplier = 0;  // 0: none; else both sublayers' outputs times it (Granite)
+  float logits_divisor = 0;       // 0: none; else logits / d before the loss (Granite)
+  float attn_scale = 0;           // scores = attn_scale * q k^T
+  float attn_softcap = 0;         // 0: none; else s = c tanh(s / c)
+  float final_softcap = 0;        // the same on the logits
+  float clip_qkv = 0;             // 0: none; else q, k (after their norms) and v clamped to [-c, c]
+  bool sinks = false;             // per-head sink logits self_attn.sinks [heads] (gpt-oss)
   bool tied = false;
   std::vector<RopeSpec> ropes;
   std::vector<LayerSpec> layer;    // one per layer

@@ -212,6 +212,28 @@ void add_rounded_bf16(const ExecSpace& exec, const Matrix<M>& u, const Matrix<M>
       KOKKOS_LAMBDA(int64_t i) { xp[i] = round_to_bf16(xp[i] + round_to_bf16(up[i])); });
 }
 
+/// out = x * s (x and out may be one matrix), rounded to bfloat16 when `bf16`, s unrounded:
+/// PyTorch's tensor times a Python float (Granite's multipliers).
+template <class ExecSpace, class M>
+void scale_values(const ExecSpace& exec, float s, bool bf16, const Matrix<M>& x,
+                  const Matrix<M>& out) {
+  KQLORA_CHECK(x.extent(0) == out.extent(0) && x.extent(1) == out.extent(1) &&
+                   x.span_is_contiguous() && out.span_is_contiguous(),
+               "scale_values: shapes");
+  const float* xp = x.data();
+  float* op = out.data();
+  Kokkos::parallel_for(
+      "kqlora::scale_values", flat_range(exec, out), KOKKOS_LAMBDA(int64_t i) {
+        const float v = xp[i] * s;
+        op[i] = bf16 ? round_to_bf16(v) : v;
+      });
+}
+
+template <class ExecSpace, class M>
+void scale_values(const ExecSpace& exec, float s, bool bf16, const Matrix<M>& x) {
+  scale_values(exec, s, bf16, x, x);
+}
+
 /// x = R(x) in place.
 template <class ExecSpace, class M>
 void round_bf16(const ExecSpace& exec, const Matrix<M>& x) {

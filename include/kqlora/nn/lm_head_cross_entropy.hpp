@@ -11,11 +11,15 @@
 //   logits = h W^T                    (W the frozen dense head [vocab, hidden]; float32,
 //                                      rounded to bfloat16 first when `bf16`, as the
 //                                      model's logits are before the loss upcasts them)
+//   logits = logits / d               (a logits divisor d, Granite's logits_scaling: rounded
+//                                      in bfloat16, d unrounded)
 //   logits = c tanh(logits / c)       (a final-logit soft-cap c, Gemma 2: in the logits'
 //                                      dtype, each operation rounded in bfloat16)
 //   loss  += sum_t [logsumexp(logits_t) - logits_t[label]]   over the chunk's scored tokens
 //   gh     = dlogits W,  dlogits = (softmax(logits) - onehot(label)) / normaliser
-//                                      (times 1 - tanh^2 under a soft-cap)
+//                                      (times 1 - tanh^2 under a soft-cap; over d, rounded
+//                                      again, under a divisor)
+// (float32 runs fold a divisor into the products: alpha = 1/d, within an ulp of l / d)
 // The label shift is Hugging Face's: labels[s, p] is the token at position p, so the
 // logits at p are scored against labels[s, p + 1]; the last position and label -100 are
 // not scored. The result is the summed loss divided by `normaliser` (the global count of
@@ -125,15 +129,29 @@ struct CrossEntropyWorkspace {
   }
 };
 
+/// What the model does to its logits before the loss: a divisor (Granite) or a soft-cap
+/// (Gemma 2), either or none (0).
+struct FinalLogits {
+  float divisor = 0.0f, softcap = 0.0f;
+
+  /// A logit as the model outputs it, from the head's product (rounded first when `bf16`).
+  KOKKOS_INLINE_FUNCTION float apply(float x, bool bf16) const {
+    if (divisor > 0.0f) x = bf16 ? round_to_bf16(x / divisor) : x / divisor;
+    if (softcap > 0.0f) x = soft_cap(x, softcap, bf16);
+    return x;
+  }
+};
+
 namespace impl {
 
 /// The cross-entropy of one chunk's logits lg [n, vocab] (tokens t0 .. t0 + n - 1): each
 /// row's loss into row_loss(t), and with `grad` its gradient in place of its logits.
-/// `cap` > 0: the logits are soft-capped first.
+/// `fl`: the logits are divided or soft-capped first.
 template <class ExecSpace, class M, class L>
 void cross_entropy_rows(const ExecSpace& exec, const L& lg, const TokenMatrix<M>& labels,
                         int64_t t0, float inv, bool bf16, bool grad,
-                        const Kokkos::View<double*, M>& row_loss, float cap = 0.0f) {
+                        const Kokkos::View<double*, M>& row_loss, FinalLogits fl = {}) {
+  const float cap = fl.softcap, div = fl.divisor;
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const int64_t V = lg.extent(1), S = labels.extent(1);
   Kokkos::parallel_for(
@@ -148,11 +166,8 @@ void cross_entropy_rows(const ExecSpace& exec, const L& lg, const TokenMatrix<M>
           if (grad) row_fill(team, x, 0, V, 0.0f);
           return;
         }
-        if (bf16) row_for(team, 0, V, [&](int64_t v) { x[v] = round_to_bf16(x[v]); });
-        if (cap > 0.0f) {
-          team.team_barrier();
-          row_for(team, 0, V, [&](int64_t v) { x[v] = soft_cap(x[v], cap, bf16); });
-        }
+        row_for(team, 0, V,
+                [&](int64_t v) { x[v] = fl.apply(bf16 ? round_to_bf16(x[v]) : x[v], bf16); });
         team.team_barrier();
         const float m = row_max(team, x, 0, V);
         const float target = x[label];
@@ -189,9 +204,13 @@ void cross_entropy_rows(const ExecSpace& exec, const L& lg, const TokenMatrix<M>
         row_scale(team, x, 0, V, scale);
         team.team_barrier();
         Kokkos::single(Kokkos::PerTeam(team), [&] { x[label] = d_label; });
-        if (bf16) {
+        if (bf16 || div > 0.0f) {  // (the divisor's backward: over d, rounded again)
           team.team_barrier();
-          row_for(team, 0, V, [&](int64_t v) { x[v] = round_to_bf16(x[v]); });
+          row_for(team, 0, V, [&](int64_t v) {
+            float d = bf16 ? round_to_bf16(x[v]) : x[v];
+            if (div > 0.0f) d = bf16 ? round_to_bf16(d / div) : d / div;
+            x[v] = d;
+          });
         }
       });
 }
@@ -242,8 +261,11 @@ template <class ExecSpace, class M>
 void lm_head_cross_entropy_vocab_chunks(const ExecSpace& exec, const Matrix<M>& h,
                                         const Matrix<M>& W, const RowLabels<M>& labels, float inv,
                                         const Matrix<M>& gh, CrossEntropyWorkspace<M>& ws,
-                                        float softcap) {
+                                        FinalLogits fl) {
   const int64_t T = h.extent(0), V = W.extent(0);
+  // (a divisor d: the logits' product times 1/d, and the gradient's, through inv)
+  const float alpha = fl.divisor > 0.0f ? 1.0f / fl.divisor : 1.0f;
+  inv *= alpha;
   const bool grad = gh.data() != nullptr;
   const auto [pass, chunk] = ws.chunking(T, V, false);
   ws.reserve(pass * chunk, T);
@@ -262,8 +284,8 @@ void lm_head_cross_entropy_vocab_chunks(const ExecSpace& exec, const Matrix<M>& 
       const int64_t vc = std::min(chunk, V - v0);
       const Matrix<M> lg(ws.logits.data(), n, vc);
       const auto Wc = Kokkos::subview(W, Kokkos::make_pair(v0, v0 + vc), Kokkos::ALL);
-      gemm(exec, "N", "T", 1.0f, hs, Wc, 0.0f, lg);
-      vocab_chunk_softmax(exec, lg, labels, t0, v0, softcap, grad, ws.rows);
+      gemm(exec, "N", "T", alpha, hs, Wc, 0.0f, lg);
+      vocab_chunk_softmax(exec, lg, labels, t0, v0, fl.softcap, grad, ws.rows);
       if (!grad) continue;
       if (v0 > 0) vocab_chunk_rescale(exec, ws.rows, g);
       gemm(exec, "N", "N", 1.0f, lg, Wc, v0 > 0 ? 1.0f : 0.0f, g);
@@ -319,14 +341,14 @@ void scatter_rows(const ExecSpace& exec, const Matrix<M>& src,
 }  // namespace impl
 
 /// Returns the loss sum / normaliser; with `gh` non-empty ([tokens, hidden]) writes the
-/// gradient of that into it. `softcap` > 0: the final-logit soft-cap. `head_inputs` =
+/// gradient of that into it. `fl`: a logits divisor or soft-cap. `head_inputs` =
 /// bfloat16: h and W hold bfloat16 values (with `bf16`, the logits' gradient is rounded
 /// too), core/blas.hpp. `hidden`: whether h may be overwritten (the top of this file).
 template <class ExecSpace, class M>
 double lm_head_cross_entropy(const ExecSpace& exec, const Matrix<M>& h, const Matrix<M>& W,
                              const TokenMatrix<M>& labels, double normaliser, bool bf16,
-                             const Matrix<M>& gh, CrossEntropyWorkspace<M>& ws,
-                             float softcap = 0.0f, GemmInputs head_inputs = GemmInputs::float32,
+                             const Matrix<M>& gh, CrossEntropyWorkspace<M>& ws, FinalLogits fl = {},
+                             GemmInputs head_inputs = GemmInputs::float32,
                              HiddenAfter hidden = HiddenAfter::kept) {
   const int64_t T = h.extent(0), V = W.extent(0), H = W.extent(1);
   const bool grad = gh.data() != nullptr;
@@ -342,11 +364,10 @@ double lm_head_cross_entropy(const ExecSpace& exec, const Matrix<M>& h, const Ma
       const Matrix<M> gs = Kokkos::subview(h, first, Kokkos::ALL);
       impl::gather_rows(exec, h, ws.token_of, scored, hs);
       impl::lm_head_cross_entropy_vocab_chunks(exec, hs, W, RowLabels<M>(labels, ws.token_of), inv,
-                                               gs, ws, softcap);
+                                               gs, ws, fl);
       impl::scatter_rows(exec, gs, ws.row_of, gh);
     } else {
-      impl::lm_head_cross_entropy_vocab_chunks(exec, h, W, RowLabels<M>(labels), inv, gh, ws,
-                                               softcap);
+      impl::lm_head_cross_entropy_vocab_chunks(exec, h, W, RowLabels<M>(labels), inv, gh, ws, fl);
     }
   } else {
     const int64_t chunk = ws.chunking(T, V, true).tokens;
@@ -358,7 +379,7 @@ double lm_head_cross_entropy(const ExecSpace& exec, const Matrix<M>& h, const Ma
       const Matrix<M> lg(ws.logits.data(), n, V);
       impl::head_logits(exec, Kokkos::subview(h, rows, Kokkos::ALL), W, bf16_unit, ws, head_inputs,
                         lg);
-      impl::cross_entropy_rows(exec, lg, labels, t0, inv, bf16, grad, ws.row_loss, softcap);
+      impl::cross_entropy_rows(exec, lg, labels, t0, inv, bf16, grad, ws.row_loss, fl);
       if (!grad) continue;
       const auto g = Kokkos::subview(gh, rows, Kokkos::ALL);
       if (bf16_unit)

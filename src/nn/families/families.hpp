@@ -19,5 +19,9 @@ DecoderSpec mixtral_family(HfConfigReader& r, const std::string& model_type);
 DecoderSpec olmoe_family(HfConfigReader& r, const std::string& model_type);
 DecoderSpec gpt_oss_family(HfConfigReader& r, const std::string& model_type);
 DecoderSpec qwen2_moe_family(HfConfigReader& r, const std::string& model_type);
+DecoderSpec smollm3_family(HfConfigReader& r, const std::string& model_type);
+DecoderSpec olmo2_family(HfConfigReader& r, const std::string& model_type);
+DecoderSpec olmo3_family(HfConfigReader& r, const std::string& model_type);
+DecoderSpec granite_family(HfConfigReader& r, const std::string& model_type);
 
 }  // namespace kqlora::impl

@@ -24,6 +24,8 @@ const std::vector<std::pair<std::string, Builder>>& families() {
       {"phi3", impl::phi3_family},           {"qwen3_moe", impl::qwen3_moe_family},
       {"mixtral", impl::mixtral_family},     {"olmoe", impl::olmoe_family},
       {"qwen2_moe", impl::qwen2_moe_family}, {"gpt_oss", impl::gpt_oss_family},
+      {"smollm3", impl::smollm3_family},     {"olmo2", impl::olmo2_family},
+      {"olmo3", impl::olmo3_family},         {"granite", impl::granite_family},
   };
   return table;
 }
@@ -62,8 +64,14 @@ void validate(const DecoderSpec& s) {
   // (the clamp's backward recomputes the normalised q and k: it needs their norms)
   KQLORA_CHECK(s.clip_qkv == 0 || s.norm(NormRole::q) != nullptr,
                s.model_type << ": clip_qkv without q/k norms");
-  for (NormRole r : {NormRole::attn_in, NormRole::mlp_in, NormRole::final})
-    KQLORA_CHECK(s.norm(r) != nullptr, s.model_type << ": a required norm is missing");
+  KQLORA_CHECK(s.norm(NormRole::final) != nullptr, s.model_type << ": no final norm");
+  // (a block without an input norm has its output norm: OLMo 2's post-norms)
+  KQLORA_CHECK(s.norm(NormRole::attn_in) != nullptr || s.norm(NormRole::attn_out) != nullptr,
+               s.model_type << ": an attention sublayer with neither norm");
+  KQLORA_CHECK(s.norm(NormRole::mlp_in) != nullptr || s.norm(NormRole::mlp_out) != nullptr,
+               s.model_type << ": an MLP sublayer with neither norm");
+  KQLORA_CHECK(s.logits_divisor == 0 || s.final_softcap == 0,
+               s.model_type << ": a logits divisor and a soft-cap together");
   KQLORA_CHECK(static_cast<int64_t>(s.layer.size()) == s.layers,
                s.model_type << ": one LayerSpec per layer");
   for (const auto& l : s.layer)
@@ -94,6 +102,10 @@ DecoderSpec parse_decoder_config(const std::string& text, const std::string& sou
            "is \"gemma3\" (the multimodal Gemma 3 with a vision tower); kqlora reads its text "
            "model only from a directory whose config.json is the text_config, model_type "
            "\"gemma3_text\", with the language model's weights (docs/MODELS.md)");
+  if (type == "granitemoehybrid")
+    r.fail("model_type",
+           "is \"granitemoehybrid\" (Granite 4's hybrid of Mamba-2 and attention layers); "
+           "kqlora has no Mamba-2 layer: its Granite is the 3.x dense \"granite\"");
   const auto& table = families();
   const auto it =
       std::find_if(table.begin(), table.end(), [&](const auto& f) { return f.first == type; });
