@@ -19,6 +19,7 @@
 #include "kqlora/io/hdf5_file.hpp"
 #include "kqlora/io/hdf5_params.hpp"
 #include "kqlora/nn/causal_lm.hpp"
+#include "kqlora/nn/decoder_spec_diff.hpp"
 #include "kqlora/nn/model_registry.hpp"
 #include "kqlora/train/data.hpp"
 #include "kqlora/train/init.hpp"
@@ -842,6 +843,101 @@ TEST(MoeImport, OlmoeClipAndHeadDimAreCheckedNamingThem) {
   EXPECT_EQ(s.clip_qkv, 1.5f);
   EXPECT_TRUE(s.norm(kqlora::NormRole::q)->whole);
   EXPECT_EQ(s.norm_width(*s.norm(kqlora::NormRole::k)), s.kv_features());
+}
+
+// The 2026 families' fields (issue 51), each out of range or inconsistent value refused
+// naming the file, the field and the value: SmolLM3's no_rope_layers and windows, OLMo 3's
+// layer_types and ropes, Granite's multipliers, and Granite 4's hybrid model_type.
+TEST(NewFamilies, BadFieldsAreRefusedNamingThem) {
+  const auto config = [](const char* name) {
+    for (const Case& c : family_cases())
+      if (c.name == name) return read_text(c.dir + "/config.json");
+    ADD_FAILURE() << "no case " << name;
+    return std::string();
+  };
+  const std::string smol = config("smollm3"), olmo3 = config("olmo3"), granite = config("granite");
+  const std::vector<std::tuple<const std::string*, std::string, std::string>> bad = {
+      {&smol, "no_rope_layers", "[1, 0]"},
+      {&smol, "no_rope_layers", "[1, 2, 1]"},
+      {&smol, "no_rope_layer_interval", "0"},
+      {&smol, "layer_types", "[\"full_attention\", \"sliding_attention\"]"},
+      {&smol, "layer_types", "[\"full_attention\", \"linear_attention\", \"full_attention\"]"},
+      {&smol, "use_sliding_window", "false"},  // (yet layers 1 and 2 are typed sliding)
+      {&olmo3, "layer_types", "[\"sliding_attention\"]"},
+      {&olmo3, "sliding_window", "0"},
+      {&olmo3, "rope_parameters",
+       "{\"full_attention\": {\"rope_type\": \"longrope\", \"rope_theta\": 10000}}"},
+      {&granite, "embedding_multiplier", "0"},
+      {&granite, "residual_multiplier", "-0.5"},
+      {&granite, "attention_multiplier", "true"},
+      {&granite, "logits_scaling", "0"},
+      {&granite, "model_type", "\"granitemoehybrid\""}};
+  for (const auto& [text, field, value] : bad) {
+    SCOPED_TRACE(field + " = " + value);
+    const std::string shown = value.find("longrope") != std::string::npos ? "longrope"
+                              : value[0] == '[' || value[0] == '"'        ? ""
+                                                                          : value;
+    expect_config_error(with_field(*text, field, value), {"dir/config.json", field, shown});
+  }
+  const auto refusal = [](const std::string& text) {
+    try {
+      kqlora::parse_decoder_config(text, "dir/config.json");
+    } catch (const kqlora::InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(refusal(with_field(granite, "model_type", "\"granitemoehybrid\"")).find("Mamba-2"),
+            std::string::npos);
+}
+
+// What the new fields mean: SmolLM3's rope-less layers by default (every fourth), OLMo 2's
+// post-norms over whole q/k projections, OLMo 3's hub spelling (rope_theta and a flat
+// rope_scaling, which transformers applies to the full-attention layers only) equal to
+// transformers 5's per-layer-type rope_parameters, Granite's multipliers (1: none).
+TEST(NewFamilies, FieldsGiveTheSpecTransformersBuilds) {
+  const auto config = [](const char* name) {
+    for (const Case& c : family_cases())
+      if (c.name == name) return read_text(c.dir + "/config.json");
+    return std::string();
+  };
+  std::string smol = config("smollm3");
+  smol = with_field(with_field(smol, "no_rope_layers", "null"), "num_hidden_layers", "8");
+  smol = with_field(with_field(smol, "layer_types", "null"), "use_sliding_window", "false");
+  const kqlora::DecoderSpec s = kqlora::parse_decoder_config(smol, "c");
+  for (int64_t l = 0; l < 8; ++l) {
+    EXPECT_EQ(s.layer[l].rotary, (l + 1) % 4 != 0) << l;
+    EXPECT_EQ(s.layer[l].window, 0) << l;
+  }
+  const kqlora::DecoderSpec o2 = kqlora::parse_decoder_config(config("olmo2"), "c");
+  EXPECT_EQ(o2.norm(kqlora::NormRole::attn_in), nullptr);
+  EXPECT_EQ(o2.norm(kqlora::NormRole::mlp_in), nullptr);
+  EXPECT_EQ(o2.norm(kqlora::NormRole::attn_out)->kind, kqlora::NormKind::float32);
+  EXPECT_EQ(o2.norm_width(*o2.norm(kqlora::NormRole::k)), o2.kv_features());
+
+  const std::string v5 = config("olmo3");
+  const std::string hub = with_field(
+      with_field(with_field(v5, "rope_parameters", "null"), "rope_theta", "500000.0"),
+      "rope_scaling",
+      "{\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 64}");
+  const kqlora::DecoderSpec a = kqlora::parse_decoder_config(v5, "c"),
+                            b = kqlora::parse_decoder_config(hub, "c");
+  EXPECT_EQ(kqlora::first_spec_difference(a, b), "");
+  ASSERT_EQ(a.ropes.size(), 2u);
+  EXPECT_EQ(a.ropes[0].type, "yarn");
+  EXPECT_EQ(a.ropes[1].type, "default");
+  for (int64_t l = 0; l < 4; ++l) EXPECT_EQ(a.layer[l].rope, l == 3 ? 0 : 1) << l;
+
+  const std::string granite = config("granite");
+  const kqlora::DecoderSpec g = kqlora::parse_decoder_config(granite, "c");
+  EXPECT_EQ(g.embed_multiplier, 6.0f);
+  EXPECT_EQ(g.residual_multiplier, 0.5f);
+  EXPECT_EQ(g.attn_scale, 0.3f);
+  EXPECT_EQ(g.logits_divisor, 3.0f);
+  const kqlora::DecoderSpec one = kqlora::parse_decoder_config(
+      with_field(with_field(granite, "logits_scaling", "1.0"), "residual_multiplier", "1"), "c");
+  EXPECT_EQ(one.logits_divisor, 0.0f);
+  EXPECT_EQ(one.residual_multiplier, 0.0f);
 }
 
 // Mixtral in transformers 5's names (what its save_pretrained writes: mlp.gate, the fused
