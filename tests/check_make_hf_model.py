@@ -30,7 +30,7 @@ except ImportError as e:
 from tool_in_process import run_tool  # noqa: E402
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "qwen3_moe",
-            "qwen2_moe", "mixtral", "olmoe"]
+            "qwen2_moe", "mixtral", "olmoe", "smollm3", "olmo2", "olmo3", "granite"]
 
 
 def main():

@@ -7,9 +7,10 @@
         --config '{"num_hidden_layers": 4}'
     python3 tools/make_hf_model.py OUT_DIR --family phi3 --config my_config.json
 
-Families: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, and the mixtures of
-experts qwen3_moe, qwen2_moe, mixtral, olmoe (each expert's tensors in the hub's
-per-expert names; presets olmoe-1b-7b, qwen3-30b-a3b, ...). The shape comes from
+Families: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, smollm3, olmo2, olmo3,
+granite (presets smollm3-3b, olmo2-1b, olmo2-7b, olmo3-7b, granite-3.3-2b, granite-3.3-8b),
+and the mixtures of experts qwen3_moe, qwen2_moe, mixtral, olmoe (each expert's tensors in
+the hub's per-expert names; presets olmoe-1b-7b, qwen3-30b-a3b, ...). The shape comes from
 --preset (realistic shapes of public models, and "tiny" per family: PRESETS) with --config
 (a JSON object, inline or a file) overriding fields; neither: the family's transformers
 defaults. OUT_DIR gets:
@@ -27,7 +28,9 @@ neither the order, the sharding nor the other tensors:
   matrices (projections, embedding, head)    normal(0, initializer_range)
   biases                                     0.1 * randn
   Llama-kind RMSNorm weights (w * x)         1 + 0.2 * randn   (llama, mistral, qwen2,
-                                             qwen3 incl. q_norm/k_norm, phi3)
+                                             qwen3 incl. q_norm/k_norm, phi3, smollm3,
+                                             granite, olmo2/olmo3/olmoe incl. their
+                                             whole-projection q_norm/k_norm)
   Gemma-kind RMSNorm weights ((1 + w) * x)   0.2 * randn       (gemma2, gemma3_text incl.
                                              q_norm/k_norm)
 Tied embeddings (tie_word_embeddings) write no lm_head.weight. BF16 is float32 rounded to
@@ -74,9 +77,16 @@ FAMILIES = {
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM"),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM"),
+    "granite": ("GraniteConfig", "GraniteForCausalLM"),
 }
 MOE = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 GEMMA_KIND = ("gemma2", "gemma3_text")
+# post-norm blocks: no input_layernorm, no norm before the MLP; q_norm / k_norm over the
+# whole q and k projections, post_attention_layernorm and post_feedforward_layernorm
+OLMO_KIND = ("olmo2", "olmo3")
 
 
 def _longrope(n, long_max):
@@ -276,6 +286,79 @@ PRESETS.update({
                                                       "rope_theta": 1000000.0})),
 })
 
+# ---- SmolLM3, OLMo 2 / 3, Granite 3 (shapes from the hub's config.json of each model named) ----
+_OLMO3_LAYERS = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(32)]
+PRESETS.update({
+    # HuggingFaceTB/SmolLM3-3B: every fourth layer without rope (no_rope_layers from
+    # no_rope_layer_interval 4), no windows, a tied head; eos is the instruct model's <|im_end|>
+    "smollm3-3b": ("smollm3", dict(vocab_size=128256, hidden_size=2048, intermediate_size=11008,
+                                   num_hidden_layers=36, num_attention_heads=16,
+                                   num_key_value_heads=4, max_position_embeddings=65536,
+                                   rms_norm_eps=1e-6, no_rope_layer_interval=4,
+                                   use_sliding_window=False, sliding_window=None,
+                                   attention_bias=False, mlp_bias=False, bos_token_id=None,
+                                   eos_token_id=128012, pad_token_id=128004,
+                                   tie_word_embeddings=True,
+                                   rope_parameters={"rope_type": "default",
+                                                    "rope_theta": 5000000.0})),
+    # allenai/OLMo-2-0425-1B
+    "olmo2-1b": ("olmo2", dict(vocab_size=100352, hidden_size=2048, intermediate_size=8192,
+                               num_hidden_layers=16, num_attention_heads=16,
+                               num_key_value_heads=16, max_position_embeddings=4096,
+                               rms_norm_eps=1e-6, attention_bias=False, bos_token_id=None,
+                               eos_token_id=100257, pad_token_id=100277,
+                               tie_word_embeddings=False,
+                               rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
+    # allenai/OLMo-2-1124-7B
+    "olmo2-7b": ("olmo2", dict(vocab_size=100352, hidden_size=4096, intermediate_size=11008,
+                               num_hidden_layers=32, num_attention_heads=32,
+                               num_key_value_heads=32, max_position_embeddings=4096,
+                               rms_norm_eps=1e-6, attention_bias=False, bos_token_id=None,
+                               eos_token_id=100257, pad_token_id=100277,
+                               tie_word_embeddings=False,
+                               rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
+    # allenai/Olmo-3-1025-7B: three sliding layers (window 4096) to one full one, the full
+    # layers' rope YaRN-scaled 8x from 8192 positions (the hub's rope_scaling, kept by
+    # transformers 5 as the full_attention entry of rope_parameters), the sliding ones' not
+    "olmo3-7b": ("olmo3", dict(vocab_size=100278, hidden_size=4096, intermediate_size=11008,
+                               num_hidden_layers=32, num_attention_heads=32,
+                               num_key_value_heads=32, max_position_embeddings=65536,
+                               rms_norm_eps=1e-6, attention_bias=False, sliding_window=4096,
+                               layer_types=_OLMO3_LAYERS, bos_token_id=None,
+                               eos_token_id=100257, pad_token_id=100277,
+                               tie_word_embeddings=False,
+                               rope_parameters={
+                                   "full_attention": {"rope_type": "yarn", "factor": 8.0,
+                                                      "original_max_position_embeddings": 8192,
+                                                      "attention_factor": 1.2079441541679836,
+                                                      "beta_fast": 32.0, "beta_slow": 1.0,
+                                                      "rope_theta": 500000.0},
+                                   "sliding_attention": {"rope_type": "default",
+                                                         "rope_theta": 500000.0}})),
+    # ibm-granite/granite-3.3-2b-instruct
+    "granite-3.3-2b": ("granite", dict(vocab_size=49159, hidden_size=2048,
+                                       intermediate_size=8192, num_hidden_layers=40,
+                                       num_attention_heads=32, num_key_value_heads=8,
+                                       max_position_embeddings=131072, rms_norm_eps=1e-5,
+                                       embedding_multiplier=12.0, residual_multiplier=0.22,
+                                       attention_multiplier=0.015625, logits_scaling=8.0,
+                                       attention_bias=False, mlp_bias=False, bos_token_id=0,
+                                       eos_token_id=0, pad_token_id=0, tie_word_embeddings=True,
+                                       rope_parameters={"rope_type": "default",
+                                                        "rope_theta": 10000000.0})),
+    # ibm-granite/granite-3.3-8b-instruct
+    "granite-3.3-8b": ("granite", dict(vocab_size=49159, hidden_size=4096,
+                                       intermediate_size=12800, num_hidden_layers=40,
+                                       num_attention_heads=32, num_key_value_heads=8,
+                                       max_position_embeddings=131072, rms_norm_eps=1e-5,
+                                       embedding_multiplier=12.0, residual_multiplier=0.22,
+                                       attention_multiplier=0.0078125, logits_scaling=16.0,
+                                       attention_bias=False, mlp_bias=False, bos_token_id=0,
+                                       eos_token_id=0, pad_token_id=0, tie_word_embeddings=True,
+                                       rope_parameters={"rope_type": "default",
+                                                        "rope_theta": 10000000.0})),
+})
+
 TINY = {
     "llama": dict(_TINY),
     "mistral": dict(_TINY, sliding_window=37),
@@ -307,6 +390,23 @@ TINY = {
     "mixtral": dict(_TINY, num_local_experts=4, num_experts_per_tok=2, sliding_window=37),
     "olmoe": dict(_TINY, num_experts=8, num_experts_per_tok=2, clip_qkv=2.0,
                   attention_bias=True, pad_token_id=1, eos_token_id=2),
+    # layer 1 without rope (and, as transformers derives layer_types, windowed)
+    "smollm3": dict(_TINY, num_hidden_layers=4, no_rope_layers=[1, 0, 1, 1],
+                    use_sliding_window=True, sliding_window=37, attention_bias=True,
+                    mlp_bias=True, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    "olmo2": dict(_TINY, attention_bias=True, pad_token_id=1, eos_token_id=2),
+    # sliding layers around a full one, the full layers' rope YaRN-scaled
+    "olmo3": dict(_TINY, num_hidden_layers=4, attention_bias=True, sliding_window=37,
+                  layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                               "sliding_attention"], pad_token_id=1, eos_token_id=2,
+                  rope_parameters={"full_attention": {"rope_type": "yarn", "factor": 4.0,
+                                                      "original_max_position_embeddings": 64,
+                                                      "rope_theta": 500000.0},
+                                   "sliding_attention": {"rope_type": "default",
+                                                         "rope_theta": 500000.0}}),
+    "granite": dict(_TINY, embedding_multiplier=6.0, residual_multiplier=0.5,
+                    attention_multiplier=0.3, logits_scaling=3.0, attention_bias=True,
+                    mlp_bias=True, pad_token_id=0, bos_token_id=1, eos_token_id=2),
 }
 
 CHUNK = 1 << 22  # elements generated at a time (fixed: the values do not depend on memory)
@@ -338,7 +438,7 @@ def tensor_specs(family, cfg):
     else:
         attn_bias = bool(getattr(cfg, "attention_bias", False))
     o_bias = attn_bias and family not in ("qwen2", "qwen2_moe")  # (biases on q, k, v only)
-    mlp_bias = family == "llama" and getattr(cfg, "mlp_bias", False)
+    mlp_bias = family in ("llama", "smollm3", "granite") and getattr(cfg, "mlp_bias", False)
     specs = [("model.embed_tokens.weight", (V, H), "matrix")]
     for i in range(cfg.num_hidden_layers):
         p = "model.layers.%d." % i
@@ -347,7 +447,8 @@ def tensor_specs(family, cfg):
             specs.append((p + name + ".weight", (out, inp), "matrix"))
             if bias:
                 specs.append((p + name + ".bias", (out,), "bias"))
-        specs.append((p + "input_layernorm.weight", (H,), norm))
+        if family not in OLMO_KIND:
+            specs.append((p + "input_layernorm.weight", (H,), norm))
         if family == "phi3":
             lin("self_attn.qkv_proj", (nh + 2 * nkv) * hd, H, False)
         else:
@@ -358,7 +459,7 @@ def tensor_specs(family, cfg):
         if family in ("qwen3", "gemma3_text", "qwen3_moe"):
             specs.append((p + "self_attn.q_norm.weight", (hd,), norm))
             specs.append((p + "self_attn.k_norm.weight", (hd,), norm))
-        if family == "olmoe":  # (over the whole projections)
+        if family == "olmoe" or family in OLMO_KIND:  # (over the whole projections)
             specs.append((p + "self_attn.q_norm.weight", (nh * hd,), norm))
             specs.append((p + "self_attn.k_norm.weight", (nkv * hd,), norm))
         specs.append((p + "post_attention_layernorm.weight", (H,), norm))
@@ -374,6 +475,8 @@ def tensor_specs(family, cfg):
             lin("mlp.gate_proj", I, H, mlp_bias)
             lin("mlp.up_proj", I, H, mlp_bias)
         lin("mlp.down_proj", H, I, mlp_bias)
+        if family in OLMO_KIND:
+            specs.append((p + "post_feedforward_layernorm.weight", (H,), norm))
     specs.append(("model.norm.weight", (H,), norm))
     if not cfg.tie_word_embeddings:
         specs.append(("lm_head.weight", (V, H), "matrix"))
