@@ -46,6 +46,44 @@ bool close(double a, double b, double rtol) {
   return std::abs(a - b) <= rtol * std::abs(b);
 }
 
+/// config.json's rope object of the full-attention layers: rope_parameters (its
+/// "full_attention" entry where it has one per layer type) or rope_scaling; null: none.
+const json::Value* full_rope_object(const json::Value& cfg) {
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    const json::Value* v = cfg.find(key);
+    if (!v || v->kind != json::Value::Kind::object) continue;
+    const json::Value* full = v->find("full_attention");
+    return full && full->kind == json::Value::Kind::object ? full : v;
+  }
+  return nullptr;
+}
+
+/// A number of a JSON object (`fallback` when absent or not a number).
+double number_of(const json::Value* o, const char* key, double fallback) {
+  const json::Value* v = o ? o->find(key) : nullptr;
+  return v && v->kind == json::Value::Kind::number ? v->number : fallback;
+}
+
+/// The divisors of the base frequencies that llama.cpp's YaRN gives (ggml's rope_yarn):
+/// each frequency blends its interpolated (/ factor) and extrapolated values by a linear
+/// ramp between the correction dims of beta_fast = 32 and beta_slow = 1 rotations in the
+/// original context, floored and ceiled, the betas llama.cpp's defaults.
+std::vector<double> llama_cpp_yarn(const RopeSpec& r, double factor, double original) {
+  const double dim = static_cast<double>(r.rotary_dim);
+  const auto correction = [&](double rotations) {
+    return dim * std::log(original / (rotations * 2 * M_PI)) / (2 * std::log(r.theta));
+  };
+  const double low = std::max(0.0, std::floor(correction(32)));
+  const double high = std::min(dim - 1, std::ceil(correction(1)));
+  std::vector<double> f(r.inv_freq.size());
+  for (size_t i = 0; i < f.size(); ++i) {
+    const double y = (static_cast<double>(i) - low) / std::max(0.001, high - low);
+    const double mix = 1 - std::min(1.0, std::max(0.0, y));  // 1: extrapolated
+    f[i] = 1 / ((1 - mix) / factor + mix);
+  }
+  return f;
+}
+
 /// The rope's per-frequency divisors against the unscaled base frequencies.
 std::vector<double> rope_factors(const RopeSpec& r) {
   std::vector<double> f(r.inv_freq.size());
@@ -68,7 +106,8 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
       {"llama", "llama"},   {"mistral", "llama"},      {"qwen2", "qwen2"},
       {"qwen3", "qwen3"},   {"gemma2", "gemma2"},      {"gemma3_text", "gemma3"},
       {"phi3", "phi3"},     {"qwen3_moe", "qwen3moe"}, {"qwen2_moe", "qwen2moe"},
-      {"mixtral", "llama"}, {"olmoe", "olmoe"}};
+      {"mixtral", "llama"}, {"olmoe", "olmoe"},        {"smollm3", "smollm3"},
+      {"olmo2", "olmo2"},   {"olmo3", "olmo2"},        {"granite", "granite"}};
   const auto a = archs.find(spec.model_type);
   const auto refuse = [&](const std::string& key, const std::string& why) {
     KQLORA_INPUT_CHECK(false, where << "config.json's " << key << " = " << value_of(cfg, key)
@@ -88,6 +127,23 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
                                              << "' has no llama.cpp architecture here");
   d.arch = a->second;
   const bool gemma = d.arch == "gemma2" || d.arch == "gemma3";
+  const bool olmo2 = d.arch == "olmo2", granite = d.arch == "granite";
+  // (the multipliers and the logits divisor are Granite's)
+  KQLORA_CHECK(granite || (spec.embed_multiplier == 0 && spec.residual_multiplier == 0 &&
+                           spec.logits_divisor == 0),
+               "gguf: Granite's multipliers outside granite");
+
+  // Rope-less layers: llama.cpp's smollm3 leaves the rotary out of every fourth layer
+  // (n_no_rope_layer_step 4, set in its code: no GGUF key changes it).
+  for (int64_t l = 0; l < spec.layers; ++l) {
+    const bool rotary = spec.layer[static_cast<size_t>(l)].rotary;
+    KQLORA_CHECK(rotary || d.arch == "smollm3", "gguf: a layer without rope outside smollm3");
+    if (d.arch == "smollm3" && rotary != ((l + 1) % 4 != 0))
+      refuse(cfg.find("no_rope_layers") ? "no_rope_layers" : "no_rope_layer_interval",
+             "layer " + std::to_string(l) + (rotary ? " rotates" : " does not rotate") +
+                 " q and k; llama.cpp's smollm3 leaves the rotary out of every fourth layer "
+                 "(layers 3, 7, 11, ...) and of no other, a step no GGUF key sets");
+  }
 
   // Experts: llama.cpp's MoE architectures make every layer sparse; qwen3moe and llama
   // (Mixtral) always renormalise the top k, qwen2moe and olmoe never.
@@ -127,15 +183,25 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
     refuse(
         gemma ? "hidden_activation" : "hidden_act",
         "llama.cpp's " + d.arch + " applies " + (gemma ? "gelu_pytorch_tanh" : "silu") + " only");
-  // o, gate, up and down biases: llama's graph only; q, k and v biases: every one.
+  // OLMo 2 / 3: llama.cpp's olmo2 has no biases, sizes q, its norm and the o projection
+  // by hidden_size and reads an output.weight of its own.
+  if (olmo2) {
+    for (const ProjectionSpec& p : spec.projections)
+      if (p.bias) refuse("attention_bias", "llama.cpp's olmo2 has no attention biases");
+    if (spec.tied)
+      refuse("tie_word_embeddings", "llama.cpp's olmo2 reads an output.weight of its own");
+  }
+  // o, gate, up and down biases: the graphs of llama and granite; q, k and v biases:
+  // every one but olmo2's.
   for (const ProjectionSpec& p : spec.projections) {
-    if (!p.bias || d.arch == "llama") continue;
+    if (!p.bias || d.arch == "llama" || granite) continue;
     const bool qkv = p.slots[0] == Slot::q || p.slots[0] == Slot::k || p.slots[0] == Slot::v;
     if (!qkv)
       refuse(p.slots[0] == Slot::o ? "attention_bias" : "mlp_bias",
              "llama.cpp's " + d.arch + " has no " + p.name + " bias");
   }
-  if ((d.arch == "qwen2" || d.arch == "qwen2moe" || d.arch == "phi3") &&
+  // (granite: llama.cpp's converter drops head_dim, so llama.cpp takes hidden / heads)
+  if ((d.arch == "qwen2" || d.arch == "qwen2moe" || d.arch == "phi3" || olmo2 || granite) &&
       spec.heads * spec.head_dim != spec.hidden)
     refuse("head_dim", "llama.cpp's " + d.arch + " needs heads x head_dim = hidden_size");
   if (d.arch == "gemma2" && !spec.tied)
@@ -146,7 +212,8 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
   const int64_t big = d.arch == "gemma2" ? 46 : 62;
   const double scaled_dim =
       gemma && spec.layers == big ? static_cast<double>(spec.hidden / spec.heads) : spec.head_dim;
-  if (!close(spec.attn_scale, 1.0 / std::sqrt(scaled_dim), 1e-6))
+  // (granite writes its attention_multiplier as attention.scale)
+  if (!granite && !close(spec.attn_scale, 1.0 / std::sqrt(scaled_dim), 1e-6))
     refuse("query_pre_attn_scalar", "llama.cpp's " + d.arch + " scales scores by 1/sqrt(" +
                                         std::to_string(static_cast<int64_t>(scaled_dim)) +
                                         ") for this shape, whatever the field says");
@@ -157,8 +224,9 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
       refuse("final_logit_softcapping", "llama.cpp's gemma2 always soft-caps the logits");
   }
 
-  // Sliding windows: gemma2 on even layers, gemma3 on the layers a pattern names, none in
-  // the others (llama.cpp ignores mistral's, qwen2's and phi3's windows).
+  // Sliding windows: gemma2 on even layers, gemma3 and olmo2 on the layers a pattern
+  // names, none in the others (llama.cpp ignores mistral's, qwen2's, phi3's and smollm3's
+  // windows).
   for (const LayerSpec& l : spec.layer) d.window = std::max(d.window, l.window);
   // (Qwen's windows are switched on by use_sliding_window; the others' by sliding_window)
   const std::string window_field = cfg.find("layer_types")          ? "layer_types"
@@ -166,9 +234,10 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
                                                                     : "sliding_window";
   for (int64_t l = 0; l < spec.layers; ++l) {
     const int64_t w = spec.layer[l].window;
-    // (a window of at least max_position_embeddings never hides a key: full attention)
-    if (w == 0 || (!gemma && w >= spec.max_positions)) continue;
-    if (!gemma)
+    // (a window of at least max_position_embeddings never hides a key: full attention;
+    // olmo2's are kept, its sliding layers' rope being unscaled)
+    if (w == 0 || (!gemma && !olmo2 && w >= spec.max_positions)) continue;
+    if (!gemma && !olmo2)
       refuse(window_field, "layer " + std::to_string(l) + " attends through a window of " +
                                std::to_string(w) + ", which llama.cpp's " + d.arch +
                                " does not apply (full attention there)");
@@ -192,8 +261,10 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
              "long-context factors (longrope): llama.cpp picks the long or short "
              "ones by its context size, not by the sequence as transformers and "
              "kqlora do");
-    // (the families give an attention factor with longrope only, partial rotary in phi3 only)
-    KQLORA_CHECK(r.attention_factor == 1.0f, "gguf: an attention factor without longrope");
+    // (the families give an attention factor with longrope and yarn only, partial rotary
+    // in phi3 only)
+    KQLORA_CHECK(r.attention_factor == 1.0f || r.type == "yarn",
+                 "gguf: an attention factor without longrope or yarn");
     KQLORA_CHECK(r.rotary_dim == spec.head_dim || d.arch == "phi3",
                  "gguf: partial rotary dims outside phi3");
   }
@@ -204,21 +275,53 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
     ones &= close(x, 1.0, 1e-5);
     uniform &= close(x, f[0], 1e-5);
   }
-  if (!ones && uniform) {
+  if (full.type == "yarn") {
+    // YaRN: llama.cpp's smollm3 and olmo2 (olmo2's on the full-attention layers only, as
+    // transformers' OLMo 3) from rope.scaling.factor and original_context_length, with its
+    // own betas, cos and sin times (1 + 0.1 ln(factor)) times rope.scaling.attn_factor.
+    if (d.arch != "smollm3" && !olmo2)
+      refuse(rope_field, "rope_type \"yarn\": llama.cpp's " + d.arch + " has no YaRN");
+    const json::Value* o = full_rope_object(cfg);
+    d.yarn_factor = static_cast<float>(number_of(o, "factor", 0));
+    d.yarn_original =
+        static_cast<int64_t>(number_of(o, "original_max_position_embeddings",
+                                       number_of(&cfg, "original_max_position_embeddings", 0)));
+    KQLORA_CHECK(d.yarn_factor >= 1 && d.yarn_original > 0, "gguf: yarn without its factor");
+    const std::vector<double> want =
+        llama_cpp_yarn(full, d.yarn_factor, static_cast<double>(d.yarn_original));
+    for (size_t i = 0; i < f.size(); ++i)
+      if (!close(f[i], want[i], 1e-5))
+        refuse(rope_field,
+               "its YaRN frequencies are not llama.cpp's, which ramps between the "
+               "floored and ceiled correction dims of beta_fast 32 and beta_slow 1 "
+               "(frequency " +
+                   std::to_string(i) + " divided by " + std::to_string(f[i]) + ", there by " +
+                   std::to_string(want[i]) + ")");
+    const double own = 1 + 0.1 * std::log(static_cast<double>(d.yarn_factor));
+    if (!close(full.attention_factor, own, 1e-6))
+      d.yarn_attn_factor = static_cast<float>(full.attention_factor / own);
+  } else if (!ones && uniform) {
     d.rope_scale = static_cast<float>(f[0]);
-  } else if (!ones && d.arch == "llama") {
+  } else if (!ones && (d.arch == "llama" || granite)) {  // (rope_freqs.weight)
     for (double x : f) d.rope_freqs.push_back(static_cast<float>(x));
   } else if (!ones) {
     refuse(rope_field, "rope_type \"" + full.type + "\" scales frequencies unevenly; llama.cpp's " +
-                           d.arch + " has linear rope scaling only");
+                           d.arch + " has linear rope scaling" +
+                           (d.arch == "smollm3" || olmo2 ? " and YaRN" : "") + " only");
   }
-  if (spec.ropes.size() > 1) {  // gemma3's sliding layers: unscaled
+  bool sliding_rope = false;  // (gemma3, olmo2: the sliding layers' rope, unscaled)
+  for (const LayerSpec& l : spec.layer) sliding_rope |= l.rope == 1;
+  if (sliding_rope) {
     const std::vector<double> g = rope_factors(spec.ropes[1]);
     for (double x : g)
-      if (!close(x, 1.0, 1e-5))
-        refuse("rope_parameters",
-               "the sliding layers' rope is scaled; llama.cpp's gemma3 "
-               "scales the full layers' only");
+      if (!close(x, 1.0, 1e-5) || spec.ropes[1].attention_factor != 1.0f)
+        refuse("rope_parameters", "the sliding layers' rope is scaled; llama.cpp's " + d.arch +
+                                      " scales the full layers' only");
+    // (olmo2's graph rotates its sliding layers by the full layers' base)
+    if (olmo2 && !close(spec.ropes[1].theta, full.theta, 1e-9))
+      refuse("rope_parameters",
+             "the sliding layers' rope_theta differs from the full layers'; llama.cpp's olmo2 "
+             "rotates both by one base");
   }
   for (const LayerSpec& l : spec.layer)  // (gemma3's spec: the rope follows the window)
     KQLORA_CHECK(spec.ropes.size() == 1 || l.rope == (l.window > 0 ? 1 : 0),
@@ -260,6 +363,24 @@ void GgufDecoder::add_metadata(gguf::Writer& w) const {
     w.add_f32(a + "attn_logit_softcapping", spec.attn_softcap);
     w.add_f32(a + "final_logit_softcapping", spec.final_softcap);
     u32("attention.sliding_window", window);
+  }
+  if (yarn_factor > 0) {
+    w.add(a + "rope.scaling.type", "yarn");
+    w.add_f32(a + "rope.scaling.factor", yarn_factor);
+    u32("rope.scaling.original_context_length", yarn_original);
+    if (yarn_attn_factor != 1.0f) w.add_f32(a + "rope.scaling.attn_factor", yarn_attn_factor);
+  }
+  if (arch == "granite") {  // (llama.cpp requires logit_scale)
+    w.add_f32(a + "attention.scale", spec.attn_scale);
+    if (spec.embed_multiplier > 0) w.add_f32(a + "embedding_scale", spec.embed_multiplier);
+    if (spec.residual_multiplier > 0) w.add_f32(a + "residual_scale", spec.residual_multiplier);
+    w.add_f32(a + "logit_scale", spec.logits_divisor > 0 ? spec.logits_divisor : 1.0f);
+  }
+  if (arch == "olmo2" && window > 0) {  // OLMo 3's windows, on the layers the array names
+    u32("attention.sliding_window", window);
+    std::vector<bool> sliding;
+    for (const LayerSpec& l : spec.layer) sliding.push_back(l.window > 0);
+    w.add_bools(a + "attention.sliding_window_pattern", sliding);
   }
   if (arch == "gemma3") {
     if (spec.final_softcap > 0) w.add_f32(a + "final_logit_softcapping", spec.final_softcap);
@@ -327,8 +448,9 @@ GgufTensorPlan GgufDecoder::tensor(const std::string& hf, const std::string& fil
     const std::string name = p.slots.size() == 1     ? names.at(p.slots[0])
                              : p.slots[0] == Slot::q ? std::string("attn_qkv")
                                                      : std::string("ffn_up");
-    int64_t permute = 0;
-    if (arch == "llama" && p.slots.size() == 1)
+    int64_t permute = 0;  // (the architectures llama.cpp rotates in adjacent pairs)
+    const bool pairs = arch == "llama" || arch == "smollm3" || arch == "granite";
+    if (pairs && p.slots.size() == 1)
       permute = p.slots[0] == Slot::q ? spec.heads : p.slots[0] == Slot::k ? spec.kv_heads : 0;
     return {blk + name + "." + kind, permute, false};
   }

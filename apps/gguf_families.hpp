@@ -1,10 +1,10 @@
 #pragma once
 // How kqlora's decoder families are written for llama.cpp (docs/GGUF.md, "Families"): the
 // architecture llama.cpp runs each as, its metadata keys, its tensor names and the
-// transforms its converter applies (llama's Q/K row order, Gemma's norms as w + 1), and
-// what llama.cpp cannot express -- refused, naming the config.json field and value,
-// rather than written to run differently. This is the one place outside nn/ that knows
-// families by name: llama.cpp's names are per architecture by its design.
+// transforms its converter applies (the Q/K row order of llama, smollm3 and granite,
+// Gemma's norms as w + 1), and what llama.cpp cannot express -- refused, naming the
+// config.json field and value, rather than written to run differently. This is the one place
+// outside nn/ that knows families by name: llama.cpp's names are per architecture by its design.
 
 #include <cstdint>
 #include <string>
@@ -41,6 +41,11 @@ struct GgufDecoder {
   float rope_scale = 1.0f;     // linear rope scaling factor (1: none)
   int64_t window = 0;          // the sliding window of the windowed layers
   bool pattern_array = false;  // gemma3: the layers' windows as a bool array
+  // YaRN (smollm3, olmo2): the factor (0: none), the original context and the factor on
+  // cos and sin that llama.cpp applies besides its own 1 + 0.1 ln(factor) (1: none)
+  float yarn_factor = 0;
+  int64_t yarn_original = 0;
+  float yarn_attn_factor = 1.0f;
 };
 
 /// llama.cpp's view of `spec` (config.json's text `config_text`, `file` naming the
