@@ -217,6 +217,7 @@ TYPED_TEST(GatedDeltaRule, GradientsMatchFiniteDifferences) {
       (x.*field)[i] = keep;
     }
     ASSERT_EQ(grad.size(), fd.size()) << name;
+    std::printf("%s: %.3g\n", name, max_diff(grad, fd) / max_abs(fd));
     EXPECT_LE(max_diff(grad, fd), 1e-4 * max_abs(fd)) << name;
     EXPECT_GT(max_abs(fd), 0.0) << name;
   };

@@ -52,7 +52,7 @@ std::vector<Case> family_cases() {
   for (const char* name :
        {"qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "phi3_long", "mistral_window",
         "qwen3_moe", "qwen3_moe_raw", "qwen3_moe_experts", "mixtral", "qwen3_moe_aux", "olmoe",
-        "qwen2_moe", "gpt_oss", "smollm3", "olmo2", "olmo3", "granite"}) {
+        "qwen2_moe", "gpt_oss", "smollm3", "olmo2", "olmo3", "granite", "qwen3_5_text"}) {
     Case c{name, root + name, "all-linear"};
     std::ifstream f(c.dir + "/case.txt");
     for (std::string line; std::getline(f, line);) {
@@ -164,6 +164,7 @@ TEST_P(LlamaReference, LogitsLossAndLoraGradientsMatchTransformersPeft) {
     double d = 0;
     for (int64_t i = 0; i < e->numel(); ++i)
       d = std::max(d, std::fabs(grads(e->offset + i) - g[i]));
+    if (std::getenv("KQLORA_TEST_SHOW")) std::printf("%s %.3g\n", e->name.c_str(), d / max_abs(g));
     EXPECT_LE(d, 1e-4 * max_abs(g))
         << c.name << ": " << e->name << " (max |ref| " << max_abs(g) << ")";
     ++checked;

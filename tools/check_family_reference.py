@@ -16,7 +16,9 @@ attention factors, partial rotary, the Gemma normalizer, the q/k norms, the bias
 SmolLM3's rope-less layers, OLMo's post-norms and whole-projection q/k norms, YaRN and the
 per-layer-type ropes, each Granite multiplier) and prints how much the logits move: a
 feature that moves nothing is not exercised by the case. The mixture-of-experts cases
-(tools/gen_moe_reference.py) are not re-derived here: they are listed as skipped.
+(tools/gen_moe_reference.py) and Qwen3.5's (Gated DeltaNet layers: their float64 form is
+tests/test_gated_delta_rule.cpp's and tests/test_gated_deltanet.cpp's) are not re-derived
+here: they are listed as skipped.
 
 This is the executable form of the per-family semantics a C++ port has to reproduce; the
 comments name the transformers code each step follows (5.24; SmolLM3, OLMo 2, OLMo 3 and
@@ -428,6 +430,10 @@ def main():
         cfg = json.load(open(os.path.join(folder, "config.json")))
         if cfg.get("num_experts") or cfg.get("num_local_experts"):
             print("%-16s skip  (%s: experts, not re-derived here)" % (name, cfg["model_type"]))
+            continue
+        if "linear_attention" in (cfg.get("layer_types") or []):
+            print("%-16s skip  (%s: Gated DeltaNet layers, not re-derived here; the float64 "
+                  "form is in tests/test_gated_delta_rule.cpp)" % (name, cfg["model_type"]))
             continue
         case = Case(folder)
         logits, loss = forward(case)

@@ -65,10 +65,11 @@ from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Ge
                           GraniteConfig, GraniteForCausalLM, LlamaConfig, LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, Olmo2Config, Olmo2ForCausalLM,
                           Olmo3Config, Olmo3ForCausalLM, Phi3Config, Phi3ForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
-                          SmolLM3Config, SmolLM3ForCausalLM)
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3_5ForCausalLM, Qwen3_5TextConfig,
+                          Qwen3Config, Qwen3ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM)
 from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet, Qwen3_5RMSNorm
 
 from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
 
@@ -78,6 +79,8 @@ BLOCK, SCALER_BLOCK, RANK, ALPHA = 32, 32, 4, 8.0
 N, STEPS, LR = 3, 5, 1e-2
 PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PHI3_PROJ = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]  # kept fused
+# Qwen3.5: the attention's and MLP's, and the Gated DeltaNet layers' five
+QWEN3_5_PROJ = PROJ + ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"]
 MODULE = {p: ("self_attn." if p in PROJ[:4] else "mlp.") + p for p in PROJ}
 
 # model_type -> (config class, model class, projection names = PEFT's target modules)
@@ -93,9 +96,10 @@ FAMILIES = {
     "olmo2": (Olmo2Config, Olmo2ForCausalLM, PROJ),
     "olmo3": (Olmo3Config, Olmo3ForCausalLM, PROJ),
     "granite": (GraniteConfig, GraniteForCausalLM, PROJ),
+    "qwen3_5_text": (Qwen3_5TextConfig, Qwen3_5ForCausalLM, QWEN3_5_PROJ),
 }
 # Norms computing (1 + w) * x (weights initialised to 0); every other RMSNorm is w * x.
-GEMMA_NORMS = (Gemma2RMSNorm, Gemma3RMSNorm)
+GEMMA_NORMS = (Gemma2RMSNorm, Gemma3RMSNorm, Qwen3_5RMSNorm)
 
 # ---- the Llama cases (tests/data/llama_reference): unchanged since they were committed ----
 S_LLAMA = 12
@@ -219,6 +223,26 @@ FAMILY_CASES = {
                                                    "rope_theta": 500000.0},
                                 "sliding_attention": {"rope_type": "default",
                                                       "rope_theta": 500000.0}})),
+    # Qwen3.5's text decoder: Gated DeltaNet layers 0 and 2 (4 key heads each read by 4 of
+    # 16 value heads, dk 16, dv 4, conv kernel 4; 136 tokens: chunks of 64, 64 and 8) and
+    # gated full-attention layers 1 and 3 (q_proj's [q | gate] per head, zero-centred q/k
+    # norms, partial rotary 0.5 with mrope fields); every norm (1 + w) n. AdamW eps 1e-2:
+    # the delta rule's gradients carry float32 rounding of about 1e-5 of each tensor's
+    # largest (transformers' float32 run against its float64 run, and kqlora's), which
+    # Adam at eps 1e-3 turned into 5-step adapter differences of 5.5e-4 between
+    # transformers' own float32 and float64 runs (measured with dk 8; 8.7e-5 at eps 1e-2);
+    # here kqlora's run is within 1.1e-5 of transformers' float32 one.
+    "qwen3_5_text": dict(family="qwen3_5_text", seed=1012, bf16=True, eps=1e-2,
+                         arch=dict(FAM, num_hidden_layers=4, head_dim=16,
+                                   linear_num_key_heads=4, linear_num_value_heads=16,
+                                   linear_key_head_dim=16, linear_value_head_dim=4,
+                                   linear_conv_kernel_dim=4,
+                                   layer_types=["linear_attention", "full_attention",
+                                                "linear_attention", "full_attention"],
+                                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                    "partial_rotary_factor": 0.5,
+                                                    "mrope_section": [1, 1, 2],
+                                                    "mrope_interleaved": True})),
     # Granite 3: embeddings times 6, sublayer outputs times 0.5, scores times 0.3 (not
     # head_dim^-1/2), logits over 3; q/k/v/o and MLP biases
     "granite": dict(family="granite", seed=1011, bf16=True, eps=1e-3,
@@ -295,6 +319,16 @@ def randomise_family(model, case, gen):
                     done.add(pre + "bias")
             elif isinstance(mod, torch.nn.Embedding):
                 done.add(pre + "weight")
+            elif isinstance(mod, torch.nn.Conv1d):  # (Gated DeltaNet's: 0.3 randn)
+                mod.weight.copy_(0.3 * torch.randn(mod.weight.shape, generator=gen))
+                done.add(pre + "weight")
+            elif isinstance(mod, Qwen3_5GatedDeltaNet):
+                # decays exp(-exp(A_log) softplus(a + dt_bias)): A in [0.005, 0.3], slow
+                # enough for the state to carry over a chunk of 64
+                a = 0.005 + 0.295 * torch.rand(mod.A_log.shape, generator=gen)
+                mod.A_log.copy_(a.log())
+                mod.dt_bias.copy_(0.5 * torch.randn(mod.dt_bias.shape, generator=gen))
+                done.update({pre + "A_log", pre + "dt_bias"})
             elif "RMSNorm" in type(mod).__name__:
                 w = mod.weight
                 if isinstance(mod, GEMMA_NORMS):

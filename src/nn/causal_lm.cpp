@@ -24,7 +24,8 @@ double decoder_train_flops(const DecoderSpec& s, int64_t rank, const std::vector
   // and of the LM head; 6 rank-r products per adapter; a sparse layer's router and its
   // active experts (k of E per token: 3 products each); the attention's computed scores (3
   // forward-and-backward pairs of QK^T and PV sized matmuls over the visible (query, key)
-  // pairs). Summed layer by layer: layers may differ.
+  // pairs), or a Gated DeltaNet layer's delta rule. Summed layer by layer: layers may
+  // differ.
   double projections = 0, lora = 0;
   for (int64_t l = 0; l < s.layers; ++l) {
     double weights = 0, first_inputs = 0, lora_io = 0;
@@ -52,6 +53,16 @@ double decoder_train_flops(const DecoderSpec& s, int64_t rank, const std::vector
   const double head = 2 * T * 2 * static_cast<double>(s.vocab * s.hidden);
   double attention = 0;
   for (const LayerSpec& l : s.layer) {
+    if (l.mixer == Mixer::linear) {
+      // The delta rule per token and value head, in chunks of 64: about 2 (64 (2 dk + dv)
+      // + 3 dk dv) forward, and the backward's recomputation and gradients three times
+      // that (the conv and the norms are a few passes over the projections' outputs).
+      const LinearAttentionSpec& L = s.linear;
+      const double dk = static_cast<double>(L.key_dim), dv = static_cast<double>(L.value_dim);
+      attention +=
+          4 * T * static_cast<double>(L.value_heads) * 2 * (64 * (2 * dk + dv) + 3 * dk * dv);
+      continue;
+    }
     double pairs = 0;  // per sequence: sum over positions of min(p + 1, window)
     for (int64_t p = 0; p < positions; ++p)
       pairs += static_cast<double>(l.window > 0 ? std::min(p + 1, l.window) : p + 1);
@@ -118,10 +129,24 @@ CausalLm<ExecSpace>::CausalLm(const ExecSpace& exec, const ModelConfig& cfg, boo
                              &t.at(expert_weight_name(spec_, g, j, 1)),
                              &t.at(expert_weight_name(spec_, g, j, 2))});
     }
-    if (spec_.sinks) b.sinks = &t.at(g + ".self_attn.sinks");
+    const bool linear = spec_.layer[static_cast<size_t>(l)].mixer == Mixer::linear;
+    if (spec_.sinks && !linear) b.sinks = &t.at(g + ".self_attn.sinks");
+    if (linear) {
+      const std::string m = g + "." + spec_.linear.module;
+      b.lin_conv = &t.at(m + ".conv1d.weight");
+      b.lin_dt_bias = &t.at(m + ".dt_bias");
+      b.lin_a_log = &t.at(m + ".A_log");
+      b.lin_norm = &t.at(m + ".norm.weight");
+    }
+    for (const Projection& x : b.proj)
+      if (x.w) {
+        b.group = x.w->group;
+        break;
+      }
     b.norm.assign(kNormRoles, nullptr);
     for (const NormSpec& n : spec_.norms)
-      if (n.role != NormRole::final) b.norm[static_cast<int>(n.role)] = &t.at(norm_name(n, g));
+      if (n.role != NormRole::final && decoder::layer_has_norm(spec_, l, n))
+        b.norm[static_cast<int>(n.role)] = &t.at(norm_name(n, g));
     blocks_.push_back(b);
   }
   embed_ = &t.at("model.embed_tokens.weight");
@@ -330,7 +355,10 @@ void CausalLm<ExecSpace>::block_forward(int l, Buffers& c, const Matrix<Mem>& ne
   };
   const float rm = spec_.residual_multiplier;
   input_norm(NormRole::attn_in, c[B::kX], c[B::kN1], c[B::kInv1]);
-  attention_forward(l, c);
+  if (spec_.layer[l].mixer == Mixer::linear)
+    linear_attention_forward(l, c);
+  else
+    attention_forward(l, c);
   if (norm_of(NormRole::attn_out))
     norm_forward(norm_of(NormRole::attn_out), NormRole::attn_out, c[B::kORaw], buf_[B::kProjOut],
                  c[B::kInvO]);
@@ -395,6 +423,8 @@ double CausalLm<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool
   row_len_ = b.row_len > 0 ? b.row_len : S;
   set_documents(b.positions);
   ensure(n, S);
+  if (spec_.any_mixer(Mixer::linear))  // (the Gated DeltaNet layers' documents and chunks)
+    lin_docs_ = delta_rule_documents(exec, n, S, docs_.data() ? host_docs_.data() : nullptr);
   dropout_on_ = training && this->cfg_.dropout > 0;
   const bool bf16 = this->cfg_.bf16();
   aux_value_ = 0;
@@ -407,7 +437,7 @@ double CausalLm<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool
     // (kept in bfloat16: each block's input is the one block's, its output goes through x_out)
     const bool last = l + 1 == spec_.layers;
     const Matrix<Mem> next = last || bf16_kept_ ? buf_[B::kXOut] : cache_[l + 1][B::kX];
-    const int group = blocks_[l].proj[0].w->group;
+    const int group = blocks_[l].group;
     this->acquire(group);
     Buffers& c = block_cache(l);
     block_forward(l, c, next);
@@ -436,7 +466,7 @@ void CausalLm<ExecSpace>::backward(bool accumulate) {
   for (int l = spec_.layers - 1; l >= 0; --l) {
     const Block& B = blocks_[l];
     const auto norm_of = [&](NormRole r) { return B.norm[static_cast<int>(r)]; };
-    const int group = B.proj[0].w->group;
+    const int group = B.group;
     this->acquire(group);
     Buffers& c = block_cache(l);
     if (bf16_kept_) restore_bf16(l);  // (before anything reads c)
@@ -472,7 +502,10 @@ void CausalLm<ExecSpace>::backward(bool accumulate) {
     input_gradient(NormRole::mlp_in, c[B::kMid], c[B::kInv2]);
     // Attention: g is now the gradient of mid (and of the block's input).
     const Matrix<Mem> g_o = output_gradient(NormRole::attn_out, c[B::kORaw], c[B::kInvO]);
-    attention_backward(l, c, g_o, accumulate, l > 0 ? s[B::kGN] : Matrix<Mem>());
+    if (spec_.layer[l].mixer == Mixer::linear)
+      linear_attention_backward(l, c, g_o, accumulate, l > 0 ? s[B::kGN] : Matrix<Mem>());
+    else
+      attention_backward(l, c, g_o, accumulate, l > 0 ? s[B::kGN] : Matrix<Mem>());
     if (l > 0) input_gradient(NormRole::attn_in, c[B::kX], c[B::kInv1]);  // (layer 0: none)
     this->release(group);
     this->group_done(group);

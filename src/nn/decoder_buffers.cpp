@@ -22,6 +22,8 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
   const bool qk_norm = s.norm(NormRole::q) != nullptr;
   const bool attn_out = s.norm(NormRole::attn_out) != nullptr;
   const bool mlp_out = s.norm(NormRole::mlp_out) != nullptr;
+  const bool gated = s.attn_output_gate, lin = s.any_mixer(Mixer::linear);
+  const LinearAttentionSpec& L = s.linear;
   DecoderBuffers b;
   b.block = {{"x", H, true},
              {"n1", H, true},
@@ -59,8 +61,26 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
              {"h_gate_up", expert_targets[0] ? K * r : 0, true},
              {"h_down", expert_targets[1] ? K * r : 0, true},
              {"shared", shared ? H : 0, true},
-             {"shared_gate", shared ? 1 : 0}};
-  int64_t widest_in = 0, widest_fused = 0;
+             {"shared_gate", shared ? 1 : 0},
+             {"q_full", gated ? 2 * Q : 0, true},
+             {"attn_gate", gated ? Q : 0, true},
+             {"att_gated", gated ? Q : 0, true},
+             {"lin_mixed", lin ? L.conv_width() : 0, true},
+             {"lin_z", lin ? L.value_width() : 0, true},
+             {"lin_b", lin ? L.value_heads : 0, true},
+             {"lin_a", lin ? L.value_heads : 0, true},
+             {"lin_conv", lin ? L.conv_width() : 0, true},
+             {"lin_q", lin ? L.key_width() : 0},  // (float32 values: normalised in float32)
+             {"lin_k", lin ? L.key_width() : 0},
+             {"lin_v", lin ? L.value_width() : 0, true},
+             {"lin_beta", lin ? L.value_heads : 0, true},
+             {"lin_g", lin ? L.value_heads : 0},
+             {"lin_core", lin ? L.value_width() : 0, true},
+             {"lin_inv_q", lin ? L.key_heads : 0},
+             {"lin_inv_k", lin ? L.key_heads : 0},
+             {"lin_inv_norm", lin ? L.value_heads : 0},
+             {"lin_out", lin ? L.value_width() : 0, true}};
+  int64_t widest_in = 0, widest_fused = 0, widest_out = 0;
   for (size_t p = 0; p < s.projections.size(); ++p) {
     const ProjectionSpec& proj = s.projections[p];
     // (a projection no layer has, the dense MLP's of an all-sparse model: none; else its
@@ -77,37 +97,55 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
     b.block.push_back({"h", on ? r : 0, true});
     b.block.push_back({"xd", on && cfg.dropout > 0 ? in : 0, true});
     widest_in = std::max(widest_in, in);
+    widest_out = std::max(widest_out, out);
     if (proj.slots.size() > 1) widest_fused = std::max(widest_fused, out);
   }
-  b.shared = {{"x_out", H},
-              {"nf", H},
-              {"invf", 1},
-              {"g", H},
-              {"gtmp", H},
-              {"gn", H},
-              {"gatt", Q},
-              {"gq", Q},
-              {"gk", KV},
-              {"gv", KV},
-              {"gact", I},
-              {"ggate", I},
-              {"gup", I},
-              {"proj_out", H},
-              {"fused", widest_fused},
-              {"gfused", widest_fused},
-              {"gh", r},
-              // (read by the LoRA products in bfloat16 or with dropout only)
-              {"tmp", cfg.bf16() || cfg.dropout > 0
-                          ? std::max({H, Q, I, widest_in, widest_fused, s.experts.intermediate})
-                          : 0},
-              {"gyg", KH},
-              {"gxg", KH},
-              {"gact_g", KI},
-              {"ggate_g", KI},
-              {"gup_g", KI},
-              {"gw", K},
-              {"glogits", E},
-              {"g_shared", shared ? H : 0}};
+  b.shared = {
+      {"x_out", H},
+      {"nf", H},
+      {"invf", 1},
+      {"g", H},
+      {"gtmp", H},
+      {"gn", H},
+      {"gatt", Q},
+      {"gq", Q},
+      {"gk", KV},
+      {"gv", KV},
+      {"gact", I},
+      {"ggate", I},
+      {"gup", I},
+      {"proj_out", H},
+      {"fused", widest_fused},
+      {"gfused", widest_fused},
+      {"gh", r},
+      // (read by the LoRA products in bfloat16 or with dropout only)
+      {"tmp", cfg.bf16() || cfg.dropout > 0
+                  ? std::max({H, Q, I, widest_in, widest_out, widest_fused, s.experts.intermediate})
+                  : 0},
+      {"gyg", KH},
+      {"gxg", KH},
+      {"gact_g", KI},
+      {"ggate_g", KI},
+      {"gup_g", KI},
+      {"gw", K},
+      {"glogits", E},
+      {"g_shared", shared ? H : 0},
+      {"gq_full", gated ? 2 * Q : 0},
+      {"ggate_a", gated ? Q : 0},
+      {"g_lin_out", lin ? L.value_width() : 0},
+      {"g_lin_core", lin ? L.value_width() : 0},
+      {"g_lin_qv", lin ? L.value_heads * L.key_dim : 0},
+      {"g_lin_kv", lin ? L.value_heads * L.key_dim : 0},
+      {"g_lin_q", lin ? L.key_width() : 0},
+      {"g_lin_k", lin ? L.key_width() : 0},
+      {"g_lin_v", lin ? L.value_width() : 0},
+      {"g_lin_beta", lin ? L.value_heads : 0},
+      {"g_lin_g", lin ? L.value_heads : 0},
+      {"g_lin_conv", lin ? L.conv_width() : 0},
+      {"g_lin_mixed", lin ? L.conv_width() : 0},
+      {"g_lin_z", lin ? L.value_width() : 0},
+      {"g_lin_b", lin ? L.value_heads : 0},
+      {"g_lin_a", lin ? L.value_heads : 0}};
   return b;
 }
 

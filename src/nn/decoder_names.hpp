@@ -29,6 +29,12 @@ inline std::string norm_name(const NormSpec& n, const std::string& layer) {
   return n.role == NormRole::final ? n.module + ".weight" : layer + "." + n.module + ".weight";
 }
 
+/// Whether layer l has norm n: the q and k norms are an attention layer's.
+inline bool layer_has_norm(const DecoderSpec& s, int64_t l, const NormSpec& n) {
+  const bool qk = n.role == NormRole::q || n.role == NormRole::k;
+  return !qk || s.layer[static_cast<size_t>(l)].mixer == Mixer::attention;
+}
+
 /// A [T, width] buffer viewed as [T * width / d, d] rows (per-head norms).
 template <class M>
 Matrix<M> per_head(const Matrix<M>& m, int64_t d) {

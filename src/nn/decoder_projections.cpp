@@ -43,18 +43,27 @@ template <class ExecSpace>
 auto CausalLm<ExecSpace>::slot_output(Buffers& c, Slot s) -> Matrix<Mem> {
   const bool qk_norm = spec_.norm(NormRole::q) != nullptr;
   switch (s) {
-    case Slot::q:
-      return qk_norm ? c[B::kQRaw] : c[B::kQ];
+    case Slot::q:  // (a gated attention's [q | gate] first, split_gated_q)
+      return spec_.attn_output_gate ? c[B::kQFull] : qk_norm ? c[B::kQRaw] : c[B::kQ];
     case Slot::k:
       return qk_norm ? c[B::kKRaw] : c[B::kK];
     case Slot::v:
       return spec_.clip_qkv > 0 ? c[B::kVRaw] : c[B::kV];
     case Slot::o:
+    case Slot::lin_out:
       return spec_.norm(NormRole::attn_out) ? c[B::kORaw] : buf_[B::kProjOut];
     case Slot::gate:
       return c[B::kGate];
     case Slot::up:
       return c[B::kUp];
+    case Slot::lin_qkv:
+      return c[B::kLinMixed];
+    case Slot::lin_z:
+      return c[B::kLinZ];
+    case Slot::lin_b:
+      return c[B::kLinB];
+    case Slot::lin_a:
+      return c[B::kLinA];
     default:
       return spec_.norm(NormRole::mlp_out) ? c[B::kDRaw] : buf_[B::kProjOut];
   }
@@ -64,13 +73,21 @@ template <class ExecSpace>
 auto CausalLm<ExecSpace>::slot_gradient(Slot s) -> Matrix<Mem> {
   switch (s) {
     case Slot::q:
-      return buf_[B::kGQ];
+      return spec_.attn_output_gate ? buf_[B::kGQFull] : buf_[B::kGQ];
     case Slot::k:
       return buf_[B::kGK];
     case Slot::v:
       return buf_[B::kGV];
     case Slot::gate:
       return buf_[B::kGGate];
+    case Slot::lin_qkv:
+      return buf_[B::kGLinMixed];
+    case Slot::lin_z:
+      return buf_[B::kGLinZ];
+    case Slot::lin_b:
+      return buf_[B::kGLinB];
+    case Slot::lin_a:
+      return buf_[B::kGLinA];
     default:
       return buf_[B::kGUp];
   }
@@ -81,10 +98,12 @@ auto CausalLm<ExecSpace>::projection_input(const Buffers& c, int p) const -> Mat
   switch (spec_.projections[p].input) {
     case ProjectionInput::attn_norm:
       return c[B::kN1];
-    case ProjectionInput::attn_out:
-      return c[B::kAtt];
+    case ProjectionInput::attn_out:  // (a gated attention's output times its gates)
+      return spec_.attn_output_gate ? c[B::kAttGated] : c[B::kAtt];
     case ProjectionInput::mlp_norm:
       return c[B::kN2];
+    case ProjectionInput::linear_out:
+      return c[B::kLinOut];
     default:
       return c[B::kAct];
   }
@@ -150,7 +169,7 @@ void CausalLm<ExecSpace>::project_back_all(int l, ProjectionInput in, const Buff
   float beta = gx_beta;
   for (size_t p = 0; p < spec_.projections.size(); ++p) {
     const ProjectionSpec& spec = spec_.projections[p];
-    if (spec.input != in) continue;
+    if (spec.input != in || !spec_.has_projection(l, spec)) continue;
     Matrix<Mem> gy = slot_gradient(spec.slots[0]);
     if (spec.slots.size() > 1) {  // gather the slots' gradients into the fused one's
       gy = Matrix<Mem>(buf_[B::kGFused].data(), tokens_, spec_.out_features(spec, l));
@@ -168,7 +187,8 @@ void CausalLm<ExecSpace>::project_back_all(int l, ProjectionInput in, const Buff
 template <class ExecSpace>
 void CausalLm<ExecSpace>::project_all(int l, ProjectionInput in, Buffers& c) {
   for (size_t p = 0; p < spec_.projections.size(); ++p)
-    if (spec_.projections[p].input == in) project(l, static_cast<int>(p), c);
+    if (spec_.projections[p].input == in && spec_.has_projection(l, spec_.projections[p]))
+      project(l, static_cast<int>(p), c);
 }
 
 template <class ExecSpace>

@@ -183,7 +183,16 @@ ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
     for (const ProjectionSpec& proj : s.projections)
       if (proj.bias && s.has_projection(l, proj))
         add_dense(g + "." + s.module_of(l, proj) + ".bias", {s.out_features(proj, l)}, g);
-    if (s.sinks) add_dense(g + ".self_attn.sinks", {s.heads}, g);
+    const bool linear = s.layer[static_cast<size_t>(l)].mixer == Mixer::linear;
+    if (s.sinks && !linear) add_dense(g + ".self_attn.sinks", {s.heads}, g);
+    if (linear) {  // (a Gated DeltaNet layer's frozen conv, decay parameters and norm)
+      const LinearAttentionSpec& L = s.linear;
+      const std::string m = g + "." + L.module;
+      add_dense(m + ".conv1d.weight", {L.conv_width(), 1, L.kernel}, g);
+      add_dense(m + ".dt_bias", {L.value_heads}, g);
+      add_dense(m + ".A_log", {L.value_heads}, g);
+      add_dense(m + ".norm.weight", {L.value_dim}, g);
+    }
     // (the router in the run's dtype, as transformers computes its logits: frozen, and a
     // few E x hidden values whose rounding to NF4 could flip which experts a token gets)
     if (sparse) {
@@ -198,7 +207,8 @@ ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
         add_dense(g + "." + s.experts.shared_gate_module + ".weight", {1, s.hidden}, g);
     }
     for (const NormSpec& n : s.norms)
-      if (n.role != NormRole::final) add_dense(norm_name(n, g), {s.norm_width(n)}, g);
+      if (n.role != NormRole::final && decoder::layer_has_norm(s, l, n))
+        add_dense(norm_name(n, g), {s.norm_width(n)}, g);
   }
   add_dense(norm_name(*s.norm(NormRole::final), ""), {s.hidden}, "head");
   if (!s.tied) add_dense("lm_head.weight", {s.vocab, s.hidden}, "head");

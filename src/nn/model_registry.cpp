@@ -55,7 +55,7 @@ int64_t lora_stack_activations(const ModelConfig& c, int64_t rows, int64_t) {
 // when kept so), one block's float32 buffers (those a layer does not keep, and those it keeps
 // in 16 bits), the shared ones, and the workspaces: the attention's score blocks, the LM
 // head's chunk of logits, its per-token state and losses, the NF4 products' dequantized
-// panel.
+// panel, and the Gated DeltaNet layers' chunk states.
 int64_t causal_lm_activations(const ModelConfig& c, int64_t rows, int64_t seq_len) {
   const DecoderSpec s = decoder_spec_of(c);
   const DecoderBuffers b =
@@ -82,10 +82,22 @@ int64_t causal_lm_activations(const ModelConfig& c, int64_t rows, int64_t seq_le
   // too.
   const int64_t bf16_unit =
       bf16_operand_copies(c) > 0 ? add(mul(2, mul(s.vocab, s.hidden)), bf16_operand_copies(c)) : 0;
-  return add(add(add(mul(tokens, mul(s.layers, layer_bytes)),
-                     mul(4, add(mul(tokens, add(one_block, shared)), workspaces))),
-                 panel),
-             bf16_unit);
+  // The Gated DeltaNet layers' chunk states (each layer's, or one set with activation
+  // checkpointing): Hv dk dv floats a chunk of 64 tokens of a row (a packed row's
+  // documents start chunks of their own: a few more).
+  int64_t states = 0;
+  if (s.any_mixer(Mixer::linear)) {
+    int64_t linear_layers = 0;
+    for (const LayerSpec& l : s.layer) linear_layers += l.mixer == Mixer::linear ? 1 : 0;
+    const LinearAttentionSpec& L = s.linear;
+    states = mul(mul(mul(rows, (S + 63) / 64), mul(L.value_heads, mul(L.key_dim, L.value_dim))),
+                 mul(4, c.activation_checkpointing ? 1 : linear_layers));
+  }
+  return add(add(add(add(mul(tokens, mul(s.layers, layer_bytes)),
+                         mul(4, add(mul(tokens, add(one_block, shared)), workspaces))),
+                     panel),
+                 bf16_unit),
+             states);
 }
 
 std::map<std::string, ModelKind>& registry() {

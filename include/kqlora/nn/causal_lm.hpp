@@ -25,6 +25,7 @@
 #include "kqlora/nn/bfloat16_copy.hpp"
 #include "kqlora/nn/decoder_buffers.hpp"
 #include "kqlora/nn/decoder_spec.hpp"
+#include "kqlora/nn/gated_deltanet.hpp"
 #include "kqlora/nn/lm_head_cross_entropy.hpp"
 #include "kqlora/nn/lora_projection.hpp"
 #include "kqlora/nn/lora_targets.hpp"
@@ -90,6 +91,10 @@ class CausalLm : public Model<ExecSpace> {
     // gpt-oss: its experts' biases ([E, I], [E, I], [E, hidden]) and the attention's sinks
     const ParamEntry *gate_bias = nullptr, *up_bias = nullptr, *down_bias = nullptr;
     const ParamEntry* sinks = nullptr;
+    // A Gated DeltaNet layer's frozen conv weight, dt_bias, A_log and gated norm weight.
+    const ParamEntry *lin_conv = nullptr, *lin_dt_bias = nullptr, *lin_a_log = nullptr,
+                     *lin_norm = nullptr;
+    int group = 0;  // its parameter group (FSDP's unit)
     std::vector<Expert> experts;
     // Its experts' adapters (A, B; null: none), expert-major (causal_lm.cpp).
     std::pair<const ParamEntry*, const ParamEntry*> gate_up_lora{}, down_lora{};
@@ -99,6 +104,10 @@ class CausalLm : public Model<ExecSpace> {
   DecoderBuffers table_of_buffers_;
   std::vector<bool> targets_;
   std::vector<Block> blocks_;
+  // Gated DeltaNet layers: the batch's documents, and each layer's chunk states (one set
+  // with activation checkpointing).
+  DeltaRuleDocuments<Mem> lin_docs_;
+  std::vector<Kokkos::View<float*, Mem>> lin_states_;
   const ParamEntry *embed_ = nullptr, *norm_ = nullptr, *head_ = nullptr;
   std::vector<RopeTable<Mem>> rope_;
   std::vector<const std::vector<float>*> rope_freqs_;  // the set each table was built from
@@ -174,6 +183,19 @@ class CausalLm : public Model<ExecSpace> {
                           const Matrix<Mem>& gx);
   /// clip_qkv's backward on the gradients of q, k and v (before their norms').
   void clip_qkv_backward(int layer, Buffers& c);
+  /// A gated attention's q_proj output split into q and the gates (forward), and the
+  /// gradients of both gathered into its (backward).
+  void split_gated_q(Buffers& c);
+  void gather_gated_q_gradient();
+  /// A Gated DeltaNet layer (src/nn/decoder_linear_attention.cpp): from c[kN1] to its
+  /// out_proj's output (slot_output(lin_out)); backward as the attention's.
+  void linear_attention_forward(int layer, Buffers& c);
+  void linear_attention_backward(int layer, Buffers& c, const Matrix<Mem>& g_o, bool accumulate,
+                                 const Matrix<Mem>& gx);
+  /// A Gated DeltaNet layer's frozen tensors and kept values, views of block cache c.
+  GatedDeltaNetWeights<Mem> linear_weights(int layer) const;
+  GatedDeltaNetBuffers<Mem> linear_buffers(int layer, Buffers& c);
+  GatedDeltaNetShape linear_shape() const;
   /// The dense MLP (src/nn/decoder_dense_mlp.cpp): from c[kN2] to its down projection's
   /// output (slot_output(down)); backward as the attention's.
   void dense_mlp_forward(int layer, Buffers& c);

@@ -74,6 +74,30 @@ struct DecoderBuffers {
     kHDown,
     kShared,      // a shared expert's output before its gate [T, H]
     kSharedGate,  // sigmoid of its gate's logit [T]
+    // A gated attention's (Qwen3.5): q_proj's [q_h | gate_h] output, the gates, and the
+    // attention output times sigmoid(gate) (o_proj's input).
+    kQFull,
+    kAttnGate,
+    kAttGated,
+    // A Gated DeltaNet layer's (nn/gated_deltanet.hpp): its four input projections'
+    // outputs, the conv's output, the normalised q and k, v, beta, g, the rule's output,
+    // the L2 norms' and the gated norm's 1/rms, and the gated norm's output (out_proj's
+    // input).
+    kLinMixed,
+    kLinZ,
+    kLinB,
+    kLinA,
+    kLinConv,
+    kLinQ,
+    kLinK,
+    kLinV,
+    kLinBeta,
+    kLinG,
+    kLinCore,
+    kLinInvQ,
+    kLinInvK,
+    kLinInvNorm,
+    kLinOut,
     kBlockBuffers
   };
 
@@ -105,6 +129,25 @@ struct DecoderBuffers {
     kGW,
     kGLogits,
     kGShared,  // the shared expert's output gradient
+    kGQFull,   // a gated attention's: the gradient of q_proj's [q | gate] output
+    kGGateA,   //   and of the gates
+    // A Gated DeltaNet layer's backward: the gradients of out_proj's input, of the rule's
+    // output, of q and k per value head and per key head, of v, beta and g, of the conv's
+    // output, and of the four input projections' outputs.
+    kGLinOut,
+    kGLinCore,
+    kGLinQv,
+    kGLinKv,
+    kGLinQ,
+    kGLinK,
+    kGLinV,
+    kGLinBeta,
+    kGLinG,
+    kGLinConv,
+    kGLinMixed,
+    kGLinZ,
+    kGLinB,
+    kGLinA,
     kSharedBuffers
   };
 

@@ -33,12 +33,27 @@
 
 namespace kqlora {
 
-/// What a projection reads.
-enum class ProjectionInput { attn_norm, attn_out, mlp_norm, mlp_act };
+/// What a projection reads: the attention norm's output, the attention's (o's input), the
+/// MLP norm's, act(gate) * up, or a Gated DeltaNet mixer's output (out_proj's input).
+enum class ProjectionInput { attn_norm, attn_out, mlp_norm, mlp_act, linear_out };
 
 /// Where a projection's output columns go, in order (a fused qkv_proj writes [q | k | v]).
-enum class Slot { q, k, v, o, gate, up, down };
-constexpr int kSlots = 7;
+/// lin_*: a Gated DeltaNet layer's in_proj_qkv, in_proj_z, in_proj_b, in_proj_a and
+/// out_proj (docs/MODELS.md, "Gated DeltaNet").
+enum class Slot { q, k, v, o, gate, up, down, lin_qkv, lin_z, lin_b, lin_a, lin_out };
+constexpr int kSlots = 12;
+
+/// A layer's token mixer: softmax attention, or a Gated DeltaNet (linear attention).
+enum class Mixer { attention, linear };
+
+/// The mixer a slot belongs to (the MLP's slots: neither; `none`).
+inline bool attention_slot(Slot s) {
+  return s == Slot::q || s == Slot::k || s == Slot::v || s == Slot::o;
+}
+inline bool linear_slot(Slot s) {
+  return s == Slot::lin_qkv || s == Slot::lin_z || s == Slot::lin_b || s == Slot::lin_a ||
+         s == Slot::lin_out;
+}
 
 /// Where a norm sits (docs/MODELS.md): a block's attention input, attention output
 /// (sandwich), MLP input, MLP output (sandwich), the per-head q and k norms, the final norm.
@@ -128,6 +143,19 @@ struct LayerSpec {
   int rope = 0;         // index into DecoderSpec::ropes
   bool sparse = false;  // its MLP is the experts (DecoderSpec::experts), not the dense one
   bool rotary = true;   // false: q and k are not rotated (SmolLM3's no_rope_layers)
+  Mixer mixer = Mixer::attention;
+};
+
+/// The Gated DeltaNet layers' sizes and frozen tensors (docs/MODELS.md, "Gated DeltaNet"):
+/// under <layer>.<module>: conv1d.weight [conv_dim, 1, kernel], dt_bias and A_log
+/// [value_heads], norm.weight [value_dim / value_heads].
+struct LinearAttentionSpec {
+  int64_t key_heads = 0, value_heads = 0, key_dim = 0, value_dim = 0;  // per head: dk, dv
+  int64_t kernel = 4;
+  std::string module = "linear_attn";
+  int64_t key_width() const { return key_heads * key_dim; }
+  int64_t value_width() const { return value_heads * value_dim; }
+  int64_t conv_width() const { return 2 * key_width() + value_width(); }
 };
 
 struct DecoderSpec {
@@ -147,6 +175,10 @@ struct DecoderSpec {
   float final_softcap = 0;        // the same on the logits
   float clip_qkv = 0;             // 0: none; else q, k (after their norms) and v clamped to [-c, c]
   bool sinks = false;             // per-head sink logits self_attn.sinks [heads] (gpt-oss)
+  // Qwen3.5's gated attention: q_proj writes [q_h | gate_h] per head (2 head_dim each) and
+  // the attention output is multiplied by sigmoid(gate) before o_proj.
+  bool attn_output_gate = false;
+  LinearAttentionSpec linear;  // the Gated DeltaNet layers' (LayerSpec::mixer linear)
   bool tied = false;
   std::vector<RopeSpec> ropes;
   std::vector<LayerSpec> layer;    // one per layer
@@ -166,9 +198,19 @@ struct DecoderSpec {
   /// The index of the projection writing slot s.
   int writer(Slot s) const;
   /// Whether layer l has projection p: a sparse layer has the dense MLP's projections only
-  /// as its shared expert (docs/MODELS.md, "Experts").
+  /// as its shared expert (docs/MODELS.md, "Experts"); an attention layer the attention's,
+  /// a Gated DeltaNet layer its own.
   bool has_projection(int64_t l, const ProjectionSpec& p) const {
-    return !layer[static_cast<size_t>(l)].sparse || !reads_mlp(p) || shared_expert(l);
+    const LayerSpec& at = layer[static_cast<size_t>(l)];
+    if (attention_slot(p.slots[0])) return at.mixer == Mixer::attention;
+    if (linear_slot(p.slots[0])) return at.mixer == Mixer::linear;
+    return !at.sparse || !reads_mlp(p) || shared_expert(l);
+  }
+  /// Whether any layer has the mixer.
+  bool any_mixer(Mixer m) const {
+    for (const LayerSpec& at : layer)
+      if (at.mixer == m) return true;
+    return false;
   }
   /// Whether p is one of the dense MLP's projections.
   static bool reads_mlp(const ProjectionSpec& p) {

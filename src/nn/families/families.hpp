@@ -23,5 +23,6 @@ DecoderSpec smollm3_family(HfConfigReader& r, const std::string& model_type);
 DecoderSpec olmo2_family(HfConfigReader& r, const std::string& model_type);
 DecoderSpec olmo3_family(HfConfigReader& r, const std::string& model_type);
 DecoderSpec granite_family(HfConfigReader& r, const std::string& model_type);
+DecoderSpec qwen3_5_family(HfConfigReader& r, const std::string& model_type);  // qwen3_5_text
 
 }  // namespace kqlora::impl

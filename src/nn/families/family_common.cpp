@@ -65,6 +65,22 @@ void bound_sizes(HfConfigReader& r, const DecoderSpec& s) {
 
 }  // namespace
 
+void bound_linear_sizes(HfConfigReader& r, const LinearAttentionSpec& L, int64_t hidden) {
+  refuse_beyond_node(r,
+                     {{"linear_num_key_heads", L.key_heads},
+                      {"linear_num_value_heads", L.value_heads},
+                      {"linear_key_head_dim", L.key_dim},
+                      {"linear_value_head_dim", L.value_dim}},
+                     {L.conv_width(), hidden}, "in_proj_qkv");
+  refuse_beyond_node(r,
+                     {{"linear_num_value_heads", L.value_heads},
+                      {"linear_key_head_dim", L.key_dim},
+                      {"linear_value_head_dim", L.value_dim}},
+                     {L.value_heads, L.key_dim, L.value_dim, 8}, "the delta rule's states");
+  refuse_beyond_node(r, {{"linear_conv_kernel_dim", L.kernel}}, {L.conv_width(), L.kernel},
+                     "conv1d");
+}
+
 void read_dims(HfConfigReader& r, const FamilyDefaults& d, DecoderSpec& s) {
   auto dim = [&](const char* key, int64_t fallback) {
     if (!r.has(key) && fallback > 0)

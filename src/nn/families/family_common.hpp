@@ -78,6 +78,10 @@ void read_router(HfConfigReader& r, int64_t experts_default, int64_t top_k_defau
 /// node's memory, else the field is named (called for every family after its reader).
 void bound_expert_sizes(HfConfigReader& r, const DecoderSpec& s);
 
+/// A Gated DeltaNet layer's sizes bounded by this node's memory (in_proj_qkv, the states,
+/// the conv), naming the field.
+void bound_linear_sizes(HfConfigReader& r, const LinearAttentionSpec& L, int64_t hidden);
+
 /// Which layers are sparse (Qwen2-MoE's and Qwen3-MoE's rule, as transformers): layer l
 /// when (l + 1) % decoder_sparse_step == 0 and mlp_only_layers does not name it.
 void read_sparse_layers(HfConfigReader& r, DecoderSpec& s);

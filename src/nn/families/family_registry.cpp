@@ -18,14 +18,23 @@ using Builder = DecoderSpec (*)(impl::HfConfigReader&, const std::string&);
 // One row per model_type (a family file may serve several).
 const std::vector<std::pair<std::string, Builder>>& families() {
   static const std::vector<std::pair<std::string, Builder>> table = {
-      {"llama", impl::llama_family},         {"mistral", impl::llama_family},
-      {"qwen2", impl::qwen2_family},         {"qwen3", impl::qwen3_family},
-      {"gemma2", impl::gemma2_family},       {"gemma3_text", impl::gemma3_family},
-      {"phi3", impl::phi3_family},           {"qwen3_moe", impl::qwen3_moe_family},
-      {"mixtral", impl::mixtral_family},     {"olmoe", impl::olmoe_family},
-      {"qwen2_moe", impl::qwen2_moe_family}, {"gpt_oss", impl::gpt_oss_family},
-      {"smollm3", impl::smollm3_family},     {"olmo2", impl::olmo2_family},
-      {"olmo3", impl::olmo3_family},         {"granite", impl::granite_family},
+      {"llama", impl::llama_family},
+      {"mistral", impl::llama_family},
+      {"qwen2", impl::qwen2_family},
+      {"qwen3", impl::qwen3_family},
+      {"gemma2", impl::gemma2_family},
+      {"gemma3_text", impl::gemma3_family},
+      {"phi3", impl::phi3_family},
+      {"qwen3_moe", impl::qwen3_moe_family},
+      {"mixtral", impl::mixtral_family},
+      {"olmoe", impl::olmoe_family},
+      {"qwen2_moe", impl::qwen2_moe_family},
+      {"gpt_oss", impl::gpt_oss_family},
+      {"smollm3", impl::smollm3_family},
+      {"olmo2", impl::olmo2_family},
+      {"olmo3", impl::olmo3_family},
+      {"granite", impl::granite_family},
+      {"qwen3_5_text", impl::qwen3_5_family},
   };
   return table;
 }
@@ -49,16 +58,33 @@ void validate(const DecoderSpec& s) {
           p.slots.size() == 1 || std::find(p.slots.begin(), p.slots.end(), slot) == p.slots.end(),
           s.model_type << ": " << p.name << " fuses o or down");
     const auto input_of = [](Slot x) {
-      return x == Slot::q || x == Slot::k || x == Slot::v ? ProjectionInput::attn_norm
-             : x == Slot::o                               ? ProjectionInput::attn_out
-             : x == Slot::down                            ? ProjectionInput::mlp_act
-                                                          : ProjectionInput::mlp_norm;
+      return x == Slot::q || x == Slot::k || x == Slot::v || (linear_slot(x) && x != Slot::lin_out)
+                 ? ProjectionInput::attn_norm
+             : x == Slot::o       ? ProjectionInput::attn_out
+             : x == Slot::lin_out ? ProjectionInput::linear_out
+             : x == Slot::down    ? ProjectionInput::mlp_act
+                                  : ProjectionInput::mlp_norm;
     };
+    for (Slot slot : p.slots)  // (a fused projection stays within one mixer)
+      KQLORA_CHECK(attention_slot(slot) == attention_slot(p.slots[0]) &&
+                       linear_slot(slot) == linear_slot(p.slots[0]),
+                   s.model_type << ": " << p.name << " fuses slots of two mixers");
     for (Slot slot : p.slots)
       KQLORA_CHECK(input_of(slot) == p.input,
                    s.model_type << ": " << p.name << " writes a slot of another input");
   }
-  for (int w : writers) KQLORA_CHECK(w == 1, s.model_type << ": a slot is not written once");
+  // (each slot of a mixer some layer has written once; a mixer no layer has, none of its)
+  for (int i = 0; i < kSlots; ++i) {
+    const Slot slot = static_cast<Slot>(i);
+    const bool used = attention_slot(slot) ? s.any_mixer(Mixer::attention)
+                      : linear_slot(slot)  ? s.any_mixer(Mixer::linear)
+                                           : true;
+    KQLORA_CHECK(writers[i] == (used ? 1 : 0), s.model_type << ": a slot is not written once");
+  }
+  KQLORA_CHECK(!s.any_mixer(Mixer::linear) ||
+                   (s.linear.key_heads >= 1 && s.linear.value_heads % s.linear.key_heads == 0 &&
+                    s.linear.key_dim >= 1 && s.linear.value_dim >= 1 && s.linear.kernel >= 1),
+               s.model_type << ": Gated DeltaNet layers without valid sizes");
   KQLORA_CHECK((s.norm(NormRole::q) == nullptr) == (s.norm(NormRole::k) == nullptr),
                s.model_type << ": q and k norms come together");
   // (the clamp's backward recomputes the normalised q and k: it needs their norms)
@@ -120,14 +146,22 @@ DecoderSpec parse_decoder_config(const std::string& text, const std::string& sou
 
 int64_t DecoderSpec::slot_width(Slot s) const {
   switch (s) {
-    case Slot::q:
-      return q_features();
+    case Slot::q:  // (a gated attention's q_proj writes [q_h | gate_h] per head)
+      return attn_output_gate ? 2 * q_features() : q_features();
     case Slot::k:
     case Slot::v:
       return kv_features();
     case Slot::o:
     case Slot::down:
+    case Slot::lin_out:
       return hidden;
+    case Slot::lin_qkv:
+      return linear.conv_width();
+    case Slot::lin_z:
+      return linear.value_width();
+    case Slot::lin_b:
+    case Slot::lin_a:
+      return linear.value_heads;
     default:
       return intermediate;
   }
@@ -165,6 +199,8 @@ int64_t DecoderSpec::in_features(const ProjectionSpec& p) const {
       return q_features();
     case ProjectionInput::mlp_act:
       return intermediate;
+    case ProjectionInput::linear_out:
+      return linear.value_width();
     default:
       return hidden;
   }
