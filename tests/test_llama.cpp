@@ -164,7 +164,6 @@ TEST_P(LlamaReference, LogitsLossAndLoraGradientsMatchTransformersPeft) {
     double d = 0;
     for (int64_t i = 0; i < e->numel(); ++i)
       d = std::max(d, std::fabs(grads(e->offset + i) - g[i]));
-    if (std::getenv("KQLORA_TEST_SHOW")) std::printf("%s %.3g\n", e->name.c_str(), d / max_abs(g));
     EXPECT_LE(d, 1e-4 * max_abs(g))
         << c.name << ": " << e->name << " (max |ref| " << max_abs(g) << ")";
     ++checked;
