@@ -6,7 +6,9 @@ llama_export_transformers, family_export):
         [CASE_DIR WORKDIR ...]
 
 CASE_DIR is a tests/data/llama_reference or family_reference case (config.json,
-model.safetensors, data.h5). Several cases run in one process, so torch, transformers and
+model.safetensors, data.h5); CASE_DIR@multimodal, a qwen3_5_text case written first as the
+hub ships Qwen3.5 (a multimodal qwen3_5 directory, multimodal_directory below), where
+PEFT must also put --peft's adapters on AutoModelForCausalLM of that directory. Several cases run in one process, so torch, transformers and
 PEFT are imported once (11 s on a slow CPU); each is checked even after one fails. transformers runs with eager attention (its soft-caps and
 windows are the eager path's).
 Trains 5 AdamW steps with kqlora-train (LoRA dropout on, eval over data.h5 after the last
@@ -54,6 +56,8 @@ def main():
     for case, work in zip(pairs[0::2], pairs[1::2]):
         print("== %s" % case, flush=True)
         try:
+            if case.endswith("@multimodal"):  # (the Qwen3.5 text case as the hub ships it)
+                case = multimodal_directory(case[:-len("@multimodal")], work + "_model")
             ok = check_case(train, export, case, work)
         except subprocess.CalledProcessError as e:  # a kqlora app failed: its output
             print("FAILED: %s exited %d\n%s" % (" ".join(e.cmd), e.returncode, e.stdout))
@@ -62,6 +66,30 @@ def main():
             failed.append(case)
     print("Passed!" if not failed else "Failed: " + ", ".join(failed))
     return 0 if not failed else 1
+
+
+def multimodal_directory(text_case, out):
+    """A qwen3_5_text case as a multimodal qwen3_5 directory (Qwen3_5ForConditionalGeneration:
+    the case's decoder under model.language_model., a tiny random vision tower beside it),
+    with the case's data.h5 and case.txt."""
+    from transformers import Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration
+    shutil.rmtree(out, ignore_errors=True)
+    text = Qwen3_5ForCausalLM.from_pretrained(text_case, dtype=torch.float32)
+    tc = text.config.to_dict()
+    vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=32,
+                  out_hidden_size=tc["hidden_size"])
+    torch.manual_seed(5)
+    model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(
+        text_config=tc, vision_config=vision,
+        tie_word_embeddings=tc.get("tie_word_embeddings", False))).float()
+    state = {("model.language_model." + k[6:] if k.startswith("model.") else k): v
+             for k, v in text.state_dict().items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all(k.startswith("model.visual.") for k in missing)
+    model.save_pretrained(out)
+    for name in ("data.h5", "case.txt"):
+        shutil.copy(os.path.join(text_case, name), os.path.join(out, name))
+    return out
 
 
 def check_case(train, export, case, work):
@@ -168,6 +196,22 @@ def check_case(train, export, case, work):
                        abs(got - all_linear_want) <= 1e-4 * abs(all_linear_want)))
     untrained = loss_of(AutoModelForCausalLM.from_pretrained(
         os.path.join(work, "base"), dtype=torch.float32, attn_implementation="eager"))
+    if "text_config" in hf_cfg:
+        # A multimodal directory (Qwen3.5): PEFT puts --peft's adapters on the model a user
+        # loads from the case's own directory (AutoModelForCausalLM: its text decoder),
+        # every tensor of the file at its place.
+        from safetensors.torch import load_file
+        own = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(case, dtype=torch.float32), os.path.join(
+                work, "peft"))
+        saved = load_file(os.path.join(work, "peft", "adapter_model.safetensors"))
+        params = {n.replace(".default", ""): p for n, p in own.named_parameters()
+                  if "lora_" in n}
+        same = sorted(params) == sorted(saved) and all(
+            torch.equal(params[n].detach(), saved[n]) for n in saved)
+        checks.append(("PEFT loads --peft onto AutoModelForCausalLM(%s) (%s): %d tensors "
+                       "in place" % (os.path.basename(case), type(own.base_model.model).__name__,
+                                     len(saved)), same))
     # PEFT's own writer, read back by kqlora (init_file = a PEFT adapter directory; lr 0
     # leaves the adapters as loaded): the same eval loss.
     peft_model.save_pretrained(os.path.join(work, "peft_saved"))
@@ -269,7 +313,7 @@ def check_case(train, export, case, work):
     if hf_cfg.get("model_type") == "gpt_oss":
         print("note: transformers' packed rows not compared: GptOssModel ignores position_ids "
               "in its masks (%.7f)" % hf_packed)
-    elif "linear_attention" in hf_cfg.get("layer_types", []):
+    elif "linear_attention" in (hf_cfg.get("text_config") or hf_cfg).get("layer_types", []):
         print("note: transformers' packed rows not compared: its Gated DeltaNet layers carry "
               "their state across documents (%.7f)" % hf_packed)
     else:

@@ -50,9 +50,10 @@ std::vector<Case> family_cases() {
   const std::string root = std::string(KQLORA_TEST_DATA_DIR) + "/family_reference/";
   std::vector<Case> out;
   for (const char* name :
-       {"qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "phi3_long", "mistral_window",
-        "qwen3_moe", "qwen3_moe_raw", "qwen3_moe_experts", "mixtral", "qwen3_moe_aux", "olmoe",
-        "qwen2_moe", "gpt_oss", "smollm3", "olmo2", "olmo3", "granite", "qwen3_5_text"}) {
+       {"qwen2",     "qwen3",          "gemma2",    "gemma3_text",   "phi3",
+        "phi3_long", "mistral_window", "qwen3_moe", "qwen3_moe_raw", "qwen3_moe_experts",
+        "mixtral",   "qwen3_moe_aux",  "olmoe",     "qwen2_moe",     "gpt_oss",
+        "smollm3",   "olmo2",          "olmo3",     "granite",       "qwen3_5_text"}) {
     Case c{name, root + name, "all-linear"};
     std::ifstream f(c.dir + "/case.txt");
     for (std::string line; std::getline(f, line);) {
@@ -938,6 +939,61 @@ TEST(NewFamilies, FieldsGiveTheSpecTransformersBuilds) {
       with_field(with_field(granite, "logits_scaling", "1.0"), "residual_multiplier", "1"), "c");
   EXPECT_EQ(one.logits_divisor, 0.0f);
   EXPECT_EQ(one.residual_multiplier, 0.0f);
+}
+
+// Qwen3.5 as the hub ships it (issue 51): a multimodal qwen3_5 directory (the text
+// decoder's fields under text_config, its tensors under model.language_model., a vision
+// tower and a multi-token prediction head beside them) loads the text case's bytes, says
+// what it skips, and gives the text case's numbers; text_config of another model_type
+// and a tie_word_embeddings disagreeing with text_config's are refused naming the field.
+TEST(NewFamilies, Qwen35MultimodalDirectoryReadsTheTextDecoder) {
+  Case text;
+  for (const Case& c : family_cases())
+    if (c.name == "qwen3_5_text") text = c;
+  ASSERT_FALSE(text.dir.empty());
+  const std::string cfg = read_text(text.dir + "/config.json");
+  const std::string multimodal =
+      "{\"architectures\": [\"Qwen3_5ForConditionalGeneration\"], \"model_type\": \"qwen3_5\", "
+      "\"image_token_id\": 90, \"video_token_id\": 91, \"vision_start_token_id\": 92, "
+      "\"vision_end_token_id\": 93, \"tie_word_embeddings\": false, "
+      "\"vision_config\": {\"depth\": 1, \"hidden_size\": 32}, \"text_config\": " +
+      cfg + "}";
+  const std::string dir = tmp_dir("qwen3_5_multimodal");
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  std::ofstream(dir + "/config.json") << multimodal;
+  const auto src = kqlora::safetensors::read_header(text.dir + "/model.safetensors");
+  std::vector<std::vector<uint8_t>> bytes;
+  bytes.reserve(src.tensors.size() + 2);
+  std::vector<kqlora::safetensors::TensorToWrite> ts;
+  for (const auto& t : src.tensors) {
+    bytes.push_back(kqlora::safetensors::read_bytes(src, t));
+    const std::string name = t.name.rfind("model.", 0) == 0
+                                 ? "model.language_model." + t.name.substr(6)
+                                 : t.name;  // (lm_head.weight keeps its name)
+    ts.push_back({name, t.dtype, t.shape, bytes.back().data(), bytes.back().size()});
+  }
+  const std::vector<float> extra(64, 0.5f);
+  ts.push_back({"model.visual.blocks.0.attn.proj.weight", "F32", {8, 8}, extra.data(), 256});
+  ts.push_back({"mtp.fc.weight", "F32", {8, 8}, extra.data(), 256});
+  kqlora::safetensors::write(dir + "/model.safetensors", ts);
+
+  std::string log;
+  auto a = load_dir(text.dir);
+  auto b = load_dir(dir, &log);
+  expect_same_weights(*a, *b);
+  EXPECT_NE(log.find("under 'model.visual.' are not read: the vision tower"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("under 'mtp.' are not read"), std::string::npos) << log;
+  EXPECT_EQ(log.find("are not read ("), std::string::npos) << log;  // (nothing else unread)
+  const Data d = read_data(text.dir);
+  EXPECT_EQ(a->loss(d.batch, d.count), b->loss(d.batch, d.count));
+
+  expect_config_error(with_field(multimodal, "tie_word_embeddings", "true"),
+                      {"dir/config.json", "'tie_word_embeddings'", "true"});
+  const std::string other = multimodal.substr(0, multimodal.find("\"text_config\"")) +
+                            "\"text_config\": " + with_field(cfg, "model_type", "\"qwen3_text\"") +
+                            "}";
+  expect_config_error(other, {"dir/config.json", "'text_config.model_type'", "qwen3_text"});
 }
 
 // Mixtral in transformers 5's names (what its save_pretrained writes: mlp.gate, the fused

@@ -105,6 +105,8 @@ ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
   using Dist = InitRule::Dist;
   ParamTable t;
   t.model_kind = cfg.kind;
+  t.file_prefix = s.file_prefix;
+  t.skipped_prefixes = s.skipped;
   ParamEntry dense;
   dense.kind = ParamKind::dense;
   dense.dtype = cfg.dtype;

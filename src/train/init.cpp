@@ -120,6 +120,21 @@ struct InitFile {
     path = weights;
   }
 
+  /// A multimodal model file's language model under the table's names: `file_prefix`X is
+  /// read as model.X (the other tensors keep their names: lm_head.weight, a vision tower).
+  void map_file_prefix(const std::string& file_prefix) {
+    if (file_prefix.empty() || !source) return;
+    std::vector<std::string> moved;
+    for (const auto& n : names)
+      if (n.rfind(file_prefix, 0) == 0) moved.push_back(n);
+    for (const auto& n : moved) {
+      const std::string mine = "model." + n.substr(file_prefix.size());
+      names.erase(n);
+      names.insert(mine);
+      stored[mine] = n;
+    }
+  }
+
   /// A PEFT directory's expert adapters (target_parameters) under the table's names: A as
   /// stored, B from PEFT's [out, r * E] layout (docs/MODELS.md, "Experts").
   void map_expert_adapters(const ParamTable& t) {
@@ -230,7 +245,7 @@ struct InitFile {
                                     << "': a fused tensor in an HDF5 init_file is not read");
     const auto shape_of = [&](const std::string& name) {
       for (const auto& x : source->entries())
-        if (x.name == name) return x.shape;
+        if (x.name == stored_name(name)) return x.shape;
       return std::vector<int64_t>();
     };
     const int64_t rows = e.shape.size() == 2 ? e.shape[0] : 1, cols = e.shape.back();
@@ -245,7 +260,7 @@ struct InitFile {
                                              << " has shape " << shape_text(got) << ", expected "
                                              << shape_text(a.shape));
       span.resize(static_cast<size_t>(hi - lo));
-      source->load_f32_range(a.tensor, lo, hi - lo, span.data());
+      source->load_f32_range(stored_name(a.tensor), lo, hi - lo, span.data());
     } else {
       // MXFP4: the source rows the span covers, decoded (quant/mxfp4.hpp).
       const int64_t C = a.shape.back();
@@ -267,8 +282,10 @@ struct InitFile {
       const int64_t r0 = lo / C, r1 = (hi - 1) / C + 1;
       std::vector<uint8_t> b(static_cast<size_t>((r1 - r0) * C / 2)),
           sc(static_cast<size_t>((r1 - r0) * C / 32));
-      source->load_u8_range(blocks, r0 * C / 2, static_cast<int64_t>(b.size()), b.data());
-      source->load_u8_range(scales, r0 * C / 32, static_cast<int64_t>(sc.size()), sc.data());
+      source->load_u8_range(stored_name(blocks), r0 * C / 2, static_cast<int64_t>(b.size()),
+                            b.data());
+      source->load_u8_range(stored_name(scales), r0 * C / 32, static_cast<int64_t>(sc.size()),
+                            sc.data());
       span.resize(static_cast<size_t>((r1 - r0) * C));
       mxfp4_decode(b.data(), sc.data(), r1 - r0, C, span.data(),
                    path + ": tensor '" + a.tensor + "' (rows " + std::to_string(r0) + " on)");
@@ -326,6 +343,7 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
     log << "init: hf_model_dir " << cfg.hf_model_dir
         << " has no weights file: every base tensor from the init_file\n";
   InitFile base(weights);
+  base.map_file_prefix(model.table().file_prefix);
   int from_file = 0, from_base = 0, from_seed = 0;
   // (an entry read from its alternative place: a fused expert parameter of the base's)
   auto sliced = [&](const ParamEntry& e) {
@@ -469,7 +487,17 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
   };
   if (!base.path.empty()) {
     log << "init: " << from_base << " tensors from " << base.path << "\n";
-    const auto unused = unused_of(base);
+    auto unused = unused_of(base);
+    // (what the config says is not read -- a vision tower -- reported once a prefix)
+    for (const auto& [prefix, why] : model.table().skipped_prefixes) {
+      const auto skipped = std::stable_partition(
+          unused.begin(), unused.end(), [&](const auto& n) { return n.rfind(prefix, 0) == 0; });
+      const auto count = skipped - unused.begin();
+      if (count > 0)
+        log << "init: " << count << " tensors of " << base.path << " under '" << prefix
+            << "' are not read: " << why << "\n";
+      unused.erase(unused.begin(), skipped);
+    }
     for (const auto& n : unused)  // (a tensor of the table may come from the init_file)
       for (const auto& prefix :
            model.table().find(n) ? std::vector<std::string>() : model.table().owned_prefixes)

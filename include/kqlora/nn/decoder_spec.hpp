@@ -26,6 +26,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kqlora/nn/elementwise.hpp"
@@ -184,6 +185,10 @@ struct DecoderSpec {
   std::vector<LayerSpec> layer;    // one per layer
   ExpertsSpec experts;             // the sparse layers' MLP
   std::vector<std::string> notes;  // for the log (defaults taken)
+  // A multimodal directory (Qwen3.5's qwen3_5): where its files keep the "model.*"
+  // tensors, and the prefixes of what is not read, each with why.
+  std::string file_prefix;
+  std::vector<std::pair<std::string, std::string>> skipped;
 
   int64_t q_features() const { return heads * head_dim; }
   int64_t kv_features() const { return kv_heads * head_dim; }

@@ -110,6 +110,12 @@ struct ParamTable {
   /// layer's experts: an expert the config does not have is a damaged or mismatched model,
   /// not a tensor to skip with a note).
   std::vector<std::string> owned_prefixes;
+  /// Where the model's files keep the tensors the table names "model.*" (empty: there):
+  /// a multimodal directory's language model, "model.language_model." (Qwen3.5).
+  std::string file_prefix;
+  /// Name prefixes of a model file's tensors that are not read, each with why (a vision
+  /// tower, a multi-token prediction head): reported together at set-up.
+  std::vector<std::pair<std::string, std::string>> skipped_prefixes;
   int64_t num_trainable = 0;  // floats in the flat buffers
 
   /// Appends an entry (a new group when `group` names none yet); trainable entries are

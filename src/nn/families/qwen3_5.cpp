@@ -113,3 +113,38 @@ DecoderSpec qwen3_5_family(HfConfigReader& r, const std::string& model_type) {
 }
 
 }  // namespace kqlora::impl
+
+namespace kqlora::impl {
+
+DecoderSpec qwen3_5_multimodal_family(HfConfigReader& r, const std::string& model_type) {
+  // Qwen3.5 as the hub ships it (Qwen3_5ForConditionalGeneration): the text decoder's
+  // fields under text_config, its tensors under model.language_model.; the vision tower
+  // (vision_config, model.visual.*) and the multi-token prediction head (mtp.*) are not
+  // read (docs/MODELS.md, "Gated DeltaNet").
+  accept_common_fields(r);
+  r.accept({"vision_config", "image_token_id", "video_token_id", "vision_start_token_id",
+            "vision_end_token_id"});
+  HfConfigReader t = r.object("text_config");
+  const std::string inner = t.string("model_type", "qwen3_5_text", false);
+  if (inner != "qwen3_5_text")
+    t.fail("model_type", "is " + json::quote(inner) +
+                             "; a qwen3_5 directory's text_config is "
+                             "\"qwen3_5_text\"");
+  DecoderSpec s = qwen3_5_family(t, model_type);
+  t.finish();
+  // (the head is tied by the top-level field in transformers' multimodal class and by the
+  // text config's in Qwen3_5ForCausalLM: the two must agree)
+  if (r.has("tie_word_embeddings") && r.boolean("tie_word_embeddings", false) != s.tied)
+    r.fail("tie_word_embeddings", "is " + value_text(*r.get("tie_word_embeddings")) +
+                                      " but text_config's is " + (s.tied ? "true" : "false") +
+                                      ": the two ways to load the model would differ");
+  s.file_prefix = "model.language_model.";
+  s.skipped = {{"model.visual.", "the vision tower (kqlora trains the text decoder)"},
+               {"mtp.", "the multi-token prediction head (not trained)"}};
+  s.notes.push_back(
+      "a multimodal qwen3_5 directory: the text decoder (text_config, "
+      "model.language_model.*) is read; the vision tower is not");
+  return s;
+}
+
+}  // namespace kqlora::impl
