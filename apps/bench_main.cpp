@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "app_main.hpp"
+#include "bench_gated_deltanet.hpp"
 #include "bench_gemm_engines.hpp"
 #include "bench_llama.hpp"
 #include "bench_record.hpp"
@@ -32,6 +33,7 @@ namespace {
 const char* usage =
     "usage: kqlora-bench [--json FILE] [--filter TEXT] [--sizes N,...] [--tokens T,...]\n"
     "                    [--linear-dim N] [--gemm-size N] [--repeats N] [--pairs N]\n"
+    "                    [--delta-tokens T,...]\n"
     "\n"
     "Benchmarks kqlora's kernels and prints a table (median time, bandwidth, throughput).\n"
     "Records:\n"
@@ -66,6 +68,10 @@ const char* usage =
     "  Kokkos Tools callbacks kernel_launches, deep_copies and fences (Kokkos >= 3.6);\n"
     "  with --llama-layers 1 and 2, the difference is one layer's and the rest the\n"
     "  embedding, the final norm and the LM head's)\n"
+    "  gated_deltanet_fwd_bwd_tT  a Qwen3.5-2B-like Gated DeltaNet layer's token mixer\n"
+    "                           (16 key and value heads of 128) forward and backward over one\n"
+    "                           row of T tokens (--delta-tokens, default 1024,16384); its time\n"
+    "                           a token against the first T's is printed\n"
     "  tensor_read_NxN_f32|bf16[_plain]  for each size N, a base tensor read from a\n"
     "                           safetensors file (page cache) into float32 as set-up reads it\n"
     "                           (NaN and Inf looked for in the same pass), and the plain read\n"
@@ -387,6 +393,9 @@ int bench_main(std::vector<std::string>& args) {
   };
   if (kqlora::app::take_option(args, "--repeats", &v)) repeats = count(v, "--repeats");
   if (kqlora::app::take_option(args, "--pairs", &v)) pairs = count(v, "--pairs");
+  std::string delta_tokens_text = "1024,16384";
+  kqlora::app::take_option(args, "--delta-tokens", &delta_tokens_text);
+  const auto delta_tokens = positive_list(delta_tokens_text, "--delta-tokens");
   std::string llama = "135m", llama_batches_text = "1,4", llama_dtype = "float32";
   int64_t llama_seq = 256;
   kqlora::app::take_option(args, "--llama", &llama);
@@ -439,6 +448,7 @@ int bench_main(std::vector<std::string>& args) {
   for (int64_t t : tokens) nf4_product_records(linear_dim, t, pairs, filter, records);
   std::ostringstream llama_report;
   for (int64_t n : sizes) kqlora::bench::tensor_read_records(n, pairs, filter, records);
+  kqlora::bench::gated_deltanet_records(delta_tokens, repeats, filter, records);
   kqlora::bench::LlamaShape shape;
   if (llama != "none") shape = kqlora::bench::llama_shape(llama, llama_layers);
   if (llama != "none")
@@ -478,7 +488,11 @@ int bench_main(std::vector<std::string>& args) {
     if (r.name.rfind("gemm_f32_", 0) == 0 && peak > 0)
       std::cout << r.name << " / fma_peak_f32: " << std::fixed << std::setprecision(1)
                 << 100 * r.flops / r.median_s / peak << "% of one core's FMA peak\n";
-    if (r.ratio_to_dense > 0)
+    if (r.ratio_to_dense > 0 && r.name.rfind("gated_deltanet_", 0) == 0)
+      std::cout << r.name << ": " << std::fixed << std::setprecision(3)
+                << 1e6 * r.median_s / r.elements << " us a token, " << r.ratio_to_dense
+                << "x the first length's per token\n";
+    else if (r.ratio_to_dense > 0)
       std::cout << r.name
                 << (r.name.rfind("tensor_read_", 0) == 0 ? " / plain read: " : " / dense: ")
                 << std::fixed << std::setprecision(3) << r.ratio_to_dense << "x (median of "

@@ -105,22 +105,24 @@ using DeltaRuleStates = typename DeltaRuleStatesOf<M>::type;
 
 namespace impl {
 
-/// One chunk's recomputable terms, in a team's scratch (row-major, n <= 64 rows).
+/// One chunk's recomputable terms, in a team's scratch (row-major, n <= 64 rows): G, its
+/// exp(G_i) and exp(G_last - G_i), Gamma, B = (K K^T) . Gamma and P = (Q K^T) . Gamma (lower,
+/// the diagonal included), Tinv, U, W and Vn = U - W S0.
 template <class Scratch>
 struct DeltaChunk {
-  Scratch G, B, Tinv, P, U, W, Vn;  // G [n]; B, Tinv, P [64 x 64]; U, Vn [64 x dv]; W [64 x dk]
+  Scratch G, eG, eL, Gam, B, Tinv, P, U, W, Vn;  // [C] x3; [C x C] x4; U, Vn [C x dv]; W [C x dk]
 };
 
 /// A team's scratch floats: the forward's chunk terms and state, and the backward's more.
 inline int64_t delta_rule_scratch_floats(const DeltaRuleShape& s, bool backward) {
   const int64_t c = DeltaRuleShape::kChunk, dk = s.dk, dv = s.dv;
-  const int64_t forward = c + 3 * c * c + c * (2 * dv + dk) + dk * dv;
-  // (backward: DP, DA [c x c]; dVn, Ru [c x dv]; dW, Rw [c x dk]; dG [c]; dS twice)
-  return forward + (backward ? 2 * c * c + 2 * c * dv + 2 * c * dk + c + dk * dv : 0);
+  const int64_t forward = 3 * c + 4 * c * c + c * (2 * dv + dk) + dk * dv;
+  // (backward: DP, DA [c x c]; dVn, Ru [c x dv]; dW, Rw, SQ, KD [c x dk]; dG, Tk [c]; dS
+  // twice)
+  return forward + (backward ? 2 * c * c + 2 * c * dv + 4 * c * dk + 2 * c + dk * dv : 0);
 }
 
-/// The chunk [t0, t0 + n) of value head h (key head kh): G, B = (K K^T) . Gamma (lower, the
-/// diagonal included), Tinv, U, W, Vn = U - W S0 and P = (Q K^T) . Gamma.
+/// The chunk [t0, t0 + n) of value head h (key head kh): its terms (DeltaChunk) into c.
 template <class Team, class Mat, class Vec, class Scratch, class StatePtr>
 KOKKOS_INLINE_FUNCTION void delta_chunk_terms(const Team& team, const DeltaRuleShape& s, int64_t h,
                                               int64_t t0, int64_t n, const Mat& Q, const Mat& K,
@@ -136,15 +138,23 @@ KOKKOS_INLINE_FUNCTION void delta_chunk_terms(const Team& team, const DeltaRuleS
     }
   });
   team.team_barrier();
+  row_for(team, 0, n, [&](int64_t i) {
+    c.eG(i) = expf(c.G(i));
+    c.eL(i) = expf(c.G(n - 1) - c.G(i));
+  });
   row_for(team, 0, n * n, [&](int64_t ij) {
     const int64_t i = ij / n, j = ij % n;
     if (j > i) return;
+    const float* ki = &K(t0 + i, kc);
+    const float* qi = &Q(t0 + i, kc);
+    const float* kj = &K(t0 + j, kc);
     float kk = 0.0f, qk = 0.0f;
     for (int64_t d = 0; d < dk; ++d) {
-      kk += K(t0 + i, kc + d) * K(t0 + j, kc + d);
-      qk += Q(t0 + i, kc + d) * K(t0 + j, kc + d);
+      kk += ki[d] * kj[d];
+      qk += qi[d] * kj[d];
     }
     const float gamma = expf(c.G(i) - c.G(j));
+    c.Gam(i * C + j) = gamma;
     c.B(i * C + j) = kk * gamma;
     c.P(i * C + j) = qk * gamma;
   });
@@ -160,26 +170,29 @@ KOKKOS_INLINE_FUNCTION void delta_chunk_terms(const Team& team, const DeltaRuleS
     });
     team.team_barrier();
   }
-  row_for(team, 0, n * (dv + dk), [&](int64_t x) {
-    const int64_t i = x / (dv + dk), e = x % (dv + dk);
-    float acc = 0.0f;
-    if (e < dv) {
-      for (int64_t j = 0; j <= i; ++j)
-        acc += c.Tinv(i * C + j) * beta(t0 + j, h) * V(t0 + j, vc + e);
-      c.U(i * dv + e) = acc;
-    } else {
-      const int64_t d = e - dv;
-      for (int64_t j = 0; j <= i; ++j)
-        acc += c.Tinv(i * C + j) * beta(t0 + j, h) * expf(c.G(j)) * K(t0 + j, kc + d);
-      c.W(i * dk + d) = acc;
+  // U = T diag(beta) V, W = T diag(beta exp(G)) K, a row each
+  row_for(team, 0, n, [&](int64_t i) {
+    float* u = &c.U(i * dv);
+    float* w = &c.W(i * dk);
+    for (int64_t e = 0; e < dv; ++e) u[e] = 0.0f;
+    for (int64_t d = 0; d < dk; ++d) w[d] = 0.0f;
+    for (int64_t j = 0; j <= i; ++j) {
+      const float tb = c.Tinv(i * C + j) * beta(t0 + j, h), tk = tb * c.eG(j);
+      const float* vj = &V(t0 + j, vc);
+      const float* kj = &K(t0 + j, kc);
+      for (int64_t e = 0; e < dv; ++e) u[e] += tb * vj[e];
+      for (int64_t d = 0; d < dk; ++d) w[d] += tk * kj[d];
     }
   });
   team.team_barrier();
-  row_for(team, 0, n * dv, [&](int64_t x) {
-    const int64_t i = x / dv, e = x % dv;
-    float acc = c.U(i * dv + e);
-    for (int64_t d = 0; d < dk; ++d) acc -= c.W(i * dk + d) * S0[d * dv + e];
-    c.Vn(i * dv + e) = acc;
+  // Vn = U - W S0
+  row_for(team, 0, n, [&](int64_t i) {
+    float* vn = &c.Vn(i * dv);
+    for (int64_t e = 0; e < dv; ++e) vn[e] = c.U(i * dv + e);
+    for (int64_t d = 0; d < dk; ++d) {
+      const float wd = c.W(i * dk + d);
+      for (int64_t e = 0; e < dv; ++e) vn[e] -= wd * S0[d * dv + e];
+    }
   });
   team.team_barrier();
 }
@@ -196,6 +209,9 @@ KOKKOS_INLINE_FUNCTION DeltaChunk<DeltaScratch<ExecSpace>> delta_chunk_scratch(
   const auto take = [&](int64_t count) { return V(team.team_scratch(1), count); };
   DeltaChunk<V> c;
   c.G = take(C);
+  c.eG = take(C);
+  c.eL = take(C);
+  c.Gam = take(C * C);
   c.B = take(C * C);
   c.Tinv = take(C * C);
   c.P = take(C * C);
@@ -242,21 +258,30 @@ void gated_delta_rule_forward(const ExecSpace& exec, const DeltaRuleShape& s,
           float* saved = &states(((chunk0(doc) + ci) * H + h) * dk * dv);
           row_for(team, 0, dk * dv, [&](int64_t x) { saved[x] = S(x); });
           impl::delta_chunk_terms(team, s, h, t0, n, Q, K, V, beta, g, S.data(), c);
-          row_for(team, 0, n * dv, [&](int64_t x) {
-            const int64_t i = x / dv, e = x % dv;
-            float inter = 0.0f, intra = 0.0f;
-            for (int64_t d = 0; d < dk; ++d) inter += Q(t0 + i, kc + d) * S(d * dv + e);
-            for (int64_t j = 0; j <= i; ++j) intra += c.P(i * C + j) * c.Vn(j * dv + e);
-            O(t0 + i, vc + e) = expf(c.G(i)) * inter + intra;
+          // O = diag(exp(G)) Q S0 + P Vn, a row each
+          row_for(team, 0, n, [&](int64_t i) {
+            float* o = &O(t0 + i, vc);
+            const float* qi = &Q(t0 + i, kc);
+            for (int64_t e = 0; e < dv; ++e) o[e] = 0.0f;
+            for (int64_t d = 0; d < dk; ++d) {
+              const float qd = c.eG(i) * qi[d];
+              for (int64_t e = 0; e < dv; ++e) o[e] += qd * S(d * dv + e);
+            }
+            for (int64_t j = 0; j <= i; ++j) {
+              const float p = c.P(i * C + j);
+              for (int64_t e = 0; e < dv; ++e) o[e] += p * c.Vn(j * dv + e);
+            }
           });
           team.team_barrier();
-          const float last = c.G(n - 1);
-          row_for(team, 0, dk * dv, [&](int64_t x) {
-            const int64_t d = x / dv, e = x % dv;
-            float acc = expf(last) * S(x);
-            for (int64_t i = 0; i < n; ++i)
-              acc += expf(last - c.G(i)) * K(t0 + i, kc + d) * c.Vn(i * dv + e);
-            S(x) = acc;
+          // S1 = exp(G_last) S0 + (diag(exp(G_last - G)) K)^T Vn, a row d each
+          const float decay = c.eG(n - 1);
+          row_for(team, 0, dk, [&](int64_t d) {
+            float* sd = &S(d * dv);
+            for (int64_t e = 0; e < dv; ++e) sd[e] *= decay;
+            for (int64_t i = 0; i < n; ++i) {
+              const float f = c.eL(i) * K(t0 + i, kc + d);
+              for (int64_t e = 0; e < dv; ++e) sd[e] += f * c.Vn(i * dv + e);
+            }
           });
           team.team_barrier();
         }
@@ -294,54 +319,75 @@ void gated_delta_rule_backward(const ExecSpace& exec, const DeltaRuleShape& s,
         const auto c = impl::delta_chunk_scratch<ExecSpace>(team, s);
         const auto take = [&](int64_t count) { return Scratch(team.team_scratch(1), count); };
         const Scratch DP = take(C * C), DA = take(C * C), dVn = take(C * dv), Ru = take(C * dv),
-                      dW = take(C * dk), Rw = take(C * dk), dG = take(C), dS = take(dk * dv),
-                      dS0 = take(dk * dv);
+                      dW = take(C * dk), Rw = take(C * dk), SQ = take(C * dk), KD = take(C * dk),
+                      dG = take(C), Tk = take(C), dS = take(dk * dv), dS0 = take(dk * dv);
         row_for(team, 0, dk * dv, [&](int64_t x) { dS(x) = 0.0f; });
         team.team_barrier();
         const int64_t chunks = (length(doc) + C - 1) / C;
         for (int64_t ci = chunks - 1; ci >= 0; --ci) {
           const int64_t at = ci * C, t0 = first(doc) + at;
-          const int64_t n = length(doc) - at < C ? length(doc) - at : C, L = n - 1;
+          const int64_t n = length(doc) - at < C ? length(doc) - at : C;
           const float* S0 = &states(((chunk0(doc) + ci) * H + h) * dk * dv);
           impl::delta_chunk_terms(team, s, h, t0, n, Q, K, V, beta, g, S0, c);
-          const float last = c.G(L);
-          // dVn = P^T dO + diag(exp(G_L - G)) K dS
-          row_for(team, 0, n * dv, [&](int64_t x) {
-            const int64_t i = x / dv, e = x % dv;
-            float acc = 0.0f, ks = 0.0f;
-            for (int64_t r = i; r < n; ++r) acc += c.P(r * C + i) * dO(t0 + r, vc + e);
-            for (int64_t d = 0; d < dk; ++d) ks += K(t0 + i, kc + d) * dS(d * dv + e);
-            dVn(i * dv + e) = acc + expf(last - c.G(i)) * ks;
+          // dVn = P^T dO + diag(exp(G_L - G)) K dS; SQ = dO S0^T, KD = Vn dS^T (a row each)
+          row_for(team, 0, n, [&](int64_t i) {
+            float* r = &dVn(i * dv);
+            const float* ki = &K(t0 + i, kc);
+            for (int64_t e = 0; e < dv; ++e) r[e] = 0.0f;
+            for (int64_t q = i; q < n; ++q) {
+              const float p = c.P(q * C + i);
+              const float* dq = &dO(t0 + q, vc);
+              for (int64_t e = 0; e < dv; ++e) r[e] += p * dq[e];
+            }
+            const float* doi = &dO(t0 + i, vc);
+            for (int64_t d = 0; d < dk; ++d) {
+              const float f = c.eL(i) * ki[d];
+              const float* dsd = &dS(d * dv);
+              const float* s0d = S0 + d * dv;
+              float sq = 0.0f, kd = 0.0f;
+              for (int64_t e = 0; e < dv; ++e) {
+                r[e] += f * dsd[e];
+                sq += s0d[e] * doi[e];
+                kd += c.Vn(i * dv + e) * dsd[e];
+              }
+              SQ(i * dk + d) = sq;
+              KD(i * dk + d) = kd;
+            }
           });
           // DP = dO Vn^T (lower, diagonal included)
           row_for(team, 0, n * n, [&](int64_t ij) {
             const int64_t i = ij / n, j = ij % n;
             if (j > i) return;
+            const float* doi = &dO(t0 + i, vc);
             float acc = 0.0f;
-            for (int64_t e = 0; e < dv; ++e) acc += dO(t0 + i, vc + e) * c.Vn(j * dv + e);
+            for (int64_t e = 0; e < dv; ++e) acc += doi[e] * c.Vn(j * dv + e);
             DP(i * C + j) = acc;
           });
           team.team_barrier();
-          // dW = -dVn S0^T; Ru = Tinv^T dVn
-          row_for(team, 0, n * (dk + dv), [&](int64_t x) {
-            const int64_t j = x / (dk + dv), e = x % (dk + dv);
-            float acc = 0.0f;
-            if (e < dv) {
-              for (int64_t i = j; i < n; ++i) acc += c.Tinv(i * C + j) * dVn(i * dv + e);
-              Ru(j * dv + e) = acc;
-            } else {
-              const int64_t d = e - dv;
-              for (int64_t f = 0; f < dv; ++f) acc -= dVn(j * dv + f) * S0[d * dv + f];
-              dW(j * dk + d) = acc;
+          // dW = -dVn S0^T; Ru = Tinv^T dVn (a row each)
+          row_for(team, 0, n, [&](int64_t j) {
+            float* ru = &Ru(j * dv);
+            for (int64_t e = 0; e < dv; ++e) ru[e] = 0.0f;
+            for (int64_t i = j; i < n; ++i) {
+              const float t = c.Tinv(i * C + j);
+              for (int64_t e = 0; e < dv; ++e) ru[e] += t * dVn(i * dv + e);
+            }
+            for (int64_t d = 0; d < dk; ++d) {
+              const float* s0d = S0 + d * dv;
+              float acc = 0.0f;
+              for (int64_t f = 0; f < dv; ++f) acc += dVn(j * dv + f) * s0d[f];
+              dW(j * dk + d) = -acc;
             }
           });
           team.team_barrier();
           // Rw = Tinv^T dW
-          row_for(team, 0, n * dk, [&](int64_t x) {
-            const int64_t j = x / dk, d = x % dk;
-            float acc = 0.0f;
-            for (int64_t i = j; i < n; ++i) acc += c.Tinv(i * C + j) * dW(i * dk + d);
-            Rw(j * dk + d) = acc;
+          row_for(team, 0, n, [&](int64_t j) {
+            float* rw = &Rw(j * dk);
+            for (int64_t d = 0; d < dk; ++d) rw[d] = 0.0f;
+            for (int64_t i = j; i < n; ++i) {
+              const float t = c.Tinv(i * C + j);
+              for (int64_t d = 0; d < dk; ++d) rw[d] += t * dW(i * dk + d);
+            }
           });
           team.team_barrier();
           // DA = -(Ru U^T + Rw W^T), strictly lower
@@ -357,37 +403,29 @@ void gated_delta_rule_backward(const ExecSpace& exec, const DeltaRuleShape& s,
           // Per token: dQ, dK, dV, dbeta and the gradient of G.
           row_for(team, 0, n, [&](int64_t i) {
             const int64_t t = t0 + i;
-            const float bi = beta(t, h), ei = expf(c.G(i)), li = expf(last - c.G(i));
-            float dgi = 0.0f, dbi = 0.0f;
+            const float bi = beta(t, h), ei = c.eG(i), li = c.eL(i);
+            float* dq = &dQv(t, qv);
+            float* dkr = &dKv(t, qv);
+            const float* qi = &Q(t, kc);
+            const float* ki = &K(t, kc);
+            float dgi = 0.0f, dbi = 0.0f, tk = 0.0f;
             for (int64_t d = 0; d < dk; ++d) {
-              // dQ: exp(G_i) (S0 dO_i)_d + sum_{j <= i} DP_ij Gamma-weighted K_j
-              float sq = 0.0f, kd = 0.0f;
-              for (int64_t e = 0; e < dv; ++e) {
-                sq += S0[d * dv + e] * dO(t, vc + e);
-                kd += c.Vn(i * dv + e) * dS(d * dv + e);
-              }
-              float q = ei * sq, k = li * kd + bi * ei * Rw(i * dk + d);
-              for (int64_t j = 0; j <= i; ++j) {
-                const float w = DP(i * C + j) * expf(c.G(i) - c.G(j));
-                q += w * K(t0 + j, kc + d);
-                if (j < i) k += DA(i * C + j) * bi * expf(c.G(i) - c.G(j)) * K(t0 + j, kc + d);
-              }
-              for (int64_t r = i; r < n; ++r) {
-                const float gam = expf(c.G(r) - c.G(i));
-                k += DP(r * C + i) * gam * Q(t0 + r, kc + d);
-                if (r > i) k += DA(r * C + i) * beta(t0 + r, h) * gam * K(t0 + r, kc + d);
-              }
-              dQv(t, qv + d) = q;
-              dKv(t, qv + d) = k;
-              dgi += ei * Q(t, kc + d) * sq - li * K(t, kc + d) * kd +
-                     bi * ei * K(t, kc + d) * Rw(i * dk + d);
-              dbi += ei * K(t, kc + d) * Rw(i * dk + d);
+              const float sq = SQ(i * dk + d), kd = KD(i * dk + d), rw = Rw(i * dk + d);
+              dq[d] = ei * sq;
+              dkr[d] = li * kd + bi * ei * rw;
+              dgi += ei * qi[d] * sq + bi * ei * ki[d] * rw;
+              tk += li * ki[d] * kd;
+              dbi += ei * ki[d] * rw;
             }
-            for (int64_t e = 0; e < dv; ++e) {
-              dV(t, vc + e) = bi * Ru(i * dv + e);
-              dbi += V(t, vc + e) * Ru(i * dv + e);
-            }
-            for (int64_t j = 0; j <= i; ++j) {  // (the Gamma terms: + as the row, - as the column)
+            dgi -= tk;
+            for (int64_t j = 0; j <= i; ++j) {
+              const float gam = c.Gam(i * C + j), wq = DP(i * C + j) * gam;
+              const float wk = j < i ? DA(i * C + j) * bi * gam : 0.0f;
+              const float* kj = &K(t0 + j, kc);
+              for (int64_t d = 0; d < dk; ++d) {
+                dq[d] += wq * kj[d];
+                dkr[d] += wk * kj[d];
+              }
               dgi += DP(i * C + j) * c.P(i * C + j);
               if (j < i) {
                 dgi += DA(i * C + j) * bi * c.B(i * C + j);
@@ -395,34 +433,44 @@ void gated_delta_rule_backward(const ExecSpace& exec, const DeltaRuleShape& s,
               }
             }
             for (int64_t r = i; r < n; ++r) {
+              const float gam = c.Gam(r * C + i), wq = DP(r * C + i) * gam;
+              const float wk = r > i ? DA(r * C + i) * beta(t0 + r, h) * gam : 0.0f;
+              const float* qr = &Q(t0 + r, kc);
+              const float* kr = &K(t0 + r, kc);
+              for (int64_t d = 0; d < dk; ++d) dkr[d] += wq * qr[d] + wk * kr[d];
               dgi -= DP(r * C + i) * c.P(r * C + i);
               if (r > i) dgi -= DA(r * C + i) * beta(t0 + r, h) * c.B(r * C + i);
             }
+            const float* vi = &V(t, vc);
+            float* dvi = &dV(t, vc);
+            for (int64_t e = 0; e < dv; ++e) {
+              dvi[e] = bi * Ru(i * dv + e);
+              dbi += vi[e] * Ru(i * dv + e);
+            }
             dG(i) = dgi;
+            Tk(i) = tk;
             dbeta(t, h) = dbi;
           });
           team.team_barrier();
-          // G_L's own terms: exp(G_L) <S0, dS> and sum_i exp(G_L - G_i) K_i . (dS Vn_i)
-          const float through_state = row_sum(team, 0, dk * dv, [&](int64_t x) {
-            const int64_t d = x / dv, e = x % dv;
-            float kv = 0.0f;
-            for (int64_t i = 0; i < n; ++i)
-              kv += expf(last - c.G(i)) * K(t0 + i, kc + d) * c.Vn(i * dv + e);
-            return (expf(last) * S0[x] + kv) * dS(x);
-          });
-          // dS0 = exp(G_L) dS + (diag(exp(G)) Q)^T dO - W^T dVn
-          row_for(team, 0, dk * dv, [&](int64_t x) {
-            const int64_t d = x / dv, e = x % dv;
-            float acc = expf(last) * dS(x);
-            for (int64_t i = 0; i < n; ++i)
-              acc += expf(c.G(i)) * Q(t0 + i, kc + d) * dO(t0 + i, vc + e) -
-                     c.W(i * dk + d) * dVn(i * dv + e);
-            dS0(x) = acc;
+          // G_L's own terms: exp(G_L) <S0, dS>, and sum_i exp(G_L - G_i) K_i . (dS Vn_i)
+          const float s0ds = row_sum(team, 0, dk * dv, [&](int64_t x) { return S0[x] * dS(x); });
+          // dS0 = exp(G_L) dS + (diag(exp(G)) Q)^T dO - W^T dVn, a row d each
+          const float decay = c.eG(n - 1);
+          row_for(team, 0, dk, [&](int64_t d) {
+            float* r = &dS0(d * dv);
+            const float* dsd = &dS(d * dv);
+            for (int64_t e = 0; e < dv; ++e) r[e] = decay * dsd[e];
+            for (int64_t i = 0; i < n; ++i) {
+              const float fq = c.eG(i) * Q(t0 + i, kc + d), fw = c.W(i * dk + d);
+              const float* doi = &dO(t0 + i, vc);
+              for (int64_t e = 0; e < dv; ++e) r[e] += fq * doi[e] - fw * dVn(i * dv + e);
+            }
           });
           team.team_barrier();
           // dg_j = sum_{i >= j} dG_i (G is the running sum of g)
           Kokkos::single(Kokkos::PerTeam(team), [&] {
-            float acc = through_state;
+            float acc = decay * s0ds;
+            for (int64_t i = 0; i < n; ++i) acc += Tk(i);
             for (int64_t i = n - 1; i >= 0; --i) {
               acc += dG(i);
               dg(t0 + i, h) = acc;
