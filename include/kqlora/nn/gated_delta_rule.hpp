@@ -105,6 +105,19 @@ using DeltaRuleStates = typename DeltaRuleStatesOf<M>::type;
 
 namespace impl {
 
+/// sum_i a[i] b[i], in kRowLanes interleaved partial sums folded in a fixed order (a float
+/// sum vectorises only so: the compiler may not reorder it).
+KOKKOS_INLINE_FUNCTION float delta_dot(const float* a, const float* b, int64_t n) {
+  float acc[kRowLanes] = {};
+  int64_t i = 0;
+  for (; i + kRowLanes <= n; i += kRowLanes)
+    for (int l = 0; l < kRowLanes; ++l) acc[l] += a[i + l] * b[i + l];
+  for (int l = 0; i + l < n; ++l) acc[l] += a[i + l] * b[i + l];
+  for (int w = kRowLanes / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
+}
+
 /// One chunk's recomputable terms, in a team's scratch (row-major, n <= 64 rows): G, its
 /// exp(G_i) and exp(G_last - G_i), Gamma, B = (K K^T) . Gamma and P = (Q K^T) . Gamma (lower,
 /// the diagonal included), Tinv, U, W and Vn = U - W S0.
@@ -145,14 +158,8 @@ KOKKOS_INLINE_FUNCTION void delta_chunk_terms(const Team& team, const DeltaRuleS
   row_for(team, 0, n * n, [&](int64_t ij) {
     const int64_t i = ij / n, j = ij % n;
     if (j > i) return;
-    const float* ki = &K(t0 + i, kc);
-    const float* qi = &Q(t0 + i, kc);
     const float* kj = &K(t0 + j, kc);
-    float kk = 0.0f, qk = 0.0f;
-    for (int64_t d = 0; d < dk; ++d) {
-      kk += ki[d] * kj[d];
-      qk += qi[d] * kj[d];
-    }
+    const float kk = delta_dot(&K(t0 + i, kc), kj, dk), qk = delta_dot(&Q(t0 + i, kc), kj, dk);
     const float gamma = expf(c.G(i) - c.G(j));
     c.Gam(i * C + j) = gamma;
     c.B(i * C + j) = kk * gamma;
@@ -343,25 +350,16 @@ void gated_delta_rule_backward(const ExecSpace& exec, const DeltaRuleShape& s,
             for (int64_t d = 0; d < dk; ++d) {
               const float f = c.eL(i) * ki[d];
               const float* dsd = &dS(d * dv);
-              const float* s0d = S0 + d * dv;
-              float sq = 0.0f, kd = 0.0f;
-              for (int64_t e = 0; e < dv; ++e) {
-                r[e] += f * dsd[e];
-                sq += s0d[e] * doi[e];
-                kd += c.Vn(i * dv + e) * dsd[e];
-              }
-              SQ(i * dk + d) = sq;
-              KD(i * dk + d) = kd;
+              for (int64_t e = 0; e < dv; ++e) r[e] += f * dsd[e];
+              SQ(i * dk + d) = impl::delta_dot(S0 + d * dv, doi, dv);
+              KD(i * dk + d) = impl::delta_dot(&c.Vn(i * dv), dsd, dv);
             }
           });
           // DP = dO Vn^T (lower, diagonal included)
           row_for(team, 0, n * n, [&](int64_t ij) {
             const int64_t i = ij / n, j = ij % n;
             if (j > i) return;
-            const float* doi = &dO(t0 + i, vc);
-            float acc = 0.0f;
-            for (int64_t e = 0; e < dv; ++e) acc += doi[e] * c.Vn(j * dv + e);
-            DP(i * C + j) = acc;
+            DP(i * C + j) = impl::delta_dot(&dO(t0 + i, vc), &c.Vn(j * dv), dv);
           });
           team.team_barrier();
           // dW = -dVn S0^T; Ru = Tinv^T dVn (a row each)
@@ -372,12 +370,8 @@ void gated_delta_rule_backward(const ExecSpace& exec, const DeltaRuleShape& s,
               const float t = c.Tinv(i * C + j);
               for (int64_t e = 0; e < dv; ++e) ru[e] += t * dVn(i * dv + e);
             }
-            for (int64_t d = 0; d < dk; ++d) {
-              const float* s0d = S0 + d * dv;
-              float acc = 0.0f;
-              for (int64_t f = 0; f < dv; ++f) acc += dVn(j * dv + f) * s0d[f];
-              dW(j * dk + d) = -acc;
-            }
+            for (int64_t d = 0; d < dk; ++d)
+              dW(j * dk + d) = -impl::delta_dot(&dVn(j * dv), S0 + d * dv, dv);
           });
           team.team_barrier();
           // Rw = Tinv^T dW
@@ -394,10 +388,8 @@ void gated_delta_rule_backward(const ExecSpace& exec, const DeltaRuleShape& s,
           row_for(team, 0, n * n, [&](int64_t ij) {
             const int64_t i = ij / n, j = ij % n;
             if (j >= i) return;
-            float acc = 0.0f;
-            for (int64_t e = 0; e < dv; ++e) acc += Ru(i * dv + e) * c.U(j * dv + e);
-            for (int64_t d = 0; d < dk; ++d) acc += Rw(i * dk + d) * c.W(j * dk + d);
-            DA(i * C + j) = -acc;
+            DA(i * C + j) = -(impl::delta_dot(&Ru(i * dv), &c.U(j * dv), dv) +
+                              impl::delta_dot(&Rw(i * dk), &c.W(j * dk), dk));
           });
           team.team_barrier();
           // Per token: dQ, dK, dV, dbeta and the gradient of G.
