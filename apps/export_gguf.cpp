@@ -4,6 +4,7 @@
 // weights merged onto the dequantized NF4 they were trained on (or that base alone), one
 // tensor in memory at a time.
 
+#include <cmath>
 #include <iostream>
 #include <map>
 
@@ -29,6 +30,29 @@ std::vector<float> permute_rows(const std::vector<float>& w, int64_t out, int64_
       for (int64_t j = 0; j < half; ++j) {
         const int64_t from = h * hd + i * half + j, to = h * hd + j * 2 + i;
         std::copy_n(w.begin() + from * in, in, p.begin() + to * in);
+      }
+  return p;
+}
+
+/// Gated DeltaNet's value heads from grouped to tiled order (gguf_families.hpp,
+/// GgufTensorPlan::v_unit): of a [rows, cols] tensor, the rows from plan.v_from on (or,
+/// v_columns, the columns), each head plan.v_unit of them.
+std::vector<float> tile_value_heads(const std::vector<float>& w, int64_t rows, int64_t cols,
+                                    const GgufTensorPlan& plan) {
+  const int64_t G = plan.v_groups, R = plan.v_per_group, U = plan.v_unit;
+  KQLORA_CHECK(G * R * U + plan.v_from == (plan.v_columns ? cols : rows),
+               "gguf: value heads do not fill " << plan.name);
+  std::vector<float> p(w);
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t j = 0; j < R; ++j)
+      for (int64_t u = 0; u < U; ++u) {
+        const int64_t from = plan.v_from + (g * R + j) * U + u;
+        const int64_t to = plan.v_from + (j * G + g) * U + u;
+        if (plan.v_columns) {
+          for (int64_t r = 0; r < rows; ++r) p[r * cols + to] = w[r * cols + from];
+        } else {
+          std::copy_n(w.begin() + from * cols, cols, p.begin() + to * cols);
+        }
       }
   return p;
 }
@@ -99,6 +123,7 @@ void write_gguf(const CheckpointContents& c, const std::string& file, const std:
       fallbacks += (fallbacks.empty() ? "" : ", ") + (plan.expert == 0 ? plan.name : e.name);
     }
     std::vector<int64_t> shape = plan.as_vector ? std::vector<int64_t>{e.numel()} : e.shape;
+    if (!plan.shape.empty()) shape = plan.shape;
     if (plan.expert == 0) {  // [E, out, in]
       shape.insert(shape.begin(), d.spec.experts.experts);
       stacked[plan.name] = items.size();
@@ -136,6 +161,10 @@ void write_gguf(const CheckpointContents& c, const std::string& file, const std:
                             it.plan.permute_heads);
     if (it.plan.plus_one)
       for (float& v : values) v += 1.0f;
+    if (it.plan.neg_exp)
+      for (float& v : values) v = -std::exp(v);
+    if (it.plan.v_unit > 0)  // (rows: the first dim; columns: the rest, conv1d's kernel)
+      values = tile_value_heads(values, e.shape[0], e.numel() / e.shape[0], it.plan);
   });
   std::cout << out << ": GGUF v3, " << d.arch << ", " << w.tensors() << " tensors ("
             << (merge ? std::to_string(merged) + " with their adapters merged"

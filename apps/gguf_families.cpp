@@ -94,6 +94,52 @@ std::vector<double> rope_factors(const RopeSpec& r) {
   return f;
 }
 
+/// Qwen3.5 (qwen35): what llama.cpp's qwen35 reads besides the common keys, and what it
+/// cannot express (docs/GGUF.md, "Families").
+template <class Refuse>
+void qwen35_layout(GgufDecoder& d, const json::Value& cfg, const Refuse& refuse) {
+  const DecoderSpec& spec = d.spec;
+  const LinearAttentionSpec& L = spec.linear;
+  // llama.cpp's qwen35 sizes the key and the value heads of a Gated DeltaNet layer by one
+  // number, ssm.state_size (its state is a square dk x dv per head).
+  if (spec.any_mixer(Mixer::linear) && L.key_dim != L.value_dim)
+    refuse("linear_value_head_dim",
+           "llama.cpp's qwen35 needs linear_value_head_dim = linear_key_head_dim (" +
+               std::to_string(L.key_dim) + "): it sizes both heads by ssm.state_size");
+  // The layer pattern: every n-th layer full attention (full_attention_interval, as
+  // llama.cpp's converter writes it), else one bool a layer (attention.recurrent_layers).
+  for (int64_t n = 1; n <= spec.layers + 1 && d.full_attention_interval == 0; ++n) {
+    bool every = true;
+    for (int64_t l = 0; l < spec.layers; ++l)
+      every &= (spec.layer[static_cast<size_t>(l)].mixer == Mixer::attention) == ((l + 1) % n == 0);
+    if (every) d.full_attention_interval = n;
+  }
+  // mrope: llama.cpp's qwen35 rotates by interleaved mrope whatever mrope_interleaved says,
+  // rotary pair i by stream t, h or w when i % 3 is 0, 1 or 2 and i < 3 x that stream's
+  // section (i taken modulo the sections' sum), else by the fourth stream, which is
+  // position 0 for text: a pair left to it would not rotate, where transformers rotates
+  // every pair by the token's position (on text its three streams are equal).
+  const json::Value* o = full_rope_object(cfg);
+  const json::Value* sec = o ? o->find("mrope_section") : nullptr;
+  d.rope_sections = {11, 11, 10, 0};  // (llama.cpp's converter's default)
+  if (sec && sec->kind == json::Value::Kind::array) {
+    d.rope_sections.assign(4, 0);
+    for (size_t i = 0; i < sec->array.size() && i < 3; ++i)
+      d.rope_sections[i] = static_cast<int32_t>(sec->array[i].number);
+  }
+  const std::vector<int32_t>& s = d.rope_sections;
+  const int64_t sum = s[0] + s[1] + s[2] + s[3];
+  for (int64_t i = 0; i < spec.ropes[0].rotary_dim / 2; ++i) {
+    const int64_t sector = sum > 0 ? i % sum : i, stream = sector % 3;
+    if (sum == 0 || sector >= 3 * static_cast<int64_t>(s[static_cast<size_t>(stream)]))
+      refuse(cfg.find("rope_parameters") ? "rope_parameters" : "rope_scaling",
+             "its mrope_section leaves rotary pair " + std::to_string(i) +
+                 " to llama.cpp's fourth mrope stream (interleaved sections " +
+                 std::to_string(s[0]) + ", " + std::to_string(s[1]) + ", " + std::to_string(s[2]) +
+                 "), which does not rotate text");
+  }
+}
+
 }  // namespace
 
 GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text,
@@ -103,11 +149,12 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
   const json::Value cfg = json::parse(config_text, file + ": hf_config");
   const std::string where = file + ": --gguf: ";
   static const std::map<std::string, std::string> archs = {
-      {"llama", "llama"},   {"mistral", "llama"},      {"qwen2", "qwen2"},
-      {"qwen3", "qwen3"},   {"gemma2", "gemma2"},      {"gemma3_text", "gemma3"},
-      {"phi3", "phi3"},     {"qwen3_moe", "qwen3moe"}, {"qwen2_moe", "qwen2moe"},
-      {"mixtral", "llama"}, {"olmoe", "olmoe"},        {"smollm3", "smollm3"},
-      {"olmo2", "olmo2"},   {"olmo3", "olmo2"},        {"granite", "granite"}};
+      {"llama", "llama"},        {"mistral", "llama"},      {"qwen2", "qwen2"},
+      {"qwen3", "qwen3"},        {"gemma2", "gemma2"},      {"gemma3_text", "gemma3"},
+      {"phi3", "phi3"},          {"qwen3_moe", "qwen3moe"}, {"qwen2_moe", "qwen2moe"},
+      {"mixtral", "llama"},      {"olmoe", "olmoe"},        {"smollm3", "smollm3"},
+      {"olmo2", "olmo2"},        {"olmo3", "olmo2"},        {"granite", "granite"},
+      {"qwen3_5_text", "qwen35"}};
   const auto a = archs.find(spec.model_type);
   const auto refuse = [&](const std::string& key, const std::string& why) {
     KQLORA_INPUT_CHECK(false, where << "config.json's " << key << " = " << value_of(cfg, key)
@@ -128,6 +175,10 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
   d.arch = a->second;
   const bool gemma = d.arch == "gemma2" || d.arch == "gemma3";
   const bool olmo2 = d.arch == "olmo2", granite = d.arch == "granite";
+  const bool qwen35 = d.arch == "qwen35";
+  // (Gated DeltaNet layers and the gated attention are Qwen3.5's)
+  KQLORA_CHECK(qwen35 || (!spec.any_mixer(Mixer::linear) && !spec.attn_output_gate),
+               "gguf: Qwen3.5's mixers outside qwen35");
   // (the multipliers and the logits divisor are Granite's)
   KQLORA_CHECK(granite || (spec.embed_multiplier == 0 && spec.residual_multiplier == 0 &&
                            spec.logits_divisor == 0),
@@ -183,16 +234,15 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
     refuse(
         gemma ? "hidden_activation" : "hidden_act",
         "llama.cpp's " + d.arch + " applies " + (gemma ? "gelu_pytorch_tanh" : "silu") + " only");
-  // OLMo 2 / 3: llama.cpp's olmo2 has no biases, sizes q, its norm and the o projection
-  // by hidden_size and reads an output.weight of its own.
-  if (olmo2) {
+  // OLMo 2 / 3 and Qwen3.5: llama.cpp's olmo2 and qwen35 have no biases; olmo2 sizes q,
+  // its norm and the o projection by hidden_size and reads an output.weight of its own.
+  if (olmo2 || qwen35)
     for (const ProjectionSpec& p : spec.projections)
-      if (p.bias) refuse("attention_bias", "llama.cpp's olmo2 has no attention biases");
-    if (spec.tied)
-      refuse("tie_word_embeddings", "llama.cpp's olmo2 reads an output.weight of its own");
-  }
+      if (p.bias) refuse("attention_bias", "llama.cpp's " + d.arch + " has no attention biases");
+  if (olmo2 && spec.tied)
+    refuse("tie_word_embeddings", "llama.cpp's olmo2 reads an output.weight of its own");
   // o, gate, up and down biases: the graphs of llama and granite; q, k and v biases:
-  // every one but olmo2's.
+  // every one but olmo2's and qwen35's.
   for (const ProjectionSpec& p : spec.projections) {
     if (!p.bias || d.arch == "llama" || granite) continue;
     const bool qkv = p.slots[0] == Slot::q || p.slots[0] == Slot::k || p.slots[0] == Slot::v;
@@ -262,11 +312,11 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
              "ones by its context size, not by the sequence as transformers and "
              "kqlora do");
     // (the families give an attention factor with longrope and yarn only, partial rotary
-    // in phi3 only)
+    // in phi3 and qwen35 only)
     KQLORA_CHECK(r.attention_factor == 1.0f || r.type == "yarn",
                  "gguf: an attention factor without longrope or yarn");
-    KQLORA_CHECK(r.rotary_dim == spec.head_dim || d.arch == "phi3",
-                 "gguf: partial rotary dims outside phi3");
+    KQLORA_CHECK(r.rotary_dim == spec.head_dim || d.arch == "phi3" || qwen35,
+                 "gguf: partial rotary dims outside phi3 and qwen35");
   }
   const RopeSpec& full = spec.ropes[0];
   const std::vector<double> f = rope_factors(full);
@@ -326,6 +376,7 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
   for (const LayerSpec& l : spec.layer)  // (gemma3's spec: the rope follows the window)
     KQLORA_CHECK(spec.ropes.size() == 1 || l.rope == (l.window > 0 ? 1 : 0),
                  "gguf: a layer's rope is not its attention type's");
+  if (qwen35) qwen35_layout(d, cfg, refuse);
   return d;
 }
 
@@ -382,6 +433,22 @@ void GgufDecoder::add_metadata(gguf::Writer& w) const {
     for (const LayerSpec& l : spec.layer) sliding.push_back(l.window > 0);
     w.add_bools(a + "attention.sliding_window_pattern", sliding);
   }
+  if (arch == "qwen35") {  // (the Gated DeltaNet layers' sizes, llama.cpp's ssm.* keys)
+    const LinearAttentionSpec& L = spec.linear;
+    u32("ssm.conv_kernel", L.kernel);
+    u32("ssm.state_size", L.key_dim);
+    u32("ssm.group_count", L.key_heads);
+    u32("ssm.time_step_rank", L.value_heads);
+    u32("ssm.inner_size", L.value_width());
+    w.add_i32s(a + "rope.dimension_sections", rope_sections);
+    if (full_attention_interval > 0) {
+      u32("full_attention_interval", full_attention_interval);
+    } else {
+      std::vector<bool> recurrent;
+      for (const LayerSpec& l : spec.layer) recurrent.push_back(l.mixer == Mixer::linear);
+      w.add_bools(a + "attention.recurrent_layers", recurrent);
+    }
+  }
   if (arch == "gemma3") {
     if (spec.final_softcap > 0) w.add_f32(a + "final_logit_softcapping", spec.final_softcap);
     u32("attention.sliding_window", window);
@@ -400,8 +467,24 @@ GgufTensorPlan GgufDecoder::tensor(const std::string& hf, const std::string& fil
   if (hf == "model.norm.weight")
     return {"output_norm.weight", 0, spec.norm(NormRole::final)->kind == NormKind::one_plus};
   if (hf == "lm_head.weight") return {"output.weight"};
-  static const std::regex layer(R"(model\.layers\.(\d+)\.(.*)\.(weight|bias))");
+  const LinearAttentionSpec& L = spec.linear;
+  // Gated DeltaNet's value heads in llama.cpp's order: from row `from`, `unit` rows a head.
+  const auto tiled = [&](GgufTensorPlan p, int64_t from, int64_t unit) {
+    if (L.value_heads == L.key_heads) return p;  // (one value head a key head: the same order)
+    p.v_unit = unit;
+    p.v_from = from;
+    p.v_groups = L.key_heads;
+    p.v_per_group = L.value_heads / L.key_heads;
+    return p;
+  };
+  static const std::regex decay(R"(model\.layers\.(\d+)\.(.*)\.(dt_bias|A_log))");
   std::smatch m;
+  if (arch == "qwen35" && std::regex_match(hf, m, decay) && m[2].str() == L.module) {
+    GgufTensorPlan p{"blk." + m[1].str() + (m[3].str() == "A_log" ? ".ssm_a" : ".ssm_dt.bias")};
+    p.neg_exp = m[3].str() == "A_log";  // (llama.cpp's ssm_a is -exp(A_log))
+    return tiled(p, 0, 1);
+  }
+  static const std::regex layer(R"(model\.layers\.(\d+)\.(.*)\.(weight|bias))");
   KQLORA_INPUT_CHECK(std::regex_match(hf, m, layer),
                      file << ": --gguf: tensor '" << hf << "' has no llama.cpp name");
   const std::string blk = "blk." + m[1].str() + ".", module = m[2].str(), kind = m[3].str();
@@ -411,8 +494,21 @@ GgufTensorPlan GgufDecoder::tensor(const std::string& hf, const std::string& fil
         {NormRole::attn_in, "attn_norm"}, {NormRole::attn_out, "post_attention_norm"},
         {NormRole::mlp_in, "ffn_norm"},   {NormRole::mlp_out, "post_ffw_norm"},
         {NormRole::q, "attn_q_norm"},     {NormRole::k, "attn_k_norm"}};
-    return {blk + names.at(n.role) + ".weight", 0, n.kind == NormKind::one_plus};
+    // (qwen35 calls the norm before the MLP post_attention_norm, as transformers' name)
+    const std::string name =
+        arch == "qwen35" && n.role == NormRole::mlp_in ? "post_attention_norm" : names.at(n.role);
+    return {blk + name + ".weight", 0, n.kind == NormKind::one_plus};
   }
+  // A Gated DeltaNet layer's conv (F32 [conv_dim, kernel], as llama.cpp's converter) and
+  // gated norm (w * n: as it is).
+  if (arch == "qwen35" && kind == "weight" && module == L.module + ".conv1d") {
+    GgufTensorPlan p{blk + "ssm_conv1d.weight"};
+    p.keep_f32 = true;
+    p.shape = {L.conv_width(), L.kernel};
+    return tiled(p, 2 * L.key_width(), L.value_dim);
+  }
+  if (arch == "qwen35" && kind == "weight" && module == L.module + ".norm")
+    return {blk + "ssm_norm.weight"};
   // A sparse layer's: the router, each expert's slice of the stacked tensors, a shared
   // expert's projections and gate.
   const ExpertsSpec& x = spec.experts;
@@ -440,6 +536,25 @@ GgufTensorPlan GgufDecoder::tensor(const std::string& hf, const std::string& fil
       return {blk + shexp.at(p.slots[0]) + "." + kind};
     }
     if (p.module != module) continue;
+    // Gated DeltaNet's projections: [q | k | v] as attn_qkv, z as attn_gate, b and a as
+    // ssm_beta and ssm_alpha, out_proj as ssm_out, their value heads in llama.cpp's order.
+    switch (p.slots[0]) {
+      case Slot::lin_qkv:
+        return tiled({blk + "attn_qkv." + kind}, 2 * L.key_width(), L.value_dim);
+      case Slot::lin_z:
+        return tiled({blk + "attn_gate." + kind}, 0, L.value_dim);
+      case Slot::lin_b:
+        return tiled({blk + "ssm_beta." + kind}, 0, 1);
+      case Slot::lin_a:
+        return tiled({blk + "ssm_alpha." + kind}, 0, 1);
+      case Slot::lin_out: {
+        GgufTensorPlan o = tiled({blk + "ssm_out." + kind}, 0, L.value_dim);
+        o.v_columns = true;
+        return o;
+      }
+      default:
+        break;
+    }
     static const std::map<Slot, std::string> names = {
         {Slot::q, "attn_q"},      {Slot::k, "attn_k"},      {Slot::v, "attn_v"},
         {Slot::o, "attn_output"}, {Slot::gate, "ffn_gate"}, {Slot::up, "ffn_up"},

@@ -2,7 +2,8 @@
 // How kqlora's decoder families are written for llama.cpp (docs/GGUF.md, "Families"): the
 // architecture llama.cpp runs each as, its metadata keys, its tensor names and the
 // transforms its converter applies (the Q/K row order of llama, smollm3 and granite,
-// Gemma's norms as w + 1), and what llama.cpp cannot express -- refused, naming the
+// Gemma's and Qwen3.5's norms as w + 1, Qwen3.5's Gated DeltaNet value heads reordered
+// and A_log stored as -exp(A_log)), and what llama.cpp cannot express -- refused, naming the
 // config.json field and value, rather than written to run differently. This is the one place
 // outside nn/ that knows families by name: llama.cpp's names are per architecture by its design.
 
@@ -17,12 +18,21 @@ namespace kqlora::exporter {
 
 /// One checkpoint tensor as llama.cpp reads it.
 struct GgufTensorPlan {
-  std::string name;           // llama.cpp's
-  int64_t permute_heads = 0;  // > 0: llama's rotary row order over this many heads
-  bool plus_one = false;      // Gemma's (1 + w) norms stored as w + 1
-  int64_t expert = -1;        // >= 0: this expert's slice of a stacked [E, out, in] tensor
-  bool as_vector = false;     // a [1, n] matrix stored as the vector [n]
-  bool keep_f32 = false;      // F32 whatever the type (routers: llama.cpp's converter keeps them)
+  std::string name;            // llama.cpp's
+  int64_t permute_heads = 0;   // > 0: llama's rotary row order over this many heads
+  bool plus_one = false;       // Gemma's and Qwen3.5's (1 + w) norms stored as w + 1
+  int64_t expert = -1;         // >= 0: this expert's slice of a stacked [E, out, in] tensor
+  bool as_vector = false;      // a [1, n] matrix stored as the vector [n]
+  bool keep_f32 = false;       // F32 whatever the type (routers: llama.cpp's converter keeps them)
+  bool neg_exp = false;        // Gated DeltaNet's A_log stored as -exp(A_log) (ssm_a)
+  std::vector<int64_t> shape;  // non-empty: the shape written (conv1d's [conv_dim, kernel])
+  // Gated DeltaNet's value heads from grouped order (key head g's value heads j = 0..r-1
+  // together) to tiled order (j-th of every key head together), as llama.cpp's converter
+  // writes them for ggml's broadcast of the key heads: `v_unit` rows a head (or columns,
+  // `v_columns`: out_proj's input) from row `v_from` on; `v_groups` key heads of r each.
+  int64_t v_unit = 0;  // 0: none
+  int64_t v_from = 0, v_groups = 0, v_per_group = 0;
+  bool v_columns = false;
 };
 
 /// A decoder as llama.cpp runs it.
@@ -46,6 +56,11 @@ struct GgufDecoder {
   float yarn_factor = 0;
   int64_t yarn_original = 0;
   float yarn_attn_factor = 1.0f;
+  // qwen35: rope.dimension_sections (mrope's four sections, the last 0), and the layer
+  // pattern as full_attention_interval (every n-th layer full attention) or, where no
+  // interval gives it (0), attention.recurrent_layers (a bool a layer)
+  std::vector<int32_t> rope_sections;
+  int64_t full_attention_interval = 0;
 };
 
 /// llama.cpp's view of `spec` (config.json's text `config_text`, `file` naming the

@@ -110,10 +110,16 @@ CASES = {
     # Granite: the four multipliers, q/k/v/o and MLP biases, llama3 rope (rope_freqs), a tied
     # head (as Granite 3.3's)
     "granite": ("granite", {"rope_parameters": LLAMA3_ROPE, "tie_word_embeddings": True}),
+    # Qwen3.5: Gated DeltaNet layers (2 key heads read by 4 value heads: the value heads
+    # reordered as llama.cpp's) around one gated attention layer, a pattern no
+    # full_attention_interval gives (attention.recurrent_layers), partial rotary 0.5 with
+    # mrope sections llama.cpp rotates text by, zero-centred norms; no biases
+    "qwen3_5_text": ("qwen3_5_text", {"attention_bias": False, "layer_types": [
+        "linear_attention", "full_attention", "linear_attention", "linear_attention"]}),
 }
 # Families transformers' GGUF loader does not read as trained (Mixtral's file is llama's
 # architecture, which it loads without experts; no olmoe): llama.cpp checks their numbers.
-NO_HF_GGUF = {"mixtral", "olmoe", "smollm3", "olmo2", "olmo3", "granite"}
+NO_HF_GGUF = {"mixtral", "olmoe", "smollm3", "olmo2", "olmo3", "granite", "qwen3_5_text"}
 # Reference cases (tests/data/family_reference) llama.cpp cannot run as trained, and the
 # config.json field each refusal names.
 REFUSED = {"gemma2": "attention_bias", "gemma3_text": "query_pre_attn_scalar",
@@ -121,7 +127,9 @@ REFUSED = {"gemma2": "attention_bias", "gemma3_text": "query_pre_attn_scalar",
            "phi3_long": "rope_parameters", "mistral_window": "sliding_window",
            "qwen3_moe": "mlp_only_layers", "qwen3_moe_raw": "norm_topk_prob",
            "qwen2_moe": "mlp_only_layers", "gpt_oss": "model_type", "olmoe": "clip_qkv",
-           "mixtral": "sliding_window", "smollm3": "no_rope_layers", "olmo2": "attention_bias"}
+           "mixtral": "sliding_window", "smollm3": "no_rope_layers", "olmo2": "attention_bias",
+           # (its Gated DeltaNet heads: keys of 16, values of 4; llama.cpp sizes both by one)
+           "qwen3_5_text": "linear_value_head_dim"}
 # Tiny models (family, --config over the tiny preset) with a setting llama.cpp cannot express,
 # each alone, and the field each refusal names.
 _SMOLLM3 = {"no_rope_layers": [1, 1, 1, 0], "use_sliding_window": False, "attention_bias": False,
@@ -212,8 +220,9 @@ def check_case(name, family, over, train_bin, export_bin, work, checks):
     merged = AutoModelForCausalLM.from_pretrained(os.path.join(work, "merged"),
                                                   dtype=torch.float32,
                                                   attn_implementation="eager").eval()
-    with torch.no_grad():
-        got_merged = merged(input_ids=ids, labels=labels).loss.item()
+    with torch.no_grad():  # (its logits are llama.cpp's reference below)
+        out = merged(input_ids=ids, labels=labels)
+    got_merged, ref = out.loss.item(), out.logits.double().numpy()
     checks.append(("%s: --merged loss %.7f vs kqlora's %.7f" % (name, got_merged, want),
                    abs(got_merged - want) <= 1e-4 * abs(want)))
     for gtype, tol in (("f32", 1e-4), ("bf16", 1e-2), ("q8_0", 2e-2)):
@@ -246,24 +255,25 @@ def check_case(name, family, over, train_bin, export_bin, work, checks):
     arch = fields["general.architecture"].contents()
     expect_arch = {"mistral": "llama", "gemma3_text": "gemma3", "qwen3_moe": "qwen3moe",
                    "qwen2_moe": "qwen2moe", "mixtral": "llama",
-                   "olmo3": "olmo2"}.get(family, family)
+                   "olmo3": "olmo2", "qwen3_5_text": "qwen35"}.get(family, family)
     checks.append(("%s: general.architecture %r" % (name, arch), arch == expect_arch))
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    rope = cfg.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)
+    partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
     meta = {"block_count": cfg["num_hidden_layers"], "embedding_length": cfg["hidden_size"],
             "feed_forward_length": cfg["intermediate_size"],
             "attention.head_count": cfg["num_attention_heads"],
             "attention.head_count_kv": cfg["num_key_value_heads"],
             "attention.key_length": head_dim, "context_length": cfg["max_position_embeddings"],
             "attention.layer_norm_rms_epsilon": cfg["rms_norm_eps"],
-            "rope.dimension_count": int(head_dim * cfg.get("partial_rotary_factor", 1.0))}
+            "rope.dimension_count": int(head_dim * partial)}
     experts = cfg.get("num_experts", cfg.get("num_local_experts"))
     if family == "granite":  # (the multipliers under llama.cpp's names)
         meta.update({"attention.scale": cfg["attention_multiplier"],
                      "embedding_scale": cfg["embedding_multiplier"],
                      "residual_scale": cfg["residual_multiplier"],
                      "logit_scale": cfg["logits_scaling"]})
-    rope = cfg.get("rope_parameters") or {}
-    rope = rope.get("full_attention", rope)
     if rope.get("rope_type") == "yarn":
         meta.update({"rope.scaling.factor": rope["factor"],
                      "rope.scaling.original_context_length":
@@ -276,6 +286,20 @@ def check_case(name, family, over, train_bin, export_bin, work, checks):
         want_pattern = [t == "sliding_attention" for t in cfg["layer_types"]]
         checks.append(("%s: attention.sliding_window_pattern %s (layer_types %s)"
                        % (name, pattern, cfg["layer_types"]), pattern == want_pattern))
+    if family == "qwen3_5_text":  # the Gated DeltaNet sizes, the layer pattern, mrope
+        meta.update({"ssm.conv_kernel": cfg["linear_conv_kernel_dim"],
+                     "ssm.state_size": cfg["linear_key_head_dim"],
+                     "ssm.group_count": cfg["linear_num_key_heads"],
+                     "ssm.time_step_rank": cfg["linear_num_value_heads"],
+                     "ssm.inner_size": cfg["linear_num_value_heads"] *
+                     cfg["linear_value_head_dim"]})
+        got = fields[arch + ".attention.recurrent_layers"].contents()
+        checks.append(("%s: attention.recurrent_layers %s (layer_types %s)"
+                       % (name, got, cfg["layer_types"]),
+                       got == [t == "linear_attention" for t in cfg["layer_types"]]))
+        got = fields[arch + ".rope.dimension_sections"].contents()
+        checks.append(("%s: rope.dimension_sections %s (mrope_section %s)"
+                       % (name, got, rope["mrope_section"]), got == rope["mrope_section"] + [0]))
     if experts:
         meta.update({"expert_count": experts,
                      "expert_used_count": cfg["num_experts_per_tok"],
@@ -296,8 +320,6 @@ def check_case(name, family, over, train_bin, export_bin, work, checks):
         print("%s: llama.cpp check skipped (no llama_cpp: bash tools/install_llama_cpp.sh)"
               % name)
         return
-    with torch.no_grad():
-        ref = merged(input_ids=ids).logits.double().numpy()
     worst, disagree, total = 0.0, 0, 0
     for r in range(ROWS):
         lc = llama_cpp_logits(os.path.join(work, "model-f32.gguf"), ids[r].tolist())

@@ -9,11 +9,12 @@
 
 Families: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, smollm3, olmo2, olmo3,
 granite (presets smollm3-3b, olmo2-1b, olmo2-7b, olmo3-7b, granite-3.3-2b, granite-3.3-8b),
-and the mixtures of experts qwen3_moe, qwen2_moe, mixtral, olmoe (each expert's tensors in
-the hub's per-expert names; presets olmoe-1b-7b, qwen3-30b-a3b, ...). The shape comes from
---preset (realistic shapes of public models, and "tiny" per family: PRESETS) with --config
-(a JSON object, inline or a file) overriding fields; neither: the family's transformers
-defaults. OUT_DIR gets:
+qwen3_5_text (Qwen3.5's text decoder: Gated DeltaNet and gated attention layers; preset
+qwen3.5-0.8b), and the mixtures of experts qwen3_moe, qwen2_moe, mixtral, olmoe (each
+expert's tensors in the hub's per-expert names; presets olmoe-1b-7b, qwen3-30b-a3b, ...).
+The shape comes from --preset (realistic shapes of public models, and "tiny" per family:
+PRESETS) with --config (a JSON object, inline or a file) overriding fields; neither: the
+family's transformers defaults. OUT_DIR gets:
   config.json                       the family's transformers config class's own
                                     save_pretrained (so every default is the family's),
                                     with architectures and dtype set
@@ -32,7 +33,12 @@ neither the order, the sharding nor the other tensors:
                                              granite, olmo2/olmo3/olmoe incl. their
                                              whole-projection q_norm/k_norm)
   Gemma-kind RMSNorm weights ((1 + w) * x)   0.2 * randn       (gemma2, gemma3_text incl.
-                                             q_norm/k_norm)
+                                             q_norm/k_norm; every qwen3_5_text norm but
+                                             the Gated DeltaNet's gated norm, Llama's kind)
+  Gated DeltaNet's conv1d.weight             normal(0, initializer_range)
+  Gated DeltaNet's A_log, dt_bias            log(U(0.005, 0.3)), 0.5 * randn (decays
+                                             exp(-exp(A_log) softplus(a + dt_bias)) that
+                                             carry the state over many tokens)
 Tied embeddings (tie_word_embeddings) write no lm_head.weight. BF16 is float32 rounded to
 nearest even (the top 16 bits). The safetensors writer is this file's own: an 8-byte
 little-endian header length, the JSON header (dtype, shape, data_offsets; metadata
@@ -81,9 +87,12 @@ FAMILIES = {
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
     "olmo3": ("Olmo3Config", "Olmo3ForCausalLM"),
     "granite": ("GraniteConfig", "GraniteForCausalLM"),
+    "qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
 }
 MOE = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 GEMMA_KIND = ("gemma2", "gemma3_text")
+# zero-centred ((1 + w) * x) RMSNorm weights without Gemma's sandwich norms
+ZERO_CENTRED = GEMMA_KIND + ("qwen3_5_text",)
 # post-norm blocks: no input_layernorm, no norm before the MLP; q_norm / k_norm over the
 # whole q and k projections, post_attention_layernorm and post_feedforward_layernorm
 OLMO_KIND = ("olmo2", "olmo3")
@@ -359,6 +368,26 @@ PRESETS.update({
                                                         "rope_theta": 10000000.0})),
 })
 
+# ---- Qwen3.5's text decoder ----
+PRESETS.update({
+    # Qwen/Qwen3.5-0.8B: its config.json's text_config (mirrored in public repositories;
+    # llama.cpp's qwen35 loader names 24 layers of width 1024 "0.8B"): three Gated DeltaNet
+    # layers to one gated full-attention layer (full_attention_interval 4), 16 key and 16
+    # value heads of 128, a tied head, interleaved mrope over 64 of head_dim 256
+    "qwen3.5-0.8b": ("qwen3_5_text", dict(
+        vocab_size=248320, hidden_size=1024, intermediate_size=3584, num_hidden_layers=24,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=256,
+        max_position_embeddings=262144, rms_norm_eps=1e-6, attention_bias=False,
+        linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
+        linear_value_head_dim=128, linear_conv_kernel_dim=4,
+        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                     for i in range(24)],
+        eos_token_id=248044, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                         "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
+                         "mrope_interleaved": True})),
+})
+
 TINY = {
     "llama": dict(_TINY),
     "mistral": dict(_TINY, sliding_window=37),
@@ -407,6 +436,17 @@ TINY = {
     "granite": dict(_TINY, embedding_multiplier=6.0, residual_multiplier=0.5,
                     attention_multiplier=0.3, logits_scaling=3.0, attention_bias=True,
                     mlp_bias=True, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    # Gated DeltaNet layers 0 and 2 (2 key heads each read by 2 of 4 value heads), gated
+    # full-attention layers 1 and 3 with biases, partial rotary 0.5 with mrope fields
+    "qwen3_5_text": dict(_TINY, num_hidden_layers=4, head_dim=16, attention_bias=True,
+                         linear_num_key_heads=2, linear_num_value_heads=4,
+                         linear_key_head_dim=16, linear_value_head_dim=16,
+                         linear_conv_kernel_dim=4,
+                         layer_types=["linear_attention", "full_attention"] * 2,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                          "partial_rotary_factor": 0.5,
+                                          "mrope_section": [2, 1, 1],
+                                          "mrope_interleaved": True}),
 }
 
 CHUNK = 1 << 22  # elements generated at a time (fixed: the values do not depend on memory)
@@ -423,12 +463,13 @@ def make_config(family, fields, dtype):
 
 
 def tensor_specs(family, cfg):
-    """[(name, shape, kind)] in the model's order; kind: matrix, bias, norm, gemma_norm."""
+    """[(name, shape, kind)] in the model's order; kind: matrix, bias, norm, gemma_norm,
+    a_log, dt_bias."""
     H, V, I = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
     nh = cfg.num_attention_heads
     nkv = getattr(cfg, "num_key_value_heads", None) or nh
     hd = getattr(cfg, "head_dim", None) or H // nh  # qwen2/phi3 have no head_dim field
-    norm = "gemma_norm" if family in GEMMA_KIND else "norm"
+    norm = "gemma_norm" if family in ZERO_CENTRED else "norm"
     if family == "qwen2":
         attn_bias = True   # hard-wired in Qwen2Attention (no config field)
     elif family == "qwen2_moe":
@@ -449,14 +490,19 @@ def tensor_specs(family, cfg):
                 specs.append((p + name + ".bias", (out,), "bias"))
         if family not in OLMO_KIND:
             specs.append((p + "input_layernorm.weight", (H,), norm))
-        if family == "phi3":
+        if family == "qwen3_5_text" and cfg.layer_types[i] == "linear_attention":
+            deltanet_layer(lin, specs, p, cfg, H)
+        elif family == "phi3":
             lin("self_attn.qkv_proj", (nh + 2 * nkv) * hd, H, False)
-        else:
-            lin("self_attn.q_proj", nh * hd, H, attn_bias)
+        else:  # (Qwen3.5's q_proj writes [q_h | gate_h] per head)
+            lin("self_attn.q_proj", nh * hd * (2 if family == "qwen3_5_text" else 1), H,
+                attn_bias)
             lin("self_attn.k_proj", nkv * hd, H, attn_bias)
             lin("self_attn.v_proj", nkv * hd, H, attn_bias)
-        lin("self_attn.o_proj", H, nh * hd, o_bias)
-        if family in ("qwen3", "gemma3_text", "qwen3_moe"):
+        if not (family == "qwen3_5_text" and cfg.layer_types[i] == "linear_attention"):
+            lin("self_attn.o_proj", H, nh * hd, o_bias)
+        if family in ("qwen3", "gemma3_text", "qwen3_moe") or \
+                (family == "qwen3_5_text" and cfg.layer_types[i] == "full_attention"):
             specs.append((p + "self_attn.q_norm.weight", (hd,), norm))
             specs.append((p + "self_attn.k_norm.weight", (hd,), norm))
         if family == "olmoe" or family in OLMO_KIND:  # (over the whole projections)
@@ -481,6 +527,25 @@ def tensor_specs(family, cfg):
     if not cfg.tie_word_embeddings:
         specs.append(("lm_head.weight", (V, H), "matrix"))
     return specs
+
+
+def deltanet_layer(lin, specs, p, cfg, H):
+    """A Qwen3.5 Gated DeltaNet layer's tensors (transformers' Qwen3_5GatedDeltaNet): the
+    projections of q, k, v (fused), z, b and a, the causal conv over [q | k | v], the decay's
+    dt_bias and A_log, the gated norm (w * x) and out_proj."""
+    m = "linear_attn."
+    nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    kw, vw = nk * cfg.linear_key_head_dim, nv * cfg.linear_value_head_dim
+    lin(m + "in_proj_qkv", 2 * kw + vw, H, False)
+    lin(m + "in_proj_z", vw, H, False)
+    lin(m + "in_proj_b", nv, H, False)
+    lin(m + "in_proj_a", nv, H, False)
+    specs.append((p + m + "conv1d.weight", (2 * kw + vw, 1, cfg.linear_conv_kernel_dim),
+                  "matrix"))
+    specs.append((p + m + "dt_bias", (nv,), "dt_bias"))
+    specs.append((p + m + "A_log", (nv,), "a_log"))
+    specs.append((p + m + "norm.weight", (cfg.linear_value_head_dim,), "norm"))
+    lin(m + "out_proj", H, vw, False)
 
 
 def sparse_layer(family, cfg, i):
@@ -524,7 +589,11 @@ def tensor_chunks(name, shape, kind, seed, std, dtype):
     n = math.prod(shape)
     for start in range(0, n, CHUNK):
         x = torch.randn(min(CHUNK, n - start), generator=gen, dtype=torch.float32)
-        if kind == "matrix":
+        if kind == "a_log":  # log(U(0.005, 0.3)) from the normal draw's CDF
+            x = (0.005 + 0.295 * (0.5 * (1 + torch.erf(x / math.sqrt(2))))).log()
+        elif kind == "dt_bias":
+            x.mul_(0.5)
+        elif kind == "matrix":
             x.mul_(std)
         elif kind == "bias":
             x.mul_(0.1)
