@@ -28,7 +28,7 @@ void gated_deltanet_records(const std::vector<int64_t>& tokens, int repeats,
       Matrix<M> m("kqlora::bench::x", rows, cols);
       auto h = Kokkos::create_mirror_view(m);
       for (size_t i = 0; i < h.size(); ++i) h.data()[i] = shift + scale * normal(gen);
-      Kokkos::deep_copy(m, h);
+      Kokkos::deep_copy(m, h);  // device-wide: set-up
       return m;
     };
     const Matrix<M> mixed = random(T, s.conv_dim(), 1, 0), z = random(T, s.value_dim(), 1, 0),
@@ -51,6 +51,10 @@ void gated_deltanet_records(const std::vector<int64_t>& tokens, int repeats,
                               da);
     });
     r.elements = static_cast<double>(T);
+    // (about 8 (64 (2 dk + dv) + 3 dk dv) flops a token and value head: the rule's forward,
+    // its recomputation and gradients, as decoder_train_flops counts them)
+    const double dk = static_cast<double>(s.rule.dk), dv = static_cast<double>(s.rule.dv);
+    r.flops = static_cast<double>(T * Hv) * 8 * (64 * (2 * dk + dv) + 3 * dk * dv);
     const double per_token = r.median_s / static_cast<double>(T);
     if (first_per_token == 0) first_per_token = per_token;
     r.ratio_to_dense = per_token / first_per_token;

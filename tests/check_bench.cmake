@@ -3,7 +3,7 @@ cmake_policy(SET CMP0057 NEW)  # if(IN_LIST)
 # a positive median and a positive byte or flop count; the QLoRA records' pair ratios.
 execute_process(COMMAND ${BENCH} --sizes 128 --tokens 16 --linear-dim 128 --gemm-size 64
                         --repeats 2 --pairs 3 --llama tiny --llama-batches 2
-                        --llama-seq 16 --json ${OUT} RESULT_VARIABLE rc
+                        --llama-seq 16 --delta-tokens 64,128 --json ${OUT} RESULT_VARIABLE rc
                 OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "kqlora-bench failed (${rc}): ${out}${err}")

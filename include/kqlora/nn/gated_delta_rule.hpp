@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kqlora/core/error.hpp"
+#include "kqlora/core/kokkos_compat.hpp"
 #include "kqlora/nn/row_loops.hpp"
 
 namespace kqlora {
@@ -85,7 +86,7 @@ DeltaRuleDocuments<typename ExecSpace::memory_space> delta_rule_documents(
   d.first = to_device(first, "kqlora::delta_rule::first");
   d.length = to_device(length, "kqlora::delta_rule::length");
   d.chunk0 = to_device(chunk0, "kqlora::delta_rule::chunk0");
-  exec.fence();  // (the host vectors go out of scope)
+  fence(exec, "kqlora::delta_rule_documents");  // (the host vectors go out of scope)
   return d;
 }
 
