@@ -856,7 +856,8 @@ TEST(NewFamilies, BadFieldsAreRefusedNamingThem) {
     ADD_FAILURE() << "no case " << name;
     return std::string();
   };
-  const std::string smol = config("smollm3"), olmo3 = config("olmo3"), granite = config("granite");
+  const std::string smol = config("smollm3"), olmo3 = config("olmo3"), granite = config("granite"),
+                    qwen35 = config("qwen3_5_text");
   const std::vector<std::tuple<const std::string*, std::string, std::string>> bad = {
       {&smol, "no_rope_layers", "[1, 0]"},
       {&smol, "no_rope_layers", "[1, 2, 1]"},
@@ -872,12 +873,25 @@ TEST(NewFamilies, BadFieldsAreRefusedNamingThem) {
       {&granite, "residual_multiplier", "-0.5"},
       {&granite, "attention_multiplier", "true"},
       {&granite, "logits_scaling", "0"},
-      {&granite, "model_type", "\"granitemoehybrid\""}};
+      {&granite, "model_type", "\"granitemoehybrid\""},
+      {&qwen35, "linear_num_value_heads", "6"},  // (not a multiple of 4 key heads)
+      {&qwen35, "linear_conv_kernel_dim", "0"},
+      {&qwen35, "linear_key_head_dim", "0"},
+      {&qwen35, "linear_key_head_dim", "1000000000"},  // (in_proj_qkv beyond any node)
+      {&qwen35, "layer_types",
+       "[\"linear_attention\", \"sliding_attention\", "
+       "\"linear_attention\", \"full_attention\"]"},
+      {&qwen35, "layer_types", "[\"full_attention\"]"},
+      {&qwen35, "attn_output_gate", "false"},
+      {&qwen35, "rope_parameters",
+       "{\"rope_type\": \"default\", \"rope_theta\": 10000.0, \"partial_rotary_factor\": 0.5, "
+       "\"mrope_section\": [1, 1, 1]}"}};
   for (const auto& [text, field, value] : bad) {
     SCOPED_TRACE(field + " = " + value);
     const std::string shown = value.find("longrope") != std::string::npos ? "longrope"
-                              : value[0] == '[' || value[0] == '"'        ? ""
-                                                                          : value;
+                              : value.find("mrope") != std::string::npos  ? "mrope_section"
+                              : value[0] == '[' || value[0] == '"' || value[0] == '{' ? ""
+                                                                                      : value;
     expect_config_error(with_field(*text, field, value), {"dir/config.json", field, shown});
   }
   const auto refusal = [](const std::string& text) {
