@@ -10,12 +10,15 @@
 #include <random>
 #include <vector>
 
+#include "central_differences.hpp"
 #include "exec_spaces.hpp"
 #include "kqlora/nn/gated_delta_rule.hpp"
 
 namespace {
 
 using D = std::vector<double>;
+using kqlora_test::max_abs;
+using kqlora_test::max_diff;
 
 struct Inputs {
   int64_t n = 0, S = 0;  // rows of S tokens
@@ -119,18 +122,6 @@ D to_doubles(const Mat<M>& x) {
   return out;
 }
 
-double max_abs(const D& x) {
-  double m = 0;
-  for (double v : x) m = std::max(m, std::fabs(v));
-  return m;
-}
-
-double max_diff(const D& a, const D& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
-}
-
 // The kernel's outputs, and with `dO` its gradients (dQ, dK per key head, dV, dbeta, dg).
 template <class Exec>
 struct Run {
@@ -205,21 +196,7 @@ TYPED_TEST(GatedDeltaRule, GradientsMatchFiniteDifferences) {
     return l;
   };
   const auto check = [&](D Inputs::*field, const D& grad, const char* name) {
-    Inputs x = in;
-    D fd((x.*field).size());
-    const double step = 1e-6;
-    for (size_t i = 0; i < fd.size(); ++i) {
-      const double keep = (x.*field)[i];
-      (x.*field)[i] = keep + step;
-      const double up = loss(x);
-      (x.*field)[i] = keep - step;
-      fd[i] = (up - loss(x)) / (2 * step);
-      (x.*field)[i] = keep;
-    }
-    ASSERT_EQ(grad.size(), fd.size()) << name;
-    std::printf("%s: %.3g\n", name, max_diff(grad, fd) / max_abs(fd));
-    EXPECT_LE(max_diff(grad, fd), 1e-4 * max_abs(fd)) << name;
-    EXPECT_GT(max_abs(fd), 0.0) << name;
+    kqlora_test::expect_matches_central_differences(in, field, grad, name, loss);
   };
   check(&Inputs::q, got.dq, "dq");
   check(&Inputs::k, got.dk, "dk");

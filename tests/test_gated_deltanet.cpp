@@ -10,12 +10,15 @@
 #include <random>
 #include <vector>
 
+#include "central_differences.hpp"
 #include "exec_spaces.hpp"
 #include "kqlora/nn/gated_deltanet.hpp"
 
 namespace {
 
 using D = std::vector<double>;
+using kqlora_test::max_abs;
+using kqlora_test::max_diff;
 
 struct Case {
   kqlora::GatedDeltaNetShape s;
@@ -144,18 +147,6 @@ D to_doubles(const kqlora::Matrix<M>& x) {
   return D(h.data(), h.data() + h.size());
 }
 
-double max_abs(const D& x) {
-  double m = 0;
-  for (double v : x) m = std::max(m, std::fabs(v));
-  return m;
-}
-
-double max_diff(const D& a, const D& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
-}
-
 struct Result {
   D y, d_mixed, dz, db, da;
 };
@@ -226,21 +217,7 @@ TYPED_TEST(GatedDeltaNet, GradientsMatchFiniteDifferences) {
     return l;
   };
   const auto check = [&](D Case::*field, const D& grad, const char* name) {
-    Case x = c;
-    D fd((x.*field).size());
-    const double step = 1e-6;
-    for (size_t i = 0; i < fd.size(); ++i) {
-      const double keep = (x.*field)[i];
-      (x.*field)[i] = keep + step;
-      const double up = loss(x);
-      (x.*field)[i] = keep - step;
-      fd[i] = (up - loss(x)) / (2 * step);
-      (x.*field)[i] = keep;
-    }
-    ASSERT_EQ(grad.size(), fd.size()) << name;
-    std::printf("%s: %.3g\n", name, max_diff(grad, fd) / max_abs(fd));
-    EXPECT_LE(max_diff(grad, fd), 1e-4 * max_abs(fd)) << name;
-    EXPECT_GT(max_abs(fd), 0.0) << name;
+    kqlora_test::expect_matches_central_differences(c, field, grad, name, loss);
   };
   check(&Case::mixed, got.d_mixed, "d mixed_qkv");
   check(&Case::z, got.dz, "dz");
