@@ -146,19 +146,25 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
                          const std::string& file) {
   GgufDecoder d;
   d.spec = spec;
-  const json::Value cfg = json::parse(config_text, file + ": hf_config");
+  const json::Value root = json::parse(config_text, file + ": hf_config");
+  // (a multimodal Qwen3.5 directory: its text decoder's fields are text_config's, and the
+  // GGUF holds that decoder alone, as llama.cpp's converter writes it)
+  const json::Value* text = spec.model_type == "qwen3_5" ? root.find("text_config") : nullptr;
+  const json::Value cfg = text ? *text : root;
+  const std::string field_prefix = text ? "text_config." : "";
   const std::string where = file + ": --gguf: ";
   static const std::map<std::string, std::string> archs = {
-      {"llama", "llama"},        {"mistral", "llama"},      {"qwen2", "qwen2"},
-      {"qwen3", "qwen3"},        {"gemma2", "gemma2"},      {"gemma3_text", "gemma3"},
-      {"phi3", "phi3"},          {"qwen3_moe", "qwen3moe"}, {"qwen2_moe", "qwen2moe"},
-      {"mixtral", "llama"},      {"olmoe", "olmoe"},        {"smollm3", "smollm3"},
-      {"olmo2", "olmo2"},        {"olmo3", "olmo2"},        {"granite", "granite"},
-      {"qwen3_5_text", "qwen35"}};
+      {"llama", "llama"},         {"mistral", "llama"},      {"qwen2", "qwen2"},
+      {"qwen3", "qwen3"},         {"gemma2", "gemma2"},      {"gemma3_text", "gemma3"},
+      {"phi3", "phi3"},           {"qwen3_moe", "qwen3moe"}, {"qwen2_moe", "qwen2moe"},
+      {"mixtral", "llama"},       {"olmoe", "olmoe"},        {"smollm3", "smollm3"},
+      {"olmo2", "olmo2"},         {"olmo3", "olmo2"},        {"granite", "granite"},
+      {"qwen3_5_text", "qwen35"}, {"qwen3_5", "qwen35"}};
   const auto a = archs.find(spec.model_type);
   const auto refuse = [&](const std::string& key, const std::string& why) {
-    KQLORA_INPUT_CHECK(false, where << "config.json's " << key << " = " << value_of(cfg, key)
-                                    << ": " << why << " (docs/GGUF.md, \"Families\")");
+    KQLORA_INPUT_CHECK(false, where << "config.json's " << field_prefix << key << " = "
+                                    << value_of(cfg, key) << ": " << why
+                                    << " (docs/GGUF.md, \"Families\")");
   };
   // (gpt-oss: llama.cpp's gpt-oss architecture has tensors and fields of its own -- the
   // sinks, the expert and router biases, the clamped SwiGLU's limit -- and stores the hub's

@@ -116,10 +116,18 @@ CASES = {
     # mrope sections llama.cpp rotates text by, zero-centred norms; no biases
     "qwen3_5_text": ("qwen3_5_text", {"attention_bias": False, "layer_types": [
         "linear_attention", "full_attention", "linear_attention", "linear_attention"]}),
+    # the same as the hub ships Qwen3.5: a multimodal qwen3_5 directory (MULTIMODAL below)
+    "qwen3_5": ("qwen3_5_text", {"attention_bias": False, "layer_types": [
+        "linear_attention", "full_attention", "linear_attention", "linear_attention"]}),
 }
+# Cases trained from their tiny model rewritten as a multimodal directory
+# (check_llama_export.py's multimodal_directory: the decoder under model.language_model.,
+# a vision tower beside it); their GGUF is the text decoder's.
+MULTIMODAL = {"qwen3_5"}
 # Families transformers' GGUF loader does not read as trained (Mixtral's file is llama's
 # architecture, which it loads without experts; no olmoe): llama.cpp checks their numbers.
-NO_HF_GGUF = {"mixtral", "olmoe", "smollm3", "olmo2", "olmo3", "granite", "qwen3_5_text"}
+NO_HF_GGUF = {"mixtral", "olmoe", "smollm3", "olmo2", "olmo3", "granite", "qwen3_5_text",
+              "qwen3_5"}
 # Reference cases (tests/data/family_reference) llama.cpp cannot run as trained, and the
 # config.json field each refusal names.
 REFUSED = {"gemma2": "attention_bias", "gemma3_text": "query_pre_attn_scalar",
@@ -205,6 +213,9 @@ def check_case(name, family, over, train_bin, export_bin, work, checks):
     make_hf_model(model, "--family", family, "--preset", "tiny", "--config", json.dumps(over),
                   "--dtype", "f32")
     cfg = json.load(open(os.path.join(model, "config.json")))
+    if name in MULTIMODAL:
+        from check_llama_export import multimodal_directory
+        model = multimodal_directory(model, os.path.join(work, "model_multimodal"))
     g = torch.Generator().manual_seed(7)
     ids = torch.randint(3, cfg["vocab_size"], (ROWS, T), generator=g)
     labels = ids.clone()

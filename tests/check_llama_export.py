@@ -88,7 +88,8 @@ def multimodal_directory(text_case, out):
     assert not unexpected and all(k.startswith("model.visual.") for k in missing)
     model.save_pretrained(out)
     for name in ("data.h5", "case.txt"):
-        shutil.copy(os.path.join(text_case, name), os.path.join(out, name))
+        if os.path.exists(os.path.join(text_case, name)):
+            shutil.copy(os.path.join(text_case, name), os.path.join(out, name))
     return out
 
 
