@@ -34,7 +34,8 @@ const std::vector<std::pair<std::string, Builder>>& families() {
       {"olmo2", impl::olmo2_family},
       {"olmo3", impl::olmo3_family},
       {"granite", impl::granite_family},
-      {"qwen3_5_text", impl::qwen3_5_family}, {"qwen3_5", impl::qwen3_5_multimodal_family},
+      {"qwen3_5_text", impl::qwen3_5_family},
+      {"qwen3_5", impl::qwen3_5_multimodal_family},
   };
   return table;
 }
