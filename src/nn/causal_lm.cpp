@@ -345,16 +345,11 @@ void CausalLm<ExecSpace>::block_forward(int l, Buffers& c, const Matrix<Mem>& ne
   const bool bf16 = this->cfg_.bf16();
   const Block& B = blocks_[l];
   const auto norm_of = [&](NormRole r) { return B.norm[static_cast<int>(r)]; };
-  // (a block without an input norm reads the stream itself: OLMo 2's post-norms)
-  const auto input_norm = [&](NormRole r, const Matrix<Mem>& x, const Matrix<Mem>& y,
-                              const Matrix<Mem>& inv) {
-    if (norm_of(r))
-      norm_forward(norm_of(r), r, x, y, inv);
-    else
-      Kokkos::deep_copy(exec, y, x);
-  };
+  // (a block without an input norm reads the stream itself: OLMo 2's post-norms,
+  // sublayer_input)
   const float rm = spec_.residual_multiplier;
-  input_norm(NormRole::attn_in, c[B::kX], c[B::kN1], c[B::kInv1]);
+  if (norm_of(NormRole::attn_in))
+    norm_forward(norm_of(NormRole::attn_in), NormRole::attn_in, c[B::kX], c[B::kN1], c[B::kInv1]);
   if (spec_.layer[l].mixer == Mixer::linear)
     linear_attention_forward(l, c);
   else
@@ -364,7 +359,8 @@ void CausalLm<ExecSpace>::block_forward(int l, Buffers& c, const Matrix<Mem>& ne
                  c[B::kInvO]);
   if (rm != 0) scale_values(exec, rm, bf16, buf_[B::kProjOut]);
   residual_sum(exec, c[B::kX], buf_[B::kProjOut], bf16, c[B::kMid]);
-  input_norm(NormRole::mlp_in, c[B::kMid], c[B::kN2], c[B::kInv2]);
+  if (norm_of(NormRole::mlp_in))
+    norm_forward(norm_of(NormRole::mlp_in), NormRole::mlp_in, c[B::kMid], c[B::kN2], c[B::kInv2]);
   if (spec_.layer[l].sparse) {  // (the aux loss's sums once per forward, not in a recomputation)
     if (spec_.shared_expert(l)) dense_mlp_forward(l, c);
     experts_forward(l, c, aux_on_ && next.data());
@@ -423,8 +419,15 @@ double CausalLm<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool
   row_len_ = b.row_len > 0 ? b.row_len : S;
   set_documents(b.positions);
   ensure(n, S);
-  if (spec_.any_mixer(Mixer::linear))  // (the Gated DeltaNet layers' documents and chunks)
+  // The Gated DeltaNet layers' documents and chunks (unpacked rows: kept while the batch's
+  // shape is the same)
+  if (spec_.any_mixer(Mixer::linear) &&
+      (docs_.data() || lin_docs_packed_ || lin_docs_rows_ != n || lin_docs_len_ != S)) {
     lin_docs_ = delta_rule_documents(exec, n, S, docs_.data() ? host_docs_.data() : nullptr);
+    lin_docs_rows_ = n;
+    lin_docs_len_ = S;
+    lin_docs_packed_ = docs_.data() != nullptr;
+  }
   dropout_on_ = training && this->cfg_.dropout > 0;
   const bool bf16 = this->cfg_.bf16();
   aux_value_ = 0;
@@ -536,9 +539,10 @@ auto CausalLm<ExecSpace>::logits(const Batch<Mem>& b) -> Matrix<Mem> {
   const bool bf16 = this->cfg_.bf16();
   if (bf16) round_bf16(this->exec_, out);
   const FinalLogits f = final_logits();
-  Kokkos::parallel_for(
-      "kqlora::CausalLm::final_logits", over(this->exec_, out.extent(0), out.extent(1)),
-      KOKKOS_LAMBDA(int64_t t, int64_t v) { out(t, v) = f.apply(out(t, v), bf16); });
+  if (f.divisor > 0 || f.softcap > 0)
+    Kokkos::parallel_for(
+        "kqlora::CausalLm::final_logits", over(this->exec_, out.extent(0), out.extent(1)),
+        KOKKOS_LAMBDA(int64_t t, int64_t v) { out(t, v) = f.apply(out(t, v), bf16); });
   return out;
 }
 

@@ -97,11 +97,11 @@ template <class ExecSpace>
 auto CausalLm<ExecSpace>::projection_input(const Buffers& c, int p) const -> Matrix<Mem> {
   switch (spec_.projections[p].input) {
     case ProjectionInput::attn_norm:
-      return c[B::kN1];
+      return sublayer_input(c, NormRole::attn_in);
     case ProjectionInput::attn_out:  // (a gated attention's output times its gates)
       return spec_.attn_output_gate ? c[B::kAttGated] : c[B::kAtt];
     case ProjectionInput::mlp_norm:
-      return c[B::kN2];
+      return sublayer_input(c, NormRole::mlp_in);
     case ProjectionInput::linear_out:
       return c[B::kLinOut];
     default:

@@ -19,13 +19,14 @@ template <class ExecSpace>
 void CausalLm<ExecSpace>::experts_forward(int l, Buffers& c, bool sum_aux) {
   SparseMlpCache<Mem> sc = sparse_cache(c);
   sparse_mlp_forward(this->exec_, spec_.experts, spec_.mlp_activation, router_weights(l),
-                     expert_weights(l), c[B::kN2], this->cfg_.bf16(), sc, lora_, ws_,
-                     slot_output(c, Slot::down), sum_aux ? &aux_ : nullptr, buf_[B::kGLogits]);
+                     expert_weights(l), sublayer_input(c, NormRole::mlp_in), this->cfg_.bf16(), sc,
+                     lora_, ws_, slot_output(c, Slot::down), sum_aux ? &aux_ : nullptr,
+                     buf_[B::kGLogits]);
   offsets_[l] = std::move(sc.offsets);
   if (spec_.shared_expert(l))  // (its output in c[kShared]: block_forward ran it first)
-    shared_expert_gate_forward(this->exec_, c[B::kN2], dense_vector(blocks_[l].shared_gate),
-                               c[B::kShared], this->cfg_.bf16(), flat(c[B::kSharedGate]),
-                               slot_output(c, Slot::down));
+    shared_expert_gate_forward(
+        this->exec_, sublayer_input(c, NormRole::mlp_in), dense_vector(blocks_[l].shared_gate),
+        c[B::kShared], this->cfg_.bf16(), flat(c[B::kSharedGate]), slot_output(c, Slot::down));
 }
 
 template <class ExecSpace>

@@ -107,6 +107,8 @@ class CausalLm : public Model<ExecSpace> {
   // Gated DeltaNet layers: the batch's documents, and each layer's chunk states (one set
   // with activation checkpointing).
   DeltaRuleDocuments<Mem> lin_docs_;
+  int64_t lin_docs_rows_ = -1, lin_docs_len_ = -1;  // (the batch shape lin_docs_ is of)
+  bool lin_docs_packed_ = false;
   std::vector<Kokkos::View<float*, Mem>> lin_states_;
   const ParamEntry *embed_ = nullptr, *norm_ = nullptr, *head_ = nullptr;
   std::vector<RopeTable<Mem>> rope_;
@@ -175,9 +177,9 @@ class CausalLm : public Model<ExecSpace> {
   /// recomputation, which stops short of it. The order, norms and residuals; the
   /// sublayers below, each in a file of its own.
   void block_forward(int layer, Buffers& c, const Matrix<Mem>& next);
-  /// The attention (src/nn/decoder_attention.cpp): from c[kN1] to its o projection's
-  /// output (slot_output(o)); backward from g_o, the gradient of that output, to the
-  /// adapters' gradients and the gradient of c[kN1] into gx (empty: none, layer 0).
+  /// The attention (src/nn/decoder_attention.cpp): from sublayer_input(attn_in) to its o
+  /// projection's output (slot_output(o)); backward from g_o, the gradient of that output, to the
+  /// adapters' gradients and the gradient of that input into gx (empty: none, layer 0).
   void attention_forward(int layer, Buffers& c);
   void attention_backward(int layer, Buffers& c, const Matrix<Mem>& g_o, bool accumulate,
                           const Matrix<Mem>& gx);
@@ -187,7 +189,7 @@ class CausalLm : public Model<ExecSpace> {
   /// gradients of both gathered into its (backward).
   void split_gated_q(Buffers& c);
   void gather_gated_q_gradient();
-  /// A Gated DeltaNet layer (src/nn/decoder_linear_attention.cpp): from c[kN1] to its
+  /// A Gated DeltaNet layer (src/nn/decoder_linear_attention.cpp): from the same input to its
   /// out_proj's output (slot_output(lin_out)); backward as the attention's.
   void linear_attention_forward(int layer, Buffers& c);
   void linear_attention_backward(int layer, Buffers& c, const Matrix<Mem>& g_o, bool accumulate,
@@ -196,12 +198,12 @@ class CausalLm : public Model<ExecSpace> {
   GatedDeltaNetWeights<Mem> linear_weights(int layer) const;
   GatedDeltaNetBuffers<Mem> linear_buffers(int layer, Buffers& c);
   GatedDeltaNetShape linear_shape() const;
-  /// The dense MLP (src/nn/decoder_dense_mlp.cpp): from c[kN2] to its down projection's
-  /// output (slot_output(down)); backward as the attention's.
+  /// The dense MLP (src/nn/decoder_dense_mlp.cpp): from sublayer_input(mlp_in) to its down
+  /// projection's output (slot_output(down)); backward as the attention's.
   void dense_mlp_forward(int layer, Buffers& c);
   void dense_mlp_backward(int layer, Buffers& c, const Matrix<Mem>& g_down, bool accumulate,
                           const Matrix<Mem>& gx, float gx_beta = 0.0f);
-  /// The experts (src/nn/decoder_sparse_mlp.cpp): from c[kN2] to slot_output(down), adding
+  /// The experts (src/nn/decoder_sparse_mlp.cpp): from the same input to slot_output(down), adding
   /// to the aux loss's sums when `sum_aux`; backward as the attention's, and into the
   /// routers through the aux loss.
   void experts_forward(int layer, Buffers& c, bool sum_aux);
@@ -211,6 +213,13 @@ class CausalLm : public Model<ExecSpace> {
   Matrix<Mem> slot_output(Buffers& c, Slot s);
   /// The gradient buffer of slot s (q, k, v, gate, up).
   Matrix<Mem> slot_gradient(Slot s);
+  /// What the attention (attn_in) or the MLP (mlp_in) reads: its input norm's output, or
+  /// without that norm the residual stream itself (OLMo 2's post-norm blocks).
+  Matrix<Mem> sublayer_input(const Buffers& c, NormRole r) const {
+    const bool attn = r == NormRole::attn_in;
+    if (spec_.norm(r)) return c[attn ? DecoderBuffers::kN1 : DecoderBuffers::kN2];
+    return c[attn ? DecoderBuffers::kX : DecoderBuffers::kMid];
+  }
   /// The buffer projection p reads.
   Matrix<Mem> projection_input(const Buffers& c, int p) const;
   /// Projection p of `layer` on block cache c, into its slots (or `out` when given).
