@@ -2,6 +2,7 @@
 // head or whole) and clamp, the rotary, the causal attention with its window, soft-cap and
 // documents, and the o projection; forward and backward (docs/MODELS.md).
 #include "decoder_names.hpp"
+#include "kqlora/nn/attention_output_gate.hpp"
 #include "kqlora/nn/causal_lm.hpp"
 #include "kqlora/nn/clip_values.hpp"
 
@@ -23,7 +24,9 @@ void CausalLm<ExecSpace>::attention_forward(int l, Buffers& c) {
   const Block& B = blocks_[l];
   const auto norm_of = [&](NormRole r) { return B.norm[static_cast<int>(r)]; };
   project_all(l, ProjectionInput::attn_norm, c);
-  if (spec_.attn_output_gate) split_gated_q(c);
+  if (spec_.attn_output_gate)  // (q before its norm, when it has one)
+    split_gated_q(exec, c[B::kQFull], D, norm_of(NormRole::q) ? c[B::kQRaw] : c[B::kQ],
+                  c[B::kAttnGate]);
   if (norm_of(NormRole::q)) {  // q and k norms (per head or whole), before the rotary
     const int64_t wq = spec_.norm_width(*spec_.norm(NormRole::q)),
                   wk = spec_.norm_width(*spec_.norm(NormRole::k));
@@ -44,45 +47,9 @@ void CausalLm<ExecSpace>::attention_forward(int l, Buffers& c) {
   }
   causal_attention_forward(exec, attention_shape(l), c[B::kQ], c[B::kK], c[B::kV], bf16, att_ws_,
                            c[B::kAtt], flat(c[B::kLse]), docs_);
-  if (spec_.attn_output_gate) {  // att * sigmoid(gate), each rounded in bfloat16
-    const Matrix<Mem> att = c[B::kAtt], gate = c[B::kAttnGate], out = c[B::kAttGated];
-    Kokkos::parallel_for(
-        "kqlora::CausalLm::attention_gate", flat_range(exec, out), KOKKOS_LAMBDA(int64_t i) {
-          float sg = 1.0f / (1.0f + expf(-gate.data()[i]));
-          if (bf16) sg = round_to_bf16(sg);
-          const float v = att.data()[i] * sg;
-          out.data()[i] = bf16 ? round_to_bf16(v) : v;
-        });
-  }
+  if (spec_.attn_output_gate)  // att * sigmoid(gate)
+    attention_gate_forward(exec, c[B::kAtt], c[B::kAttnGate], bf16, c[B::kAttGated]);
   project_all(l, ProjectionInput::attn_out, c);
-}
-
-template <class ExecSpace>
-void CausalLm<ExecSpace>::split_gated_q(Buffers& c) {
-  // q_proj's [q_h | gate_h] per head into q (before its norm) and the gates.
-  const int64_t D = spec_.head_dim, H = spec_.heads;
-  const Matrix<Mem> full = c[B::kQFull], gate = c[B::kAttnGate];
-  const Matrix<Mem> q = spec_.norm(NormRole::q) ? c[B::kQRaw] : c[B::kQ];
-  Kokkos::parallel_for(
-      "kqlora::CausalLm::split_gated_q", over(this->exec_, tokens_, H * D),
-      KOKKOS_LAMBDA(int64_t t, int64_t x) {
-        const int64_t h = x / D, d = x % D;
-        q(t, x) = full(t, h * 2 * D + d);
-        gate(t, x) = full(t, h * 2 * D + D + d);
-      });
-}
-
-template <class ExecSpace>
-void CausalLm<ExecSpace>::gather_gated_q_gradient() {
-  const int64_t D = spec_.head_dim, H = spec_.heads;
-  const Matrix<Mem> full = buf_[B::kGQFull], gq = buf_[B::kGQ], gg = buf_[B::kGGateA];
-  Kokkos::parallel_for(
-      "kqlora::CausalLm::gather_gated_q_gradient", over(this->exec_, tokens_, H * D),
-      KOKKOS_LAMBDA(int64_t t, int64_t x) {
-        const int64_t h = x / D, d = x % D;
-        full(t, h * 2 * D + d) = gq(t, x);
-        full(t, h * 2 * D + D + d) = gg(t, x);
-      });
 }
 
 template <class ExecSpace>
@@ -95,20 +62,8 @@ void CausalLm<ExecSpace>::attention_backward(int l, Buffers& c, const Matrix<Mem
   const auto norm_of = [&](NormRole r) { return B.norm[static_cast<int>(r)]; };
   Buffers& s = buf_;
   project_back(l, spec_.writer(Slot::o), c, g_o, accumulate, 0.0f, s[B::kGAtt]);
-  if (spec_.attn_output_gate) {  // y = att s, s = sigmoid(gate): d att = g s, d gate = g att s'
-    const Matrix<Mem> att = c[B::kAtt], gate = c[B::kAttnGate], g = s[B::kGAtt], gg = s[B::kGGateA];
-    Kokkos::parallel_for(
-        "kqlora::CausalLm::attention_gate_backward", flat_range(exec, g), KOKKOS_LAMBDA(int64_t i) {
-          float sg = 1.0f / (1.0f + expf(-gate.data()[i]));
-          if (bf16) sg = round_to_bf16(sg);
-          const float gi = g.data()[i];
-          float ds = gi * att.data()[i], da = gi * sg;
-          if (bf16) ds = round_to_bf16(ds);
-          const float dg = ds * sg * (1.0f - sg);
-          gg.data()[i] = bf16 ? round_to_bf16(dg) : dg;
-          g.data()[i] = bf16 ? round_to_bf16(da) : da;
-        });
-  }
+  if (spec_.attn_output_gate)  // y = att s, s = sigmoid(gate): d att = g s, d gate = g att s'
+    attention_gate_backward(exec, c[B::kAtt], c[B::kAttnGate], bf16, s[B::kGAtt], s[B::kGGateA]);
   causal_attention_backward(exec, attention_shape(l), c[B::kQ], c[B::kK], c[B::kV], c[B::kAtt],
                             flat(c[B::kLse]), s[B::kGAtt], bf16, att_ws_, s[B::kGQ], s[B::kGK],
                             s[B::kGV], docs_);
@@ -130,7 +85,7 @@ void CausalLm<ExecSpace>::attention_backward(int l, Buffers& c, const Matrix<Mem
       round_bf16(exec, s[B::kGK]);
     }
   }
-  if (spec_.attn_output_gate) gather_gated_q_gradient();
+  if (spec_.attn_output_gate) join_gated_q(exec, s[B::kGQ], s[B::kGGateA], D, s[B::kGQFull]);
   project_back_all(l, ProjectionInput::attn_norm, c, accumulate, gx);
 }
 
@@ -173,7 +128,5 @@ template void CausalLm<Kokkos::DefaultExecutionSpace>::attention_backward(int, B
                                                                           const Matrix<Mem>&);
 template AttentionShape CausalLm<Kokkos::DefaultExecutionSpace>::attention_shape(int) const;
 template void CausalLm<Kokkos::DefaultExecutionSpace>::clip_qkv_backward(int, Buffers&);
-template void CausalLm<Kokkos::DefaultExecutionSpace>::split_gated_q(Buffers&);
-template void CausalLm<Kokkos::DefaultExecutionSpace>::gather_gated_q_gradient();
 
 }  // namespace kqlora

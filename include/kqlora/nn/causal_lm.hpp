@@ -185,10 +185,6 @@ class CausalLm : public Model<ExecSpace> {
                           const Matrix<Mem>& gx);
   /// clip_qkv's backward on the gradients of q, k and v (before their norms').
   void clip_qkv_backward(int layer, Buffers& c);
-  /// A gated attention's q_proj output split into q and the gates (forward), and the
-  /// gradients of both gathered into its (backward).
-  void split_gated_q(Buffers& c);
-  void gather_gated_q_gradient();
   /// A Gated DeltaNet layer (src/nn/decoder_linear_attention.cpp): from the same input to its
   /// out_proj's output (slot_output(lin_out)); backward as the attention's.
   void linear_attention_forward(int layer, Buffers& c);

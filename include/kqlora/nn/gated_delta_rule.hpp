@@ -39,7 +39,7 @@ struct DeltaRuleShape {
   int64_t key_heads = 0, value_heads = 0, dk = 0, dv = 0;
   static constexpr int64_t kChunk = 64;
 
-  int64_t key_of(int64_t h) const { return h / (value_heads / key_heads); }
+  KOKKOS_INLINE_FUNCTION int64_t key_of(int64_t h) const { return h / (value_heads / key_heads); }
 };
 
 /// The documents of a batch as token ranges of its [tokens] rows, and where each one's
