@@ -6,8 +6,8 @@
 A small word-level tokenizer with a ChatML template is built in WORKDIR (no download).
 The expected rows are made here independently: each message's words encoded on their
 own, in the template's order, the assistant turns' words and end-of-turn scored. Also: a
-template that raises on a system message and one that renders earlier turns differently
-(as Qwen3's drops their reasoning) are refused and counted; packed rows hold whole
+template that raises on a system message and one that renders an earlier turn without
+its content are refused and counted; packed rows hold whole
 examples with positions 0, 1, ... each and their first labels -100; a malformed line exits
 2 naming the file and line; an --output that is the data file or a file of the model
 directory is refused (exit 2) and leaves it as it was. Issue 49: every bad input (bytes that
@@ -204,7 +204,8 @@ def main():
 
     # Refusals, by reason; a malformed line exits 2 naming the file and line.
     for template, reason in ((NO_SYSTEM, "the chat template raises (System role not supported)"),
-                             (HISTORY, "a turn's rendering is not a token prefix of the chat's")):
+                             (HISTORY, "the chat's rendering does not show an assistant "
+                                       "turn's text in its span")):
         m = os.path.join(work, "model_refusing")
         shutil.rmtree(m, ignore_errors=True)
         make_model(m, template)

@@ -19,16 +19,50 @@ Each line is one example, in any of these forms (the keys say which):
       continued pre-training: the text's tokens (BOS as the tokenizer adds it) and an EOS,
       every token scored.
 
-Chats go through the model directory's tokenizer and chat template. Assistant turn k's
-span is the tokens of render(messages[:k+1]) after render(messages[:k],
-add_generation_prompt=True), up to and including the first end-of-turn id; the template's
-tokens inside the span are scored, everything else is -100. End-of-turn ids: those of
-generation_config.json's eos_token_id, the tokenizer's EOS, and whichever of <|im_end|>,
-<end_of_turn>, <|end|>, <|eot_id|> the vocabulary has. The prefix rendering must be a token
-prefix of the longer one, and each turn's rendering a prefix of the whole chat's; an
-example where it is not, or where the template raises (Gemma's refuse a system message),
-is refused and counted by reason. The chat ends after the last assistant turn's end of
-turn (what a template appends after it, a newline, is dropped).
+Chats go through the model directory's tokenizer and chat template, rendered once up to
+the last assistant turn; the scored spans are positions in that rendering, each assistant
+turn as the whole chat shows it (templates render a turn otherwise when it is the last
+message), its tokens scored and everything else -100:
+- a template with generation markers ({% generation %} ... {% endgeneration %}, as
+  transformers' return_assistant_tokens_mask reads them): the tokens overlapping the marked
+  text, each run with the end-of-turn id right after it when it does not end with one;
+  each assistant turn's text must be in a run holding an end-of-turn id, in order;
+- else (the common prefix, as TRL's trainers): assistant turn k's span starts where the
+  chat's rendering and render(messages[:k], add_generation_prompt=True) part (the length
+  of their longest common token prefix) and ends with the first end-of-turn id from there,
+  included. render(messages[:k]) without the generation prompt must be the start of the
+  chat's rendering (but for its last token, which may merge with what follows), the spans
+  in order without overlap, and each must show its turn's text (its content less inline
+  reasoning, whitespace aside).
+Where each turn's prompt rendering is a token prefix of its rendering and that of the
+chat's (ChatML, SmolLM2's, Llama's), the span is what render(messages[:k+1]) adds after
+render(messages[:k], add_generation_prompt=True), through its end of turn. An example that
+breaks the checks, or where the template raises (Gemma 2's refuses a system message), is
+refused and counted by reason. End-of-turn ids: those of generation_config.json's
+eos_token_id, the tokenizer's EOS, and whichever of <|im_end|>, <end_of_turn>, <|end|>,
+<|eot_id|>, <turn|> and <|tool_response> (Gemma 4's model stops there after a tool call)
+the vocabulary has. The chat ends after the last span (what a template appends after it,
+a newline, is dropped).
+
+Reasoning: an assistant message's "reasoning_content" (or "reasoning") string goes to the
+template, as does reasoning inline in its content ("<think>...</think>" before the answer);
+what is scored of it is what the chat's rendering shows (tests/check_chat_templates.py, on
+the real templates):
+- Qwen3: the last turn after the last user message shows "<think>\\nREASONING\\n</think>\\n\\n"
+  before its answer, and an empty "<think>\\n\\n</think>\\n\\n" without reasoning; the
+  generation prompt ends "assistant\\n", so the block is scored with the answer, the empty
+  one too (it is what the model writes when it answers without thinking; with
+  enable_thinking=False its prompt holds the same tokens). Turns before the last user
+  message are shown without their reasoning: it is not trained. A tool-call turn after the
+  last user message keeps its reasoning, scored.
+- Qwen3.5: rendered as Qwen3, but the generation prompt ends "<think>\\n": the last turn is
+  scored from its reasoning's text on (without reasoning from the "\\n\\n" before </think>,
+  a token that covers the prompt's "\\n"); earlier turns' reasoning is not trained.
+- Gemma 4: a turn shows its answer only (scored with <turn|>); its reasoning is shown, and
+  scored from after "<|channel>thought\\n", only in a tool-call turn after the last user
+  message, which ends at <|tool_response> (the tool's response after it is not scored).
+  The empty thought channel "<|channel>thought\\n<channel|>" that the generation prompt
+  adds is not in a chat's rendering: neither in the row nor scored.
 
 --overlong: an example longer than --max-len is dropped (default), truncated to its first
 --max-len tokens, or split into pieces of --max-len whose positions restart at 0. An
@@ -50,9 +84,10 @@ Tool calls: in the "messages" form an assistant message may carry "tool_calls" (
 empty or null) and "tool" messages may answer them; a line's "tools" (a list of function
 definitions) goes to the template. Such a turn is rendered with and without its calls:
 it is used only if the calls are in its rendering (the renderings differ and each call's
-function name is in the turn's text); a template that drops them gets the example refused
+function name is in the turn's span); a template that drops them gets the example refused
 ("the chat template drops tool_calls"), never trained as an empty turn. An assistant turn
-with neither content nor calls is refused too ("an empty assistant turn").
+with neither content (less inline reasoning) nor calls is refused too ("an empty
+assistant turn").
 
 Role order: a system message only first, then a user turn; a tool message only after an
 assistant turn with calls (or another tool message). A chat that breaks it (one that opens
@@ -84,13 +119,21 @@ import collections
 import hashlib
 import json
 import os
+import re
 
 from safe_output import check_output_file, fail, file_output
 
-END_OF_TURN_TOKENS = ("<|im_end|>", "<end_of_turn>", "<|end|>", "<|eot_id|>")
+# <turn|> ends Gemma 4's turns; <|tool_response> is where its model stops after a tool call.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<end_of_turn>", "<|end|>", "<|eot_id|>", "<turn|>",
+                      "<|tool_response>")
+# transformers' test for a template's {% generation %} markers
+GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
                   "assistant": "assistant"}
 CHAT_ROLES = {r: r for r in ("system", "user", "assistant", "tool")}
+# An assistant message's reasoning, passed to the template (Qwen3 and Qwen3.5 read
+# reasoning_content, Gemma 4 reasoning or reasoning_content).
+REASONING_KEYS = ("reasoning_content", "reasoning")
 # The files that map text to ids, the first the model directory has hashed into
 # tokenizer_sha256 (the trainer hashes its hf_model_dir's the same way).
 TOKENIZER_HASHED = ("tokenizer.json", "tokenizer.model")
@@ -183,46 +226,120 @@ class Tokenizer:
         if self.pad is None:
             fail("%s: the tokenizer has neither a pad nor an EOS token" % model_dir)
 
-    def render(self, messages, generation_prompt, tools=None):
+    def render(self, messages, generation_prompt, tools=None, mask=False):
+        """The template's token ids, with `mask` also its assistant mask ({% generation %}
+        ... {% endgeneration %}); a template that raises gets the example refused."""
         try:
             out = self.tok.apply_chat_template(messages, tools=tools, tokenize=True,
-                                               add_generation_prompt=generation_prompt)
+                                               add_generation_prompt=generation_prompt,
+                                               return_dict=True,
+                                               return_assistant_tokens_mask=mask)
         except Exception as e:  # jinja2's TemplateError and the template's raise_exception
             raise Refused("the chat template raises (%s)" % str(e).split("\n")[0][:80])
-        return list(out["input_ids"] if hasattr(out, "keys") else out)
+        ids = list(out["input_ids"])
+        return (ids, list(out["assistant_masks"])) if mask else ids
+
+    def marked(self, tools):
+        """Whether the chat template has generation markers (transformers' test)."""
+        try:
+            return bool(GENERATION_MARKER.search(self.tok.get_chat_template(None, tools)))
+        except Exception:  # no template: render() refuses the example, saying why
+            return False
+
+    def shows(self, ids, texts):
+        """Whether the decoded ids hold each text, whitespace aside (or the text as the
+        tokenizer gives it back: a word-level one's unknown words)."""
+        got = squeezed(self.tok.decode(ids))
+        return all(squeezed(t) in got or squeezed(self.tok.decode(
+            self.tok.encode(t, add_special_tokens=False))) in got for t in texts)
+
+    def turn_span(self, head, full, tools):
+        """[start, stop) of the assistant turn that follows the messages `head`, in the
+        chat's rendering `full`: from the longest common token prefix of `full` and head's
+        rendering with the generation prompt, through the first end-of-turn id. head's
+        rendering without it must be the start of `full` (but for its last token, which
+        may merge with what follows): else the span could hold a prompt's text."""
+        before = self.render(head, False, tools)
+        if common_prefix(before, full) < len(before) - 1:
+            raise Refused("the messages before an assistant turn do not render as the start "
+                          "of the chat's rendering")
+        start = common_prefix(self.render(head, True, tools), full)
+        stop = next((i for i in range(start, len(full)) if full[i] in self.eot), None)
+        if stop is None:
+            raise Refused("an assistant turn without an end-of-turn token")
+        return start, stop + 1
+
+    def marked_spans(self, full, mask):
+        """[start, stop) of each run of the template's assistant mask, with the end-of-turn
+        id right after it when the run does not end with one."""
+        spans, i = [], 0
+        while i < len(full):
+            if not mask[i]:
+                i += 1
+                continue
+            j = i
+            while j < len(full) and mask[j]:
+                j += 1
+            if full[j - 1] not in self.eot and j < len(full) and full[j] in self.eot:
+                j += 1
+            spans.append((i, j))
+            i = j
+        return spans
 
     def chat(self, messages, tools=None):
-        """(ids, labels) of a chat: the assistant turns' spans scored."""
+        """(ids, labels) of a chat: the assistant turns' spans in the whole chat's
+        rendering scored (the module docstring says which span)."""
         role_order(messages)
         turns = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
         if not turns:
             raise Refused("no assistant turn")
-        full = self.render(messages[:turns[-1] + 1], False, tools)
-        labels = [-100] * len(full)
-        end = 0
-        for k in turns:
-            prefix = self.render(messages[:k], True, tools)
-            upto = self.render(messages[:k + 1], False, tools)
-            if upto[:len(prefix)] != prefix:
-                raise Refused("a turn's prompt rendering is not a token prefix of the turn's")
-            if full[:len(upto)] != upto:
-                raise Refused("a turn's rendering is not a token prefix of the chat's")
-            stop = next((i for i in range(len(prefix), len(upto)) if upto[i] in self.eot), None)
-            if stop is None:
-                raise Refused("an assistant turn without an end-of-turn token")
+        if any(not shown_text(messages[k]) for k in turns):
+            raise Refused("an empty assistant turn (no content, no tool call)")
+        chat = messages[:turns[-1] + 1]
+        if self.marked(tools):
+            full, mask = self.render(chat, False, tools, mask=True)
+            scored = self.marked_spans(full, mask)
+            spans, at = [], 0
+            for k in turns:
+                # The first marked run from `at` on that shows the turn's text is its own.
+                want = shown_text(messages[k])
+                while at < len(scored) and not self.shows(full[slice(*scored[at])], want):
+                    at += 1
+                if at == len(scored):
+                    raise Refused("the template's generation markers miss an assistant "
+                                  "turn's text")
+                if not any(t in self.eot for t in full[slice(*scored[at])]):
+                    raise Refused("an assistant turn without an end-of-turn token")
+                spans.append(scored[at])
+                at += 1
+        else:
+            full = self.render(chat, False, tools)
+            spans = [self.turn_span(messages[:k], full, tools) for k in turns]
+            scored = spans
+            for n, k in enumerate(turns):
+                if n and spans[n][0] < spans[n - 1][1]:
+                    raise Refused("assistant turns' spans overlap in the chat's rendering")
+                if not messages[k].get("tool_calls") and \
+                        not self.shows(full[slice(*spans[n])], shown_text(messages[k])):
+                    raise Refused("the chat's rendering does not show an assistant turn's "
+                                  "text in its span")
+        for (start, stop), k in zip(spans, turns):
             calls = messages[k].get("tool_calls")
             if calls:
-                # Rendered with and without its calls: they must be in the turn's rendering.
+                # Rendered with and without its calls: they must be in the turn's span.
                 bare = dict(messages[k])
                 del bare["tool_calls"]
-                text = self.tok.decode(upto[len(prefix):stop + 1])
-                if self.render(messages[:k] + [bare], False, tools) == upto or \
-                        not all(call_name(c) in text for c in calls):
+                if self.render(messages[:k] + [bare], False, tools) == \
+                        self.render(messages[:k + 1], False, tools) or \
+                        not self.shows(full[start:stop], [call_name(c) for c in calls]):
                     raise Refused("the chat template drops tool_calls")
-            elif stop == len(prefix) or not messages[k]["content"]:
-                raise Refused("an empty assistant turn (no content, no tool call)")
-            labels[len(prefix):stop + 1] = full[len(prefix):stop + 1]
-            end = stop + 1
+                if not self.shows(full[start:stop], shown_text(messages[k], calls=False)):
+                    raise Refused("the chat's rendering does not show an assistant turn's "
+                                  "text in its span")
+        labels = [-100] * len(full)
+        for start, stop in scored:
+            labels[start:stop] = full[start:stop]
+        end = scored[-1][1]
         return full[:end], labels[:end]
 
     def plain(self, text, scored_from_start):
@@ -252,6 +369,34 @@ def role_order(messages):
 
 def call_name(call):
     return (call.get("function") or call)["name"]
+
+
+def common_prefix(a, b):
+    """The length of the longest common prefix of two id lists."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def squeezed(text):
+    return "".join(text.split())
+
+
+def shown_text(message, calls=True):
+    """What a chat's rendering must show of an assistant turn: its content without the
+    reasoning it may carry inline (before "</think>"; Gemma 4's "<|channel>...<channel|>"),
+    which templates move or drop; for a turn of tool calls only (with `calls`), each
+    call's function name."""
+    content = message["content"] or ""
+    if "</think>" in content:
+        content = content.split("</think>")[-1]
+    content = re.sub(r"<\|channel>.*?<channel\|>", "", content, flags=re.S).strip()
+    if content or not calls:
+        return [content] if content else []
+    return [call_name(c) for c in message.get("tool_calls") or ()]
 
 
 def checked_tool_calls(calls, where, i):
@@ -299,6 +444,8 @@ def messages_of(ex, where):
             if role == "tool":
                 msg.update({k: m[k] for k in ("name", "tool_call_id")
                             if isinstance(m.get(k), str)})
+            if role == "assistant" and role_key == "role":
+                msg.update({k: m[k] for k in REASONING_KEYS if isinstance(m.get(k), str)})
             out.append(msg)
         return out
     if "messages" in ex:
