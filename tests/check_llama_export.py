@@ -6,8 +6,9 @@ llama_export_transformers, family_export):
         [CASE_DIR WORKDIR ...]
 
 CASE_DIR is a tests/data/llama_reference or family_reference case (config.json,
-model.safetensors, data.h5); CASE_DIR@multimodal, a qwen3_5_text case written first as the
-hub ships Qwen3.5 (a multimodal qwen3_5 directory, multimodal_directory below), where
+model.safetensors, data.h5); CASE_DIR@multimodal, a qwen3_5_text (qwen3_5_moe_text) case written
+first as the hub ships Qwen3.5 (a multimodal qwen3_5 or qwen3_5_moe directory,
+multimodal_directory below), where
 PEFT must also put --peft's adapters on AutoModelForCausalLM of that directory. Several cases run in one process, so torch, transformers and
 PEFT are imported once (11 s on a slow CPU); each is checked even after one fails. transformers runs with eager attention (its soft-caps and
 windows are the eager path's).
@@ -69,17 +70,24 @@ def main():
 
 
 def multimodal_directory(text_case, out):
-    """A qwen3_5_text case as a multimodal qwen3_5 directory (Qwen3_5ForConditionalGeneration:
-    the case's decoder under model.language_model., a tiny random vision tower beside it),
-    with the case's data.h5 and case.txt."""
-    from transformers import Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration
+    """A qwen3_5_text (qwen3_5_moe_text) case as a multimodal qwen3_5 (qwen3_5_moe)
+    directory (Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration: the
+    case's decoder under model.language_model., a tiny random vision tower beside it), with
+    the case's data.h5 and case.txt."""
+    import transformers
     shutil.rmtree(out, ignore_errors=True)
-    text = Qwen3_5ForCausalLM.from_pretrained(text_case, dtype=torch.float32)
+    moe = json.load(open(os.path.join(text_case, "config.json")))["model_type"] == \
+        "qwen3_5_moe_text"
+    name = "Qwen3_5Moe" if moe else "Qwen3_5"
+    Config, ForCausalLM, ForConditionalGeneration = (
+        getattr(transformers, name + suffix)
+        for suffix in ("Config", "ForCausalLM", "ForConditionalGeneration"))
+    text = ForCausalLM.from_pretrained(text_case, dtype=torch.float32)
     tc = text.config.to_dict()
     vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=32,
                   out_hidden_size=tc["hidden_size"])
     torch.manual_seed(5)
-    model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(
+    model = ForConditionalGeneration(Config(
         text_config=tc, vision_config=vision,
         tie_word_embeddings=tc.get("tie_word_embeddings", False))).float()
     state = {("model.language_model." + k[6:] if k.startswith("model.") else k): v
@@ -104,6 +112,7 @@ def check_case(train, export, case, work):
     run = lambda *cmd: subprocess.run(cmd, check=True, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True).stdout
     hf_cfg = json.load(open(os.path.join(case, "config.json")))
+    hf_cfg = dict(hf_cfg, **hf_cfg.get("text_config", {}))  # (a multimodal one's decoder's)
     # (a model with experts: all-linear adapts them too, and PEFT refuses dropout there)
     experts = "num_experts" in hf_cfg or "num_local_experts" in hf_cfg
     dropout = 0.0 if experts else 0.1
@@ -112,12 +121,15 @@ def check_case(train, export, case, work):
     # --peft (checked below), so such a model trains the attention and the experts.
     want_targets = linear_names(case)
     dense_mlp = experts and "gate_proj" in want_targets
-    targets = (["lora_targets=q_proj,k_proj,v_proj,o_proj,experts.gate_up_proj,"
-                "experts.down_proj"] if dense_mlp else [])
+    if dense_mlp:  # (the attention's, a Gated DeltaNet's too; the shared expert's [1, hidden]
+        # gate frozen as the router: docs/MODELS.md, "Experts")
+        want_targets = [t for t in want_targets if t not in (
+            "gate_proj", "up_proj", "down_proj", "shared_expert_gate")]
+    targets = (["lora_targets=" + ",".join(want_targets + ["experts.gate_up_proj",
+                                                           "experts.down_proj"])]
+               if dense_mlp else [])
     if hf_cfg.get("output_router_logits"):
         targets.append("router_aux_loss=off")
-    if dense_mlp:
-        want_targets = ["k_proj", "o_proj", "q_proj", "v_proj"]
     run(train, deck, "hf_model_dir=" + case, "data_file=" + data, "eval_file=" + data,
         "eval_every=5", "num_steps=5", "global_bs=3", "lora_rank=4", "lora_alpha=8", *targets,
         "lora_dropout=%g" % dropout, "block_size=32", "scaler_block_size=32", "optimizer=adamw",
@@ -164,8 +176,8 @@ def check_case(train, export, case, work):
         checks.append(("target_parameters %s" % cfg.get("target_parameters"),
                        cfg.get("target_parameters") == ["mlp.experts.down_proj",
                                                         "mlp.experts.gate_up_proj"]))
-        checks.append(("--merged: the fused experts (model.layers.0.mlp.experts.gate_up_proj)",
-                       "model.layers.0.mlp.experts.gate_up_proj" in names and
+        checks.append(("--merged: the fused experts (model.layers.L.mlp.experts.gate_up_proj)",
+                       any(n.endswith(".mlp.experts.gate_up_proj") for n in names) and
                        not any(".experts.0." in n for n in names)))
 
     with h5py.File(data) as f:

@@ -50,10 +50,11 @@ std::vector<Case> family_cases() {
   const std::string root = std::string(KQLORA_TEST_DATA_DIR) + "/family_reference/";
   std::vector<Case> out;
   for (const char* name :
-       {"qwen2",     "qwen3",          "gemma2",    "gemma3_text",   "phi3",
-        "phi3_long", "mistral_window", "qwen3_moe", "qwen3_moe_raw", "qwen3_moe_experts",
-        "mixtral",   "qwen3_moe_aux",  "olmoe",     "qwen2_moe",     "gpt_oss",
-        "smollm3",   "olmo2",          "olmo3",     "granite",       "qwen3_5_text"}) {
+       {"qwen2",       "qwen3",          "gemma2",    "gemma3_text",   "phi3",
+        "phi3_long",   "mistral_window", "qwen3_moe", "qwen3_moe_raw", "qwen3_moe_experts",
+        "mixtral",     "qwen3_moe_aux",  "olmoe",     "qwen2_moe",     "gpt_oss",
+        "smollm3",     "olmo2",          "olmo3",     "granite",       "qwen3_5_text",
+        "qwen3_5_moe", "qwen3_next"}) {
     Case c{name, root + name, "all-linear"};
     std::ifstream f(c.dir + "/case.txt");
     for (std::string line; std::getline(f, line);) {
@@ -857,7 +858,8 @@ TEST(NewFamilies, BadFieldsAreRefusedNamingThem) {
     return std::string();
   };
   const std::string smol = config("smollm3"), olmo3 = config("olmo3"), granite = config("granite"),
-                    qwen35 = config("qwen3_5_text");
+                    qwen35 = config("qwen3_5_text"), q35moe = config("qwen3_5_moe"),
+                    next = config("qwen3_next");
   const std::vector<std::tuple<const std::string*, std::string, std::string>> bad = {
       {&smol, "no_rope_layers", "[1, 0]"},
       {&smol, "no_rope_layers", "[1, 2, 1]"},
@@ -885,7 +887,17 @@ TEST(NewFamilies, BadFieldsAreRefusedNamingThem) {
       {&qwen35, "attn_output_gate", "false"},
       {&qwen35, "rope_parameters",
        "{\"rope_type\": \"default\", \"rope_theta\": 10000.0, \"partial_rotary_factor\": 0.5, "
-       "\"mrope_section\": [1, 1, 1]}"}};
+       "\"mrope_section\": [1, 1, 1]}"},
+      // (Qwen3.5-MoE: fields its config class removes, accepted only as transformers runs)
+      {&q35moe, "decoder_sparse_step", "2"},
+      {&q35moe, "norm_topk_prob", "false"},
+      {&q35moe, "mlp_only_layers", "[1]"},
+      {&q35moe, "num_experts_per_tok", "9"},  // (more than 8 experts)
+      {&q35moe, "shared_expert_intermediate_size", "0"},
+      {&next, "linear_num_value_heads", "6"},
+      {&next, "decoder_sparse_step", "0"},
+      {&next, "mlp_only_layers", "[4]"},
+      {&next, "moe_intermediate_size", "-1"}};
   for (const auto& [text, field, value] : bad) {
     SCOPED_TRACE(field + " = " + value);
     const std::string shown = value.find("longrope") != std::string::npos ? "longrope"
@@ -953,6 +965,30 @@ TEST(NewFamilies, FieldsGiveTheSpecTransformersBuilds) {
       with_field(with_field(granite, "logits_scaling", "1.0"), "residual_multiplier", "1"), "c");
   EXPECT_EQ(one.logits_divisor, 0.0f);
   EXPECT_EQ(one.residual_multiplier, 0.0f);
+
+  // Qwen3.5-MoE: every layer sparse beside a shared expert, the top k renormalised;
+  // Qwen3-Next: decoder_sparse_step 2 (layers 1 and 3), its fused Gated DeltaNet
+  // projections grouped per key head, each group [q_h | k_h | v_h | z_h] and [b_h | a_h].
+  const kqlora::DecoderSpec m = kqlora::parse_decoder_config(config("qwen3_5_moe"), "c");
+  for (int64_t l = 0; l < 4; ++l) EXPECT_TRUE(m.layer[l].sparse) << l;
+  EXPECT_TRUE(m.experts.norm_topk);
+  EXPECT_EQ(m.experts.shared_intermediate, 48);
+  EXPECT_EQ(m.mlp_width(0), 48);
+  const kqlora::DecoderSpec n = kqlora::parse_decoder_config(config("qwen3_next"), "c");
+  for (int64_t l = 0; l < 4; ++l) EXPECT_EQ(n.layer[l].sparse, l % 2 == 1) << l;
+  EXPECT_FALSE(n.experts.norm_topk);
+  const kqlora::ProjectionSpec& qkvz = n.projections[n.writer(kqlora::Slot::lin_z)];
+  EXPECT_EQ(qkvz.name, "in_proj_qkvz");
+  EXPECT_EQ(qkvz.groups, 4);
+  const auto pieces = n.pieces(qkvz);
+  ASSERT_EQ(pieces.size(), 4u);
+  const int64_t kw = n.linear.key_width(), vw = n.linear.value_width();
+  EXPECT_EQ(pieces[1].col0, kw);
+  EXPECT_EQ(pieces[2].col0, 2 * kw);
+  EXPECT_EQ(pieces[2].width, vw);
+  EXPECT_EQ(pieces[3].slot, kqlora::Slot::lin_z);
+  EXPECT_EQ(n.out_features(qkvz), 2 * kw + 2 * vw);
+  EXPECT_EQ(n.projections[n.writer(kqlora::Slot::lin_a)].name, "in_proj_ba");
 }
 
 // Qwen3.5 as the hub ships it (issue 51): a multimodal qwen3_5 directory (the text

@@ -64,7 +64,8 @@ from safetensors.torch import save_file
 import peft.utils.transformers_weight_conversion as peft_conversion  # noqa: E402
 from transformers import (GptOssConfig, GptOssForCausalLM, MixtralConfig, MixtralForCausalLM,
                           OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
-                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                          Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM)
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -132,6 +133,29 @@ CASES = {
                                 num_experts_per_tok=2, moe_intermediate_size=32,
                                 shared_expert_intermediate_size=48, decoder_sparse_step=1,
                                 mlp_only_layers=[1], norm_topk_prob=False)),
+    # Qwen3.5-MoE's text decoder: Gated DeltaNet layers 0 and 2 and gated full attention on
+    # 1 and 3 as the qwen3_5_text case, every layer sparse (top 2 of 8 always renormalised)
+    # beside a shared expert (48 wide) gated by sigmoid(shared_expert_gate(x)); adapters on
+    # attention, the Gated DeltaNet's projections, the shared expert and the experts (AdamW
+    # eps 1e-2 as qwen3_5_text)
+    "qwen3_5_moe": dict(seed=1601, family="qwen3_5_moe_text", experts=True, bf16=True, eps=1e-2,
+                        targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                 "down_proj", "in_proj_qkv", "in_proj_z", "in_proj_b",
+                                 "in_proj_a", "out_proj"],
+                        arch=dict(ref.FAMILY_CASES["qwen3_5_text"]["arch"], num_experts=8,
+                                  num_experts_per_tok=2, moe_intermediate_size=32,
+                                  shared_expert_intermediate_size=48)),
+    # Qwen3-Next: the same hybrid layers with the fused in_proj_qkvz and in_proj_ba (columns
+    # per key head group: 4 key heads, each read by 4 of the 16 value heads), layers 1 and 3
+    # sparse (the raw top 2 of 8: norm_topk_prob false) beside a shared expert, 0 and 2 a
+    # dense MLP of 64; adapters as qwen3_5_moe's
+    "qwen3_next": dict(seed=1701, family="qwen3_next", experts=True, eps=1e-2,
+                       targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                "down_proj", "in_proj_qkvz", "in_proj_ba", "out_proj"],
+                       arch=dict(ref.FAMILY_CASES["qwen3_5_text"]["arch"], num_experts=8,
+                                 num_experts_per_tok=2, moe_intermediate_size=32,
+                                 shared_expert_intermediate_size=48, decoder_sparse_step=2,
+                                 norm_topk_prob=False)),
     # gpt-oss: the experts MXFP4 in model.safetensors (per-row magnitudes, so the blocks'
     # scale bytes differ), biases on them, gate and up interleaved in gate_up_proj, the
     # clamped SwiGLU (swiglu_limit GPT_OSS_LIMIT: 6% of the gate values and 14% of the up
@@ -166,11 +190,21 @@ FAMILIES = {
               ("mlp.experts", "mlp.gate", "gate_proj", "up_proj", "down_proj")),
     "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM,
                   ("mlp.experts", "mlp.gate", "gate_proj", "up_proj", "down_proj")),
+    "qwen3_5_moe_text": (Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM,
+                         ("mlp.experts", "mlp.gate", "gate_proj", "up_proj", "down_proj")),
+    "qwen3_next": (Qwen3NextConfig, Qwen3NextForCausalLM,
+                   ("mlp.experts", "mlp.gate", "gate_proj", "up_proj", "down_proj")),
     # (the experts' names are kqlora's own for the NF4 in init.h5: the hub file has MXFP4)
     "gpt_oss": (GptOssConfig, GptOssForCausalLM,
                 ("mlp.experts", "mlp.router", "gate_proj", "up_proj", "down_proj")),
 }
 EXPERT_PARAMS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+# The base projections stored as NF4 (the Gated DeltaNet layers' besides attention's and
+# the dense MLP's / shared expert's)
+NF4_PROJ = {"qwen3_5_moe_text": ref.QWEN3_5_PROJ,
+            "qwen3_next": ref.PROJ + ["in_proj_qkvz", "in_proj_ba", "out_proj"]}
+# Zero-centred RMSNorms ((1 + w) n): drawn as 0.2 randn (the others 1 + 0.2 randn)
+ZERO_CENTRED = ("Qwen3_5MoeRMSNorm", "Qwen3NextRMSNorm")
 ROUTER_STD, TIE_GAP, CLIP_GAP = 0.3, 1e-3, 1e-4
 # The attention projections: naming gate_proj, up_proj or down_proj (even by a regex that
 # matches the dense layer's modules only), PEFT 0.21 puts adapters on the experts' fused
@@ -203,8 +237,18 @@ def randomise(model, gen):
                     done.add(pre + "bias")
             elif isinstance(mod, torch.nn.Embedding):
                 done.add(pre + "weight")
+            elif isinstance(mod, torch.nn.Conv1d):  # (Gated DeltaNet's, as gen_llama_reference)
+                mod.weight.copy_(0.3 * torch.randn(mod.weight.shape, generator=gen))
+                done.add(pre + "weight")
+            elif type(mod).__name__.endswith("GatedDeltaNet"):  # (as gen_llama_reference)
+                a = 0.005 + 0.295 * torch.rand(mod.A_log.shape, generator=gen)
+                mod.A_log.copy_(a.log())
+                mod.dt_bias.copy_(0.5 * torch.randn(mod.dt_bias.shape, generator=gen))
+                done.update({pre + "A_log", pre + "dt_bias"})
             elif "RMSNorm" in type(mod).__name__:
-                mod.weight.copy_(1 + 0.2 * torch.randn(mod.weight.shape, generator=gen))
+                zero = type(mod).__name__ in ZERO_CENTRED
+                mod.weight.copy_((0 if zero else 1) + 0.2 * torch.randn(mod.weight.shape,
+                                                                          generator=gen))
                 done.add(pre + "weight")
         for name, mod in experts_modules(model):
             for p in ("gate_up_proj", "down_proj"):
@@ -553,9 +597,10 @@ def generate(name, case, folder, gen):
     mxfp4 = to_mxfp4(model) if family == "gpt_oss" else None
     ids, labels, valid = ref.make_data(gen, case["arch"]["vocab_size"], ref.S_FAMILY,
                                        ref.LAYOUT_FAMILY)
+    proj = NF4_PROJ.get(family, ref.PROJ)
     for attempt in range(50):  # no near-ties in any routing (on the NF4 model, as both run)
         trial = copy.deepcopy(model)
-        ref.replace_with_nf4(trial, torch.float32, ref.PROJ)
+        ref.replace_with_nf4(trial, torch.float32, proj)
         replace_experts_with_nf4(trial, torch.float32, hub)
         gap = router_gap(trial, ids)
         if gap > TIE_GAP:
@@ -583,7 +628,7 @@ def generate(name, case, folder, gen):
         if "eps" in case:
             f.write("adamw_eps = %g\n" % case["eps"])
     float_model = copy.deepcopy(model)
-    nf4 = ref.replace_with_nf4(model, torch.float32, ref.PROJ)
+    nf4 = ref.replace_with_nf4(model, torch.float32, proj)
     nf4.update(replace_experts_with_nf4(model, torch.float32, hub))
     experts = EXPERT_PARAMS if case.get("experts") else None
     peft_model = get_peft_model(model, LoraConfig(r=ref.RANK, lora_alpha=ref.ALPHA,
@@ -653,7 +698,7 @@ def generate(name, case, folder, gen):
             # only in transformers 5.25, so a bfloat16 load rounds their weights; the norm
             # still multiplies in float32 and rounds once)
             model16 = float_model.to(torch.bfloat16).eval()
-            ref.replace_with_nf4(model16, torch.bfloat16, ref.PROJ)
+            ref.replace_with_nf4(model16, torch.bfloat16, proj)
             replace_experts_with_nf4(model16, torch.bfloat16, hub)
             peft16 = get_peft_model(model16, LoraConfig(r=ref.RANK, lora_alpha=ref.ALPHA,
                                                         lora_dropout=0.0,

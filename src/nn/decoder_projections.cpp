@@ -135,6 +135,16 @@ void CausalLm<ExecSpace>::project(int l, int p, Buffers& c, const Matrix<Mem>& o
                             c[DecoderBuffers::h(p)], lora_, ws_, y, bias);
   }
   if (!fused) return;
+  if (spec.groups > 0) {
+    int64_t off = 0;
+    for (const SlotPiece& piece : spec_.pieces(spec)) {
+      const GroupedPiece g{spec.groups, spec_.out_features(spec, l) / spec.groups, off, piece.col0,
+                           piece.width};
+      take_grouped_columns(this->exec_, y, g, slot_output(c, piece.slot));
+      off += piece.width / spec.groups;
+    }
+    return;
+  }
   int64_t col = 0;
   for (Slot s : spec.slots) {
     take_columns(this->exec_, y, col, slot_output(c, s));
@@ -174,9 +184,18 @@ void CausalLm<ExecSpace>::project_back_all(int l, ProjectionInput in, const Buff
     if (spec.slots.size() > 1) {  // gather the slots' gradients into the fused one's
       gy = Matrix<Mem>(buf_[B::kGFused].data(), tokens_, spec_.out_features(spec, l));
       int64_t col = 0;
-      for (Slot s : spec.slots) {
-        put_columns(this->exec_, slot_gradient(s), col, gy);
-        col += spec_.slot_width(s, l);
+      if (spec.groups > 0) {
+        for (const SlotPiece& piece : spec_.pieces(spec)) {
+          const GroupedPiece g{spec.groups, spec_.out_features(spec, l) / spec.groups, col,
+                               piece.col0, piece.width};
+          put_grouped_columns(this->exec_, slot_gradient(piece.slot), g, gy);
+          col += piece.width / spec.groups;
+        }
+      } else {
+        for (Slot s : spec.slots) {
+          put_columns(this->exec_, slot_gradient(s), col, gy);
+          col += spec_.slot_width(s, l);
+        }
       }
     }
     project_back(l, static_cast<int>(p), c, gy, accumulate, beta, gx);

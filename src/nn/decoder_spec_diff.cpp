@@ -71,6 +71,7 @@ std::string first_spec_difference(const DecoderSpec& a, const DecoderSpec& b) {
     for (size_t k = 0; k < p.slots.size() && k < q.slots.size(); ++k)
       d.code(at + " (slot " + std::to_string(k) + ")", p.slots[k], q.slots[k]);
     d.field(at + " (bias)", p.bias, q.bias);
+    d.field(at + " (column groups)", p.groups, q.groups);
   }
   d.field("norms (count)", a.norms.size(), b.norms.size());
   for (size_t i = 0; i < a.norms.size() && i < b.norms.size(); ++i) {

@@ -67,6 +67,18 @@ struct ProjectionSpec {
   ProjectionInput input = ProjectionInput::attn_norm;
   std::vector<Slot> slots;  // one, or several for a fused projection
   bool bias = false;        // a frozen bias "<module>.bias"
+  // > 0: a fused projection whose columns come in `groups` equal groups, each holding its
+  // share of every piece (DecoderSpec::pieces) in turn: Qwen3-Next's in_proj_qkvz is, per
+  // key head h, [q_h | k_h | v_h | z_h] (the value heads of key head h), in_proj_ba
+  // [b_h | a_h]. 0: the slots one after another.
+  int64_t groups = 0;
+};
+
+/// Columns [col0, col0 + width) of a slot's buffer: a share of a grouped projection's
+/// output (Gated DeltaNet's lin_qkv is three: q, k and v).
+struct SlotPiece {
+  Slot slot;
+  int64_t col0, width;
 };
 
 struct NormSpec {
@@ -200,6 +212,8 @@ struct DecoderSpec {
   /// The width a norm normalises over (and its weight's length): hidden, or a q/k norm's
   /// head_dim, or its whole projection's width.
   int64_t norm_width(const NormSpec& n) const;
+  /// A grouped projection's pieces in the order each group holds them (p.groups > 0).
+  std::vector<SlotPiece> pieces(const ProjectionSpec& p) const;
   /// The index of the projection writing slot s.
   int writer(Slot s) const;
   /// Whether layer l has projection p: a sparse layer has the dense MLP's projections only

@@ -82,6 +82,12 @@ void bound_expert_sizes(HfConfigReader& r, const DecoderSpec& s);
 /// the conv), naming the field.
 void bound_linear_sizes(HfConfigReader& r, const LinearAttentionSpec& L, int64_t hidden);
 
+/// Qwen3.5's hybrid decoder (qwen3_5.cpp), shared by Qwen3.5-MoE and Qwen3-Next: the
+/// dims, gated attention, Gated DeltaNet sizes and projections (`fused`: Qwen3-Next's
+/// in_proj_qkvz and in_proj_ba, per key head group), zero-centred norms, the rope and
+/// layer_types. The MLP is the caller's.
+void qwen3_5_hybrid(HfConfigReader& r, const FamilyDefaults& d, bool fused, DecoderSpec& s);
+
 /// Which layers are sparse (Qwen2-MoE's and Qwen3-MoE's rule, as transformers): layer l
 /// when (l + 1) % decoder_sparse_step == 0 and mlp_only_layers does not name it.
 void read_sparse_layers(HfConfigReader& r, DecoderSpec& s);

@@ -36,6 +36,9 @@ const std::vector<std::pair<std::string, Builder>>& families() {
       {"granite", impl::granite_family},
       {"qwen3_5_text", impl::qwen3_5_family},
       {"qwen3_5", impl::qwen3_5_multimodal_family},
+      {"qwen3_5_moe_text", impl::qwen3_5_moe_family},
+      {"qwen3_5_moe", impl::qwen3_5_multimodal_family},
+      {"qwen3_next", impl::qwen3_next_family},
   };
   return table;
 }
@@ -166,6 +169,21 @@ int64_t DecoderSpec::slot_width(Slot s) const {
     default:
       return intermediate;
   }
+}
+
+std::vector<SlotPiece> DecoderSpec::pieces(const ProjectionSpec& p) const {
+  std::vector<SlotPiece> out;
+  for (Slot s : p.slots) {
+    if (s == Slot::lin_qkv) {  // [q | k | v] in the buffer, q_h, k_h, v_h in a group
+      const int64_t kw = linear.key_width();
+      out.push_back({s, 0, kw});
+      out.push_back({s, kw, kw});
+      out.push_back({s, 2 * kw, linear.value_width()});
+    } else {
+      out.push_back({s, 0, slot_width(s)});
+    }
+  }
+  return out;
 }
 
 int64_t DecoderSpec::slot_width(Slot s, int64_t l) const {

@@ -37,24 +37,46 @@ void accept_mrope(HfConfigReader& p, int64_t rotary_dim) {
 
 }  // namespace
 
-DecoderSpec qwen3_5_family(HfConfigReader& r, const std::string& model_type) {
-  // Qwen3_5TextConfig's defaults (transformers 5.25).
-  const FamilyDefaults d{248320, 4096, 12288, 32, 16, 4, 256, 32768, 1e-6, 10000.0, false};
-  DecoderSpec s;
-  s.model_type = model_type;
+void qwen3_5_hybrid(HfConfigReader& r, const FamilyDefaults& d, bool fused, DecoderSpec& s) {
   accept_common_fields(r);
   read_dims(r, d, s);
   refuse_dropout(r, "attention_dropout");
   s.mlp_activation = read_activation(r, "hidden_act", "silu", false);
   const bool bias = r.boolean("attention_bias", false);
   s.projections = llama_projections(bias, bias, false);
+  LinearAttentionSpec& L = s.linear;
+  L.key_heads = r.integer("linear_num_key_heads", 16, false);
+  L.value_heads = r.integer("linear_num_value_heads", 32, false);
+  L.key_dim = r.integer("linear_key_head_dim", 128, false);
+  L.value_dim = r.integer("linear_value_head_dim", 128, false);
+  L.kernel = r.integer("linear_conv_kernel_dim", 4, false);
+  if (L.value_heads % L.key_heads != 0)
+    r.fail("linear_num_value_heads",
+           "is " + std::to_string(L.value_heads) + ", not a multiple of linear_num_key_heads " +
+               std::to_string(L.key_heads) + " (each key head serves value heads alike)");
+  bound_linear_sizes(r, L, s.hidden);
   // (the Gated DeltaNet layers' projections: PEFT's names, no biases)
   using PI = ProjectionInput;
-  s.projections.push_back(
-      {"in_proj_qkv", "linear_attn.in_proj_qkv", PI::attn_norm, {Slot::lin_qkv}});
-  s.projections.push_back({"in_proj_z", "linear_attn.in_proj_z", PI::attn_norm, {Slot::lin_z}});
-  s.projections.push_back({"in_proj_b", "linear_attn.in_proj_b", PI::attn_norm, {Slot::lin_b}});
-  s.projections.push_back({"in_proj_a", "linear_attn.in_proj_a", PI::attn_norm, {Slot::lin_a}});
+  if (fused) {  // Qwen3-Next: two projections whose columns go per key head group
+    s.projections.push_back({"in_proj_qkvz",
+                             "linear_attn.in_proj_qkvz",
+                             PI::attn_norm,
+                             {Slot::lin_qkv, Slot::lin_z},
+                             false,
+                             L.key_heads});
+    s.projections.push_back({"in_proj_ba",
+                             "linear_attn.in_proj_ba",
+                             PI::attn_norm,
+                             {Slot::lin_b, Slot::lin_a},
+                             false,
+                             L.key_heads});
+  } else {
+    s.projections.push_back(
+        {"in_proj_qkv", "linear_attn.in_proj_qkv", PI::attn_norm, {Slot::lin_qkv}});
+    s.projections.push_back({"in_proj_z", "linear_attn.in_proj_z", PI::attn_norm, {Slot::lin_z}});
+    s.projections.push_back({"in_proj_b", "linear_attn.in_proj_b", PI::attn_norm, {Slot::lin_b}});
+    s.projections.push_back({"in_proj_a", "linear_attn.in_proj_a", PI::attn_norm, {Slot::lin_a}});
+  }
   s.projections.push_back({"out_proj", "linear_attn.out_proj", PI::linear_out, {Slot::lin_out}});
   s.norms = pre_norms(NormKind::one_plus);
   s.norms.push_back({"self_attn.q_norm", NormRole::q, NormKind::one_plus});
@@ -77,18 +99,6 @@ DecoderSpec qwen3_5_family(HfConfigReader& r, const std::string& model_type) {
     s.ropes.push_back(read_rope(r, nullptr, theta, s.head_dim, partial, s.max_positions, 0, {}));
   }
 
-  // The Gated DeltaNet layers' sizes.
-  LinearAttentionSpec& L = s.linear;
-  L.key_heads = r.integer("linear_num_key_heads", 16, false);
-  L.value_heads = r.integer("linear_num_value_heads", 32, false);
-  L.key_dim = r.integer("linear_key_head_dim", 128, false);
-  L.value_dim = r.integer("linear_value_head_dim", 128, false);
-  L.kernel = r.integer("linear_conv_kernel_dim", 4, false);
-  if (L.value_heads % L.key_heads != 0)
-    r.fail("linear_num_value_heads",
-           "is " + std::to_string(L.value_heads) + ", not a multiple of linear_num_key_heads " +
-               std::to_string(L.key_heads) + " (each key head serves value heads alike)");
-  bound_linear_sizes(r, L, s.hidden);
   // layer_types: one of linear_attention / full_attention a layer (default: every
   // full_attention_interval-th full).
   const int64_t interval = r.integer("full_attention_interval", 4, false);
@@ -109,6 +119,14 @@ DecoderSpec qwen3_5_family(HfConfigReader& r, const std::string& model_type) {
   }
   // (the multi-token prediction head: not trained, its fields read and left out)
   r.accept({"mtp_num_hidden_layers", "mtp_use_dedicated_embeddings"});
+}
+
+DecoderSpec qwen3_5_family(HfConfigReader& r, const std::string& model_type) {
+  // Qwen3_5TextConfig's defaults (transformers 5.25).
+  const FamilyDefaults d{248320, 4096, 12288, 32, 16, 4, 256, 32768, 1e-6, 10000.0, false};
+  DecoderSpec s;
+  s.model_type = model_type;
+  qwen3_5_hybrid(r, d, false, s);
   return s;
 }
 
@@ -117,7 +135,8 @@ DecoderSpec qwen3_5_family(HfConfigReader& r, const std::string& model_type) {
 namespace kqlora::impl {
 
 DecoderSpec qwen3_5_multimodal_family(HfConfigReader& r, const std::string& model_type) {
-  // Qwen3.5 as the hub ships it (Qwen3_5ForConditionalGeneration): the text decoder's
+  // Qwen3.5 and Qwen3.5-MoE as the hub ships them (Qwen3_5ForConditionalGeneration,
+  // Qwen3_5MoeForConditionalGeneration): the text decoder's
   // fields under text_config, its tensors under model.language_model.; the vision tower
   // (vision_config, model.visual.*) and the multi-token prediction head (mtp.*) are not
   // read (docs/MODELS.md, "Gated DeltaNet").
@@ -125,12 +144,13 @@ DecoderSpec qwen3_5_multimodal_family(HfConfigReader& r, const std::string& mode
   r.accept({"vision_config", "image_token_id", "video_token_id", "vision_start_token_id",
             "vision_end_token_id"});
   HfConfigReader t = r.object("text_config");
-  const std::string inner = t.string("model_type", "qwen3_5_text", false);
-  if (inner != "qwen3_5_text")
-    t.fail("model_type", "is " + json::quote(inner) +
-                             "; a qwen3_5 directory's text_config is "
-                             "\"qwen3_5_text\"");
-  DecoderSpec s = qwen3_5_family(t, model_type);
+  const std::string text_type = model_type + "_text";  // qwen3_5_text, qwen3_5_moe_text
+  const std::string inner = t.string("model_type", text_type, false);
+  if (inner != text_type)
+    t.fail("model_type", "is " + json::quote(inner) + "; a " + model_type +
+                             " directory's text_config is " + json::quote(text_type));
+  DecoderSpec s = model_type == "qwen3_5_moe" ? qwen3_5_moe_family(t, model_type)
+                                              : qwen3_5_family(t, model_type);
   t.finish();
   // (the head is tied by the top-level field in transformers' multimodal class and by the
   // text config's in Qwen3_5ForCausalLM: the two must agree)
