@@ -114,7 +114,8 @@ def check_case(train, export, case, work):
     hf_cfg = json.load(open(os.path.join(case, "config.json")))
     hf_cfg = dict(hf_cfg, **hf_cfg.get("text_config", {}))  # (a multimodal one's decoder's)
     # (a model with experts: all-linear adapts them too, and PEFT refuses dropout there)
-    experts = "num_experts" in hf_cfg or "num_local_experts" in hf_cfg
+    # (Gemma 4 writes num_experts null without its MoE block)
+    experts = bool(hf_cfg.get("num_experts") or hf_cfg.get("num_local_experts"))
     dropout = 0.0 if experts else 0.1
     # PEFT reads gate_proj / up_proj / down_proj of a model with experts as the experts'
     # (its v4-to-v5 conversion): a dense layer's adapters of those names are refused by

@@ -36,8 +36,9 @@ using kqlora_test::read_text;
 
 struct Case {
   std::string name, dir, targets;
-  bool bf16 = false;  // reference.h5 has losses_bf16
-  std::string eps;    // AdamW's eps of the reference's steps (empty: the default 1e-8)
+  bool bf16 = false;        // reference.h5 has losses_bf16
+  std::string eps;          // AdamW's eps of the reference's steps (empty: the default 1e-8)
+  double bf16_rtol = 1e-2;  // the bfloat16 losses' tolerance, relative to PyTorch's
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
@@ -50,11 +51,11 @@ std::vector<Case> family_cases() {
   const std::string root = std::string(KQLORA_TEST_DATA_DIR) + "/family_reference/";
   std::vector<Case> out;
   for (const char* name :
-       {"qwen2",       "qwen3",          "gemma2",    "gemma3_text",   "phi3",
-        "phi3_long",   "mistral_window", "qwen3_moe", "qwen3_moe_raw", "qwen3_moe_experts",
-        "mixtral",     "qwen3_moe_aux",  "olmoe",     "qwen2_moe",     "gpt_oss",
-        "smollm3",     "olmo2",          "olmo3",     "granite",       "qwen3_5_text",
-        "qwen3_5_moe", "qwen3_next"}) {
+       {"qwen2",       "qwen3",          "gemma2",     "gemma3_text",   "phi3",
+        "phi3_long",   "mistral_window", "qwen3_moe",  "qwen3_moe_raw", "qwen3_moe_experts",
+        "mixtral",     "qwen3_moe_aux",  "olmoe",      "qwen2_moe",     "gpt_oss",
+        "smollm3",     "olmo2",          "olmo3",      "granite",       "qwen3_5_text",
+        "qwen3_5_moe", "qwen3_next",     "gemma4_text"}) {
     Case c{name, root + name, "all-linear"};
     std::ifstream f(c.dir + "/case.txt");
     for (std::string line; std::getline(f, line);) {
@@ -63,6 +64,7 @@ std::vector<Case> family_cases() {
       if (line.substr(0, eq) == "lora_targets") c.targets = line.substr(eq + 3);
       if (line.substr(0, eq) == "bf16") c.bf16 = line.substr(eq + 3) == "true";
       if (line.substr(0, eq) == "adamw_eps") c.eps = line.substr(eq + 3);
+      if (line.substr(0, eq) == "bf16_rtol") c.bf16_rtol = std::stod(line.substr(eq + 3));
     }
     out.push_back(c);
   }
@@ -371,7 +373,9 @@ TEST_P(LlamaReference, FiveAdamWStepsMatchPeft) {
   expect_matches_peft_run(c, run_train(c, "", "init_file=" + c.dir + "/init.h5"));
 }
 
-// The cases with a bfloat16 run: gqa (Llama) and gemma2 (soft-caps, sandwich norms).
+// The cases with a bfloat16 run: gqa (Llama) and gemma2 (soft-caps, sandwich norms), each
+// family's, within 1% of PyTorch's bfloat16 losses (a case's case.txt may say otherwise:
+// gpt_oss's clamps, 1.5%).
 TEST_P(LlamaReference, Bfloat16LossesWithinOnePercentOfPyTorchBfloat16) {
   const Case& c = GetParam();
   if (!c.bf16) GTEST_SKIP() << c.name << " has no bfloat16 reference run";
@@ -381,7 +385,7 @@ TEST_P(LlamaReference, Bfloat16LossesWithinOnePercentOfPyTorchBfloat16) {
   const auto want = read_doubles(ref, "losses_bf16"), got = losses_of(dir + "/metrics.jsonl");
   ASSERT_EQ(got.size(), want.size());
   for (size_t s = 0; s < want.size(); ++s) {
-    EXPECT_NEAR(got[s], want[s], 1e-2 * std::fabs(want[s])) << "step " << s + 1;
+    EXPECT_NEAR(got[s], want[s], c.bf16_rtol * std::fabs(want[s])) << "step " << s + 1;
     std::printf("bfloat16 step %zu: kqlora %.6g, PyTorch %.6g\n", s + 1, got[s], want[s]);
   }
 }
@@ -859,7 +863,7 @@ TEST(NewFamilies, BadFieldsAreRefusedNamingThem) {
   };
   const std::string smol = config("smollm3"), olmo3 = config("olmo3"), granite = config("granite"),
                     qwen35 = config("qwen3_5_text"), q35moe = config("qwen3_5_moe"),
-                    next = config("qwen3_next");
+                    next = config("qwen3_next"), g4 = config("gemma4_text");
   const std::vector<std::tuple<const std::string*, std::string, std::string>> bad = {
       {&smol, "no_rope_layers", "[1, 0]"},
       {&smol, "no_rope_layers", "[1, 2, 1]"},
@@ -897,7 +901,17 @@ TEST(NewFamilies, BadFieldsAreRefusedNamingThem) {
       {&next, "linear_num_value_heads", "6"},
       {&next, "decoder_sparse_step", "0"},
       {&next, "mlp_only_layers", "[4]"},
-      {&next, "moe_intermediate_size", "-1"}};
+      {&next, "moe_intermediate_size", "-1"},
+      // (Gemma 4: what is not read yet, refused; per-layer heads that cannot be)
+      {&g4, "hidden_size_per_layer_input", "256"},
+      {&g4, "num_kv_shared_layers", "2"},
+      {&g4, "enable_moe_block", "true"},
+      {&g4, "use_bidirectional_attention", "\"all\""},
+      {&g4, "per_layer_config", "{\"1\": {\"head_dim\": 32, \"num_key_value_heads\": 3}}"},
+      {&g4, "per_layer_config", "{\"7\": {\"head_dim\": 32}}"},
+      {&g4, "per_layer_config", "{\"1\": {\"head_dim\": 32, \"sliding_window\": 8}}"},
+      {&g4, "final_logit_softcapping", "0"},
+      {&g4, "rope_parameters", "{\"full_attention\": {\"rope_type\": \"yarn\"}}"}};
   for (const auto& [text, field, value] : bad) {
     SCOPED_TRACE(field + " = " + value);
     const std::string shown = value.find("longrope") != std::string::npos ? "longrope"
@@ -989,6 +1003,32 @@ TEST(NewFamilies, FieldsGiveTheSpecTransformersBuilds) {
   EXPECT_EQ(pieces[3].slot, kqlora::Slot::lin_z);
   EXPECT_EQ(n.out_features(qkvz), 2 * kw + 2 * vw);
   EXPECT_EQ(n.projections[n.writer(kqlora::Slot::lin_a)].name, "in_proj_ba");
+
+  // Gemma 4: the full layers' heads from per_layer_config (transformers 5.25's) equal the
+  // hub's global_head_dim and num_global_key_value_heads; v = k on them; proportional rope
+  // over the whole head (8 of 16 pairs rotated), zero frequencies after.
+  const std::string g4 = config("gemma4_text");
+  const kqlora::DecoderSpec v525 = kqlora::parse_decoder_config(g4, "c");
+  const kqlora::DecoderSpec hub4 = kqlora::parse_decoder_config(
+      with_field(with_field(with_field(g4, "per_layer_config", "null"), "global_head_dim", "32"),
+                 "num_global_key_value_heads", "1"),
+      "c");
+  EXPECT_EQ(kqlora::first_spec_difference(v525, hub4), "");
+  for (int64_t l = 0; l < 4; ++l) {
+    EXPECT_EQ(v525.head_dim_of(l), l % 2 ? 32 : 16) << l;
+    EXPECT_EQ(v525.kv_heads_of(l), l % 2 ? 1 : 2) << l;
+    EXPECT_EQ(v525.layer[l].k_eq_v, l % 2 == 1) << l;
+  }
+  const kqlora::RopeSpec& full = v525.ropes[v525.layer[1].rope];
+  ASSERT_EQ(full.inv_freq.size(), 16u);
+  EXPECT_EQ(full.rotary_dim, 32);
+  EXPECT_FLOAT_EQ(full.inv_freq[1], static_cast<float>(std::pow(1e6, -2.0 / 32)));
+  EXPECT_EQ(full.inv_freq[7] > 0 && full.inv_freq[8] == 0, true);
+  // (no per_layer_config and no global_head_dim: transformers' 512)
+  const kqlora::DecoderSpec dflt =
+      kqlora::parse_decoder_config(with_field(g4, "per_layer_config", "null"), "c");
+  EXPECT_EQ(dflt.head_dim_of(1), 512);
+  EXPECT_EQ(dflt.kv_heads_of(1), 2);  // (num_global_key_value_heads absent: the layer's own)
 }
 
 // Qwen3.5 as the hub ships it (issue 51): a multimodal qwen3_5 directory (the text

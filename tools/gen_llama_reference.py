@@ -62,6 +62,7 @@ import numpy as np
 import torch
 from peft import LoraConfig, get_peft_model
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
+                          Gemma4ForCausalLM, Gemma4TextConfig,
                           GraniteConfig, GraniteForCausalLM, LlamaConfig, LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, Olmo2Config, Olmo2ForCausalLM,
                           Olmo3Config, Olmo3ForCausalLM, Phi3Config, Phi3ForCausalLM,
@@ -97,6 +98,7 @@ FAMILIES = {
     "olmo3": (Olmo3Config, Olmo3ForCausalLM, PROJ),
     "granite": (GraniteConfig, GraniteForCausalLM, PROJ),
     "qwen3_5_text": (Qwen3_5TextConfig, Qwen3_5ForCausalLM, QWEN3_5_PROJ),
+    "gemma4_text": (Gemma4TextConfig, Gemma4ForCausalLM, PROJ),
 }
 # Norms computing (1 + w) * x (weights initialised to 0); every other RMSNorm is w * x.
 GEMMA_NORMS = (Gemma2RMSNorm, Gemma3RMSNorm, Qwen3_5RMSNorm)
@@ -243,6 +245,29 @@ FAMILY_CASES = {
                                                     "partial_rotary_factor": 0.5,
                                                     "mrope_section": [1, 1, 2],
                                                     "mrope_interleaved": True})),
+    # Gemma 4's text decoder: sliding layers 0 and 2 (window 37, head 16, 2 kv heads) and
+    # full layers 1 and 3 with heads of 32 and 1 kv head (global_head_dim,
+    # num_global_key_value_heads) whose v is k_proj's raw output (attention_k_eq_v: no
+    # v_proj); q/k norms w * n, v norms without a weight; proportional rope on the full
+    # layers (8 of 16 pairs rotated), default on the sliding ones; attention scale 1; each
+    # layer's output times its layer_scalar (drawn in [0.5, 1.5]); final soft-cap 5. The q/k
+    # norms' weights times 0.6: scaled by 1, scores of up to 23 made transformers' own
+    # float32 logits differ from its float64 ones by 1.4e-5 of their largest, above the 1e-5
+    # the tests ask (now |s| < 9)
+    "gemma4_text": dict(family="gemma4_text", seed=1013, bf16=True, eps=1e-3,
+                        scale={"q_norm.weight": 0.6, "k_norm.weight": 0.6},
+                        arch=dict(FAM, num_hidden_layers=4, head_dim=16, global_head_dim=32,
+                                  num_global_key_value_heads=1, attention_k_eq_v=True,
+                                  hidden_size_per_layer_input=0, sliding_window=WINDOW,
+                                  final_logit_softcapping=5.0,
+                                  layer_types=["sliding_attention", "full_attention",
+                                               "sliding_attention", "full_attention"],
+                                  rope_parameters={
+                                      "sliding_attention": {"rope_type": "default",
+                                                            "rope_theta": 10000.0},
+                                      "full_attention": {"rope_type": "proportional",
+                                                         "partial_rotary_factor": 0.5,
+                                                         "rope_theta": 1000000.0}})),
     # Granite 3: embeddings times 6, sublayer outputs times 0.5, scores times 0.3 (not
     # head_dim^-1/2), logits over 3; q/k/v/o and MLP biases
     "granite": dict(family="granite", seed=1011, bf16=True, eps=1e-3,
@@ -329,13 +354,16 @@ def randomise_family(model, case, gen):
                 mod.A_log.copy_(a.log())
                 mod.dt_bias.copy_(0.5 * torch.randn(mod.dt_bias.shape, generator=gen))
                 done.update({pre + "A_log", pre + "dt_bias"})
-            elif "RMSNorm" in type(mod).__name__:
+            elif "RMSNorm" in type(mod).__name__ and hasattr(mod, "weight"):
+                # (Gemma 4's v norm has none)
                 w = mod.weight
                 if isinstance(mod, GEMMA_NORMS):
                     w.copy_(0.2 * torch.randn(w.shape, generator=gen))
                 else:
                     w.copy_(1 + 0.2 * torch.randn(w.shape, generator=gen))
                 done.add(pre + "weight")
+            elif hasattr(mod, "layer_scalar"):  # (Gemma 4's, a buffer: each in [0.5, 1.5])
+                mod.layer_scalar.copy_(0.5 + torch.rand(mod.layer_scalar.shape, generator=gen))
         for name, p in model.named_parameters():
             assert name in done, "parameter not randomised: " + name
             for suffix, factor in case.get("scale", {}).items():

@@ -164,8 +164,12 @@ CASES = {
     # original positions: of the 8 frequencies one extrapolated, three between, four
     # interpolated; truncate false, attention scaling 1 + 0.1 ln 4); the load-balancing
     # loss (coefficient 0.05, AdamW eps 1e-3 as qwen3_moe_aux), adapters on attention and
-    # the experts; also a bfloat16 run (the RMSNorms float32)
+    # the experts; also a bfloat16 run (the RMSNorms float32), compared within 1.5%: its
+    # clamps make bfloat16 runs stray (PyTorch's own bfloat16 losses are up to 0.9% from
+    # its float32 ones over the 5 steps; kqlora's, with AVX512_BF16 products on an AMD Zen
+    # 4, 1.04% from PyTorch's bfloat16 ones at step 5 and 0.53% from its float32 ones)
     "gpt_oss": dict(seed=1501, family="gpt_oss", experts=True, bf16=True, eps=1e-3,
+                    bf16_rtol=0.015,
                     arch=dict(ref.FAM, head_dim=16, intermediate_size=32, num_local_experts=8,
                               num_experts_per_tok=2, max_position_embeddings=1024,
                               layer_types=["sliding_attention", "full_attention"],
@@ -627,6 +631,8 @@ def generate(name, case, folder, gen):
             f.write("bf16 = true\n")
         if "eps" in case:
             f.write("adamw_eps = %g\n" % case["eps"])
+        if "bf16_rtol" in case:
+            f.write("bf16_rtol = %g\n" % case["bf16_rtol"])
     float_model = copy.deepcopy(model)
     nf4 = ref.replace_with_nf4(model, torch.float32, proj)
     nf4.update(replace_experts_with_nf4(model, torch.float32, hub))

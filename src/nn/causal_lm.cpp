@@ -52,7 +52,8 @@ double decoder_train_flops(const DecoderSpec& s, int64_t rank, const std::vector
   }
   const double head = 2 * T * 2 * static_cast<double>(s.vocab * s.hidden);
   double attention = 0;
-  for (const LayerSpec& l : s.layer) {
+  for (int64_t at = 0; at < s.layers; ++at) {
+    const LayerSpec& l = s.layer[static_cast<size_t>(at)];
     if (l.mixer == Mixer::linear) {
       // The delta rule per token and value head, in chunks of 64: about 2 (64 (2 dk + dv)
       // + 3 dk dv) forward, and the backward's recomputation and gradients three times
@@ -67,7 +68,7 @@ double decoder_train_flops(const DecoderSpec& s, int64_t rank, const std::vector
     for (int64_t p = 0; p < positions; ++p)
       pairs += static_cast<double>(l.window > 0 ? std::min(p + 1, l.window) : p + 1);
     attention += static_cast<double>(sequences) * static_cast<double>(s.heads) * 6 * 2 * pairs *
-                 static_cast<double>(s.head_dim);
+                 static_cast<double>(s.head_dim_of(at));
   }
   return projections + head + attention + lora;
 }
@@ -144,9 +145,11 @@ CausalLm<ExecSpace>::CausalLm(const ExecSpace& exec, const ModelConfig& cfg, boo
         break;
       }
     b.norm.assign(kNormRoles, nullptr);
-    for (const NormSpec& n : spec_.norms)
-      if (n.role != NormRole::final && decoder::layer_has_norm(spec_, l, n))
+    for (const NormSpec& n : spec_.norms)  // (a unit norm has no weight: spec_.norm says it is)
+      if (n.role != NormRole::final && n.kind != NormKind::unit &&
+          decoder::layer_has_norm(spec_, l, n))
         b.norm[static_cast<int>(n.role)] = &t.at(norm_name(n, g));
+    if (spec_.layer_scalar) b.layer_scalar = &t.at(g + ".layer_scalar");
     blocks_.push_back(b);
   }
   embed_ = &t.at("model.embed_tokens.weight");
@@ -298,9 +301,9 @@ GemmInputs CausalLm<ExecSpace>::head_inputs() const {
 template <class ExecSpace>
 void CausalLm<ExecSpace>::norm_forward(const ParamEntry* w, NormRole role, const Matrix<Mem>& x,
                                        const Matrix<Mem>& y, const Matrix<Mem>& inv) {
-  const NormSpec* n = spec_.norm(role);
-  rms_norm_forward(this->exec_, x, dense_vector(w), static_cast<float>(spec_.norm_eps),
-                   this->cfg_.bf16(), y, flat(inv), n->kind);
+  const NormSpec* n = spec_.norm(role);  // (w null: a unit norm's, no weight)
+  rms_norm_forward(this->exec_, x, w ? dense_vector(w) : Kokkos::View<const float*, Mem>(),
+                   static_cast<float>(spec_.norm_eps), this->cfg_.bf16(), y, flat(inv), n->kind);
 }
 
 template <class ExecSpace>
@@ -308,8 +311,9 @@ void CausalLm<ExecSpace>::norm_backward(const ParamEntry* w, NormRole role, cons
                                         const Matrix<Mem>& inv, const Matrix<Mem>& gy,
                                         const Matrix<Mem>& gx, NormGradOut out) {
   const NormSpec* n = spec_.norm(role);
-  rms_norm_backward(this->exec_, x, dense_vector(w), Kokkos::View<const float*, Mem>(flat(inv)), gy,
-                    gx, n->kind, out, this->cfg_.bf16());
+  rms_norm_backward(this->exec_, x, w ? dense_vector(w) : Kokkos::View<const float*, Mem>(),
+                    Kokkos::View<const float*, Mem>(flat(inv)), gy, gx, n->kind, out,
+                    this->cfg_.bf16());
 }
 
 template <class ExecSpace>
@@ -373,6 +377,7 @@ void CausalLm<ExecSpace>::block_forward(int l, Buffers& c, const Matrix<Mem>& ne
   if (!next.data()) return;  // a recomputation: the backward needs no block output
   if (rm != 0) scale_values(exec, rm, bf16, buf_[B::kProjOut]);
   residual_sum(exec, c[B::kMid], buf_[B::kProjOut], bf16, next);
+  if (B.layer_scalar) scale_by_scalar(exec, dense_vector(B.layer_scalar), bf16, next);
 }
 
 template <class ExecSpace>
@@ -474,6 +479,8 @@ void CausalLm<ExecSpace>::backward(bool accumulate) {
     Buffers& c = block_cache(l);
     if (bf16_kept_) restore_bf16(l);  // (before anything reads c)
     if (this->cfg_.activation_checkpointing) block_forward(l, c, Matrix<Mem>());
+    // (Gemma 4: the block's output was times its layer_scalar, so is its gradient)
+    if (B.layer_scalar) scale_by_scalar(exec, dense_vector(B.layer_scalar), bf16, s[B::kG]);
     // MLP: g is the gradient of the block's output (and of mid, through the residual).
     // (a sublayer's output gradient: g times the residual multiplier, then back through
     // the output norm, each rounded in bfloat16; kGTmp holds it)

@@ -1,10 +1,13 @@
 // The attention sublayer of a decoder block: q, k, v projections, their q/k norms (per
 // head or whole) and clamp, the rotary, the causal attention with its window, soft-cap and
 // documents, and the o projection; forward and backward (docs/MODELS.md).
+#include <tuple>
+
 #include "decoder_names.hpp"
 #include "kqlora/nn/attention_output_gate.hpp"
 #include "kqlora/nn/causal_lm.hpp"
 #include "kqlora/nn/clip_values.hpp"
+#include "kqlora/nn/residual.hpp"
 
 namespace kqlora {
 
@@ -17,24 +20,56 @@ using decoder::per_head;
 }  // namespace
 
 template <class ExecSpace>
+void CausalLm<ExecSpace>::attention_views(int l, Buffers& c) {
+  // (views from each buffer's start: its storage is the widest layer's; Gemma 4's
+  // full-attention layers have heads of their own size)
+  const auto narrow = [&](Matrix<Mem>& m, int64_t width) {
+    if (m.data()) m = Matrix<Mem>(m.data(), tokens_, width);
+  };
+  const int64_t q = spec_.q_features(l), kv = spec_.kv_features(l);
+  for (int i : {B::kQ, B::kQRaw, B::kAtt, B::kAttnGate, B::kAttGated}) narrow(c[i], q);
+  for (int i : {B::kK, B::kV, B::kKRaw, B::kVRaw}) narrow(c[i], kv);
+  narrow(c[B::kQFull], 2 * q);
+  for (int i : {B::kGAtt, B::kGQ, B::kGGateA}) narrow(buf_[i], q);
+  for (int i : {B::kGK, B::kGV}) narrow(buf_[i], kv);
+  narrow(buf_[B::kGQFull], 2 * q);
+  // (per-head statistics: one a (token, head); a whole-projection norm's one a token)
+  for (const auto& [role, i, width] : {std::make_tuple(NormRole::q, int(B::kInvQ), q),
+                                       std::make_tuple(NormRole::k, int(B::kInvK), kv),
+                                       std::make_tuple(NormRole::v, int(B::kInvV), kv)})
+    if (const NormSpec* n = spec_.norm(role)) narrow(c[i], width / spec_.norm_width(*n, l));
+  for (size_t p = 0; p < spec_.projections.size(); ++p)
+    if (spec_.projections[p].input == ProjectionInput::attn_out)
+      narrow(c[DecoderBuffers::xd(static_cast<int>(p))], q);
+}
+
+template <class ExecSpace>
 void CausalLm<ExecSpace>::attention_forward(int l, Buffers& c) {
   const ExecSpace& exec = this->exec_;
   const bool bf16 = this->cfg_.bf16();
-  const int64_t S = seq_len_, D = spec_.head_dim;
+  const int64_t S = seq_len_, D = spec_.head_dim_of(l);
   const Block& B = blocks_[l];
   const auto norm_of = [&](NormRole r) { return B.norm[static_cast<int>(r)]; };
+  attention_views(l, c);
   project_all(l, ProjectionInput::attn_norm, c);
+  const bool v_norm = spec_.norm(NormRole::v) != nullptr;
+  if (spec_.layer[l].k_eq_v)  // (v = k_proj's raw output, before the k norm and the rotary)
+    Kokkos::deep_copy(exec, v_norm || spec_.clip_qkv > 0 ? c[B::kVRaw] : c[B::kV],
+                      norm_of(NormRole::k) ? c[B::kKRaw] : c[B::kK]);
   if (spec_.attn_output_gate)  // (q before its norm, when it has one)
     split_gated_q(exec, c[B::kQFull], D, norm_of(NormRole::q) ? c[B::kQRaw] : c[B::kQ],
                   c[B::kAttnGate]);
   if (norm_of(NormRole::q)) {  // q and k norms (per head or whole), before the rotary
-    const int64_t wq = spec_.norm_width(*spec_.norm(NormRole::q)),
-                  wk = spec_.norm_width(*spec_.norm(NormRole::k));
+    const int64_t wq = spec_.norm_width(*spec_.norm(NormRole::q), l),
+                  wk = spec_.norm_width(*spec_.norm(NormRole::k), l);
     norm_forward(norm_of(NormRole::q), NormRole::q, per_head(c[B::kQRaw], wq),
                  per_head(c[B::kQ], wq), c[B::kInvQ]);
     norm_forward(norm_of(NormRole::k), NormRole::k, per_head(c[B::kKRaw], wk),
                  per_head(c[B::kK], wk), c[B::kInvK]);
   }
+  if (v_norm)  // (Gemma 4's, per head without a weight: v from its raw copy, kept)
+    norm_forward(nullptr, NormRole::v, per_head(c[B::kVRaw], D), per_head(c[B::kV], D),
+                 c[B::kInvV]);
   if (spec_.clip_qkv > 0) {  // (v from its raw copy: the backward reads the clamp's input)
     clip_forward(exec, spec_.clip_qkv, bf16, c[B::kQ], c[B::kQ]);
     clip_forward(exec, spec_.clip_qkv, bf16, c[B::kK], c[B::kK]);
@@ -57,10 +92,11 @@ void CausalLm<ExecSpace>::attention_backward(int l, Buffers& c, const Matrix<Mem
                                              bool accumulate, const Matrix<Mem>& gx) {
   const ExecSpace& exec = this->exec_;
   const bool bf16 = this->cfg_.bf16();
-  const int64_t S = seq_len_, D = spec_.head_dim;
+  const int64_t S = seq_len_, D = spec_.head_dim_of(l);
   const Block& B = blocks_[l];
   const auto norm_of = [&](NormRole r) { return B.norm[static_cast<int>(r)]; };
   Buffers& s = buf_;
+  attention_views(l, c);
   project_back(l, spec_.writer(Slot::o), c, g_o, accumulate, 0.0f, s[B::kGAtt]);
   if (spec_.attn_output_gate)  // y = att s, s = sigmoid(gate): d att = g s, d gate = g att s'
     attention_gate_backward(exec, c[B::kAtt], c[B::kAttnGate], bf16, s[B::kGAtt], s[B::kGGateA]);
@@ -74,8 +110,8 @@ void CausalLm<ExecSpace>::attention_backward(int l, Buffers& c, const Matrix<Mem
   }
   if (spec_.clip_qkv > 0) clip_qkv_backward(l, c);
   if (norm_of(NormRole::q)) {  // (in place: the norm's backward reads a row, then writes it)
-    const int64_t wq = spec_.norm_width(*spec_.norm(NormRole::q)),
-                  wk = spec_.norm_width(*spec_.norm(NormRole::k));
+    const int64_t wq = spec_.norm_width(*spec_.norm(NormRole::q), l),
+                  wk = spec_.norm_width(*spec_.norm(NormRole::k), l);
     norm_backward(norm_of(NormRole::q), NormRole::q, per_head(c[B::kQRaw], wq), c[B::kInvQ],
                   per_head(s[B::kGQ], wq), per_head(s[B::kGQ], wq));
     norm_backward(norm_of(NormRole::k), NormRole::k, per_head(c[B::kKRaw], wk), c[B::kInvK],
@@ -85,13 +121,21 @@ void CausalLm<ExecSpace>::attention_backward(int l, Buffers& c, const Matrix<Mem
       round_bf16(exec, s[B::kGK]);
     }
   }
+  if (spec_.norm(NormRole::v)) {  // (in place, as the q and k norms')
+    norm_backward(nullptr, NormRole::v, per_head(c[B::kVRaw], D), c[B::kInvV],
+                  per_head(s[B::kGV], D), per_head(s[B::kGV], D));
+    if (bf16) round_bf16(exec, s[B::kGV]);
+  }
+  if (spec_.layer[l].k_eq_v)  // (k_proj's output fed k and v: its gradient is the sum)
+    residual_add(exec, s[B::kGV], bf16, s[B::kGK]);
   if (spec_.attn_output_gate) join_gated_q(exec, s[B::kGQ], s[B::kGGateA], D, s[B::kGQFull]);
   project_back_all(l, ProjectionInput::attn_norm, c, accumulate, gx);
 }
 
 template <class ExecSpace>
 AttentionShape CausalLm<ExecSpace>::attention_shape(int l) const {
-  AttentionShape a{tokens_ / seq_len_, seq_len_, spec_.heads, spec_.kv_heads, spec_.head_dim};
+  AttentionShape a{tokens_ / seq_len_, seq_len_, spec_.heads, spec_.kv_heads_of(l),
+                   spec_.head_dim_of(l)};
   a.attn_scale = spec_.attn_scale;
   a.softcap = spec_.attn_softcap;
   a.window = spec_.layer[l].window;
@@ -112,7 +156,7 @@ void CausalLm<ExecSpace>::clip_qkv_backward(int l, Buffers& c) {
   clip_backward(exec, clip, bf16, c[B::kVRaw], s[B::kGV]);
   for (NormRole role : {NormRole::q, NormRole::k}) {
     const bool q = role == NormRole::q;
-    const int64_t w = spec_.norm_width(*spec_.norm(role));
+    const int64_t w = spec_.norm_width(*spec_.norm(role), l);
     const Matrix<Mem> raw = c[q ? B::kQRaw : B::kKRaw];
     const Matrix<Mem> normed(s[B::kGAtt].data(), tokens_, raw.extent(1));
     norm_forward(blocks_[l].norm[static_cast<int>(role)], role, per_head(raw, w),
@@ -127,6 +171,7 @@ template void CausalLm<Kokkos::DefaultExecutionSpace>::attention_backward(int, B
                                                                           const Matrix<Mem>&, bool,
                                                                           const Matrix<Mem>&);
 template AttentionShape CausalLm<Kokkos::DefaultExecutionSpace>::attention_shape(int) const;
+template void CausalLm<Kokkos::DefaultExecutionSpace>::attention_views(int, Buffers&);
 template void CausalLm<Kokkos::DefaultExecutionSpace>::clip_qkv_backward(int, Buffers&);
 
 }  // namespace kqlora

@@ -11,7 +11,8 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
                                const std::vector<bool>& targets) {
   const std::array<bool, 2> expert_targets = expert_lora_targets(cfg.lora_targets, s);
   // (the dense MLP's buffers only where a layer has one; the experts' where a layer has them)
-  const int64_t H = s.hidden, Q = s.q_features(), KV = s.kv_features();
+  // (the widest layer's: Gemma 4's full-attention layers have heads of their own size)
+  const int64_t H = s.hidden, Q = s.widest_q(), KV = s.widest_kv();
   const int64_t I = s.widest_mlp();  // (a layer's dense MLP or shared expert; 0: none)
   const bool sparse = s.any_sparse_mlp();
   const int64_t E = sparse ? s.experts.experts : 0, K = sparse ? s.experts.top_k : 0;
@@ -19,7 +20,15 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
   const int64_t r = cfg.rank;
   bool shared = false;  // (a layer with a shared expert)
   for (int64_t l = 0; l < s.layers; ++l) shared = shared || s.shared_expert(l);
-  const bool qk_norm = s.norm(NormRole::q) != nullptr;
+  const bool qk_norm = s.norm(NormRole::q) != nullptr, v_norm = s.norm(NormRole::v) != nullptr;
+  // (a norm's 1/rms per (token, head) or per token: its most over the layers)
+  const auto norms_per_token = [&](NormRole role, bool q) {
+    int64_t n = 0;
+    if (const NormSpec* spec = s.norm(role))
+      for (int64_t l = 0; l < s.layers; ++l)
+        n = std::max(n, (q ? s.q_features(l) : s.kv_features(l)) / s.norm_width(*spec, l));
+    return n;
+  };
   const bool attn_out = s.norm(NormRole::attn_out) != nullptr;
   const bool mlp_out = s.norm(NormRole::mlp_out) != nullptr;
   const bool gated = s.attn_output_gate, lin = s.any_mixer(Mixer::linear);
@@ -32,9 +41,9 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
              {"v", KV, true},
              {"q_raw", qk_norm ? Q : 0, true},
              {"k_raw", qk_norm ? KV : 0, true},
-             {"v_raw", s.clip_qkv > 0 ? KV : 0, true},
-             {"inv_q", qk_norm ? s.q_features() / s.norm_width(*s.norm(NormRole::q)) : 0},
-             {"inv_k", qk_norm ? s.kv_features() / s.norm_width(*s.norm(NormRole::k)) : 0},
+             {"v_raw", s.clip_qkv > 0 || v_norm ? KV : 0, true},
+             {"inv_q", norms_per_token(NormRole::q, true)},
+             {"inv_k", norms_per_token(NormRole::k, false)},
              {"att", Q, true},
              {"lse", s.heads},
              {"o_raw", attn_out ? H : 0, true},
@@ -79,7 +88,8 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
              {"lin_inv_q", lin ? L.key_heads : 0},
              {"lin_inv_k", lin ? L.key_heads : 0},
              {"lin_inv_norm", lin ? L.value_heads : 0},
-             {"lin_out", lin ? L.value_width() : 0, true}};
+             {"lin_out", lin ? L.value_width() : 0, true},
+             {"inv_v", norms_per_token(NormRole::v, false)}};
   int64_t widest_in = 0, widest_fused = 0, widest_out = 0;
   for (size_t p = 0; p < s.projections.size(); ++p) {
     const ProjectionSpec& proj = s.projections[p];

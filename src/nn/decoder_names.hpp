@@ -31,7 +31,7 @@ inline std::string norm_name(const NormSpec& n, const std::string& layer) {
 
 /// Whether layer l has norm n: the q and k norms are an attention layer's.
 inline bool layer_has_norm(const DecoderSpec& s, int64_t l, const NormSpec& n) {
-  const bool qk = n.role == NormRole::q || n.role == NormRole::k;
+  const bool qk = n.role == NormRole::q || n.role == NormRole::k || n.role == NormRole::v;
   return !qk || s.layer[static_cast<size_t>(l)].mixer == Mixer::attention;
 }
 

@@ -47,8 +47,8 @@ auto CausalLm<ExecSpace>::slot_output(Buffers& c, Slot s) -> Matrix<Mem> {
       return spec_.attn_output_gate ? c[B::kQFull] : qk_norm ? c[B::kQRaw] : c[B::kQ];
     case Slot::k:
       return qk_norm ? c[B::kKRaw] : c[B::kK];
-    case Slot::v:
-      return spec_.clip_qkv > 0 ? c[B::kVRaw] : c[B::kV];
+    case Slot::v:  // (its raw copy, kept for a clamp's or the v norm's backward)
+      return spec_.clip_qkv > 0 || spec_.norm(NormRole::v) ? c[B::kVRaw] : c[B::kV];
     case Slot::o:
     case Slot::lin_out:
       return spec_.norm(NormRole::attn_out) ? c[B::kORaw] : buf_[B::kProjOut];

@@ -60,6 +60,14 @@ std::string first_spec_difference(const DecoderSpec& a, const DecoderSpec& b) {
   d.field("logits_scaling", a.logits_divisor, b.logits_divisor);
   d.field("clip_qkv", a.clip_qkv, b.clip_qkv);
   d.field("attention sinks", a.sinks, b.sinks);
+  d.field("attn_output_gate", a.attn_output_gate, b.attn_output_gate);
+  d.field("layer_scalar", a.layer_scalar, b.layer_scalar);
+  const LinearAttentionSpec &la = a.linear, &lb = b.linear;
+  d.field("linear_num_key_heads", la.key_heads, lb.key_heads);
+  d.field("linear_num_value_heads", la.value_heads, lb.value_heads);
+  d.field("linear_key_head_dim", la.key_dim, lb.key_dim);
+  d.field("linear_value_head_dim", la.value_dim, lb.value_dim);
+  d.field("linear_conv_kernel_dim", la.kernel, lb.kernel);
   d.field("projections (count)", a.projections.size(), b.projections.size());
   for (size_t i = 0; i < a.projections.size() && i < b.projections.size(); ++i) {
     const ProjectionSpec &p = a.projections[i], &q = b.projections[i];
@@ -98,6 +106,11 @@ std::string first_spec_difference(const DecoderSpec& a, const DecoderSpec& b) {
     d.field("layer " + std::to_string(l) + " rope", a.layer[l].rope, b.layer[l].rope);
     d.field("layer " + std::to_string(l) + " sparse", a.layer[l].sparse, b.layer[l].sparse);
     d.field("layer " + std::to_string(l) + " rotary", a.layer[l].rotary, b.layer[l].rotary);
+    d.code("layer " + std::to_string(l) + " mixer", a.layer[l].mixer, b.layer[l].mixer);
+    d.field("layer " + std::to_string(l) + " head_dim", a.head_dim_of(l), b.head_dim_of(l));
+    d.field("layer " + std::to_string(l) + " key/value heads", a.kv_heads_of(l), b.kv_heads_of(l));
+    d.field("layer " + std::to_string(l) + " attention_k_eq_v", a.layer[l].k_eq_v,
+            b.layer[l].k_eq_v);
   }
   const ExpertsSpec &x = a.experts, &y = b.experts;
   d.field("num_experts", x.experts, y.experts);

@@ -209,8 +209,9 @@ ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
         add_dense(g + "." + s.experts.shared_gate_module + ".weight", {1, s.hidden}, g);
     }
     for (const NormSpec& n : s.norms)
-      if (n.role != NormRole::final && decoder::layer_has_norm(s, l, n))
-        add_dense(norm_name(n, g), {s.norm_width(n)}, g);
+      if (n.role != NormRole::final && n.kind != NormKind::unit && decoder::layer_has_norm(s, l, n))
+        add_dense(norm_name(n, g), {s.norm_width(n, l)}, g);
+    if (s.layer_scalar) add_dense(g + ".layer_scalar", {1}, g);
   }
   add_dense(norm_name(*s.norm(NormRole::final), ""), {s.hidden}, "head");
   if (!s.tied) add_dense("lm_head.weight", {s.vocab, s.hidden}, "head");

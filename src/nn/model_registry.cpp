@@ -72,11 +72,11 @@ int64_t causal_lm_activations(const ModelConfig& c, int64_t rows, int64_t seq_le
   }
   for (const auto& x : b.shared) shared = add(shared, x.width);
   const int64_t logits = CrossEntropyWorkspace<Mem>().floats(tokens, s.vocab, c.bf16());
-  const int64_t workspaces =
-      add(add(AttentionWorkspace<Mem>::floats(
-                  S, s.attn_softcap > 0, attention_batches_heads<Mem>() ? s.heads : 1, s.head_dim),
-              logits),
-          mul(2, tokens));                 // (the per-token losses are doubles)
+  const int64_t workspaces = add(
+      add(AttentionWorkspace<Mem>::floats(
+              S, s.attn_softcap > 0, attention_batches_heads<Mem>() ? s.heads : 1, s.widest_head()),
+          logits),
+      mul(2, tokens));                     // (the per-token losses are doubles)
   const int64_t panel = int64_t(8) << 20;  // linear_nf4's dequantized panel (its default)
   // bfloat16 products on bfloat16 hardware: the head's 16-bit copy (nn/lm_head_cross_entropy.hpp)
   // too.

@@ -91,6 +91,7 @@ class CausalLm : public Model<ExecSpace> {
     // gpt-oss: its experts' biases ([E, I], [E, I], [E, hidden]) and the attention's sinks
     const ParamEntry *gate_bias = nullptr, *up_bias = nullptr, *down_bias = nullptr;
     const ParamEntry* sinks = nullptr;
+    const ParamEntry* layer_scalar = nullptr;  // Gemma 4's [1] factor on the block's output
     // A Gated DeltaNet layer's frozen conv weight, dt_bias, A_log and gated norm weight.
     const ParamEntry *lin_conv = nullptr, *lin_dt_bias = nullptr, *lin_a_log = nullptr,
                      *lin_norm = nullptr;
@@ -223,6 +224,9 @@ class CausalLm : public Model<ExecSpace> {
   /// The dense MLP's buffers of c (and the shared gradients') as views of `layer`'s MLP
   /// width: a shared expert's may be narrower than the widest.
   void mlp_views(int layer, Buffers& c);
+  /// The attention's buffers of c (and the shared gradients') as views of `layer`'s q and
+  /// k/v widths: Gemma 4's full-attention layers' differ from the others'.
+  void attention_views(int layer, Buffers& c);
   /// Every projection reading `in`.
   void project_all(int layer, ProjectionInput in, Buffers& c);
   void project_back(int layer, int p, const Buffers& c, const Matrix<Mem>& gy, bool accumulate,

@@ -98,6 +98,7 @@ struct DecoderBuffers {
     kLinInvK,
     kLinInvNorm,
     kLinOut,
+    kInvV,  // the v norm's 1/rms per (token, kv head) (Gemma 4: v before it in kVRaw)
     kBlockBuffers
   };
 

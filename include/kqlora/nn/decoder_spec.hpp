@@ -57,9 +57,10 @@ inline bool linear_slot(Slot s) {
 }
 
 /// Where a norm sits (docs/MODELS.md): a block's attention input, attention output
-/// (sandwich), MLP input, MLP output (sandwich), the per-head q and k norms, the final norm.
-enum class NormRole { attn_in, attn_out, mlp_in, mlp_out, q, k, final };
-constexpr int kNormRoles = 7;
+/// (sandwich), MLP input, MLP output (sandwich), the per-head q and k norms, the final norm,
+/// the per-head v norm (Gemma 4's, without a weight: NormKind::unit).
+enum class NormRole { attn_in, attn_out, mlp_in, mlp_out, q, k, final, v };
+constexpr int kNormRoles = 8;
 
 struct ProjectionSpec {
   std::string name;    // the LoRA target name (PEFT's): "q_proj", "qkv_proj", ...
@@ -157,6 +158,11 @@ struct LayerSpec {
   bool sparse = false;  // its MLP is the experts (DecoderSpec::experts), not the dense one
   bool rotary = true;   // false: q and k are not rotated (SmolLM3's no_rope_layers)
   Mixer mixer = Mixer::attention;
+  // Gemma 4's full-attention layers: a head size and key/value head count of their own (0:
+  // the spec's), and v = k_proj's raw output (attention_k_eq_v: no v_proj; v then takes the
+  // v norm as any layer's v does)
+  int64_t head_dim = 0, kv_heads = 0;
+  bool k_eq_v = false;
 };
 
 /// The Gated DeltaNet layers' sizes and frozen tensors (docs/MODELS.md, "Gated DeltaNet"):
@@ -191,6 +197,9 @@ struct DecoderSpec {
   // Qwen3.5's gated attention: q_proj writes [q_h | gate_h] per head (2 head_dim each) and
   // the attention output is multiplied by sigmoid(gate) before o_proj.
   bool attn_output_gate = false;
+  // Gemma 4: each layer's output (its residual stream) times its frozen [1] tensor
+  // <layer>.layer_scalar
+  bool layer_scalar = false;
   LinearAttentionSpec linear;  // the Gated DeltaNet layers' (LayerSpec::mixer linear)
   bool tied = false;
   std::vector<RopeSpec> ropes;
@@ -204,6 +213,21 @@ struct DecoderSpec {
 
   int64_t q_features() const { return heads * head_dim; }
   int64_t kv_features() const { return kv_heads * head_dim; }
+  /// Layer l's head size and key/value heads (LayerSpec's, else the spec's) and widths.
+  int64_t head_dim_of(int64_t l) const {
+    const LayerSpec& at = layer[static_cast<size_t>(l)];
+    return at.head_dim > 0 ? at.head_dim : head_dim;
+  }
+  int64_t kv_heads_of(int64_t l) const {
+    const LayerSpec& at = layer[static_cast<size_t>(l)];
+    return at.kv_heads > 0 ? at.kv_heads : kv_heads;
+  }
+  int64_t q_features(int64_t l) const { return heads * head_dim_of(l); }
+  int64_t kv_features(int64_t l) const { return kv_heads_of(l) * head_dim_of(l); }
+  /// The widest q, k/v and head of any layer (the attention's buffers are sized by them).
+  int64_t widest_q() const;
+  int64_t widest_kv() const;
+  int64_t widest_head() const;
   int64_t slot_width(Slot s) const;
   int64_t in_features(const ProjectionSpec& p) const;
   int64_t out_features(const ProjectionSpec& p) const;
@@ -212,6 +236,8 @@ struct DecoderSpec {
   /// The width a norm normalises over (and its weight's length): hidden, or a q/k norm's
   /// head_dim, or its whole projection's width.
   int64_t norm_width(const NormSpec& n) const;
+  /// The same in layer l (its head size).
+  int64_t norm_width(const NormSpec& n, int64_t l) const;
   /// A grouped projection's pieces in the order each group holds them (p.groups > 0).
   std::vector<SlotPiece> pieces(const ProjectionSpec& p) const;
   /// The index of the projection writing slot s.
@@ -221,7 +247,8 @@ struct DecoderSpec {
   /// a Gated DeltaNet layer its own.
   bool has_projection(int64_t l, const ProjectionSpec& p) const {
     const LayerSpec& at = layer[static_cast<size_t>(l)];
-    if (attention_slot(p.slots[0])) return at.mixer == Mixer::attention;
+    if (attention_slot(p.slots[0]))
+      return at.mixer == Mixer::attention && !(at.k_eq_v && p.slots[0] == Slot::v);
     if (linear_slot(p.slots[0])) return at.mixer == Mixer::linear;
     return !at.sparse || !reads_mlp(p) || shared_expert(l);
   }

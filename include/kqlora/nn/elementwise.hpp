@@ -234,6 +234,20 @@ void scale_values(const ExecSpace& exec, float s, bool bf16, const Matrix<M>& x)
   scale_values(exec, s, bf16, x, x);
 }
 
+/// x = x * s[0] in place, s a one-value tensor on the device (Gemma 4's layer_scalar: read
+/// there, no host sync), rounded to bfloat16 when `bf16`.
+template <class ExecSpace, class M>
+void scale_by_scalar(const ExecSpace& exec, const Kokkos::View<const float*, M>& s, bool bf16,
+                     const Matrix<M>& x) {
+  KQLORA_CHECK(x.span_is_contiguous() && s.extent(0) == 1, "scale_by_scalar: shapes");
+  float* xp = x.data();
+  Kokkos::parallel_for(
+      "kqlora::scale_by_scalar", flat_range(exec, x), KOKKOS_LAMBDA(int64_t i) {
+        const float v = xp[i] * s(0);
+        xp[i] = bf16 ? round_to_bf16(v) : v;
+      });
+}
+
 /// x = R(x) in place.
 template <class ExecSpace, class M>
 void round_bf16(const ExecSpace& exec, const Matrix<M>& x) {

@@ -20,7 +20,8 @@
 
 namespace kqlora {
 
-enum class NormKind { scale, one_plus, float32 };
+// Gemma 4's v norm (NormKind::unit): y = n in float32, rounded once, no weight (w unread).
+enum class NormKind { scale, one_plus, float32, unit };
 
 /// y = rmsnorm(x) * w; `inv` [tokens] receives each row's 1/rms (for rms_norm_backward).
 template <class ExecSpace, class M>
@@ -28,7 +29,8 @@ void rms_norm_forward(const ExecSpace& exec, const Matrix<M>& x,
                       const Kokkos::View<const float*, M>& w, float eps, bool bf16,
                       const Matrix<M>& y, const Kokkos::View<float*, M>& inv,
                       NormKind kind = NormKind::scale) {
-  const bool one_plus = kind == NormKind::one_plus, wide = kind == NormKind::float32;
+  const bool one_plus = kind == NormKind::one_plus, unit = kind == NormKind::unit;
+  const bool wide = kind == NormKind::float32 || unit;
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const int64_t F = x.extent(1);
   Kokkos::parallel_for(
@@ -39,9 +41,9 @@ void rms_norm_forward(const ExecSpace& exec, const Matrix<M>& x,
         const float ss = row_sum(team, 0, F, [&](int64_t f) { return x(t, f) * x(t, f); });
         const float r = 1.0f / sqrtf(ss / static_cast<float>(F) + eps);
         Kokkos::single(Kokkos::PerTeam(team), [&] { inv(t) = r; });
-        if (one_plus || wide) {  // (1 + w) * n or w * n in float32, one rounding
+        if (one_plus || wide) {  // (1 + w) * n, w * n or n in float32, one rounding
           row_for(team, 0, F, [&](int64_t f) {
-            const float v = (one_plus ? 1.0f + w(f) : w(f)) * (x(t, f) * r);
+            const float v = (unit ? 1.0f : one_plus ? 1.0f + w(f) : w(f)) * (x(t, f) * r);
             y(t, f) = bf16 ? round_to_bf16(v) : v;
           });
           return;
@@ -68,6 +70,7 @@ void rms_norm_backward(const ExecSpace& exec, const Matrix<M>& x,
                        const Matrix<M>& gx, NormKind kind = NormKind::scale,
                        NormGradOut out = NormGradOut::write, bool bf16 = false) {
   const bool one_plus = kind == NormKind::one_plus, add = out == NormGradOut::add;
+  const bool unit = kind == NormKind::unit;
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const int64_t F = x.extent(1);
   Kokkos::parallel_for(
@@ -77,19 +80,19 @@ void rms_norm_backward(const ExecSpace& exec, const Matrix<M>& x,
         const int64_t t = team.league_rank();
         const float r = inv(t);
         const float dot = row_sum(team, 0, F, [&](int64_t f) {  // sum_f w gy n
-          const float wf = one_plus ? 1.0f + w(f) : w(f);
+          const float wf = unit ? 1.0f : one_plus ? 1.0f + w(f) : w(f);
           return wf * gy(t, f) * x(t, f) * r;
         });
         const float mean = dot / static_cast<float>(F);
         if (!add) {
           row_for(team, 0, F, [&](int64_t f) {
-            const float wf = one_plus ? 1.0f + w(f) : w(f);
+            const float wf = unit ? 1.0f : one_plus ? 1.0f + w(f) : w(f);
             gx(t, f) = r * (wf * gy(t, f) - x(t, f) * r * mean);
           });
           return;
         }
         row_for(team, 0, F, [&](int64_t f) {
-          const float wf = one_plus ? 1.0f + w(f) : w(f);
+          const float wf = unit ? 1.0f : one_plus ? 1.0f + w(f) : w(f);
           const float v = gx(t, f) + r * (wf * gy(t, f) - x(t, f) * r * mean);
           gx(t, f) = bf16 ? round_to_bf16(v) : v;
         });

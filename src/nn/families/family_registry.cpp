@@ -39,6 +39,7 @@ const std::vector<std::pair<std::string, Builder>>& families() {
       {"qwen3_5_moe_text", impl::qwen3_5_moe_family},
       {"qwen3_5_moe", impl::qwen3_5_multimodal_family},
       {"qwen3_next", impl::qwen3_next_family},
+      {"gemma4_text", impl::gemma4_family},
   };
   return table;
 }
@@ -187,11 +188,41 @@ std::vector<SlotPiece> DecoderSpec::pieces(const ProjectionSpec& p) const {
 }
 
 int64_t DecoderSpec::slot_width(Slot s, int64_t l) const {
-  return s == Slot::gate || s == Slot::up ? mlp_width(l) : slot_width(s);
+  switch (s) {
+    case Slot::gate:
+    case Slot::up:
+      return mlp_width(l);
+    case Slot::q:
+      return attn_output_gate ? 2 * q_features(l) : q_features(l);
+    case Slot::k:
+    case Slot::v:
+      return kv_features(l);
+    default:
+      return slot_width(s);
+  }
 }
 
 int64_t DecoderSpec::in_features(const ProjectionSpec& p, int64_t l) const {
+  if (p.input == ProjectionInput::attn_out) return q_features(l);
   return p.input == ProjectionInput::mlp_act ? mlp_width(l) : in_features(p);
+}
+
+int64_t DecoderSpec::widest_q() const {
+  int64_t w = q_features();
+  for (int64_t l = 0; l < layers; ++l) w = std::max(w, q_features(l));
+  return w;
+}
+
+int64_t DecoderSpec::widest_kv() const {
+  int64_t w = kv_features();
+  for (int64_t l = 0; l < layers; ++l) w = std::max(w, kv_features(l));
+  return w;
+}
+
+int64_t DecoderSpec::widest_head() const {
+  int64_t w = head_dim;
+  for (int64_t l = 0; l < layers; ++l) w = std::max(w, head_dim_of(l));
+  return w;
 }
 
 int64_t DecoderSpec::out_features(const ProjectionSpec& p, int64_t l) const {
@@ -242,9 +273,15 @@ const NormSpec* DecoderSpec::norm(NormRole r) const {
 }
 
 int64_t DecoderSpec::norm_width(const NormSpec& n) const {
-  if (n.role != NormRole::q && n.role != NormRole::k) return hidden;
+  if (n.role != NormRole::q && n.role != NormRole::k && n.role != NormRole::v) return hidden;
   if (!n.whole) return head_dim;
   return n.role == NormRole::q ? q_features() : kv_features();
+}
+
+int64_t DecoderSpec::norm_width(const NormSpec& n, int64_t l) const {
+  if (n.role != NormRole::q && n.role != NormRole::k && n.role != NormRole::v) return hidden;
+  if (!n.whole) return head_dim_of(l);
+  return n.role == NormRole::q ? q_features(l) : kv_features(l);
 }
 
 int DecoderSpec::writer(Slot s) const {

@@ -1,0 +1,210 @@
+// Gemma 4's text decoder (Gemma4ForCausalLM, model_type gemma4_text): Gemma's sandwich
+// norms, but w * n in float32 (not Gemma 2/3's 1 + w), per-head q and k norms of that kind
+// and a v norm without a weight; attention scaled by 1; sliding-window layers and
+// full-attention layers with a head size and key/value heads of their own (the hub's
+// global_head_dim / num_global_key_value_heads, transformers 5.25's per_layer_config),
+// whose v is k_proj's raw output when attention_k_eq_v; "proportional" rope on the full
+// layers (the rotated frequencies spread over the whole head, the rest zero); each layer's
+// output times its frozen layer_scalar; embeddings times sqrt(hidden); a final soft-cap
+// (docs/MODELS.md, "Gemma 4"). Not yet read: the per-layer input embeddings
+// (hidden_size_per_layer_input > 0), key/value sharing (num_kv_shared_layers > 0) and the
+// MoE block (enable_moe_block): each is refused naming the field.
+#include <cmath>
+#include <string>
+
+#include "families.hpp"
+#include "family_common.hpp"
+#include "kqlora/core/json.hpp"
+
+namespace kqlora::impl {
+
+namespace {
+
+// One layer type's rope: "default" (over the type's head size) or "proportional" (the
+// first partial_rotary_factor * head_dim / 2 frequencies base^(-2i / head_dim), the rest
+// 0: those pairs pass unrotated), each divided by `factor`.
+RopeSpec gemma4_rope(HfConfigReader& p, double theta_default, int64_t head_dim) {
+  RopeSpec r;
+  r.type = p.string("rope_type", "default", false);
+  r.theta = p.number("rope_theta", theta_default, false);
+  if (!(r.theta > 0)) p.fail("rope_theta", "must be > 0, got " + value_text(*p.get("rope_theta")));
+  r.rotary_dim = head_dim;
+  const int64_t pairs = head_dim / 2;
+  // (in float32, as transformers computes them)
+  const float base = static_cast<float>(r.theta), dim = static_cast<float>(head_dim);
+  const auto frequency = [&](int64_t i) {
+    return 1.0f / std::pow(base, static_cast<float>(2 * i) / dim);
+  };
+  if (r.type == "default") {
+    for (int64_t i = 0; i < pairs; ++i) r.inv_freq.push_back(frequency(i));
+    return r;
+  }
+  if (r.type != "proportional")
+    p.fail("rope_type",
+           "is " + json::quote(r.type) + "; Gemma 4's layers take \"default\" or \"proportional\"");
+  const double partial = p.number("partial_rotary_factor", 1.0, false);
+  if (!(partial > 0 && partial <= 1))
+    p.fail("partial_rotary_factor",
+           "must be in (0, 1], got " + value_text(*p.get("partial_rotary_factor")));
+  const double factor = p.number("factor", 1.0, false);
+  if (!(factor > 0)) p.fail("factor", "must be > 0, got " + value_text(*p.get("factor")));
+  // (as transformers: int(partial * head_dim // 2) rotated, the exponents over the whole
+  // head, then every frequency divided by the factor)
+  const auto rotated = static_cast<int64_t>(partial * static_cast<double>(head_dim) / 2.0);
+  for (int64_t i = 0; i < pairs; ++i)
+    r.inv_freq.push_back((i < rotated ? frequency(i) : 0.0f) / static_cast<float>(factor));
+  return r;
+}
+
+}  // namespace
+
+DecoderSpec gemma4_family(HfConfigReader& r, const std::string& model_type) {
+  // Gemma4TextConfig's defaults (transformers 5.25).
+  const FamilyDefaults d{262144, 2304, 9216, 30, 8, 4, 256, 131072, 1e-6, 10000.0, true};
+  DecoderSpec s;
+  s.model_type = model_type;
+  accept_common_fields(r);
+  r.accept({"hidden_act"});  // (Gemma's MLP reads hidden_activation)
+  read_dims(r, d, s);
+  refuse_dropout(r, "attention_dropout");
+  s.mlp_activation = read_activation(r, "hidden_activation", "gelu_pytorch_tanh", true);
+  const bool bias = r.boolean("attention_bias", false);
+  s.projections = llama_projections(bias, bias, false);
+  const NormKind w = NormKind::float32;
+  s.norms = {{"input_layernorm", NormRole::attn_in, w},
+             {"post_attention_layernorm", NormRole::attn_out, w},
+             {"pre_feedforward_layernorm", NormRole::mlp_in, w},
+             {"post_feedforward_layernorm", NormRole::mlp_out, w},
+             {"model.norm", NormRole::final, w},
+             {"self_attn.q_norm", NormRole::q, w},
+             {"self_attn.k_norm", NormRole::k, w},
+             {"self_attn.v_norm", NormRole::v, NormKind::unit}};
+  if (r.present("use_bidirectional_attention") && r.get("use_bidirectional_attention"))
+    r.fail("use_bidirectional_attention", "is " +
+                                              value_text(*r.get("use_bidirectional_attention")) +
+                                              "; kqlora trains causal decoders (null: causal)");
+  // (what kqlora does not read yet: refused, never ignored)
+  if (r.integer("hidden_size_per_layer_input", 256, false, 0) > 0)
+    r.fail("hidden_size_per_layer_input",
+           "is " + std::to_string(r.integer("hidden_size_per_layer_input", 256, false, 0)) +
+               ": Gemma 4's per-layer input embeddings are not supported yet (0: none; "
+               "docs/MODELS.md, \"Gemma 4\")");
+  r.accept({"vocab_size_per_layer_input"});
+  if (r.integer("num_kv_shared_layers", 0, false, 0) > 0)
+    r.fail("num_kv_shared_layers",
+           "is " + value_text(*r.get("num_kv_shared_layers")) +
+               ": Gemma 4's key/value sharing is not supported yet (docs/MODELS.md, \"Gemma 4\")");
+  r.accept({"use_double_wide_mlp"});  // (it widens the key/value-sharing layers' MLP only)
+  if (r.boolean("enable_moe_block", false))
+    r.fail("enable_moe_block",
+           "is true: Gemma 4's MoE block is not supported yet (docs/MODELS.md, \"Gemma 4\")");
+  r.accept({"num_experts", "top_k_experts", "moe_intermediate_size"});  // (MoE block's only)
+  s.embed_scale = static_cast<float>(std::sqrt(static_cast<double>(s.hidden)));
+  s.attn_scale = 1.0f;
+  if (r.has("final_logit_softcapping")) {
+    const double c = r.number("final_logit_softcapping", 0, false);
+    if (!(c > 0))
+      r.fail("final_logit_softcapping", "must be > 0 or null (no soft-cap), got " +
+                                            value_text(*r.get("final_logit_softcapping")));
+    s.final_softcap = static_cast<float>(c);
+  }
+  s.layer_scalar = true;
+
+  // Layer types: sliding_attention / full_attention (default: every sixth full); as
+  // transformers, the last layer is full whatever the file says.
+  const int64_t window = r.integer("sliding_window", 512, false);
+  std::vector<bool> sliding(static_cast<size_t>(s.layers));
+  for (int64_t l = 0; l < s.layers; ++l) sliding[static_cast<size_t>(l)] = (l + 1) % 6 != 0;
+  read_layer_types(r, window, sliding, s);
+  if (s.layer.back().window > 0) {
+    s.layer.back().window = 0;
+    s.notes.push_back(
+        "layer_types: the last layer is full_attention (transformers' Gemma 4 forces it)");
+  }
+
+  // The full-attention layers' head size and key/value heads: per_layer_config (what
+  // transformers 5.25 saves), else global_head_dim (default 512) and, with
+  // attention_k_eq_v, num_global_key_value_heads.
+  const bool k_eq_v = r.boolean("attention_k_eq_v", false);
+  if (r.has("per_layer_config")) {
+    for (const char* key : {"global_head_dim", "num_global_key_value_heads"})
+      if (r.has(key))
+        r.fail(key, "is set beside per_layer_config, which says the same per layer: keep one");
+    HfConfigReader p = r.object("per_layer_config");
+    for (int64_t l = 0; l < s.layers; ++l) {
+      const std::string key = std::to_string(l);
+      if (!p.has(key.c_str())) continue;
+      HfConfigReader o = p.object(key.c_str());
+      LayerSpec& at = s.layer[static_cast<size_t>(l)];
+      at.head_dim = o.integer("head_dim", s.head_dim, false);
+      at.kv_heads = o.integer("num_key_value_heads", s.kv_heads, false);
+      o.finish();
+    }
+    p.finish();  // (a key that is no layer index below num_hidden_layers: refused)
+  } else {
+    const int64_t global = r.integer("global_head_dim", 512, false);
+    const int64_t global_kv = r.integer("num_global_key_value_heads", 0, false, 0);
+    for (LayerSpec& at : s.layer) {
+      if (at.window > 0) continue;
+      at.head_dim = global;
+      if (k_eq_v && global_kv > 0) at.kv_heads = global_kv;
+    }
+  }
+  for (int64_t l = 0; l < s.layers; ++l) {
+    LayerSpec& at = s.layer[static_cast<size_t>(l)];
+    at.k_eq_v = k_eq_v && at.window == 0;
+    const int64_t hd = s.head_dim_of(l), kv = s.kv_heads_of(l);
+    if (hd % 2 != 0)
+      r.fail("per_layer_config", "gives layer " + std::to_string(l) + " head_dim " +
+                                     std::to_string(hd) + ": the rotary needs an even one");
+    if (s.heads % kv != 0)
+      r.fail("per_layer_config", "gives layer " + std::to_string(l) + " " + std::to_string(kv) +
+                                     " key/value heads, not dividing num_attention_heads " +
+                                     std::to_string(s.heads));
+  }
+
+  // The ropes, one a layer type (rope_parameters keyed by it), each over the head size of
+  // its layers (one per type: a type's layers must agree).
+  int64_t type_head[2] = {0, 0};  // full, sliding
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const int t = s.layer[static_cast<size_t>(l)].window > 0 ? 1 : 0;
+    if (type_head[t] != 0 && type_head[t] != s.head_dim_of(l))
+      r.fail("per_layer_config", "gives " + std::string(t ? "sliding" : "full") +
+                                     "-attention layers different head sizes; Gemma 4's rope is "
+                                     "one a layer type");
+    type_head[t] = s.head_dim_of(l);
+    s.layer[static_cast<size_t>(l)].rope = t;
+  }
+  const char* types[2] = {"full_attention", "sliding_attention"};
+  const auto default_rope = [&](int t, int64_t hd) {
+    // (transformers' defaults: proportional 0.25 at 1e6 on full layers, default 1e4 sliding)
+    const json::Value v = json::parse(t == 0 ? "{\"rope_type\": \"proportional\", "
+                                               "\"partial_rotary_factor\": 0.25, "
+                                               "\"rope_theta\": 1e6}"
+                                             : "{\"rope_type\": \"default\", \"rope_theta\": 1e4}",
+                                      "Gemma 4's default rope");
+    HfConfigReader p(v, r.source());
+    return gemma4_rope(p, 0, hd);
+  };
+  const char* name = nullptr;
+  if (rope_object(r, &name)) {
+    HfConfigReader top = r.object(name);
+    for (int t = 0; t < 2; ++t) {
+      const int64_t hd = type_head[t] > 0 ? type_head[t] : s.head_dim;
+      if (!top.has(types[t])) {
+        s.ropes.push_back(default_rope(t, hd));
+        continue;
+      }
+      HfConfigReader p = top.object(types[t]);
+      s.ropes.push_back(gemma4_rope(p, t == 0 ? 1000000.0 : 10000.0, hd));
+      p.finish();
+    }
+    top.finish();
+  } else {
+    for (int t = 0; t < 2; ++t)
+      s.ropes.push_back(default_rope(t, type_head[t] > 0 ? type_head[t] : s.head_dim));
+  }
+  return s;
+}
+
+}  // namespace kqlora::impl
