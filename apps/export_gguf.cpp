@@ -57,6 +57,16 @@ std::vector<float> tile_value_heads(const std::vector<float>& w, int64_t rows, i
   return p;
 }
 
+/// The rows `rows` of a [rows, cols] tensor, in that order (a fused projection's share:
+/// GgufTensorPlan::rows).
+std::vector<float> select_rows(const std::vector<float>& w, int64_t cols,
+                               const std::vector<int64_t>& rows) {
+  std::vector<float> p(rows.size() * static_cast<size_t>(cols));
+  for (size_t r = 0; r < rows.size(); ++r)
+    std::copy_n(w.begin() + rows[r] * cols, cols, p.begin() + static_cast<int64_t>(r) * cols);
+  return p;
+}
+
 /// general.* naming the model (hf_model_dir's folder name) and, for a fine-tune, its base
 /// (llama.cpp's naming keys: name, basename, finetune, base_model.*).
 void add_general_names(gguf::Writer& w, const std::string& hf_dir, bool merge, int64_t step) {
@@ -104,16 +114,14 @@ void write_gguf(const CheckpointContents& c, const std::string& file, const std:
                  gguf::TensorType::f32);
     items.push_back({nullptr, {"rope_freqs.weight"}});
   }
-  for (const ParamEntry& e : c.table.entries) {
-    if (!e.tied_to.empty() || is_adapter_tensor(c, e.name)) continue;
-    const GgufTensorPlan plan = d.tensor(e.name, file);
+  const auto add_item = [&](const ParamEntry& e, const GgufTensorPlan& plan) {
     if (plan.expert > 0) {  // (expert 0 made the tensor: the hub's order, expert by expert)
       const auto at = stacked.find(plan.name);
       KQLORA_CHECK(at != stacked.end() &&
                        static_cast<int64_t>(items[at->second].experts.size()) == plan.expert,
                    "gguf: experts out of order at " << e.name);
       items[at->second].experts.push_back(&e);
-      continue;
+      return;
     }
     const bool matrix = e.shape.size() == 2 && !plan.as_vector;
     gguf::TensorType t =  // 1-D: F32, as llama.cpp
@@ -131,6 +139,11 @@ void write_gguf(const CheckpointContents& c, const std::string& file, const std:
     w.add_tensor(plan.name, shape, t);
     items.push_back({&e, plan, {}});
     if (plan.expert == 0) items.back().experts.push_back(&e);
+  };
+  for (const ParamEntry& e : c.table.entries) {
+    if (!e.tied_to.empty() || is_adapter_tensor(c, e.name)) continue;
+    // (a fused projection split into several tensors is merged once for each)
+    for (const GgufTensorPlan& plan : d.tensors(e.name, file)) add_item(e, plan);
   }
   for (const auto& [name, at] : stacked)
     KQLORA_CHECK(static_cast<int64_t>(items[at].experts.size()) == d.spec.experts.experts,
@@ -155,7 +168,9 @@ void write_gguf(const CheckpointContents& c, const std::string& file, const std:
     }
     values = e.kind == ParamKind::nf4 ? weight_values(c, e, file, merge, &with_adapter)
                                       : dense_values(c, e.name, file);
-    merged += with_adapter;
+    // (a fused projection's shares: its adapter counted once, with the share of row 0)
+    merged += with_adapter && (it.plan.rows.empty() || it.plan.rows.front() == 0);
+    if (!it.plan.rows.empty()) values = select_rows(values, e.numel() / e.shape[0], it.plan.rows);
     if (it.plan.permute_heads > 0)
       values = permute_rows(values, e.shape[0], e.shape.size() == 2 ? e.shape[1] : 1,
                             it.plan.permute_heads);

@@ -94,17 +94,18 @@ std::vector<double> rope_factors(const RopeSpec& r) {
   return f;
 }
 
-/// Qwen3.5 (qwen35): what llama.cpp's qwen35 reads besides the common keys, and what it
-/// cannot express (docs/GGUF.md, "Families").
+/// Qwen3.5's hybrid decoders (qwen35, qwen35moe, qwen3next): what llama.cpp reads besides
+/// the common keys, and what it cannot express (docs/GGUF.md, "Families"); `mrope`: the
+/// Qwen3.5 architectures' interleaved mrope (qwen3next rotates as NEOX, one stream).
 template <class Refuse>
-void qwen35_layout(GgufDecoder& d, const json::Value& cfg, const Refuse& refuse) {
+void hybrid_layout(GgufDecoder& d, const json::Value& cfg, bool mrope, const Refuse& refuse) {
   const DecoderSpec& spec = d.spec;
   const LinearAttentionSpec& L = spec.linear;
-  // llama.cpp's qwen35 sizes the key and the value heads of a Gated DeltaNet layer by one
-  // number, ssm.state_size (its state is a square dk x dv per head).
+  // llama.cpp sizes the key and the value heads of a Gated DeltaNet layer by one number,
+  // ssm.state_size (its state is a square dk x dv per head).
   if (spec.any_mixer(Mixer::linear) && L.key_dim != L.value_dim)
     refuse("linear_value_head_dim",
-           "llama.cpp's qwen35 needs linear_value_head_dim = linear_key_head_dim (" +
+           "llama.cpp's " + d.arch + " needs linear_value_head_dim = linear_key_head_dim (" +
                std::to_string(L.key_dim) + "): it sizes both heads by ssm.state_size");
   // The layer pattern: every n-th layer full attention (full_attention_interval, as
   // llama.cpp's converter writes it), else one bool a layer (attention.recurrent_layers).
@@ -114,11 +115,13 @@ void qwen35_layout(GgufDecoder& d, const json::Value& cfg, const Refuse& refuse)
       every &= (spec.layer[static_cast<size_t>(l)].mixer == Mixer::attention) == ((l + 1) % n == 0);
     if (every) d.full_attention_interval = n;
   }
-  // mrope: llama.cpp's qwen35 rotates by interleaved mrope whatever mrope_interleaved says,
-  // rotary pair i by stream t, h or w when i % 3 is 0, 1 or 2 and i < 3 x that stream's
-  // section (i taken modulo the sections' sum), else by the fourth stream, which is
-  // position 0 for text: a pair left to it would not rotate, where transformers rotates
-  // every pair by the token's position (on text its three streams are equal).
+  if (!mrope) return;
+  // mrope: llama.cpp's qwen35 and qwen35moe rotate by interleaved mrope whatever
+  // mrope_interleaved says, rotary pair i by stream t, h or w when i % 3 is 0, 1 or 2 and
+  // i < 3 x that stream's section (i taken modulo the sections' sum), else by the fourth
+  // stream, which is position 0 for text: a pair left to it would not rotate, where
+  // transformers rotates every pair by the token's position (on text its three streams are
+  // equal).
   const json::Value* o = full_rope_object(cfg);
   const json::Value* sec = o ? o->find("mrope_section") : nullptr;
   d.rope_sections = {11, 11, 10, 0};  // (llama.cpp's converter's default)
@@ -147,19 +150,33 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
   GgufDecoder d;
   d.spec = spec;
   const json::Value root = json::parse(config_text, file + ": hf_config");
-  // (a multimodal Qwen3.5 directory: its text decoder's fields are text_config's, and the
-  // GGUF holds that decoder alone, as llama.cpp's converter writes it)
-  const json::Value* text = spec.model_type == "qwen3_5" ? root.find("text_config") : nullptr;
+  // (a multimodal Qwen3.5 or Qwen3.5-MoE directory: its text decoder's fields are
+  // text_config's, and the GGUF holds that decoder alone, as llama.cpp's converter writes it)
+  const bool multimodal = spec.model_type == "qwen3_5" || spec.model_type == "qwen3_5_moe";
+  const json::Value* text = multimodal ? root.find("text_config") : nullptr;
   const json::Value cfg = text ? *text : root;
   const std::string field_prefix = text ? "text_config." : "";
   const std::string where = file + ": --gguf: ";
-  static const std::map<std::string, std::string> archs = {
-      {"llama", "llama"},         {"mistral", "llama"},      {"qwen2", "qwen2"},
-      {"qwen3", "qwen3"},         {"gemma2", "gemma2"},      {"gemma3_text", "gemma3"},
-      {"phi3", "phi3"},           {"qwen3_moe", "qwen3moe"}, {"qwen2_moe", "qwen2moe"},
-      {"mixtral", "llama"},       {"olmoe", "olmoe"},        {"smollm3", "smollm3"},
-      {"olmo2", "olmo2"},         {"olmo3", "olmo2"},        {"granite", "granite"},
-      {"qwen3_5_text", "qwen35"}, {"qwen3_5", "qwen35"}};
+  static const std::map<std::string, std::string> archs = {{"llama", "llama"},
+                                                           {"mistral", "llama"},
+                                                           {"qwen2", "qwen2"},
+                                                           {"qwen3", "qwen3"},
+                                                           {"gemma2", "gemma2"},
+                                                           {"gemma3_text", "gemma3"},
+                                                           {"phi3", "phi3"},
+                                                           {"qwen3_moe", "qwen3moe"},
+                                                           {"qwen2_moe", "qwen2moe"},
+                                                           {"mixtral", "llama"},
+                                                           {"olmoe", "olmoe"},
+                                                           {"smollm3", "smollm3"},
+                                                           {"olmo2", "olmo2"},
+                                                           {"olmo3", "olmo2"},
+                                                           {"granite", "granite"},
+                                                           {"qwen3_5_text", "qwen35"},
+                                                           {"qwen3_5", "qwen35"},
+                                                           {"qwen3_5_moe_text", "qwen35moe"},
+                                                           {"qwen3_5_moe", "qwen35moe"},
+                                                           {"qwen3_next", "qwen3next"}};
   const auto a = archs.find(spec.model_type);
   const auto refuse = [&](const std::string& key, const std::string& why) {
     KQLORA_INPUT_CHECK(false, where << "config.json's " << field_prefix << key << " = "
@@ -181,10 +198,13 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
   d.arch = a->second;
   const bool gemma = d.arch == "gemma2" || d.arch == "gemma3";
   const bool olmo2 = d.arch == "olmo2", granite = d.arch == "granite";
-  const bool qwen35 = d.arch == "qwen35";
-  // (Gated DeltaNet layers and the gated attention are Qwen3.5's)
-  KQLORA_CHECK(qwen35 || (!spec.any_mixer(Mixer::linear) && !spec.attn_output_gate),
-               "gguf: Qwen3.5's mixers outside qwen35");
+  // Qwen3.5's hybrid decoders: qwen35 (dense) and qwen35moe, with mrope and the value
+  // heads tiled; qwen3next, with the fused in_proj_qkvz split and the value heads grouped
+  const bool qwen35 = d.arch == "qwen35" || d.arch == "qwen35moe";
+  const bool hybrid = qwen35 || d.arch == "qwen3next";
+  // (Gated DeltaNet layers and the gated attention are Qwen3.5's and Qwen3-Next's)
+  KQLORA_CHECK(hybrid || (!spec.any_mixer(Mixer::linear) && !spec.attn_output_gate),
+               "gguf: Qwen3.5's mixers outside qwen35, qwen35moe and qwen3next");
   // (the multipliers and the logits divisor are Granite's)
   KQLORA_CHECK(granite || (spec.embed_multiplier == 0 && spec.residual_multiplier == 0 &&
                            spec.logits_divisor == 0),
@@ -202,8 +222,10 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
                  "(layers 3, 7, 11, ...) and of no other, a step no GGUF key sets");
   }
 
-  // Experts: llama.cpp's MoE architectures make every layer sparse; qwen3moe and llama
-  // (Mixtral) always renormalise the top k, qwen2moe and olmoe never.
+  // Experts: llama.cpp's MoE architectures make every layer sparse (qwen3next's graph has a
+  // dense branch, but its loader reads a router for every layer); qwen3moe, llama
+  // (Mixtral), qwen35moe and qwen3next always renormalise the top k, qwen2moe and olmoe
+  // never.
   if (spec.any_sparse_mlp()) {
     const json::Value* listed = cfg.find("mlp_only_layers");
     const auto lists = [&](int64_t l) {
@@ -217,7 +239,8 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
         refuse(lists(l) ? "mlp_only_layers" : "decoder_sparse_step",
                "layer " + std::to_string(l) + " has a dense MLP; llama.cpp's " + d.arch +
                    " makes every layer a mixture of experts");
-    const bool renorm = d.arch == "qwen3moe" || d.arch == "llama";
+    const bool renorm =
+        d.arch == "qwen3moe" || d.arch == "llama" || d.arch == "qwen35moe" || d.arch == "qwen3next";
     if (spec.experts.norm_topk != renorm)
       refuse("norm_topk_prob", "llama.cpp's " + d.arch + (renorm ? " always" : " never") +
                                    " renormalises the top-k routing weights");
@@ -240,15 +263,16 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
     refuse(
         gemma ? "hidden_activation" : "hidden_act",
         "llama.cpp's " + d.arch + " applies " + (gemma ? "gelu_pytorch_tanh" : "silu") + " only");
-  // OLMo 2 / 3 and Qwen3.5: llama.cpp's olmo2 and qwen35 have no biases; olmo2 sizes q,
-  // its norm and the o projection by hidden_size and reads an output.weight of its own.
-  if (olmo2 || qwen35)
+  // OLMo 2 / 3 and Qwen3.5's hybrids: llama.cpp's olmo2, qwen35, qwen35moe and qwen3next
+  // have no biases; olmo2 sizes q, its norm and the o projection by hidden_size and reads
+  // an output.weight of its own.
+  if (olmo2 || hybrid)
     for (const ProjectionSpec& p : spec.projections)
       if (p.bias) refuse("attention_bias", "llama.cpp's " + d.arch + " has no attention biases");
   if (olmo2 && spec.tied)
     refuse("tie_word_embeddings", "llama.cpp's olmo2 reads an output.weight of its own");
   // o, gate, up and down biases: the graphs of llama and granite; q, k and v biases:
-  // every one but olmo2's and qwen35's.
+  // every one but olmo2's and the hybrids'.
   for (const ProjectionSpec& p : spec.projections) {
     if (!p.bias || d.arch == "llama" || granite) continue;
     const bool qkv = p.slots[0] == Slot::q || p.slots[0] == Slot::k || p.slots[0] == Slot::v;
@@ -318,11 +342,11 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
              "ones by its context size, not by the sequence as transformers and "
              "kqlora do");
     // (the families give an attention factor with longrope and yarn only, partial rotary
-    // in phi3 and qwen35 only)
+    // in phi3 and the hybrids only)
     KQLORA_CHECK(r.attention_factor == 1.0f || r.type == "yarn",
                  "gguf: an attention factor without longrope or yarn");
-    KQLORA_CHECK(r.rotary_dim == spec.head_dim || d.arch == "phi3" || qwen35,
-                 "gguf: partial rotary dims outside phi3 and qwen35");
+    KQLORA_CHECK(r.rotary_dim == spec.head_dim || d.arch == "phi3" || hybrid,
+                 "gguf: partial rotary dims outside phi3 and the hybrids");
   }
   const RopeSpec& full = spec.ropes[0];
   const std::vector<double> f = rope_factors(full);
@@ -382,7 +406,7 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
   for (const LayerSpec& l : spec.layer)  // (gemma3's spec: the rope follows the window)
     KQLORA_CHECK(spec.ropes.size() == 1 || l.rope == (l.window > 0 ? 1 : 0),
                  "gguf: a layer's rope is not its attention type's");
-  if (qwen35) qwen35_layout(d, cfg, refuse);
+  if (hybrid) hybrid_layout(d, cfg, qwen35, refuse);
   return d;
 }
 
@@ -439,14 +463,15 @@ void GgufDecoder::add_metadata(gguf::Writer& w) const {
     for (const LayerSpec& l : spec.layer) sliding.push_back(l.window > 0);
     w.add_bools(a + "attention.sliding_window_pattern", sliding);
   }
-  if (arch == "qwen35") {  // (the Gated DeltaNet layers' sizes, llama.cpp's ssm.* keys)
+  if (arch == "qwen35" || arch == "qwen35moe" || arch == "qwen3next") {
+    // (the Gated DeltaNet layers' sizes, llama.cpp's ssm.* keys; mrope's sections)
     const LinearAttentionSpec& L = spec.linear;
     u32("ssm.conv_kernel", L.kernel);
     u32("ssm.state_size", L.key_dim);
     u32("ssm.group_count", L.key_heads);
     u32("ssm.time_step_rank", L.value_heads);
     u32("ssm.inner_size", L.value_width());
-    w.add_i32s(a + "rope.dimension_sections", rope_sections);
+    if (arch != "qwen3next") w.add_i32s(a + "rope.dimension_sections", rope_sections);
     if (full_attention_interval > 0) {
       u32("full_attention_interval", full_attention_interval);
     } else {
@@ -468,15 +493,53 @@ void GgufDecoder::add_metadata(gguf::Writer& w) const {
   }
 }
 
+std::vector<GgufTensorPlan> GgufDecoder::tensors(const std::string& hf,
+                                                 const std::string& file) const {
+  // Qwen3-Next's in_proj_qkvz, per key head group [q_h | k_h | v_h | z_h]: llama.cpp's
+  // converter writes attn_qkv = [q | k | v] (every group's q, then k, then v, the value
+  // heads in their grouped order) and attn_gate = z, and so does this (its in_proj_ba, per
+  // group [b_h | a_h], is ssm_ba as it is: llama.cpp's graph splits it by group).
+  static const std::regex layer(R"(model\.layers\.(\d+)\.(.*)\.weight)");
+  std::smatch m;
+  if (arch == "qwen3next" && std::regex_match(hf, m, layer))
+    for (const ProjectionSpec& p : spec.projections) {
+      if (p.groups == 0 || p.module != m[2].str() || p.slots[0] != Slot::lin_qkv) continue;
+      const std::vector<SlotPiece> pieces = spec.pieces(p);
+      int64_t group_width = 0;
+      for (const SlotPiece& x : pieces) group_width += x.width / p.groups;
+      std::vector<GgufTensorPlan> plans;
+      for (const Slot s : p.slots) {
+        GgufTensorPlan plan{"blk." + m[1].str() +
+                            (s == Slot::lin_qkv ? ".attn_qkv" : ".attn_gate") + ".weight"};
+        int64_t off = 0;  // (the piece's columns within a group)
+        for (const SlotPiece& x : pieces) {
+          const int64_t per = x.width / p.groups;
+          if (x.slot == s)  // (a slot's pieces come in the order of its columns)
+            for (int64_t f = 0; f < x.width; ++f)
+              plan.rows.push_back((f / per) * group_width + off + f % per);
+          off += per;
+        }
+        plan.shape = {static_cast<int64_t>(plan.rows.size()), spec.in_features(p)};
+        plans.push_back(std::move(plan));
+      }
+      return plans;
+    }
+  return {tensor(hf, file)};
+}
+
 GgufTensorPlan GgufDecoder::tensor(const std::string& hf, const std::string& file) const {
   if (hf == "model.embed_tokens.weight") return {"token_embd.weight"};
   if (hf == "model.norm.weight")
     return {"output_norm.weight", 0, spec.norm(NormRole::final)->kind == NormKind::one_plus};
   if (hf == "lm_head.weight") return {"output.weight"};
   const LinearAttentionSpec& L = spec.linear;
-  // Gated DeltaNet's value heads in llama.cpp's order: from row `from`, `unit` rows a head.
+  // Qwen3.5's hybrids: qwen35 and qwen35moe (value heads tiled), qwen3next (grouped)
+  const bool hybrid = arch == "qwen35" || arch == "qwen35moe" || arch == "qwen3next";
+  // Gated DeltaNet's value heads in llama.cpp's order: from row `from`, `unit` rows a head
+  // (qwen3next's graph repeats each key head over its own value heads: the order as it is).
   const auto tiled = [&](GgufTensorPlan p, int64_t from, int64_t unit) {
-    if (L.value_heads == L.key_heads) return p;  // (one value head a key head: the same order)
+    // (one value head a key head: the same order)
+    if (L.value_heads == L.key_heads || arch == "qwen3next") return p;
     p.v_unit = unit;
     p.v_from = from;
     p.v_groups = L.key_heads;
@@ -485,7 +548,7 @@ GgufTensorPlan GgufDecoder::tensor(const std::string& hf, const std::string& fil
   };
   static const std::regex decay(R"(model\.layers\.(\d+)\.(.*)\.(dt_bias|A_log))");
   std::smatch m;
-  if (arch == "qwen35" && std::regex_match(hf, m, decay) && m[2].str() == L.module) {
+  if (hybrid && std::regex_match(hf, m, decay) && m[2].str() == L.module) {
     GgufTensorPlan p{"blk." + m[1].str() + (m[3].str() == "A_log" ? ".ssm_a" : ".ssm_dt.bias")};
     p.neg_exp = m[3].str() == "A_log";  // (llama.cpp's ssm_a is -exp(A_log))
     return tiled(p, 0, 1);
@@ -500,21 +563,20 @@ GgufTensorPlan GgufDecoder::tensor(const std::string& hf, const std::string& fil
         {NormRole::attn_in, "attn_norm"}, {NormRole::attn_out, "post_attention_norm"},
         {NormRole::mlp_in, "ffn_norm"},   {NormRole::mlp_out, "post_ffw_norm"},
         {NormRole::q, "attn_q_norm"},     {NormRole::k, "attn_k_norm"}};
-    // (qwen35 calls the norm before the MLP post_attention_norm, as transformers' name)
+    // (the hybrids call the norm before the MLP post_attention_norm, as transformers' name)
     const std::string name =
-        arch == "qwen35" && n.role == NormRole::mlp_in ? "post_attention_norm" : names.at(n.role);
+        hybrid && n.role == NormRole::mlp_in ? "post_attention_norm" : names.at(n.role);
     return {blk + name + ".weight", 0, n.kind == NormKind::one_plus};
   }
   // A Gated DeltaNet layer's conv (F32 [conv_dim, kernel], as llama.cpp's converter) and
   // gated norm (w * n: as it is).
-  if (arch == "qwen35" && kind == "weight" && module == L.module + ".conv1d") {
+  if (hybrid && kind == "weight" && module == L.module + ".conv1d") {
     GgufTensorPlan p{blk + "ssm_conv1d.weight"};
     p.keep_f32 = true;
     p.shape = {L.conv_width(), L.kernel};
     return tiled(p, 2 * L.key_width(), L.value_dim);
   }
-  if (arch == "qwen35" && kind == "weight" && module == L.module + ".norm")
-    return {blk + "ssm_norm.weight"};
+  if (hybrid && kind == "weight" && module == L.module + ".norm") return {blk + "ssm_norm.weight"};
   // A sparse layer's: the router, each expert's slice of the stacked tensors, a shared
   // expert's projections and gate.
   const ExpertsSpec& x = spec.experts;
@@ -543,7 +605,11 @@ GgufTensorPlan GgufDecoder::tensor(const std::string& hf, const std::string& fil
     }
     if (p.module != module) continue;
     // Gated DeltaNet's projections: [q | k | v] as attn_qkv, z as attn_gate, b and a as
-    // ssm_beta and ssm_alpha, out_proj as ssm_out, their value heads in llama.cpp's order.
+    // ssm_beta and ssm_alpha (Qwen3-Next's fused [b_h | a_h] groups as ssm_ba), out_proj as
+    // ssm_out, their value heads in llama.cpp's order.
+    KQLORA_CHECK(p.groups == 0 || p.slots[0] == Slot::lin_b,
+                 "gguf: " << hf << " is split by tensors(), not tensor()");
+    if (p.groups > 0) return {blk + "ssm_ba." + kind};
     switch (p.slots[0]) {
       case Slot::lin_qkv:
         return tiled({blk + "attn_qkv." + kind}, 2 * L.key_width(), L.value_dim);

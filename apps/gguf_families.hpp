@@ -3,7 +3,8 @@
 // architecture llama.cpp runs each as, its metadata keys, its tensor names and the
 // transforms its converter applies (the Q/K row order of llama, smollm3 and granite,
 // Gemma's and Qwen3.5's norms as w + 1, Qwen3.5's Gated DeltaNet value heads reordered
-// and A_log stored as -exp(A_log)), and what llama.cpp cannot express -- refused, naming the
+// and A_log stored as -exp(A_log), Qwen3-Next's in_proj_qkvz split into attn_qkv and
+// attn_gate), and what llama.cpp cannot express -- refused, naming the
 // config.json field and value, rather than written to run differently. This is the one place
 // outside nn/ that knows families by name: llama.cpp's names are per architecture by its design.
 
@@ -33,6 +34,9 @@ struct GgufTensorPlan {
   int64_t v_unit = 0;  // 0: none
   int64_t v_from = 0, v_groups = 0, v_per_group = 0;
   bool v_columns = false;
+  // Non-empty: the checkpoint tensor's rows written, in this order (one of the tensors a
+  // fused projection is split into: Qwen3-Next's in_proj_qkvz as attn_qkv and attn_gate).
+  std::vector<int64_t> rows;
 };
 
 /// A decoder as llama.cpp runs it.
@@ -42,8 +46,11 @@ struct GgufDecoder {
 
   /// Adds the architecture's hyperparameter keys ("<arch>.*") to w.
   void add_metadata(gguf::Writer& w) const;
-  /// The plan of the Hugging Face tensor `hf` (gguf_decoder has refused the tensors
-  /// llama.cpp has no place for); InputError naming `file` for a name it does not know.
+  /// The plans of the Hugging Face tensor `hf`: one, or one per llama.cpp tensor it is
+  /// split into (gguf_decoder has refused the tensors llama.cpp has no place for);
+  /// InputError naming `file` for a name it does not know.
+  std::vector<GgufTensorPlan> tensors(const std::string& hf, const std::string& file) const;
+  /// The plan of a tensor written whole (tensors() when it gives one).
   GgufTensorPlan tensor(const std::string& hf, const std::string& file) const;
 
   DecoderSpec spec;
@@ -56,9 +63,10 @@ struct GgufDecoder {
   float yarn_factor = 0;
   int64_t yarn_original = 0;
   float yarn_attn_factor = 1.0f;
-  // qwen35: rope.dimension_sections (mrope's four sections, the last 0), and the layer
-  // pattern as full_attention_interval (every n-th layer full attention) or, where no
-  // interval gives it (0), attention.recurrent_layers (a bool a layer)
+  // qwen35, qwen35moe: rope.dimension_sections (mrope's four sections, the last 0); they
+  // and qwen3next: the layer pattern as full_attention_interval (every n-th layer full
+  // attention) or, where no interval gives it (0), attention.recurrent_layers (a bool a
+  // layer)
   std::vector<int32_t> rope_sections;
   int64_t full_attention_interval = 0;
 };

@@ -12,7 +12,8 @@ exported with --merged and --gguf (f32, bf16, q8_0). Then:
     does not read as trained: NO_HF_GGUF, checked by llama.cpp alone);
   - the GGUF's hyperparameter keys equal config.json's (read back with the gguf package;
     Granite's multipliers, YaRN's factor and original context, OLMo 3's window and layer
-    pattern too);
+    pattern, the Gated DeltaNet sizes, layer pattern and mrope sections of Qwen3.5,
+    Qwen3.5-MoE and Qwen3-Next too);
   - where llama-cpp-python can be imported (tools/install_llama_cpp.sh puts it into
     .venv-tools, which this script then re-runs itself under): llama.cpp's logits for
     every position of each eval row match transformers' on --merged (float32 KV cache,
@@ -119,15 +120,31 @@ CASES = {
     # the same as the hub ships Qwen3.5: a multimodal qwen3_5 directory (MULTIMODAL below)
     "qwen3_5": ("qwen3_5_text", {"attention_bias": False, "layer_types": [
         "linear_attention", "full_attention", "linear_attention", "linear_attention"]}),
+    # Qwen3.5-MoE: qwen3_5_text's layers (value heads reordered, recurrent_layers, mrope),
+    # every MLP 8 experts (top 2, renormalised) beside a shared expert and its gate
+    "qwen3_5_moe_text": ("qwen3_5_moe_text", {"attention_bias": False, "layer_types": [
+        "linear_attention", "full_attention", "linear_attention", "linear_attention"]}),
+    # the same as the hub ships Qwen3.5-MoE: a multimodal qwen3_5_moe directory (its experts
+    # in transformers 5's fused layout, as save_pretrained writes them)
+    "qwen3_5_moe": ("qwen3_5_moe_text", {"attention_bias": False, "layer_types": [
+        "linear_attention", "full_attention", "linear_attention", "linear_attention"]}),
+    # Qwen3-Next: the fused in_proj_qkvz split into attn_qkv and attn_gate, in_proj_ba as
+    # ssm_ba, 2 key heads read by 4 value heads in their grouped order; every other layer
+    # full attention (full_attention_interval 2); experts on every layer (llama.cpp has no
+    # dense one there), renormalised, beside a shared expert
+    "qwen3_next": ("qwen3_next", {"attention_bias": False, "mlp_only_layers": [],
+                                  "norm_topk_prob": True}),
 }
 # Cases trained from their tiny model rewritten as a multimodal directory
 # (check_llama_export.py's multimodal_directory: the decoder under model.language_model.,
 # a vision tower beside it); their GGUF is the text decoder's.
-MULTIMODAL = {"qwen3_5"}
+MULTIMODAL = {"qwen3_5", "qwen3_5_moe"}
 # Families transformers' GGUF loader does not read as trained (Mixtral's file is llama's
 # architecture, which it loads without experts; no olmoe): llama.cpp checks their numbers.
 NO_HF_GGUF = {"mixtral", "olmoe", "smollm3", "olmo2", "olmo3", "granite", "qwen3_5_text",
-              "qwen3_5"}
+              "qwen3_5", "qwen3_5_moe_text", "qwen3_next"}
+# Qwen3.5's hybrid layers (Gated DeltaNet's ssm.* keys and the layer pattern)
+HYBRID = {"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"}
 # Reference cases (tests/data/family_reference) llama.cpp cannot run as trained, and the
 # config.json field each refusal names.
 REFUSED = {"gemma2": "attention_bias", "gemma3_text": "query_pre_attn_scalar",
@@ -137,7 +154,9 @@ REFUSED = {"gemma2": "attention_bias", "gemma3_text": "query_pre_attn_scalar",
            "qwen2_moe": "mlp_only_layers", "gpt_oss": "model_type", "olmoe": "clip_qkv",
            "mixtral": "sliding_window", "smollm3": "no_rope_layers", "olmo2": "attention_bias",
            # (its Gated DeltaNet heads: keys of 16, values of 4; llama.cpp sizes both by one)
-           "qwen3_5_text": "linear_value_head_dim"}
+           "qwen3_5_text": "linear_value_head_dim", "qwen3_5_moe": "linear_value_head_dim",
+           # (dense layers 0 and 2: llama.cpp's qwen3next reads experts for every layer)
+           "qwen3_next": "decoder_sparse_step"}
 # Tiny models (family, --config over the tiny preset) with a setting llama.cpp cannot express,
 # each alone, and the field each refusal names.
 _SMOLLM3 = {"no_rope_layers": [1, 1, 1, 0], "use_sliding_window": False, "attention_bias": False,
@@ -169,6 +188,9 @@ REFUSED_TINY = {
         "rope_parameters"),
     # llama.cpp's converter drops Granite's head_dim (llama.cpp takes hidden / heads)
     "granite_head_dim": ("granite", {"head_dim": 8}, "head_dim"),
+    # llama.cpp's qwen3next always renormalises the top k
+    "qwen3_next_raw_topk": ("qwen3_next", {"attention_bias": False, "mlp_only_layers": [],
+                                           "norm_topk_prob": False}, "norm_topk_prob"),
 }
 ROWS, T = 3, 64
 
@@ -266,14 +288,17 @@ def check_case(name, family, over, train_bin, export_bin, work, checks):
     arch = fields["general.architecture"].contents()
     expect_arch = {"mistral": "llama", "gemma3_text": "gemma3", "qwen3_moe": "qwen3moe",
                    "qwen2_moe": "qwen2moe", "mixtral": "llama",
-                   "olmo3": "olmo2", "qwen3_5_text": "qwen35"}.get(family, family)
+                   "olmo3": "olmo2", "qwen3_5_text": "qwen35",
+                   "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next"}.get(family, family)
     checks.append(("%s: general.architecture %r" % (name, arch), arch == expect_arch))
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     rope = cfg.get("rope_parameters") or {}
     rope = rope.get("full_attention", rope)
     partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+    # (Qwen3.5-MoE has no dense MLP: the shared expert's width stands in)
     meta = {"block_count": cfg["num_hidden_layers"], "embedding_length": cfg["hidden_size"],
-            "feed_forward_length": cfg["intermediate_size"],
+            "feed_forward_length": cfg["shared_expert_intermediate_size"]
+            if family == "qwen3_5_moe_text" else cfg["intermediate_size"],
             "attention.head_count": cfg["num_attention_heads"],
             "attention.head_count_kv": cfg["num_key_value_heads"],
             "attention.key_length": head_dim, "context_length": cfg["max_position_embeddings"],
@@ -297,25 +322,37 @@ def check_case(name, family, over, train_bin, export_bin, work, checks):
         want_pattern = [t == "sliding_attention" for t in cfg["layer_types"]]
         checks.append(("%s: attention.sliding_window_pattern %s (layer_types %s)"
                        % (name, pattern, cfg["layer_types"]), pattern == want_pattern))
-    if family == "qwen3_5_text":  # the Gated DeltaNet sizes, the layer pattern, mrope
+    if family in HYBRID:  # the Gated DeltaNet sizes, the layer pattern, mrope
         meta.update({"ssm.conv_kernel": cfg["linear_conv_kernel_dim"],
                      "ssm.state_size": cfg["linear_key_head_dim"],
                      "ssm.group_count": cfg["linear_num_key_heads"],
                      "ssm.time_step_rank": cfg["linear_num_value_heads"],
                      "ssm.inner_size": cfg["linear_num_value_heads"] *
                      cfg["linear_value_head_dim"]})
-        got = fields[arch + ".attention.recurrent_layers"].contents()
-        checks.append(("%s: attention.recurrent_layers %s (layer_types %s)"
-                       % (name, got, cfg["layer_types"]),
-                       got == [t == "linear_attention" for t in cfg["layer_types"]]))
-        got = fields[arch + ".rope.dimension_sections"].contents()
-        checks.append(("%s: rope.dimension_sections %s (mrope_section %s)"
-                       % (name, got, rope["mrope_section"]), got == rope["mrope_section"] + [0]))
+        linear = [t == "linear_attention" for t in cfg["layer_types"]]
+        every = [n for n in range(1, len(linear) + 2)
+                 if linear == [(l + 1) % n != 0 for l in range(len(linear))]]
+        if every:  # (every n-th layer full attention: the interval, as the converter)
+            got = fields[arch + ".full_attention_interval"].contents()
+            checks.append(("%s: full_attention_interval %s (layer_types %s)"
+                           % (name, got, cfg["layer_types"]), got == every[0]))
+        else:
+            got = fields[arch + ".attention.recurrent_layers"].contents()
+            checks.append(("%s: attention.recurrent_layers %s (layer_types %s)"
+                           % (name, got, cfg["layer_types"]), got == linear))
+        if family == "qwen3_next":  # (NEOX rope, no mrope)
+            checks.append(("%s: no rope.dimension_sections" % name,
+                           arch + ".rope.dimension_sections" not in fields))
+        else:
+            got = fields[arch + ".rope.dimension_sections"].contents()
+            checks.append(("%s: rope.dimension_sections %s (mrope_section %s)"
+                           % (name, got, rope["mrope_section"]),
+                           got == rope["mrope_section"] + [0]))
     if experts:
         meta.update({"expert_count": experts,
                      "expert_used_count": cfg["num_experts_per_tok"],
-                     "expert_feed_forward_length": cfg.get("moe_intermediate_size",
-                                                           cfg["intermediate_size"])})
+                     "expert_feed_forward_length": cfg.get("moe_intermediate_size") or
+                     cfg["intermediate_size"]})
         if "shared_expert_intermediate_size" in cfg:
             meta["expert_shared_feed_forward_length"] = cfg["shared_expert_intermediate_size"]
     for k, v in meta.items():

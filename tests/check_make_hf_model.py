@@ -31,7 +31,7 @@ from tool_in_process import run_tool  # noqa: E402
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "qwen3_moe",
             "qwen2_moe", "mixtral", "olmoe", "smollm3", "olmo2", "olmo3", "granite",
-            "qwen3_5_text"]
+            "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"]
 
 
 def main():

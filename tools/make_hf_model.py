@@ -10,8 +10,11 @@
 Families: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, smollm3, olmo2, olmo3,
 granite (presets smollm3-3b, olmo2-1b, olmo2-7b, olmo3-7b, granite-3.3-2b, granite-3.3-8b),
 qwen3_5_text (Qwen3.5's text decoder: Gated DeltaNet and gated attention layers; preset
-qwen3.5-0.8b), and the mixtures of experts qwen3_moe, qwen2_moe, mixtral, olmoe (each
-expert's tensors in the hub's per-expert names; presets olmoe-1b-7b, qwen3-30b-a3b, ...).
+qwen3.5-0.8b), and the mixtures of experts qwen3_moe, qwen2_moe, mixtral, olmoe,
+qwen3_5_moe_text (Qwen3.5's layers, every MLP experts and a shared expert; preset
+qwen3.5-35b-a3b) and qwen3_next (the same with Gated DeltaNet's fused in_proj_qkvz and
+in_proj_ba; preset qwen3-next-80b-a3b) (each expert's tensors in the hub's per-expert
+names; presets olmoe-1b-7b, qwen3-30b-a3b, ...).
 The shape comes from --preset (realistic shapes of public models, and "tiny" per family:
 PRESETS) with --config (a JSON object, inline or a file) overriding fields; neither: the
 family's transformers defaults. OUT_DIR gets:
@@ -33,8 +36,9 @@ neither the order, the sharding nor the other tensors:
                                              granite, olmo2/olmo3/olmoe incl. their
                                              whole-projection q_norm/k_norm)
   Gemma-kind RMSNorm weights ((1 + w) * x)   0.2 * randn       (gemma2, gemma3_text incl.
-                                             q_norm/k_norm; every qwen3_5_text norm but
-                                             the Gated DeltaNet's gated norm, Llama's kind)
+                                             q_norm/k_norm; every qwen3_5_text,
+                                             qwen3_5_moe_text and qwen3_next norm but the
+                                             Gated DeltaNet's gated norm, Llama's kind)
   Gated DeltaNet's conv1d.weight             normal(0, initializer_range)
   Gated DeltaNet's A_log, dt_bias            log(U(0.005, 0.3)), 0.5 * randn (decays
                                              exp(-exp(A_log) softplus(a + dt_bias)) that
@@ -88,11 +92,17 @@ FAMILIES = {
     "olmo3": ("Olmo3Config", "Olmo3ForCausalLM"),
     "granite": ("GraniteConfig", "GraniteForCausalLM"),
     "qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
+    "qwen3_5_moe_text": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
 }
-MOE = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+MOE = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "qwen3_5_moe_text", "qwen3_next")
+# Qwen3.5's hybrid layers (Gated DeltaNet and gated full attention by layer_types)
+HYBRID = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
+# a shared expert beside the routed ones, gated by sigmoid(shared_expert_gate(x))
+SHARED_EXPERT = ("qwen2_moe", "qwen3_5_moe_text", "qwen3_next")
 GEMMA_KIND = ("gemma2", "gemma3_text")
 # zero-centred ((1 + w) * x) RMSNorm weights without Gemma's sandwich norms
-ZERO_CENTRED = GEMMA_KIND + ("qwen3_5_text",)
+ZERO_CENTRED = GEMMA_KIND + HYBRID
 # post-norm blocks: no input_layernorm, no norm before the MLP; q_norm / k_norm over the
 # whole q and k projections, post_attention_layernorm and post_feedforward_layernorm
 OLMO_KIND = ("olmo2", "olmo3")
@@ -386,6 +396,40 @@ PRESETS.update({
         rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
                          "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
                          "mrope_interleaved": True})),
+    # Qwen/Qwen3.5-35B-A3B: transformers' Qwen3_5MoeTextConfig defaults (its docstring's
+    # model; llama.cpp's qwen35moe loader names 40 layers "35B.A3B"): three Gated DeltaNet
+    # layers to one gated full-attention layer, 16 key heads each read by 2 of 32 value heads
+    # of 128, every layer 256 experts of 512 (top 8, renormalised) beside a shared expert of
+    # 512, rope over 64 of head_dim 256
+    "qwen3.5-35b-a3b": ("qwen3_5_moe_text", dict(
+        vocab_size=248320, hidden_size=2048, num_hidden_layers=40, num_attention_heads=16,
+        num_key_value_heads=2, head_dim=256, max_position_embeddings=32768,
+        rms_norm_eps=1e-6, attention_bias=False, linear_num_key_heads=16,
+        linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                     for i in range(40)],
+        num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+        shared_expert_intermediate_size=512, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.25})),
+    # Qwen/Qwen3-Next-80B-A3B: transformers' Qwen3NextConfig defaults (its docstring's
+    # model; llama.cpp's qwen3next loader names 48 layers "80B.A3B"): Qwen3.5's layers with
+    # the fused in_proj_qkvz / in_proj_ba, every layer 512 experts of 512 (top 10,
+    # renormalised) beside a shared expert of 512
+    "qwen3-next-80b-a3b": ("qwen3_next", dict(
+        vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=48,
+        num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+        max_position_embeddings=32768, rms_norm_eps=1e-6, attention_bias=False,
+        linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+        linear_value_head_dim=128, linear_conv_kernel_dim=4,
+        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                     for i in range(48)],
+        num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512,
+        shared_expert_intermediate_size=512, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[], tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.25})),
 })
 
 TINY = {
@@ -447,6 +491,32 @@ TINY = {
                                           "partial_rotary_factor": 0.5,
                                           "mrope_section": [2, 1, 1],
                                           "mrope_interleaved": True}),
+    # qwen3_5_text's layers, every MLP 8 experts (top 2) beside a shared expert of 40 (no
+    # intermediate_size: Qwen3_5MoeTextConfig has no dense MLP)
+    "qwen3_5_moe_text": dict({k: v for k, v in _TINY.items() if k != "intermediate_size"},
+                             num_hidden_layers=4, head_dim=16, attention_bias=True,
+                             linear_num_key_heads=2, linear_num_value_heads=4,
+                             linear_key_head_dim=16, linear_value_head_dim=16,
+                             linear_conv_kernel_dim=4,
+                             layer_types=["linear_attention", "full_attention"] * 2,
+                             num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24,
+                             shared_expert_intermediate_size=40,
+                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                              "partial_rotary_factor": 0.5,
+                                              "mrope_section": [2, 1, 1],
+                                              "mrope_interleaved": True}),
+    # the same layers with the fused in_proj_qkvz / in_proj_ba; layer 1 a dense MLP, the
+    # others 8 experts (the raw top 2) beside a shared expert
+    "qwen3_next": dict(_TINY, num_hidden_layers=4, head_dim=16, attention_bias=True,
+                       linear_num_key_heads=2, linear_num_value_heads=4,
+                       linear_key_head_dim=16, linear_value_head_dim=16,
+                       linear_conv_kernel_dim=4,
+                       layer_types=["linear_attention", "full_attention"] * 2,
+                       num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24,
+                       shared_expert_intermediate_size=40, mlp_only_layers=[1],
+                       norm_topk_prob=False,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                        "partial_rotary_factor": 0.5}),
 }
 
 CHUNK = 1 << 22  # elements generated at a time (fixed: the values do not depend on memory)
@@ -465,7 +535,8 @@ def make_config(family, fields, dtype):
 def tensor_specs(family, cfg):
     """[(name, shape, kind)] in the model's order; kind: matrix, bias, norm, gemma_norm,
     a_log, dt_bias."""
-    H, V, I = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
+    # (Qwen3.5-MoE has no dense MLP, so no intermediate_size)
+    H, V, I = cfg.hidden_size, cfg.vocab_size, getattr(cfg, "intermediate_size", None)
     nh = cfg.num_attention_heads
     nkv = getattr(cfg, "num_key_value_heads", None) or nh
     hd = getattr(cfg, "head_dim", None) or H // nh  # qwen2/phi3 have no head_dim field
@@ -490,19 +561,18 @@ def tensor_specs(family, cfg):
                 specs.append((p + name + ".bias", (out,), "bias"))
         if family not in OLMO_KIND:
             specs.append((p + "input_layernorm.weight", (H,), norm))
-        if family == "qwen3_5_text" and cfg.layer_types[i] == "linear_attention":
-            deltanet_layer(lin, specs, p, cfg, H)
+        linear = family in HYBRID and cfg.layer_types[i] == "linear_attention"
+        if linear:
+            deltanet_layer(lin, specs, p, cfg, H, fused=family == "qwen3_next")
         elif family == "phi3":
             lin("self_attn.qkv_proj", (nh + 2 * nkv) * hd, H, False)
         else:  # (Qwen3.5's q_proj writes [q_h | gate_h] per head)
-            lin("self_attn.q_proj", nh * hd * (2 if family == "qwen3_5_text" else 1), H,
-                attn_bias)
+            lin("self_attn.q_proj", nh * hd * (2 if family in HYBRID else 1), H, attn_bias)
             lin("self_attn.k_proj", nkv * hd, H, attn_bias)
             lin("self_attn.v_proj", nkv * hd, H, attn_bias)
-        if not (family == "qwen3_5_text" and cfg.layer_types[i] == "linear_attention"):
+        if not linear:
             lin("self_attn.o_proj", H, nh * hd, o_bias)
-        if family in ("qwen3", "gemma3_text", "qwen3_moe") or \
-                (family == "qwen3_5_text" and cfg.layer_types[i] == "full_attention"):
+        if family in ("qwen3", "gemma3_text", "qwen3_moe") or (family in HYBRID and not linear):
             specs.append((p + "self_attn.q_norm.weight", (hd,), norm))
             specs.append((p + "self_attn.k_norm.weight", (hd,), norm))
         if family == "olmoe" or family in OLMO_KIND:  # (over the whole projections)
@@ -529,17 +599,22 @@ def tensor_specs(family, cfg):
     return specs
 
 
-def deltanet_layer(lin, specs, p, cfg, H):
+def deltanet_layer(lin, specs, p, cfg, H, fused):
     """A Qwen3.5 Gated DeltaNet layer's tensors (transformers' Qwen3_5GatedDeltaNet): the
-    projections of q, k, v (fused), z, b and a, the causal conv over [q | k | v], the decay's
-    dt_bias and A_log, the gated norm (w * x) and out_proj."""
+    projections of q, k, v (fused), z, b and a (`fused`: Qwen3-Next's in_proj_qkvz and
+    in_proj_ba, their rows per key head group), the causal conv over [q | k | v], the
+    decay's dt_bias and A_log, the gated norm (w * x) and out_proj."""
     m = "linear_attn."
     nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     kw, vw = nk * cfg.linear_key_head_dim, nv * cfg.linear_value_head_dim
-    lin(m + "in_proj_qkv", 2 * kw + vw, H, False)
-    lin(m + "in_proj_z", vw, H, False)
-    lin(m + "in_proj_b", nv, H, False)
-    lin(m + "in_proj_a", nv, H, False)
+    if fused:
+        lin(m + "in_proj_qkvz", 2 * kw + 2 * vw, H, False)
+        lin(m + "in_proj_ba", 2 * nv, H, False)
+    else:
+        lin(m + "in_proj_qkv", 2 * kw + vw, H, False)
+        lin(m + "in_proj_z", vw, H, False)
+        lin(m + "in_proj_b", nv, H, False)
+        lin(m + "in_proj_a", nv, H, False)
     specs.append((p + m + "conv1d.weight", (2 * kw + vw, 1, cfg.linear_conv_kernel_dim),
                   "matrix"))
     specs.append((p + m + "dt_bias", (nv,), "dt_bias"))
@@ -550,14 +625,14 @@ def deltanet_layer(lin, specs, p, cfg, H):
 
 def sparse_layer(family, cfg, i):
     """Whether layer i's MLP is the experts (Qwen-MoE: decoder_sparse_step, mlp_only_layers)."""
-    if family in ("mixtral", "olmoe"):
+    if family in ("mixtral", "olmoe", "qwen3_5_moe_text"):
         return True
     return (i + 1) % cfg.decoder_sparse_step == 0 and i not in (cfg.mlp_only_layers or [])
 
 
 def moe_layer(lin, family, cfg, H):
-    """A sparse layer's router and experts in the hub's per-expert names (and Qwen2-MoE's
-    shared expert with its gate)."""
+    """A sparse layer's router and experts in the hub's per-expert names (and the shared
+    expert with its gate of Qwen2-MoE, Qwen3.5-MoE and Qwen3-Next)."""
     if family == "mixtral":
         E, inter, m, names = cfg.num_local_experts, cfg.intermediate_size, "block_sparse_moe", \
             ("w1", "w3", "w2")
@@ -570,7 +645,7 @@ def moe_layer(lin, family, cfg, H):
         lin("%s.experts.%d.%s" % (m, j, names[0]), inter, H, False)
         lin("%s.experts.%d.%s" % (m, j, names[1]), inter, H, False)
         lin("%s.experts.%d.%s" % (m, j, names[2]), H, inter, False)
-    if family == "qwen2_moe":
+    if family in SHARED_EXPERT:
         S = cfg.shared_expert_intermediate_size
         lin("mlp.shared_expert.gate_proj", S, H, False)
         lin("mlp.shared_expert.up_proj", S, H, False)
