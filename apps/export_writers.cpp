@@ -11,6 +11,7 @@
 #include <iostream>
 #include <list>
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 
@@ -91,6 +92,45 @@ std::string exported_config(const std::string& text, const std::string& file, bo
   return json::write(doc);
 }
 
+/// The model's spec when it was imported from a Hugging Face directory (null: not).
+std::unique_ptr<DecoderSpec> spec_of(const CheckpointContents& c, const std::string& file) {
+  if (c.arch_text.empty()) return nullptr;
+  return std::make_unique<DecoderSpec>(parse_decoder_config(c.arch_text, file + ": hf_config"));
+}
+
+/// A tensor's or module's name on the model AutoModelForCausalLM builds from the
+/// directory: "model.X" under the spec's loaded_prefix (Gemma 4's multimodal model),
+/// others as they are.
+std::string loaded_name(const DecoderSpec* spec, const std::string& name) {
+  if (!spec || spec->loaded_prefix.empty() || name.rfind("model.", 0) != 0) return name;
+  return spec->loaded_prefix + name.substr(6);
+}
+
+/// The directory's tensors under the prefixes the spec skipped (Gemma 4's vision and
+/// audio towers), as they are, into `tensors` (their bytes kept in `bytes`): a merged
+/// export loads as the whole multimodal model.
+void add_skipped_tensors(const DecoderSpec& spec, const std::string& dir,
+                         std::list<std::vector<uint8_t>>& bytes,
+                         std::vector<safetensors::TensorToWrite>& tensors) {
+  if (spec.skipped.empty() || dir.empty()) return;
+  std::vector<std::string> files;
+  const std::string single = dir + "/model.safetensors", index = single + ".index.json";
+  if (std::ifstream(single).good())
+    files.push_back(single);
+  else if (std::ifstream(index).good())
+    files = safetensors::index_shards(index);
+  for (const std::string& path : files) {
+    const safetensors::Header h = safetensors::read_header(path);
+    for (const auto& t : h.tensors) {
+      bool skipped = false;
+      for (const auto& [prefix, why] : spec.skipped) skipped |= t.name.rfind(prefix, 0) == 0;
+      if (!skipped) continue;
+      bytes.push_back(safetensors::read_bytes(h, t));
+      tensors.push_back({t.name, t.dtype, t.shape, bytes.back().data(), bytes.back().size()});
+    }
+  }
+}
+
 }  // namespace
 
 std::string hf_model_dir(const CheckpointContents& c, const std::string& file) {
@@ -156,12 +196,14 @@ bool is_adapter_tensor(const CheckpointContents& c, const std::string& name) {
 void write_weights(const CheckpointContents& c, const std::string& file, const std::string& out,
                    bool bf16, bool merge, const std::string& shown) {
   const ParamTable& table = c.table;
+  const std::unique_ptr<DecoderSpec> spec = spec_of(c, file);
   std::vector<std::vector<float>> f32;
   std::vector<std::vector<uint16_t>> b16;
   std::vector<safetensors::TensorToWrite> tensors;
   f32.reserve(table.entries.size());
   b16.reserve(table.entries.size());
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, std::vector<float> v) {
+  auto add = [&](const std::string& stored, std::vector<int64_t> shape, std::vector<float> v) {
+    const std::string name = loaded_name(spec.get(), stored);
     if (bf16) {
       b16.emplace_back(v.size());
       for (size_t i = 0; i < v.size(); ++i) b16.back()[i] = bfloat16(v[i]).bits;
@@ -218,13 +260,19 @@ void write_weights(const CheckpointContents& c, const std::string& file, const s
     fused_order.clear();
     fused.clear();
   }
+  std::list<std::vector<uint8_t>> copied;  // (a list: stable addresses)
+  if (spec) add_skipped_tensors(*spec, hf_model_dir(c, file), copied, tensors);
   safetensors::write(
       out, tensors,
       {{"format", "pt"}, {"producer", "kqlora-export"}, {"step", std::to_string(c.step)}});
   std::cout << (shown.empty() ? out : shown) << ": " << tensors.size() << " tensors ("
             << (merge ? std::to_string(merged) + " with their adapters merged"
                       : std::string("the NF4 base dequantized, no adapters"))
-            << ", " << (bf16 ? "bfloat16" : "float32") << ", step " << c.step << ")\n";
+            << ", " << (bf16 ? "bfloat16" : "float32") << ", step " << c.step
+            << (copied.empty() ? std::string()
+                               : ", " + std::to_string(copied.size()) +
+                                     " of hf_model_dir's untrained towers as they are")
+            << ")\n";
 }
 
 /// The tokenizer and generation files a Hugging Face directory export copies.
@@ -275,12 +323,13 @@ void write_peft(const CheckpointContents& c, const std::string& file, const std:
   KQLORA_INPUT_CHECK(!table.adapters.empty() || !table.expert_adapters.empty(),
                      file << ": the model has no LoRA adapters");
   const bool hf = !c.arch_text.empty();
+  const std::unique_ptr<DecoderSpec> loaded = spec_of(c, file);
   if (hf) {
     // PEFT (0.21, on transformers 5) reads a target named as an expert's v4 projection
     // (gate_proj, up_proj, down_proj; Mixtral's w1, w3, w2) as the experts' fused
     // parameter, with twice the rank on gate_up: an adapter on a dense MLP (or a shared
     // expert) of that name cannot be loaded as itself beside the experts.
-    const DecoderSpec spec = parse_decoder_config(c.arch_text, file + ": hf_config");
+    const DecoderSpec& spec = *loaded;
     if (spec.any_sparse_mlp())
       for (const auto& a : table.adapters) {
         const std::string leaf = a.module.substr(a.module.rfind('.') + 1);
@@ -306,8 +355,9 @@ void write_peft(const CheckpointContents& c, const std::string& file, const std:
   for (int g = 0; g < table.num_groups(); ++g) {
     for (const auto& a : table.adapters) {
       if (table.at(a.base).group != g) continue;
-      add(peft::adapter_key(a.module, false), find_param(c, a.a, file));
-      add(peft::adapter_key(a.module, true), find_param(c, a.b, file));
+      const std::string module = loaded_name(loaded.get(), a.module);
+      add(peft::adapter_key(module, false), find_param(c, a.a, file));
+      add(peft::adapter_key(module, true), find_param(c, a.b, file));
       // Hugging Face models: the projection names (PEFT matches a module whose name ends
       // in one); every block has the same adapters.
       const std::string t = hf ? a.module.substr(a.module.rfind('.') + 1) : a.module;
@@ -323,7 +373,7 @@ void write_peft(const CheckpointContents& c, const std::string& file, const std:
     }
     for (const auto& e : table.entries) {
       if (e.group != g || e.kind != ParamKind::trainable || is_adapter_tensor(c, e.name)) continue;
-      add(peft::tensor_key(e.name), find_param(c, e.name, file));
+      add(peft::tensor_key(loaded_name(loaded.get(), e.name)), find_param(c, e.name, file));
       other_trainable = true;
     }
   }
@@ -350,9 +400,20 @@ void write_peft(const CheckpointContents& c, const std::string& file, const std:
      << "  \"r\": " << rank << ",\n"
      << "  \"lora_alpha\": " << alpha << ",\n"
      << "  \"lora_dropout\": " << dropout << ",\n"
-     << "  \"target_modules\": [";
-  for (size_t i = 0; i < targets.size(); ++i) js << (i ? ", " : "") << json::quote(targets[i]);
-  js << "],\n";
+     << "  \"target_modules\": ";
+  if (loaded && !loaded->loaded_prefix.empty()) {
+    // A multimodal model (Gemma 4's): a regular expression PEFT matches whole, the text
+    // decoder's projections alone (the towers have Linear modules of the same names).
+    std::string re;
+    for (char ch : loaded->loaded_prefix) re += ch == '.' ? std::string("\\.") : std::string(1, ch);
+    re += ".*\\.(";
+    for (size_t i = 0; i < targets.size(); ++i) re += (i ? "|" : "") + targets[i];
+    js << json::quote(re + ")") << ",\n";
+  } else {
+    js << "[";
+    for (size_t i = 0; i < targets.size(); ++i) js << (i ? ", " : "") << json::quote(targets[i]);
+    js << "],\n";
+  }
   if (!parameters.empty()) {
     js << "  \"target_parameters\": [";
     for (auto it = parameters.begin(); it != parameters.end(); ++it)

@@ -44,8 +44,11 @@ def linear_names(case):
     from transformers import AutoConfig
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(case))
+    # (a multimodal model's text decoder's: its towers' are never targets)
+    text = any(".language_model." in n for n, _ in model.named_modules())
     return sorted({n.split(".")[-1] for n, m in model.named_modules()
-                   if isinstance(m, torch.nn.Linear) and n != "lm_head"})
+                   if isinstance(m, torch.nn.Linear) and n != "lm_head"
+                   and (not text or ".language_model." in n)})
 
 
 def main():
@@ -70,22 +73,25 @@ def main():
 
 
 def multimodal_directory(text_case, out):
-    """A qwen3_5_text (qwen3_5_moe_text) case as a multimodal qwen3_5 (qwen3_5_moe)
-    directory (Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration: the
-    case's decoder under model.language_model., a tiny random vision tower beside it), with
-    the case's data.h5 and case.txt."""
+    """A qwen3_5_text (qwen3_5_moe_text, gemma4_text) case as a multimodal qwen3_5
+    (qwen3_5_moe, gemma4) directory (Qwen3_5ForConditionalGeneration, ...: the case's
+    decoder under model.language_model., a tiny random vision tower beside it), with the
+    case's data.h5 and case.txt."""
     import transformers
     shutil.rmtree(out, ignore_errors=True)
-    moe = json.load(open(os.path.join(text_case, "config.json")))["model_type"] == \
-        "qwen3_5_moe_text"
-    name = "Qwen3_5Moe" if moe else "Qwen3_5"
+    text_type = json.load(open(os.path.join(text_case, "config.json")))["model_type"]
+    name = {"qwen3_5_text": "Qwen3_5", "qwen3_5_moe_text": "Qwen3_5Moe",
+            "gemma4_text": "Gemma4"}[text_type]
     Config, ForCausalLM, ForConditionalGeneration = (
         getattr(transformers, name + suffix)
         for suffix in ("Config", "ForCausalLM", "ForConditionalGeneration"))
     text = ForCausalLM.from_pretrained(text_case, dtype=torch.float32)
     tc = text.config.to_dict()
-    vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=32,
-                  out_hidden_size=tc["hidden_size"])
+    vision = (dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                   num_attention_heads=2, num_key_value_heads=2, head_dim=16)
+              if name == "Gemma4" else
+              dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=32,
+                   out_hidden_size=tc["hidden_size"]))
     torch.manual_seed(5)
     model = ForConditionalGeneration(Config(
         text_config=tc, vision_config=vision,
@@ -93,7 +99,8 @@ def multimodal_directory(text_case, out):
     state = {("model.language_model." + k[6:] if k.startswith("model.") else k): v
              for k, v in text.state_dict().items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
-    assert not unexpected and all(k.startswith("model.visual.") for k in missing)
+    towers = ("model.visual.", "model.vision_tower.", "model.embed_vision.")
+    assert not unexpected and all(k.startswith(towers) for k in missing), (missing, unexpected)
     model.save_pretrained(out)
     for name in ("data.h5", "case.txt"):
         if os.path.exists(os.path.join(text_case, name)):
@@ -112,6 +119,7 @@ def check_case(train, export, case, work):
     run = lambda *cmd: subprocess.run(cmd, check=True, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True).stdout
     hf_cfg = json.load(open(os.path.join(case, "config.json")))
+    towers = hf_cfg.get("model_type") == "gemma4"  # (AutoModelForCausalLM: the whole model)
     hf_cfg = dict(hf_cfg, **hf_cfg.get("text_config", {}))  # (a multimodal one's decoder's)
     # (a model with experts: all-linear adapts them too, and PEFT refuses dropout there)
     # (Gemma 4 writes num_experts null without its MoE block)
@@ -146,7 +154,13 @@ def check_case(train, export, case, work):
     checks = [("task_type", cfg["task_type"] == "CAUSAL_LM"),
               ("r and lora_alpha", (cfg["r"], cfg["lora_alpha"]) == (4, 8)),
               ("lora_dropout", abs(cfg["lora_dropout"] - dropout) < 1e-12),
-              ("target_modules", sorted(cfg["target_modules"]) == want_targets),
+              # (a multimodal model's: a regular expression, the text decoder's names alone)
+              ("target_modules %s" % (cfg["target_modules"],),
+               sorted(cfg["target_modules"]) == want_targets if not towers else
+               cfg["target_modules"] == r"model\.language_model\..*\.(%s)" %
+               "|".join(sorted(want_targets, key=[
+                   "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                   "down_proj"].index))),
               ("base_model_name_or_path",
                cfg["base_model_name_or_path"] == os.path.realpath(case))]
     with open(os.path.join(work, "merged", "model.safetensors"), "rb") as f:

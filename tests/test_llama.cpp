@@ -1029,6 +1029,26 @@ TEST(NewFamilies, FieldsGiveTheSpecTransformersBuilds) {
       kqlora::parse_decoder_config(with_field(g4, "per_layer_config", "null"), "c");
   EXPECT_EQ(dflt.head_dim_of(1), 512);
   EXPECT_EQ(dflt.kv_heads_of(1), 2);  // (num_global_key_value_heads absent: the layer's own)
+
+  // Gemma 4 as the hub ships it (model_type gemma4): text_config's decoder, its tensors and
+  // the exports' names under model.language_model., the towers skipped; a text_config of
+  // another model_type and a disagreeing tie_word_embeddings refused naming the field.
+  const std::string mm =
+      "{\"model_type\": \"gemma4\", \"tie_word_embeddings\": true, "
+      "\"vision_config\": {\"hidden_size\": 32}, \"audio_config\": null, "
+      "\"image_token_id\": 90, \"text_config\": " +
+      g4 + "}";
+  const kqlora::DecoderSpec m4 = kqlora::parse_decoder_config(mm, "c");
+  EXPECT_EQ(kqlora::first_spec_difference(m4, v525), "model_type: gemma4 vs gemma4_text");
+  EXPECT_EQ(m4.file_prefix, "model.language_model.");
+  EXPECT_EQ(m4.loaded_prefix, "model.language_model.");
+  ASSERT_EQ(m4.skipped.size(), 4u);
+  EXPECT_EQ(m4.skipped[0].first, "model.vision_tower.");
+  expect_config_error(with_field(mm, "tie_word_embeddings", "false"),
+                      {"dir/config.json", "'tie_word_embeddings'", "false"});
+  expect_config_error(mm.substr(0, mm.find("\"text_config\"")) + "\"text_config\": " +
+                          with_field(g4, "model_type", "\"gemma3_text\"") + "}",
+                      {"dir/config.json", "model_type", "gemma3_text"});
 }
 
 // Qwen3.5 as the hub ships it (issue 51): a multimodal qwen3_5 directory (the text

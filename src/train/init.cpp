@@ -127,11 +127,13 @@ struct InitFile {
     std::vector<std::string> moved;
     for (const auto& n : names)
       if (n.rfind(file_prefix, 0) == 0) moved.push_back(n);
-    for (const auto& n : moved) {
+    for (const auto& n : moved) {  // (a PEFT file's names are mapped already: its own kept)
       const std::string mine = "model." + n.substr(file_prefix.size());
       names.erase(n);
       names.insert(mine);
-      stored[mine] = n;
+      const auto it = stored.find(n);
+      stored[mine] = it == stored.end() ? n : it->second;
+      if (it != stored.end()) stored.erase(n);
     }
   }
 
@@ -333,6 +335,9 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
   const ModelConfig& cfg = model.config();
   // Highest precedence first: the init_file, the model's own files, the seed.
   InitFile init(init_file, &cfg);
+  // (a PEFT directory saved from the multimodal model a user loads, Gemma 4's: its
+  // adapters under the text decoder's prefix there)
+  init.map_file_prefix(model.table().file_prefix);
   init.map_expert_adapters(model.table());
   // (a directory of config.json alone when the init_file holds every base tensor: an NF4
   // base made shard by shard, docs/TRAINING.md "A base larger than the disk")

@@ -210,6 +210,11 @@ struct DecoderSpec {
   // tensors, and the prefixes of what is not read, each with why.
   std::string file_prefix;
   std::vector<std::pair<std::string, std::string>> skipped;
+  // Where the model a user loads from that directory the usual way
+  // (AutoModelForCausalLM) keeps the text decoder's "model.*" modules: empty, or (Gemma 4,
+  // whose Gemma4ForConditionalGeneration that is) "model.language_model."; the exports name
+  // the adapters and weights so, and copy the skipped tensors through (docs/MODELS.md).
+  std::string loaded_prefix;
 
   int64_t q_features() const { return heads * head_dim; }
   int64_t kv_features() const { return kv_heads * head_dim; }

@@ -29,5 +29,6 @@ DecoderSpec qwen3_5_multimodal_family(HfConfigReader& r,
                                       const std::string& model_type);  // qwen3_5, qwen3_5_moe
 DecoderSpec qwen3_next_family(HfConfigReader& r, const std::string& model_type);
 DecoderSpec gemma4_family(HfConfigReader& r, const std::string& model_type);  // gemma4_text
+DecoderSpec gemma4_multimodal_family(HfConfigReader& r, const std::string& model_type);
 
 }  // namespace kqlora::impl

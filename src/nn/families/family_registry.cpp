@@ -40,6 +40,7 @@ const std::vector<std::pair<std::string, Builder>>& families() {
       {"qwen3_5_moe", impl::qwen3_5_multimodal_family},
       {"qwen3_next", impl::qwen3_next_family},
       {"gemma4_text", impl::gemma4_family},
+      {"gemma4", impl::gemma4_multimodal_family},
   };
   return table;
 }

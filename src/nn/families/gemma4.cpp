@@ -207,4 +207,37 @@ DecoderSpec gemma4_family(HfConfigReader& r, const std::string& model_type) {
   return s;
 }
 
+DecoderSpec gemma4_multimodal_family(HfConfigReader& r, const std::string& model_type) {
+  // Gemma 4 as the hub ships it (Gemma4ForConditionalGeneration): the text decoder's
+  // fields under text_config, its tensors under model.language_model.; the vision and
+  // audio towers and their embedders are not read. AutoModelForCausalLM builds the
+  // multimodal model from such a directory: the exports name modules as it does.
+  accept_common_fields(r);
+  r.accept({"vision_config", "audio_config", "boi_token_id", "eoi_token_id", "image_token_id",
+            "video_token_id", "boa_token_id", "eoa_token_id", "eoa_token_index", "audio_token_id",
+            "vision_soft_tokens_per_image", "initializer_range"});
+  HfConfigReader t = r.object("text_config");
+  const std::string inner = t.string("model_type", "gemma4_text", false);
+  if (inner != "gemma4_text")
+    t.fail("model_type",
+           "is " + json::quote(inner) + "; a gemma4 directory's text_config is \"gemma4_text\"");
+  DecoderSpec s = gemma4_family(t, model_type);
+  t.finish();
+  if (r.has("tie_word_embeddings") && r.boolean("tie_word_embeddings", true) != s.tied)
+    r.fail("tie_word_embeddings", "is " + value_text(*r.get("tie_word_embeddings")) +
+                                      " but text_config's is " + (s.tied ? "true" : "false") +
+                                      ": the two ways to load the model would differ");
+  s.file_prefix = "model.language_model.";
+  s.loaded_prefix = "model.language_model.";
+  const std::string towers = " (kqlora trains the text decoder)";
+  s.skipped = {{"model.vision_tower.", "the vision tower" + towers},
+               {"model.embed_vision.", "the vision embedder" + towers},
+               {"model.audio_tower.", "the audio tower" + towers},
+               {"model.embed_audio.", "the audio embedder" + towers}};
+  s.notes.push_back(
+      "a multimodal gemma4 directory: the text decoder (text_config, model.language_model.*) "
+      "is read; the vision and audio towers are not");
+  return s;
+}
+
 }  // namespace kqlora::impl
