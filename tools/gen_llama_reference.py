@@ -268,6 +268,19 @@ FAMILY_CASES = {
                                       "full_attention": {"rope_type": "proportional",
                                                          "partial_rotary_factor": 0.5,
                                                          "rope_theta": 1000000.0}})),
+    # Gemma 4's key/value sharing: layers 3 (sliding) and 4 (full) attend over the keys and
+    # values of layers 2 and 1 (the last earlier layer of their type), with no k_proj,
+    # v_proj or k/v norms, and double-wide MLPs (128); otherwise as gemma4_text
+    "gemma4_kv_shared": dict(family="gemma4_text", seed=1014, bf16=True, eps=1e-3,
+                             scale={"q_norm.weight": 0.6, "k_norm.weight": 0.6},
+                             arch=dict(FAM, num_hidden_layers=5, head_dim=16, global_head_dim=32,
+                                       num_global_key_value_heads=1, attention_k_eq_v=True,
+                                       hidden_size_per_layer_input=0, sliding_window=WINDOW,
+                                       num_kv_shared_layers=2, use_double_wide_mlp=True,
+                                       final_logit_softcapping=5.0,
+                                       layer_types=["sliding_attention", "full_attention",
+                                                    "sliding_attention", "sliding_attention",
+                                                    "full_attention"])),
     # Granite 3: embeddings times 6, sublayer outputs times 0.5, scores times 0.3 (not
     # head_dim^-1/2), logits over 3; q/k/v/o and MLP biases
     "granite": dict(family="granite", seed=1011, bf16=True, eps=1e-3,

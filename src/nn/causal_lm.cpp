@@ -469,6 +469,8 @@ void CausalLm<ExecSpace>::backward(bool accumulate) {
   const ExecSpace& exec = this->exec_;
   const bool bf16 = this->cfg_.bf16();
   Buffers& s = buf_;
+  // (Gemma 4: the layers attending over another's keys and values sum their gradients here)
+  if (s[B::kGSharedKV].data()) Kokkos::deep_copy(exec, s[B::kGSharedKV], 0.0f);
   norm_backward(norm_, NormRole::final, s[B::kXOut], s[B::kInvF], s[B::kGN], s[B::kG]);
   if (bf16) round_bf16(exec, s[B::kG]);
   for (int l = spec_.layers - 1; l >= 0; --l) {

@@ -44,28 +44,39 @@ void CausalLm<ExecSpace>::attention_views(int l, Buffers& c) {
 }
 
 template <class ExecSpace>
+auto CausalLm<ExecSpace>::shared_kv(int producer, bool value, bool gradient) -> Matrix<Mem> {
+  // (producer's k then v, [T, kv] blocks in the one buffer: docs/MODELS.md, "Gemma 4")
+  const int64_t kv = spec_.kv_features(producer);
+  const int64_t at = spec_.kv_shared_offset(producer) + (value ? kv : 0);
+  return Matrix<Mem>(buf_[gradient ? B::kGSharedKV : B::kSharedKV].data() + tokens_ * at, tokens_,
+                     kv);
+}
+
+template <class ExecSpace>
 void CausalLm<ExecSpace>::attention_forward(int l, Buffers& c) {
   const ExecSpace& exec = this->exec_;
   const bool bf16 = this->cfg_.bf16();
   const int64_t S = seq_len_, D = spec_.head_dim_of(l);
   const Block& B = blocks_[l];
   const auto norm_of = [&](NormRole r) { return B.norm[static_cast<int>(r)]; };
+  // (Gemma 4's key/value sharing: a layer over another's keys and values computes q alone)
+  const int64_t source = spec_.layer[l].kv_source;
   attention_views(l, c);
   project_all(l, ProjectionInput::attn_norm, c);
-  const bool v_norm = spec_.norm(NormRole::v) != nullptr;
-  if (spec_.layer[l].k_eq_v)  // (v = k_proj's raw output, before the k norm and the rotary)
+  const bool v_norm = spec_.norm(NormRole::v) != nullptr && source < 0;
+  if (spec_.layer[l].k_eq_v && source < 0)  // (v = k_proj's raw output, before k's norm)
     Kokkos::deep_copy(exec, v_norm || spec_.clip_qkv > 0 ? c[B::kVRaw] : c[B::kV],
                       norm_of(NormRole::k) ? c[B::kKRaw] : c[B::kK]);
   if (spec_.attn_output_gate)  // (q before its norm, when it has one)
     split_gated_q(exec, c[B::kQFull], D, norm_of(NormRole::q) ? c[B::kQRaw] : c[B::kQ],
                   c[B::kAttnGate]);
-  if (norm_of(NormRole::q)) {  // q and k norms (per head or whole), before the rotary
-    const int64_t wq = spec_.norm_width(*spec_.norm(NormRole::q), l),
-                  wk = spec_.norm_width(*spec_.norm(NormRole::k), l);
-    norm_forward(norm_of(NormRole::q), NormRole::q, per_head(c[B::kQRaw], wq),
-                 per_head(c[B::kQ], wq), c[B::kInvQ]);
-    norm_forward(norm_of(NormRole::k), NormRole::k, per_head(c[B::kKRaw], wk),
-                 per_head(c[B::kK], wk), c[B::kInvK]);
+  // q and k norms (per head or whole), before the rotary
+  for (NormRole role : {NormRole::q, NormRole::k}) {
+    if (!norm_of(role)) continue;
+    const bool q = role == NormRole::q;
+    const int64_t w = spec_.norm_width(*spec_.norm(role), l);
+    norm_forward(norm_of(role), role, per_head(c[q ? B::kQRaw : B::kKRaw], w),
+                 per_head(c[q ? B::kQ : B::kK], w), c[q ? B::kInvQ : B::kInvK]);
   }
   if (v_norm)  // (Gemma 4's, per head without a weight: v from its raw copy, kept)
     norm_forward(nullptr, NormRole::v, per_head(c[B::kVRaw], D), per_head(c[B::kV], D),
@@ -78,9 +89,16 @@ void CausalLm<ExecSpace>::attention_forward(int l, Buffers& c) {
   if (spec_.layer[l].rotary) {
     const RopeTable<Mem>& rope = rope_[spec_.layer[l].rope];
     rope_apply(exec, rope, S, D, false, bf16, c[B::kQ], positions_);
-    rope_apply(exec, rope, S, D, false, bf16, c[B::kK], positions_);
+    if (source < 0) rope_apply(exec, rope, S, D, false, bf16, c[B::kK], positions_);
   }
-  causal_attention_forward(exec, attention_shape(l), c[B::kQ], c[B::kK], c[B::kV], bf16, att_ws_,
+  if (spec_.kv_producer(l)) {  // (kept for the layers after it that attend over them)
+    Kokkos::deep_copy(exec, shared_kv(l, false, false), c[B::kK]);
+    Kokkos::deep_copy(exec, shared_kv(l, true, false), c[B::kV]);
+  }
+  const int from = static_cast<int>(source);
+  causal_attention_forward(exec, attention_shape(l), c[B::kQ],
+                           source < 0 ? c[B::kK] : shared_kv(from, false, false),
+                           source < 0 ? c[B::kV] : shared_kv(from, true, false), bf16, att_ws_,
                            c[B::kAtt], flat(c[B::kLse]), docs_);
   if (spec_.attn_output_gate)  // att * sigmoid(gate)
     attention_gate_forward(exec, c[B::kAtt], c[B::kAttnGate], bf16, c[B::kAttGated]);
@@ -96,37 +114,45 @@ void CausalLm<ExecSpace>::attention_backward(int l, Buffers& c, const Matrix<Mem
   const Block& B = blocks_[l];
   const auto norm_of = [&](NormRole r) { return B.norm[static_cast<int>(r)]; };
   Buffers& s = buf_;
+  const int64_t source = spec_.layer[l].kv_source;
+  const int from = static_cast<int>(source);
   attention_views(l, c);
   project_back(l, spec_.writer(Slot::o), c, g_o, accumulate, 0.0f, s[B::kGAtt]);
   if (spec_.attn_output_gate)  // y = att s, s = sigmoid(gate): d att = g s, d gate = g att s'
     attention_gate_backward(exec, c[B::kAtt], c[B::kAttnGate], bf16, s[B::kGAtt], s[B::kGGateA]);
-  causal_attention_backward(exec, attention_shape(l), c[B::kQ], c[B::kK], c[B::kV], c[B::kAtt],
-                            flat(c[B::kLse]), s[B::kGAtt], bf16, att_ws_, s[B::kGQ], s[B::kGK],
-                            s[B::kGV], docs_);
+  causal_attention_backward(
+      exec, attention_shape(l), c[B::kQ], source < 0 ? c[B::kK] : shared_kv(from, false, false),
+      source < 0 ? c[B::kV] : shared_kv(from, true, false), c[B::kAtt], flat(c[B::kLse]),
+      s[B::kGAtt], bf16, att_ws_, s[B::kGQ], s[B::kGK], s[B::kGV], docs_);
+  if (source >= 0) {  // (the keys' and values' gradients go to the layer they are of)
+    residual_add(exec, s[B::kGK], bf16, shared_kv(from, false, true));
+    residual_add(exec, s[B::kGV], bf16, shared_kv(from, true, true));
+  } else if (spec_.kv_producer(l)) {  // (and arrive there: the later layers' first)
+    residual_add(exec, shared_kv(l, false, true), bf16, s[B::kGK]);
+    residual_add(exec, shared_kv(l, true, true), bf16, s[B::kGV]);
+  }
   if (spec_.layer[l].rotary) {
     const RopeTable<Mem>& rope = rope_[spec_.layer[l].rope];
     rope_apply(exec, rope, S, D, true, bf16, s[B::kGQ], positions_);
-    rope_apply(exec, rope, S, D, true, bf16, s[B::kGK], positions_);
+    if (source < 0) rope_apply(exec, rope, S, D, true, bf16, s[B::kGK], positions_);
   }
   if (spec_.clip_qkv > 0) clip_qkv_backward(l, c);
-  if (norm_of(NormRole::q)) {  // (in place: the norm's backward reads a row, then writes it)
-    const int64_t wq = spec_.norm_width(*spec_.norm(NormRole::q), l),
-                  wk = spec_.norm_width(*spec_.norm(NormRole::k), l);
-    norm_backward(norm_of(NormRole::q), NormRole::q, per_head(c[B::kQRaw], wq), c[B::kInvQ],
-                  per_head(s[B::kGQ], wq), per_head(s[B::kGQ], wq));
-    norm_backward(norm_of(NormRole::k), NormRole::k, per_head(c[B::kKRaw], wk), c[B::kInvK],
-                  per_head(s[B::kGK], wk), per_head(s[B::kGK], wk));
-    if (bf16) {
-      round_bf16(exec, s[B::kGQ]);
-      round_bf16(exec, s[B::kGK]);
-    }
+  // (in place: the norm's backward reads a row, then writes it)
+  for (NormRole role : {NormRole::q, NormRole::k}) {
+    if (!norm_of(role)) continue;
+    const bool q = role == NormRole::q;
+    const int64_t w = spec_.norm_width(*spec_.norm(role), l);
+    norm_backward(norm_of(role), role, per_head(c[q ? B::kQRaw : B::kKRaw], w),
+                  c[q ? B::kInvQ : B::kInvK], per_head(s[q ? B::kGQ : B::kGK], w),
+                  per_head(s[q ? B::kGQ : B::kGK], w));
+    if (bf16) round_bf16(exec, s[q ? B::kGQ : B::kGK]);
   }
-  if (spec_.norm(NormRole::v)) {  // (in place, as the q and k norms')
+  if (spec_.norm(NormRole::v) && source < 0) {  // (in place, as the q and k norms')
     norm_backward(nullptr, NormRole::v, per_head(c[B::kVRaw], D), c[B::kInvV],
                   per_head(s[B::kGV], D), per_head(s[B::kGV], D));
     if (bf16) round_bf16(exec, s[B::kGV]);
   }
-  if (spec_.layer[l].k_eq_v)  // (k_proj's output fed k and v: its gradient is the sum)
+  if (spec_.layer[l].k_eq_v && source < 0)  // (k_proj's output fed k and v: the sum)
     residual_add(exec, s[B::kGV], bf16, s[B::kGK]);
   if (spec_.attn_output_gate) join_gated_q(exec, s[B::kGQ], s[B::kGGateA], D, s[B::kGQFull]);
   project_back_all(l, ProjectionInput::attn_norm, c, accumulate, gx);
@@ -172,6 +198,7 @@ template void CausalLm<Kokkos::DefaultExecutionSpace>::attention_backward(int, B
                                                                           const Matrix<Mem>&);
 template AttentionShape CausalLm<Kokkos::DefaultExecutionSpace>::attention_shape(int) const;
 template void CausalLm<Kokkos::DefaultExecutionSpace>::attention_views(int, Buffers&);
+template auto CausalLm<Kokkos::DefaultExecutionSpace>::shared_kv(int, bool, bool) -> Matrix<Mem>;
 template void CausalLm<Kokkos::DefaultExecutionSpace>::clip_qkv_backward(int, Buffers&);
 
 }  // namespace kqlora

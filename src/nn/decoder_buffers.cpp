@@ -33,6 +33,9 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
   const bool mlp_out = s.norm(NormRole::mlp_out) != nullptr;
   const bool gated = s.attn_output_gate, lin = s.any_mixer(Mixer::linear);
   const LinearAttentionSpec& L = s.linear;
+  int64_t shared_kv = 0;  // (Gemma 4's producers' keys and values, per token)
+  for (int64_t l = 0; l < s.layers; ++l)
+    if (s.kv_producer(l)) shared_kv += 2 * s.kv_features(l);
   DecoderBuffers b;
   b.block = {{"x", H, true},
              {"n1", s.norm(NormRole::attn_in) ? H : 0, true},
@@ -155,7 +158,9 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
       {"g_lin_mixed", lin ? L.conv_width() : 0},
       {"g_lin_z", lin ? L.value_width() : 0},
       {"g_lin_b", lin ? L.value_heads : 0},
-      {"g_lin_a", lin ? L.value_heads : 0}};
+      {"g_lin_a", lin ? L.value_heads : 0},
+      {"shared_kv", shared_kv},
+      {"g_shared_kv", shared_kv}};
   return b;
 }
 

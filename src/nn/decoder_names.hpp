@@ -32,7 +32,10 @@ inline std::string norm_name(const NormSpec& n, const std::string& layer) {
 /// Whether layer l has norm n: the q and k norms are an attention layer's.
 inline bool layer_has_norm(const DecoderSpec& s, int64_t l, const NormSpec& n) {
   const bool qk = n.role == NormRole::q || n.role == NormRole::k || n.role == NormRole::v;
-  return !qk || s.layer[static_cast<size_t>(l)].mixer == Mixer::attention;
+  const LayerSpec& at = s.layer[static_cast<size_t>(l)];
+  // (a layer attending over another's keys and values has no k or v norm: Gemma 4)
+  if ((n.role == NormRole::k || n.role == NormRole::v) && at.kv_source >= 0) return false;
+  return !qk || at.mixer == Mixer::attention;
 }
 
 /// A [T, width] buffer viewed as [T * width / d, d] rows (per-head norms).

@@ -227,6 +227,9 @@ class CausalLm : public Model<ExecSpace> {
   /// The attention's buffers of c (and the shared gradients') as views of `layer`'s q and
   /// k/v widths: Gemma 4's full-attention layers' differ from the others'.
   void attention_views(int layer, Buffers& c);
+  /// Gemma 4's shared keys (or values) of a producer layer, or their gradients' sum, as a
+  /// [T, kv] view of DecoderBuffers::kSharedKV (kGSharedKV).
+  Matrix<Mem> shared_kv(int producer, bool value, bool gradient);
   /// Every projection reading `in`.
   void project_all(int layer, ProjectionInput in, Buffers& c);
   void project_back(int layer, int p, const Buffers& c, const Matrix<Mem>& gy, bool accumulate,

@@ -149,6 +149,10 @@ struct DecoderBuffers {
     kGLinZ,
     kGLinB,
     kGLinA,
+    // Gemma 4's shared keys and values (each producer layer's k then v, [T, kv] blocks one
+    // after another) and the gradients the layers attending over them send back.
+    kSharedKV,
+    kGSharedKV,
     kSharedBuffers
   };
 

@@ -163,6 +163,11 @@ struct LayerSpec {
   // v norm as any layer's v does)
   int64_t head_dim = 0, kv_heads = 0;
   bool k_eq_v = false;
+  // Gemma 4's key/value sharing: >= 0, the layer whose keys and values (after their norms
+  // and rotary) this one attends over, having no k_proj, v_proj or k/v norms of its own;
+  // its gradients flow back into that layer's. -1: its own.
+  int64_t kv_source = -1;
+  int64_t mlp_width = 0;  // 0: intermediate (Gemma 4's double-wide MLP of sharing layers)
 };
 
 /// The Gated DeltaNet layers' sizes and frozen tensors (docs/MODELS.md, "Gated DeltaNet"):
@@ -253,7 +258,8 @@ struct DecoderSpec {
   bool has_projection(int64_t l, const ProjectionSpec& p) const {
     const LayerSpec& at = layer[static_cast<size_t>(l)];
     if (attention_slot(p.slots[0]))
-      return at.mixer == Mixer::attention && !(at.k_eq_v && p.slots[0] == Slot::v);
+      return at.mixer == Mixer::attention && !(at.k_eq_v && p.slots[0] == Slot::v) &&
+             !(at.kv_source >= 0 && (p.slots[0] == Slot::k || p.slots[0] == Slot::v));
     if (linear_slot(p.slots[0])) return at.mixer == Mixer::linear;
     return !at.sparse || !reads_mlp(p) || shared_expert(l);
   }
@@ -271,9 +277,26 @@ struct DecoderSpec {
   bool shared_expert(int64_t l) const {
     return layer[static_cast<size_t>(l)].sparse && experts.shared_intermediate > 0;
   }
-  /// Layer l's dense MLP width: intermediate, or a shared expert's.
+  /// Layer l's dense MLP width: intermediate (or its own), or a shared expert's.
   int64_t mlp_width(int64_t l) const {
-    return shared_expert(l) ? experts.shared_intermediate : intermediate;
+    const LayerSpec& at = layer[static_cast<size_t>(l)];
+    return shared_expert(l)   ? experts.shared_intermediate
+           : at.mlp_width > 0 ? at.mlp_width
+                              : intermediate;
+  }
+  /// Whether another layer attends over layer l's keys and values (kv_source).
+  bool kv_producer(int64_t l) const {
+    for (const LayerSpec& at : layer)
+      if (at.kv_source == l) return true;
+    return false;
+  }
+  /// Where producer l's keys and values start in the shared buffer (DecoderBuffers
+  /// kSharedKV: each producer's k then v, T x kv_features floats each).
+  int64_t kv_shared_offset(int64_t l) const {
+    int64_t off = 0;
+    for (int64_t p = 0; p < l; ++p)
+      if (kv_producer(p)) off += 2 * kv_features(p);
+    return off;
   }
   /// Projection p's module path under layer l (a shared expert's under shared_module).
   std::string module_of(int64_t l, const ProjectionSpec& p) const;

@@ -6,9 +6,10 @@
 // whose v is k_proj's raw output when attention_k_eq_v; "proportional" rope on the full
 // layers (the rotated frequencies spread over the whole head, the rest zero); each layer's
 // output times its frozen layer_scalar; embeddings times sqrt(hidden); a final soft-cap
-// (docs/MODELS.md, "Gemma 4"). Not yet read: the per-layer input embeddings
-// (hidden_size_per_layer_input > 0), key/value sharing (num_kv_shared_layers > 0) and the
-// MoE block (enable_moe_block): each is refused naming the field.
+// key/value sharing: the last num_kv_shared_layers layers attend over an earlier layer's
+// keys and values, their MLP double-wide when use_double_wide_mlp (docs/MODELS.md,
+// "Gemma 4"). Not yet read: the per-layer input embeddings (hidden_size_per_layer_input >
+// 0) and the MoE block (enable_moe_block): each is refused naming the field.
 #include <cmath>
 #include <string>
 
@@ -90,11 +91,6 @@ DecoderSpec gemma4_family(HfConfigReader& r, const std::string& model_type) {
                ": Gemma 4's per-layer input embeddings are not supported yet (0: none; "
                "docs/MODELS.md, \"Gemma 4\")");
   r.accept({"vocab_size_per_layer_input"});
-  if (r.integer("num_kv_shared_layers", 0, false, 0) > 0)
-    r.fail("num_kv_shared_layers",
-           "is " + value_text(*r.get("num_kv_shared_layers")) +
-               ": Gemma 4's key/value sharing is not supported yet (docs/MODELS.md, \"Gemma 4\")");
-  r.accept({"use_double_wide_mlp"});  // (it widens the key/value-sharing layers' MLP only)
   if (r.boolean("enable_moe_block", false))
     r.fail("enable_moe_block",
            "is true: Gemma 4's MoE block is not supported yet (docs/MODELS.md, \"Gemma 4\")");
@@ -149,6 +145,27 @@ DecoderSpec gemma4_family(HfConfigReader& r, const std::string& model_type) {
       at.head_dim = global;
       if (k_eq_v && global_kv > 0) at.kv_heads = global_kv;
     }
+  }
+  // Key/value sharing: the last num_kv_shared_layers layers attend over the keys and
+  // values of the last earlier layer of their type (transformers' kv_sharing_modes), with
+  // no k_proj, v_proj or k/v norms of their own; use_double_wide_mlp doubles their MLP.
+  const int64_t shared = r.integer("num_kv_shared_layers", 0, false, 0);
+  const bool double_wide = r.boolean("use_double_wide_mlp", false);
+  if (shared >= s.layers && shared > 0)
+    r.fail("num_kv_shared_layers", "is " + std::to_string(shared) + ", not below the " +
+                                       std::to_string(s.layers) +
+                                       " layers: some layer must compute the keys and values");
+  for (int64_t l = s.layers - shared; l < s.layers; ++l) {
+    LayerSpec& at = s.layer[static_cast<size_t>(l)];
+    for (int64_t p = s.layers - shared - 1; p >= 0 && at.kv_source < 0; --p)
+      if ((s.layer[static_cast<size_t>(p)].window > 0) == (at.window > 0)) at.kv_source = p;
+    if (at.kv_source < 0)
+      r.fail("num_kv_shared_layers",
+             "is " + std::to_string(shared) + ": layer " + std::to_string(l) + " is " +
+                 (at.window > 0 ? "sliding" : "full") +
+                 "-attention, and no earlier unshared layer of its type has keys and values to "
+                 "share");
+    if (double_wide) at.mlp_width = 2 * s.intermediate;
   }
   for (int64_t l = 0; l < s.layers; ++l) {
     LayerSpec& at = s.layer[static_cast<size_t>(l)];
