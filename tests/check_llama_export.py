@@ -128,7 +128,8 @@ def check_case(train, export, case, work):
     # PEFT reads gate_proj / up_proj / down_proj of a model with experts as the experts'
     # (its v4-to-v5 conversion): a dense layer's adapters of those names are refused by
     # --peft (checked below), so such a model trains the attention and the experts.
-    want_targets = linear_names(case)
+    # (Gemma 4's per_layer_model_projection stays frozen in kqlora: docs/MODELS.md)
+    want_targets = [t for t in linear_names(case) if t != "per_layer_model_projection"]
     dense_mlp = experts and "gate_proj" in want_targets
     if dense_mlp:  # (the attention's, a Gated DeltaNet's too; the shared expert's [1, hidden]
         # gate frozen as the router: docs/MODELS.md, "Experts")
@@ -160,7 +161,7 @@ def check_case(train, export, case, work):
                cfg["target_modules"] == r"model\.language_model\..*\.(%s)" %
                "|".join(sorted(want_targets, key=[
                    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                   "down_proj"].index))),
+                   "down_proj", "per_layer_input_gate", "per_layer_projection"].index))),
               ("base_model_name_or_path",
                cfg["base_model_name_or_path"] == os.path.realpath(case))]
     with open(os.path.join(work, "merged", "model.safetensors"), "rb") as f:

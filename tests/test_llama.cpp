@@ -51,11 +51,11 @@ std::vector<Case> family_cases() {
   const std::string root = std::string(KQLORA_TEST_DATA_DIR) + "/family_reference/";
   std::vector<Case> out;
   for (const char* name :
-       {"qwen2",       "qwen3",          "gemma2",      "gemma3_text",     "phi3",
-        "phi3_long",   "mistral_window", "qwen3_moe",   "qwen3_moe_raw",   "qwen3_moe_experts",
-        "mixtral",     "qwen3_moe_aux",  "olmoe",       "qwen2_moe",       "gpt_oss",
-        "smollm3",     "olmo2",          "olmo3",       "granite",         "qwen3_5_text",
-        "qwen3_5_moe", "qwen3_next",     "gemma4_text", "gemma4_kv_shared"}) {
+       {"qwen2",       "qwen3",          "gemma2",      "gemma3_text",      "phi3",
+        "phi3_long",   "mistral_window", "qwen3_moe",   "qwen3_moe_raw",    "qwen3_moe_experts",
+        "mixtral",     "qwen3_moe_aux",  "olmoe",       "qwen2_moe",        "gpt_oss",
+        "smollm3",     "olmo2",          "olmo3",       "granite",          "qwen3_5_text",
+        "qwen3_5_moe", "qwen3_next",     "gemma4_text", "gemma4_kv_shared", "gemma4_ple"}) {
     Case c{name, root + name, "all-linear"};
     std::ifstream f(c.dir + "/case.txt");
     for (std::string line; std::getline(f, line);) {
@@ -903,7 +903,7 @@ TEST(NewFamilies, BadFieldsAreRefusedNamingThem) {
       {&next, "mlp_only_layers", "[4]"},
       {&next, "moe_intermediate_size", "-1"},
       // (Gemma 4: what is not read yet, refused; per-layer heads that cannot be)
-      {&g4, "hidden_size_per_layer_input", "256"},
+      {&g4, "hidden_size_per_layer_input", "-1"},
       {&g4, "num_kv_shared_layers", "4"},  // (no layer left to compute them)
       {&g4, "num_kv_shared_layers", "3"},  // (layer 1, full: no earlier full layer)
       {&g4, "enable_moe_block", "true"},

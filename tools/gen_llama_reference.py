@@ -99,6 +99,11 @@ FAMILIES = {
     "granite": (GraniteConfig, GraniteForCausalLM, PROJ),
     "qwen3_5_text": (Qwen3_5TextConfig, Qwen3_5ForCausalLM, QWEN3_5_PROJ),
     "gemma4_text": (Gemma4TextConfig, Gemma4ForCausalLM, PROJ),
+    # (with per-layer inputs: their per-layer Linears are targets too; the model's
+    # per_layer_model_projection NF4 but frozen, as kqlora keeps it: docs/MODELS.md)
+    "gemma4_text_ple": (Gemma4TextConfig, Gemma4ForCausalLM,
+                        PROJ + ["per_layer_input_gate", "per_layer_projection",
+                                "per_layer_model_projection"]),
 }
 # Norms computing (1 + w) * x (weights initialised to 0); every other RMSNorm is w * x.
 GEMMA_NORMS = (Gemma2RMSNorm, Gemma3RMSNorm, Qwen3_5RMSNorm)
@@ -281,6 +286,19 @@ FAMILY_CASES = {
                                        layer_types=["sliding_attention", "full_attention",
                                                     "sliding_attention", "sliding_attention",
                                                     "full_attention"])),
+    # Gemma 4 E2B's per-layer inputs: a table of 96 rows of 4 x 16, the model's projection
+    # (NF4, frozen) and norm, each layer's gate and projection (adapters on both) and
+    # norm; with key/value sharing on the last layer (over layer 2's, sliding)
+    "gemma4_ple": dict(family="gemma4_text_ple", seed=1015, bf16=True, eps=1e-3,
+                       scale={"q_norm.weight": 0.6, "k_norm.weight": 0.6},
+                       targets=PROJ + ["per_layer_input_gate", "per_layer_projection"],
+                       arch=dict(FAM, num_hidden_layers=4, head_dim=16, global_head_dim=32,
+                                 num_global_key_value_heads=1, attention_k_eq_v=True,
+                                 hidden_size_per_layer_input=16, vocab_size_per_layer_input=96,
+                                 sliding_window=WINDOW, num_kv_shared_layers=1,
+                                 final_logit_softcapping=5.0,
+                                 layer_types=["sliding_attention", "full_attention",
+                                              "sliding_attention", "full_attention"])),
     # Granite 3: embeddings times 6, sublayer outputs times 0.5, scores times 0.3 (not
     # head_dim^-1/2), logits over 3; q/k/v/o and MLP biases
     "granite": dict(family="granite", seed=1011, bf16=True, eps=1e-3,

@@ -1,10 +1,12 @@
 #include "kqlora/nn/causal_lm.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "decoder_names.hpp"
 #include "kqlora/core/error.hpp"
 #include "kqlora/nn/embedding.hpp"
+#include "kqlora/nn/per_layer_input.hpp"
 #include "kqlora/nn/residual.hpp"
 #include "kqlora/nn/rms_norm.hpp"
 
@@ -146,13 +148,18 @@ CausalLm<ExecSpace>::CausalLm(const ExecSpace& exec, const ModelConfig& cfg, boo
       }
     b.norm.assign(kNormRoles, nullptr);
     for (const NormSpec& n : spec_.norms)  // (a unit norm has no weight: spec_.norm says it is)
-      if (n.role != NormRole::final && n.kind != NormKind::unit &&
+      if (n.role != NormRole::final && n.role != NormRole::ple_proj && n.kind != NormKind::unit &&
           decoder::layer_has_norm(spec_, l, n))
         b.norm[static_cast<int>(n.role)] = &t.at(norm_name(n, g));
     if (spec_.layer_scalar) b.layer_scalar = &t.at(g + ".layer_scalar");
     blocks_.push_back(b);
   }
   embed_ = &t.at("model.embed_tokens.weight");
+  if (spec_.ple_width > 0) {
+    ple_embed_ = &t.at("model.embed_tokens_per_layer.weight");
+    ple_proj_ = &t.at("model.per_layer_model_projection.weight");
+    ple_norm_ = &t.at("model.per_layer_projection_norm.weight");
+  }
   norm_ = &t.at(norm_name(*spec_.norm(NormRole::final), ""));
   head_ = spec_.tied ? embed_ : &t.at("lm_head.weight");
   cache_.resize(static_cast<size_t>(spec_.layers));
@@ -374,10 +381,47 @@ void CausalLm<ExecSpace>::block_forward(int l, Buffers& c, const Matrix<Mem>& ne
   if (norm_of(NormRole::mlp_out))
     norm_forward(norm_of(NormRole::mlp_out), NormRole::mlp_out, c[B::kDRaw], buf_[B::kProjOut],
                  c[B::kInvD]);
-  if (!next.data()) return;  // a recomputation: the backward needs no block output
+  // (a recomputation: the backward needs no block output, but Gemma 4's per-layer input's
+  // values after it)
+  const bool ple = spec_.ple_width > 0;
+  if (!next.data() && !ple) return;
   if (rm != 0) scale_values(exec, rm, bf16, buf_[B::kProjOut]);
-  residual_sum(exec, c[B::kMid], buf_[B::kProjOut], bf16, next);
+  const Matrix<Mem> h = ple ? c[B::kPleIn] : next;
+  residual_sum(exec, c[B::kMid], buf_[B::kProjOut], bf16, h);
+  if (ple) {  // h' = h + norm(per_layer_projection(act(per_layer_input_gate(h)) * ple_l))
+    project(l, spec_.writer(Slot::ple_gate), c);
+    ple_gate_forward(exec, spec_.mlp_activation, bf16, c[B::kPleGate], buf_[B::kPle],
+                     l * spec_.ple_width, c[B::kPleAct]);
+    project(l, spec_.writer(Slot::ple_out), c);
+    norm_forward(norm_of(NormRole::ple_out), NormRole::ple_out, c[B::kPleRaw], buf_[B::kProjOut],
+                 c[B::kInvPle]);
+    if (!next.data()) return;
+    residual_sum(exec, h, buf_[B::kProjOut], bf16, next);
+  }
   if (B.layer_scalar) scale_by_scalar(exec, dense_vector(B.layer_scalar), bf16, next);
+}
+
+template <class ExecSpace>
+void CausalLm<ExecSpace>::per_layer_inputs(const TokenMatrix<Mem>& tokens, const Matrix<Mem>& x0) {
+  // ple = (norm(x0 W^T * hidden^-1/2) + E_ple[ids] * sqrt(P)) * 2^-1/2, as transformers'
+  // Gemma4TextModel (nn/per_layer_input.hpp); frozen inputs, no gradient
+  const ExecSpace& exec = this->exec_;
+  const bool bf16 = this->cfg_.bf16();
+  const int64_t P = spec_.ple_width;
+  Buffers& s = buf_;
+  embedding_forward(exec, dense_vector(ple_embed_), tokens, s[B::kPle]);
+  embedding_scale(exec, static_cast<float>(std::sqrt(static_cast<double>(P))), bf16, s[B::kPle]);
+  this->acquire(ple_proj_->group);  // (FSDP: its group's NF4, gathered)
+  lora_projection_forward<ExecSpace, Mem>(exec, this->nf4[ple_proj_->offset], nullptr, x0, x0, bf16,
+                                          Matrix<Mem>(), lora_, ws_, s[B::kPleProj],
+                                          Kokkos::View<const float*, Mem>());
+  this->release(ple_proj_->group);
+  scale_values(exec, static_cast<float>(std::pow(static_cast<double>(spec_.hidden), -0.5)), bf16,
+               s[B::kPleProj]);
+  // (in place: each row read whole before it is written)
+  norm_forward(ple_norm_, NormRole::ple_proj, decoder::per_head(s[B::kPleProj], P),
+               decoder::per_head(s[B::kPleProj], P), s[B::kInvPleProj]);
+  ple_combine(exec, bf16, s[B::kPleProj], s[B::kPle]);
 }
 
 template <class ExecSpace>
@@ -441,6 +485,7 @@ double CausalLm<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool
   embedding_forward(exec, dense_vector(embed_), b.tokens, x0);
   if (spec_.embed_scale > 0) embedding_scale(exec, spec_.embed_scale, bf16, x0);
   if (spec_.embed_multiplier > 0) scale_values(exec, spec_.embed_multiplier, bf16, x0);
+  if (spec_.ple_width > 0) per_layer_inputs(b.tokens, x0);
   for (int l = 0; l < spec_.layers; ++l) {
     // (kept in bfloat16: each block's input is the one block's, its output goes through x_out)
     const bool last = l + 1 == spec_.layers;
@@ -483,6 +528,16 @@ void CausalLm<ExecSpace>::backward(bool accumulate) {
     if (this->cfg_.activation_checkpointing) block_forward(l, c, Matrix<Mem>());
     // (Gemma 4: the block's output was times its layer_scalar, so is its gradient)
     if (B.layer_scalar) scale_by_scalar(exec, dense_vector(B.layer_scalar), bf16, s[B::kG]);
+    if (spec_.ple_width > 0) {  // (g: h' = h + norm(p)'s; h's once the gate's part is in)
+      norm_backward(norm_of(NormRole::ple_out), NormRole::ple_out, c[B::kPleRaw], c[B::kInvPle],
+                    s[B::kG], s[B::kGTmp]);
+      if (bf16) round_bf16(exec, s[B::kGTmp]);
+      project_back(l, spec_.writer(Slot::ple_out), c, s[B::kGTmp], accumulate, 0.0f,
+                   s[B::kGPleAct]);
+      ple_gate_backward(exec, spec_.mlp_activation, bf16, c[B::kPleGate], s[B::kPle],
+                        l * spec_.ple_width, s[B::kGPleAct]);
+      project_back(l, spec_.writer(Slot::ple_gate), c, s[B::kGPleAct], accumulate, 1.0f, s[B::kG]);
+    }
     // MLP: g is the gradient of the block's output (and of mid, through the residual).
     // (a sublayer's output gradient: g times the residual multiplier, then back through
     // the output norm, each rounded in bfloat16; kGTmp holds it)

@@ -33,7 +33,8 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
   const bool mlp_out = s.norm(NormRole::mlp_out) != nullptr;
   const bool gated = s.attn_output_gate, lin = s.any_mixer(Mixer::linear);
   const LinearAttentionSpec& L = s.linear;
-  int64_t shared_kv = 0;  // (Gemma 4's producers' keys and values, per token)
+  const int64_t P = s.ple_width;  // (Gemma 4's per-layer input width; 0: none)
+  int64_t shared_kv = 0;          // (Gemma 4's producers' keys and values, per token)
   for (int64_t l = 0; l < s.layers; ++l)
     if (s.kv_producer(l)) shared_kv += 2 * s.kv_features(l);
   DecoderBuffers b;
@@ -92,7 +93,12 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
              {"lin_inv_k", lin ? L.key_heads : 0},
              {"lin_inv_norm", lin ? L.value_heads : 0},
              {"lin_out", lin ? L.value_width() : 0, true},
-             {"inv_v", norms_per_token(NormRole::v, false)}};
+             {"inv_v", norms_per_token(NormRole::v, false)},
+             {"ple_in", P > 0 ? H : 0, true},
+             {"ple_gate", P, true},
+             {"ple_act", P, true},
+             {"ple_raw", P > 0 ? H : 0, true},
+             {"inv_ple", P > 0 ? 1 : 0}};
   int64_t widest_in = 0, widest_fused = 0, widest_out = 0;
   for (size_t p = 0; p < s.projections.size(); ++p) {
     const ProjectionSpec& proj = s.projections[p];
@@ -160,7 +166,12 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
       {"g_lin_b", lin ? L.value_heads : 0},
       {"g_lin_a", lin ? L.value_heads : 0},
       {"shared_kv", shared_kv},
-      {"g_shared_kv", shared_kv}};
+      {"g_shared_kv", shared_kv},
+      {"ple", P * s.layers},
+      {"ple_proj", P * s.layers},
+      {"inv_ple_proj", P > 0 ? s.layers : 0},
+      {"g_ple_act", P},
+      {"g_ple_gate", P}};
   return b;
 }
 

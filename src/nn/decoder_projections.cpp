@@ -64,6 +64,10 @@ auto CausalLm<ExecSpace>::slot_output(Buffers& c, Slot s) -> Matrix<Mem> {
       return c[B::kLinB];
     case Slot::lin_a:
       return c[B::kLinA];
+    case Slot::ple_gate:
+      return c[B::kPleGate];
+    case Slot::ple_out:
+      return c[B::kPleRaw];
     default:
       return spec_.norm(NormRole::mlp_out) ? c[B::kDRaw] : buf_[B::kProjOut];
   }
@@ -88,6 +92,8 @@ auto CausalLm<ExecSpace>::slot_gradient(Slot s) -> Matrix<Mem> {
       return buf_[B::kGLinB];
     case Slot::lin_a:
       return buf_[B::kGLinA];
+    case Slot::ple_gate:
+      return buf_[B::kGPleGate];
     default:
       return buf_[B::kGUp];
   }
@@ -104,6 +110,10 @@ auto CausalLm<ExecSpace>::projection_input(const Buffers& c, int p) const -> Mat
       return sublayer_input(c, NormRole::mlp_in);
     case ProjectionInput::linear_out:
       return c[B::kLinOut];
+    case ProjectionInput::block_out:
+      return c[B::kPleIn];
+    case ProjectionInput::ple_act:
+      return c[B::kPleAct];
     default:
       return c[B::kAct];
   }

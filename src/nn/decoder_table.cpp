@@ -209,9 +209,24 @@ ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
         add_dense(g + "." + s.experts.shared_gate_module + ".weight", {1, s.hidden}, g);
     }
     for (const NormSpec& n : s.norms)
-      if (n.role != NormRole::final && n.kind != NormKind::unit && decoder::layer_has_norm(s, l, n))
+      if (n.role != NormRole::final && n.role != NormRole::ple_proj && n.kind != NormKind::unit &&
+          decoder::layer_has_norm(s, l, n))
         add_dense(norm_name(n, g), {s.norm_width(n, l)}, g);
     if (s.layer_scalar) add_dense(g + ".layer_scalar", {1}, g);
+  }
+  if (s.ple_width > 0) {  // (Gemma 4's per-layer inputs: frozen, nn/per_layer_input.hpp)
+    const int64_t LP = s.layers * s.ple_width;
+    add_dense("model.embed_tokens_per_layer.weight", {s.ple_vocab, LP}, "embed");
+    ParamEntry e;
+    e.name = "model.per_layer_model_projection.weight";
+    e.shape = {LP, s.hidden};
+    e.kind = ParamKind::nf4;
+    e.dtype = cfg.dtype;
+    e.block_size = cfg.block_size;
+    e.scaler_block_size = cfg.scaler_block_size;
+    e.init.dist = Dist::file;
+    t.add(e, "embed");
+    add_dense("model.per_layer_projection_norm.weight", {s.ple_width}, "embed");
   }
   add_dense(norm_name(*s.norm(NormRole::final), ""), {s.hidden}, "head");
   if (!s.tied) add_dense("lm_head.weight", {s.vocab, s.hidden}, "head");

@@ -112,6 +112,8 @@ class CausalLm : public Model<ExecSpace> {
   bool lin_docs_packed_ = false;
   std::vector<Kokkos::View<float*, Mem>> lin_states_;
   const ParamEntry *embed_ = nullptr, *norm_ = nullptr, *head_ = nullptr;
+  // Gemma 4's per-layer inputs: the table, the model's projection (NF4) and its norm
+  const ParamEntry *ple_embed_ = nullptr, *ple_proj_ = nullptr, *ple_norm_ = nullptr;
   std::vector<RopeTable<Mem>> rope_;
   std::vector<const std::vector<float>*> rope_freqs_;  // the set each table was built from
   std::vector<Buffers> cache_, store_;  // [layer]: views of the first tokens_ rows; storage
@@ -230,6 +232,9 @@ class CausalLm : public Model<ExecSpace> {
   /// Gemma 4's shared keys (or values) of a producer layer, or their gradients' sum, as a
   /// [T, kv] view of DecoderBuffers::kSharedKV (kGSharedKV).
   Matrix<Mem> shared_kv(int producer, bool value, bool gradient);
+  /// Gemma 4's per-layer inputs of the batch into kPle (nn/per_layer_input.hpp), from the
+  /// tokens and the scaled embeddings x0.
+  void per_layer_inputs(const TokenMatrix<Mem>& tokens, const Matrix<Mem>& x0);
   /// Every projection reading `in`.
   void project_all(int layer, ProjectionInput in, Buffers& c);
   void project_back(int layer, int p, const Buffers& c, const Matrix<Mem>& gy, bool accumulate,

@@ -99,6 +99,14 @@ struct DecoderBuffers {
     kLinInvNorm,
     kLinOut,
     kInvV,  // the v norm's 1/rms per (token, kv head) (Gemma 4: v before it in kVRaw)
+    // Gemma 4's per-layer input (nn/per_layer_input.hpp): the block's output before it,
+    // per_layer_input_gate's output, act(that) * the layer's input, per_layer_projection's
+    // output before its norm, and that norm's 1/rms.
+    kPleIn,
+    kPleGate,
+    kPleAct,
+    kPleRaw,
+    kInvPle,
     kBlockBuffers
   };
 
@@ -153,6 +161,14 @@ struct DecoderBuffers {
     // after another) and the gradients the layers attending over them send back.
     kSharedKV,
     kGSharedKV,
+    // Gemma 4's per-layer inputs [T, layers * P] (made once a pass), the projection's part
+    // before the combine, its norm's 1/rms per (token, layer), and a layer's gradients of
+    // act(gate) * input and of the gate.
+    kPle,
+    kPleProj,
+    kInvPleProj,
+    kGPleAct,
+    kGPleGate,
     kSharedBuffers
   };
 

@@ -35,14 +35,40 @@
 namespace kqlora {
 
 /// What a projection reads: the attention norm's output, the attention's (o's input), the
-/// MLP norm's, act(gate) * up, or a Gated DeltaNet mixer's output (out_proj's input).
-enum class ProjectionInput { attn_norm, attn_out, mlp_norm, mlp_act, linear_out };
+/// MLP norm's, act(gate) * up, a Gated DeltaNet mixer's output (out_proj's input), the
+/// block's output after its MLP (Gemma 4's per_layer_input_gate), or act(that gate) times
+/// the layer's per-layer input (per_layer_projection).
+enum class ProjectionInput {
+  attn_norm,
+  attn_out,
+  mlp_norm,
+  mlp_act,
+  linear_out,
+  block_out,
+  ple_act
+};
 
 /// Where a projection's output columns go, in order (a fused qkv_proj writes [q | k | v]).
 /// lin_*: a Gated DeltaNet layer's in_proj_qkv, in_proj_z, in_proj_b, in_proj_a and
-/// out_proj (docs/MODELS.md, "Gated DeltaNet").
-enum class Slot { q, k, v, o, gate, up, down, lin_qkv, lin_z, lin_b, lin_a, lin_out };
-constexpr int kSlots = 12;
+/// out_proj (docs/MODELS.md, "Gated DeltaNet"). ple_*: Gemma 4's per_layer_input_gate and
+/// per_layer_projection.
+enum class Slot {
+  q,
+  k,
+  v,
+  o,
+  gate,
+  up,
+  down,
+  lin_qkv,
+  lin_z,
+  lin_b,
+  lin_a,
+  lin_out,
+  ple_gate,
+  ple_out
+};
+constexpr int kSlots = 14;
 
 /// A layer's token mixer: softmax attention, or a Gated DeltaNet (linear attention).
 enum class Mixer { attention, linear };
@@ -58,9 +84,11 @@ inline bool linear_slot(Slot s) {
 
 /// Where a norm sits (docs/MODELS.md): a block's attention input, attention output
 /// (sandwich), MLP input, MLP output (sandwich), the per-head q and k norms, the final norm,
-/// the per-head v norm (Gemma 4's, without a weight: NormKind::unit).
-enum class NormRole { attn_in, attn_out, mlp_in, mlp_out, q, k, final, v };
-constexpr int kNormRoles = 8;
+/// the per-head v norm (Gemma 4's, without a weight: NormKind::unit), Gemma 4's
+/// post_per_layer_input_norm (a layer's) and per_layer_projection_norm (the model's, over
+/// the per-layer input width).
+enum class NormRole { attn_in, attn_out, mlp_in, mlp_out, q, k, final, v, ple_out, ple_proj };
+constexpr int kNormRoles = 10;
 
 struct ProjectionSpec {
   std::string name;    // the LoRA target name (PEFT's): "q_proj", "qkv_proj", ...
@@ -205,6 +233,9 @@ struct DecoderSpec {
   // Gemma 4: each layer's output (its residual stream) times its frozen [1] tensor
   // <layer>.layer_scalar
   bool layer_scalar = false;
+  // Gemma 4's per-layer inputs (nn/per_layer_input.hpp): P = hidden_size_per_layer_input
+  // (0: none) and the rows of model.embed_tokens_per_layer [ple_vocab, layers * P]
+  int64_t ple_width = 0, ple_vocab = 0;
   LinearAttentionSpec linear;  // the Gated DeltaNet layers' (LayerSpec::mixer linear)
   bool tied = false;
   std::vector<RopeSpec> ropes;

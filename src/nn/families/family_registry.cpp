@@ -66,10 +66,12 @@ void validate(const DecoderSpec& s) {
     const auto input_of = [](Slot x) {
       return x == Slot::q || x == Slot::k || x == Slot::v || (linear_slot(x) && x != Slot::lin_out)
                  ? ProjectionInput::attn_norm
-             : x == Slot::o       ? ProjectionInput::attn_out
-             : x == Slot::lin_out ? ProjectionInput::linear_out
-             : x == Slot::down    ? ProjectionInput::mlp_act
-                                  : ProjectionInput::mlp_norm;
+             : x == Slot::o        ? ProjectionInput::attn_out
+             : x == Slot::lin_out  ? ProjectionInput::linear_out
+             : x == Slot::down     ? ProjectionInput::mlp_act
+             : x == Slot::ple_gate ? ProjectionInput::block_out
+             : x == Slot::ple_out  ? ProjectionInput::ple_act
+                                   : ProjectionInput::mlp_norm;
     };
     for (Slot slot : p.slots)  // (a fused projection stays within one mixer)
       KQLORA_CHECK(attention_slot(slot) == attention_slot(p.slots[0]) &&
@@ -84,7 +86,8 @@ void validate(const DecoderSpec& s) {
     const Slot slot = static_cast<Slot>(i);
     const bool used = attention_slot(slot) ? s.any_mixer(Mixer::attention)
                       : linear_slot(slot)  ? s.any_mixer(Mixer::linear)
-                                           : true;
+                      : slot == Slot::ple_gate || slot == Slot::ple_out ? s.ple_width > 0
+                                                                        : true;
     KQLORA_CHECK(writers[i] == (used ? 1 : 0), s.model_type << ": a slot is not written once");
   }
   KQLORA_CHECK(!s.any_mixer(Mixer::linear) ||
@@ -168,6 +171,10 @@ int64_t DecoderSpec::slot_width(Slot s) const {
     case Slot::lin_b:
     case Slot::lin_a:
       return linear.value_heads;
+    case Slot::ple_gate:
+      return ple_width;
+    case Slot::ple_out:
+      return hidden;
     default:
       return intermediate;
   }
@@ -252,6 +259,8 @@ int64_t DecoderSpec::in_features(const ProjectionSpec& p) const {
       return intermediate;
     case ProjectionInput::linear_out:
       return linear.value_width();
+    case ProjectionInput::ple_act:
+      return ple_width;
     default:
       return hidden;
   }
@@ -274,12 +283,14 @@ const NormSpec* DecoderSpec::norm(NormRole r) const {
 }
 
 int64_t DecoderSpec::norm_width(const NormSpec& n) const {
+  if (n.role == NormRole::ple_proj) return ple_width;
   if (n.role != NormRole::q && n.role != NormRole::k && n.role != NormRole::v) return hidden;
   if (!n.whole) return head_dim;
   return n.role == NormRole::q ? q_features() : kv_features();
 }
 
 int64_t DecoderSpec::norm_width(const NormSpec& n, int64_t l) const {
+  if (n.role == NormRole::ple_proj) return ple_width;
   if (n.role != NormRole::q && n.role != NormRole::k && n.role != NormRole::v) return hidden;
   if (!n.whole) return head_dim_of(l);
   return n.role == NormRole::q ? q_features(l) : kv_features(l);

@@ -5,11 +5,11 @@
 // global_head_dim / num_global_key_value_heads, transformers 5.25's per_layer_config),
 // whose v is k_proj's raw output when attention_k_eq_v; "proportional" rope on the full
 // layers (the rotated frequencies spread over the whole head, the rest zero); each layer's
-// output times its frozen layer_scalar; embeddings times sqrt(hidden); a final soft-cap
-// key/value sharing: the last num_kv_shared_layers layers attend over an earlier layer's
-// keys and values, their MLP double-wide when use_double_wide_mlp (docs/MODELS.md,
-// "Gemma 4"). Not yet read: the per-layer input embeddings (hidden_size_per_layer_input >
-// 0) and the MoE block (enable_moe_block): each is refused naming the field.
+// output times its frozen layer_scalar; embeddings times sqrt(hidden); a final soft-cap;
+// key/value sharing (the last num_kv_shared_layers layers attend over an earlier layer's
+// keys and values, their MLP double-wide when use_double_wide_mlp); the per-layer inputs
+// (hidden_size_per_layer_input > 0: E2B, E4B) (docs/MODELS.md, "Gemma 4"). Not yet read:
+// the MoE block (enable_moe_block), refused naming the field.
 #include <cmath>
 #include <string>
 
@@ -85,12 +85,21 @@ DecoderSpec gemma4_family(HfConfigReader& r, const std::string& model_type) {
                                               value_text(*r.get("use_bidirectional_attention")) +
                                               "; kqlora trains causal decoders (null: causal)");
   // (what kqlora does not read yet: refused, never ignored)
-  if (r.integer("hidden_size_per_layer_input", 256, false, 0) > 0)
-    r.fail("hidden_size_per_layer_input",
-           "is " + std::to_string(r.integer("hidden_size_per_layer_input", 256, false, 0)) +
-               ": Gemma 4's per-layer input embeddings are not supported yet (0: none; "
-               "docs/MODELS.md, \"Gemma 4\")");
-  r.accept({"vocab_size_per_layer_input"});
+  // Per-layer inputs (hidden_size_per_layer_input P > 0; transformers' default 256): a
+  // table of vocab_size_per_layer_input rows of layers x P, the model's projection and norm,
+  // and each layer's per_layer_input_gate, per_layer_projection and their norm.
+  s.ple_width = r.integer("hidden_size_per_layer_input", 256, false, 0);
+  if (s.ple_width > 0) {
+    s.ple_vocab = r.integer("vocab_size_per_layer_input", 262144, false);
+    using PI = ProjectionInput;
+    s.projections.push_back(
+        {"per_layer_input_gate", "per_layer_input_gate", PI::block_out, {Slot::ple_gate}});
+    s.projections.push_back(
+        {"per_layer_projection", "per_layer_projection", PI::ple_act, {Slot::ple_out}});
+    s.norms.push_back({"post_per_layer_input_norm", NormRole::ple_out, w});
+    s.norms.push_back({"model.per_layer_projection_norm", NormRole::ple_proj, w});
+  }
+  r.accept({"vocab_size_per_layer_input"});  // (without per-layer inputs: unused)
   if (r.boolean("enable_moe_block", false))
     r.fail("enable_moe_block",
            "is true: Gemma 4's MoE block is not supported yet (docs/MODELS.md, \"Gemma 4\")");
