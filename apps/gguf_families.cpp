@@ -143,6 +143,107 @@ void hybrid_layout(GgufDecoder& d, const json::Value& cfg, bool mrope, const Ref
   }
 }
 
+/// Gemma 4's text decoder as llama.cpp's gemma4 runs it (docs/GGUF.md, "Families"):
+/// sliding layers by a bool array, the full layers' head size and rope as the main keys and
+/// the sliding layers' as *_swa, key/value heads a layer, the full layers' rope as
+/// rope_freqs divisors; refused what its graph computes otherwise.
+template <class Refuse>
+void gemma4_layout(GgufDecoder& d, const json::Value& cfg, const Refuse& refuse) {
+  const DecoderSpec& spec = d.spec;
+  // (what kqlora's gemma4 family sets, and llama.cpp's gemma4 hard-codes: scores scaled by
+  // 1, no attention soft-cap, no clamp, no sinks, a rope a layer type)
+  KQLORA_CHECK(spec.attn_scale == 1.0f && spec.attn_softcap == 0 && spec.clip_qkv == 0 &&
+                   !spec.sinks && spec.layer_scalar && spec.ropes.size() == 2,
+               "gguf: a gemma4 spec unlike Gemma 4's");
+  for (const ProjectionSpec& p : spec.projections)
+    if (p.bias) refuse("attention_bias", "llama.cpp's gemma4 has no attention biases");
+  // Per-layer inputs: llama.cpp's gemma4 reads the table as per_layer_token_embd with
+  // vocab_size rows (its token ids index both).
+  if (spec.ple_width > 0 && spec.ple_vocab != spec.vocab)
+    refuse("vocab_size_per_layer_input",
+           "llama.cpp's gemma4 sizes the per-layer input table by vocab_size (" +
+               std::to_string(spec.vocab) + ")");
+  // (the MoE block, should kqlora's gemma4 family read it: llama.cpp's gemma4 has one, but
+  // it is not checked here against transformers)
+  const json::Value* moe = cfg.find("enable_moe_block");
+  if (moe && moe->kind == json::Value::Kind::boolean && moe->boolean)
+    refuse("enable_moe_block",
+           "kqlora's GGUF export does not write Gemma 4's MoE block yet (llama.cpp's gemma4 "
+           "reads it; unchecked here)");
+  int64_t full = -1, sliding = -1;  // a layer of each type
+  for (int64_t l = 0; l < spec.layers; ++l) {
+    const LayerSpec& at = spec.layer[static_cast<size_t>(l)];
+    d.window = std::max(d.window, at.window);
+    (at.window > 0 ? sliding : full) = l;
+    KQLORA_CHECK(at.rope == (at.window > 0 ? 1 : 0), "gguf: a gemma4 layer's rope not its type's");
+  }
+  for (const LayerSpec& at : spec.layer)
+    KQLORA_CHECK(at.window == 0 || at.window == d.window, "gguf: gemma4 windows of several sizes");
+  // (llama.cpp's gemma4 always keeps a sliding-window cache and asserts a sliding layer:
+  // without one, a one-layer model too as its last layer is full, the process aborts)
+  if (sliding < 0)
+    refuse(cfg.find("layer_types") ? "layer_types" : "num_hidden_layers",
+           "no layer is sliding_attention (transformers makes the last layer full); llama.cpp's "
+           "gemma4 needs one: it asserts as much when it builds its cache, and aborts");
+  KQLORA_CHECK(full >= 0, "gguf: a gemma4 model without a full-attention layer");
+  // Key/value sharing: the last N layers (attention.shared_kv_layers) attend over an earlier
+  // layer's keys and values, transformers' (and kqlora's) the last unshared layer of their
+  // type, llama.cpp's the last unshared layer for a full layer and the one before it for a
+  // sliding one (its cache's reuse): the same when the last unshared layer is full and the
+  // one before it sliding (Gemma 4 E2B's and E4B's layout), refused otherwise.
+  int64_t first = spec.layers;  // the first sharing layer
+  while (first > 0 && spec.layer[static_cast<size_t>(first - 1)].kv_source >= 0) --first;
+  for (int64_t l = 0; l < spec.layers; ++l) {
+    const LayerSpec& at = spec.layer[static_cast<size_t>(l)];
+    KQLORA_CHECK((at.kv_source >= 0) == (l >= first), "gguf: gemma4 sharing layers not the last");
+    const int64_t reused = first - (at.window > 0 ? 2 : 1);  // llama.cpp's
+    if (at.kv_source >= 0 && (at.kv_source != reused || first < 2))
+      refuse("num_kv_shared_layers",
+             "layer " + std::to_string(l) + " attends over layer " + std::to_string(at.kv_source) +
+                 "'s keys and values (the last unshared layer of its type); llama.cpp's gemma4 "
+                 "reuses layer " +
+                 std::to_string(reused) + "'s, the " + (at.window > 0 ? "second-" : "") +
+                 "last unshared layer, for a " + (at.window > 0 ? "sliding" : "full") +
+                 " one (it needs the last unshared layer full, the one before it sliding)");
+  }
+  d.shared_kv_layers = spec.layers - first;
+  // The head sizes: llama.cpp's gemma4 reads one a layer type (attention.key_length and
+  // key_length_swa), as kqlora's family requires.
+  for (int64_t l = 0; l < spec.layers; ++l)
+    KQLORA_CHECK(
+        spec.head_dim_of(l) ==
+            spec.head_dim_of(spec.layer[static_cast<size_t>(l)].window > 0 ? sliding : full),
+        "gguf: gemma4 head sizes differ within a layer type");
+  // The sliding layers' rope: llama.cpp rotates them by rope.freq_base_swa over the whole
+  // head (rope.dimension_count_swa), every frequency as is (no factors, no scaling).
+  const std::string rope_field = cfg.find("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  const RopeSpec& swa = spec.ropes[1];
+  KQLORA_CHECK(swa.rotary_dim == spec.head_dim_of(sliding) &&
+                   spec.ropes[0].rotary_dim == spec.head_dim_of(full),
+               "gguf: a gemma4 rope not over its layers' heads");
+  const std::vector<double> swa_factors = rope_factors(swa);
+  for (size_t i = 0; i < swa_factors.size(); ++i)
+    if (!close(swa_factors[i], 1.0, 1e-5))
+      refuse(rope_field,
+             "its sliding_attention rope has frequency " + std::to_string(i) +
+                 (swa.inv_freq[i] > 0 ? " divided by " + std::to_string(swa_factors[i])
+                                      : std::string(" at 0 (proportional)")) +
+                 "; llama.cpp's gemma4 rotates the sliding layers by their rope_theta over the "
+                 "whole head, unscaled (frequency factors apply to the full layers only)");
+  // The full layers' rope, default or proportional with its factor: rope_freqs, each base
+  // frequency's divisor, 1e30 where the frequency is 0 (those pairs pass unrotated), as
+  // llama.cpp's converter writes proportional rope; ggml's NEOX rope pairs (i, i + head/2),
+  // as transformers'.
+  const RopeSpec& r = spec.ropes[0];
+  KQLORA_CHECK(r.attention_factor == 1.0f && r.inv_freq_long.empty(),
+               "gguf: gemma4 with a rope attention factor or long factors");
+  for (size_t i = 0; i < r.inv_freq.size(); ++i) {
+    const double base = std::pow(r.theta, -2.0 * static_cast<double>(i) / r.rotary_dim);
+    const double f = r.inv_freq[i] > 0 ? base / r.inv_freq[i] : 1e30;
+    d.rope_freqs.push_back(close(f, 1.0, 1e-6) ? 1.0f : static_cast<float>(f));
+  }
+}
+
 }  // namespace
 
 GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text,
@@ -150,9 +251,10 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
   GgufDecoder d;
   d.spec = spec;
   const json::Value root = json::parse(config_text, file + ": hf_config");
-  // (a multimodal Qwen3.5 or Qwen3.5-MoE directory: its text decoder's fields are
+  // (a multimodal Qwen3.5, Qwen3.5-MoE or Gemma 4 directory: its text decoder's fields are
   // text_config's, and the GGUF holds that decoder alone, as llama.cpp's converter writes it)
-  const bool multimodal = spec.model_type == "qwen3_5" || spec.model_type == "qwen3_5_moe";
+  const bool multimodal = spec.model_type == "qwen3_5" || spec.model_type == "qwen3_5_moe" ||
+                          spec.model_type == "gemma4";
   const json::Value* text = multimodal ? root.find("text_config") : nullptr;
   const json::Value cfg = text ? *text : root;
   const std::string field_prefix = text ? "text_config." : "";
@@ -176,7 +278,9 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
                                                            {"qwen3_5", "qwen35"},
                                                            {"qwen3_5_moe_text", "qwen35moe"},
                                                            {"qwen3_5_moe", "qwen35moe"},
-                                                           {"qwen3_next", "qwen3next"}};
+                                                           {"qwen3_next", "qwen3next"},
+                                                           {"gemma4_text", "gemma4"},
+                                                           {"gemma4", "gemma4"}};
   const auto a = archs.find(spec.model_type);
   const auto refuse = [&](const std::string& key, const std::string& why) {
     KQLORA_INPUT_CHECK(false, where << "config.json's " << field_prefix << key << " = "
@@ -196,7 +300,7 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
   KQLORA_INPUT_CHECK(a != archs.end(), where << "model_type '" << spec.model_type
                                              << "' has no llama.cpp architecture here");
   d.arch = a->second;
-  const bool gemma = d.arch == "gemma2" || d.arch == "gemma3";
+  const bool gemma = d.arch == "gemma2" || d.arch == "gemma3" || d.arch == "gemma4";
   const bool olmo2 = d.arch == "olmo2", granite = d.arch == "granite";
   // Qwen3.5's hybrid decoders: qwen35 (dense) and qwen35moe, with mrope and the value
   // heads tiled; qwen3next, with the fused in_proj_qkvz split and the value heads grouped
@@ -263,6 +367,11 @@ GgufDecoder gguf_decoder(const DecoderSpec& spec, const std::string& config_text
     refuse(
         gemma ? "hidden_activation" : "hidden_act",
         "llama.cpp's " + d.arch + " applies " + (gemma ? "gelu_pytorch_tanh" : "silu") + " only");
+  // Gemma 4: its own layout (per-type head sizes and ropes, rope_freqs, layer_scalar)
+  if (d.arch == "gemma4") {
+    gemma4_layout(d, cfg, refuse);
+    return d;
+  }
   // OLMo 2 / 3 and Qwen3.5's hybrids: llama.cpp's olmo2, qwen35, qwen35moe and qwen3next
   // have no biases; olmo2 sizes q, its norm and the o projection by hidden_size and reads
   // an output.weight of its own.
@@ -421,7 +530,19 @@ void GgufDecoder::add_metadata(gguf::Writer& w) const {
   u32("context_length", spec.max_positions);
   u32("embedding_length", spec.hidden);
   u32("block_count", spec.layers);
-  u32("feed_forward_length", spec.intermediate);
+  // (Gemma 4's double-wide MLPs of its key/value-sharing layers: a width a layer)
+  std::vector<int32_t> widths;
+  for (int64_t l = 0; l < spec.layers; ++l)
+    widths.push_back(
+        static_cast<int32_t>(spec.any_sparse_mlp() ? spec.intermediate : spec.mlp_width(l)));
+  bool one_width = true;
+  for (int32_t x : widths) one_width &= x == widths[0];
+  if (one_width) {
+    u32("feed_forward_length", spec.intermediate);
+  } else {
+    KQLORA_CHECK(arch == "gemma4", "gguf: MLP widths a layer outside gemma4");
+    w.add_i32s(a + "feed_forward_length", widths);
+  }
   if (spec.any_sparse_mlp()) {
     u32("expert_count", spec.experts.experts);
     u32("expert_used_count", spec.experts.top_k);
@@ -430,9 +551,25 @@ void GgufDecoder::add_metadata(gguf::Writer& w) const {
       u32("expert_shared_feed_forward_length", spec.experts.shared_intermediate);
   }
   u32("attention.head_count", spec.heads);
-  u32("attention.head_count_kv", spec.kv_heads);
-  u32("attention.key_length", spec.head_dim);
-  u32("attention.value_length", spec.head_dim);
+  // (Gemma 4: key/value heads a layer where they differ; key_length the full-attention
+  // layers' head size, the sliding layers' under key_length_swa below)
+  std::vector<int32_t> kv_heads;
+  int64_t full_head = spec.head_dim, swa_head = spec.head_dim;
+  for (int64_t l = 0; l < spec.layers; ++l) {
+    kv_heads.push_back(static_cast<int32_t>(spec.kv_heads_of(l)));
+    (spec.layer[static_cast<size_t>(l)].window > 0 ? swa_head : full_head) = spec.head_dim_of(l);
+  }
+  bool uniform = true;
+  for (int32_t k : kv_heads) uniform &= k == kv_heads[0];
+  if (uniform) {
+    u32("attention.head_count_kv", kv_heads[0]);
+  } else {
+    KQLORA_CHECK(arch == "gemma4", "gguf: key/value heads a layer outside gemma4");
+    w.add_i32s(a + "attention.head_count_kv", kv_heads);
+  }
+  if (arch != "gemma4") full_head = swa_head = spec.head_dim;
+  u32("attention.key_length", full_head);
+  u32("attention.value_length", full_head);
   w.add_f32(a + "attention.layer_norm_rms_epsilon", static_cast<float>(spec.norm_eps));
   u32("rope.dimension_count", spec.ropes[0].rotary_dim);
   w.add_f32(a + "rope.freq_base", static_cast<float>(spec.ropes[0].theta));
@@ -479,6 +616,22 @@ void GgufDecoder::add_metadata(gguf::Writer& w) const {
       for (const LayerSpec& l : spec.layer) recurrent.push_back(l.mixer == Mixer::linear);
       w.add_bools(a + "attention.recurrent_layers", recurrent);
     }
+  }
+  if (arch == "gemma4") {
+    // (the sliding layers' head size and rope; llama.cpp's gemma4 soft-caps the logits by 30
+    // without the key, so 0 says none; the per-layer inputs' width, 0: none; the
+    // key/value-sharing layers)
+    u32("attention.key_length_swa", swa_head);
+    u32("attention.value_length_swa", swa_head);
+    u32("rope.dimension_count_swa", spec.ropes[1].rotary_dim);
+    w.add_f32(a + "rope.freq_base_swa", static_cast<float>(spec.ropes[1].theta));
+    u32("attention.sliding_window", window);
+    std::vector<bool> sliding;
+    for (const LayerSpec& l : spec.layer) sliding.push_back(l.window > 0);
+    w.add_bools(a + "attention.sliding_window_pattern", sliding);
+    w.add_f32(a + "final_logit_softcapping", spec.final_softcap);
+    u32("embedding_length_per_layer_input", spec.ple_width);
+    u32("attention.shared_kv_layers", shared_kv_layers);
   }
   if (arch == "gemma3") {
     if (spec.final_softcap > 0) w.add_f32(a + "final_logit_softcapping", spec.final_softcap);
@@ -553,6 +706,19 @@ GgufTensorPlan GgufDecoder::tensor(const std::string& hf, const std::string& fil
     p.neg_exp = m[3].str() == "A_log";  // (llama.cpp's ssm_a is -exp(A_log))
     return tiled(p, 0, 1);
   }
+  // (Gemma 4's per-layer inputs: the table, the model's projection and its norm)
+  if (arch == "gemma4") {
+    static const std::map<std::string, std::string> ple = {
+        {"model.embed_tokens_per_layer.weight", "per_layer_token_embd.weight"},
+        {"model.per_layer_model_projection.weight", "per_layer_model_proj.weight"},
+        {"model.per_layer_projection_norm.weight", "per_layer_proj_norm.weight"}};
+    const auto at = ple.find(hf);
+    if (at != ple.end()) return {at->second};
+  }
+  // (Gemma 4's [1] layer_scalar: llama.cpp's layer_output_scale, F32)
+  static const std::regex scalar(R"(model\.layers\.(\d+)\.layer_scalar)");
+  if (arch == "gemma4" && std::regex_match(hf, m, scalar))
+    return {"blk." + m[1].str() + ".layer_output_scale.weight"};
   static const std::regex layer(R"(model\.layers\.(\d+)\.(.*)\.(weight|bias))");
   KQLORA_INPUT_CHECK(std::regex_match(hf, m, layer),
                      file << ": --gguf: tensor '" << hf << "' has no llama.cpp name");
@@ -562,7 +728,8 @@ GgufTensorPlan GgufDecoder::tensor(const std::string& hf, const std::string& fil
     static const std::map<NormRole, std::string> names = {
         {NormRole::attn_in, "attn_norm"}, {NormRole::attn_out, "post_attention_norm"},
         {NormRole::mlp_in, "ffn_norm"},   {NormRole::mlp_out, "post_ffw_norm"},
-        {NormRole::q, "attn_q_norm"},     {NormRole::k, "attn_k_norm"}};
+        {NormRole::q, "attn_q_norm"},     {NormRole::k, "attn_k_norm"},
+        {NormRole::ple_out, "post_norm"}};
     // (the hybrids call the norm before the MLP post_attention_norm, as transformers' name)
     const std::string name =
         hybrid && n.role == NormRole::mlp_in ? "post_attention_norm" : names.at(n.role);
@@ -628,9 +795,9 @@ GgufTensorPlan GgufDecoder::tensor(const std::string& hf, const std::string& fil
         break;
     }
     static const std::map<Slot, std::string> names = {
-        {Slot::q, "attn_q"},      {Slot::k, "attn_k"},      {Slot::v, "attn_v"},
-        {Slot::o, "attn_output"}, {Slot::gate, "ffn_gate"}, {Slot::up, "ffn_up"},
-        {Slot::down, "ffn_down"}};
+        {Slot::q, "attn_q"},      {Slot::k, "attn_k"},          {Slot::v, "attn_v"},
+        {Slot::o, "attn_output"}, {Slot::gate, "ffn_gate"},     {Slot::up, "ffn_up"},
+        {Slot::down, "ffn_down"}, {Slot::ple_gate, "inp_gate"}, {Slot::ple_out, "proj"}};
     // Fused: [q | k | v] is attn_qkv, [gate | up] llama.cpp's ffn_up (gate first).
     const std::string name = p.slots.size() == 1     ? names.at(p.slots[0])
                              : p.slots[0] == Slot::q ? std::string("attn_qkv")

@@ -4,9 +4,10 @@
 // transforms its converter applies (the Q/K row order of llama, smollm3 and granite,
 // Gemma's and Qwen3.5's norms as w + 1, Qwen3.5's Gated DeltaNet value heads reordered
 // and A_log stored as -exp(A_log), Qwen3-Next's in_proj_qkvz split into attn_qkv and
-// attn_gate), and what llama.cpp cannot express -- refused, naming the
-// config.json field and value, rather than written to run differently. This is the one place
-// outside nn/ that knows families by name: llama.cpp's names are per architecture by its design.
+// attn_gate, Gemma 4's proportional rope as rope_freqs), and what llama.cpp cannot
+// express -- refused, naming the config.json field and value, rather than written to run
+// differently. This is the one place outside nn/ that knows families by name: llama.cpp's
+// names are per architecture by its design.
 
 #include <cstdint>
 #include <string>
@@ -41,8 +42,11 @@ struct GgufTensorPlan {
 
 /// A decoder as llama.cpp runs it.
 struct GgufDecoder {
-  std::string arch;               // general.architecture
-  std::vector<float> rope_freqs;  // llama's rope_freqs.weight (llama3-style factors); empty: none
+  std::string arch;  // general.architecture
+  // rope_freqs.weight, the divisors of the base frequencies: llama's (llama3-style) or
+  // gemma4's full-attention layers' (proportional rope: 1e30 where a frequency is 0, as
+  // llama.cpp's converter); empty: none
+  std::vector<float> rope_freqs;
 
   /// Adds the architecture's hyperparameter keys ("<arch>.*") to w.
   void add_metadata(gguf::Writer& w) const;
@@ -69,6 +73,9 @@ struct GgufDecoder {
   // layer)
   std::vector<int32_t> rope_sections;
   int64_t full_attention_interval = 0;
+  // gemma4: the last layers attending over an earlier layer's keys and values
+  // (attention.shared_kv_layers)
+  int64_t shared_kv_layers = 0;
 };
 
 /// llama.cpp's view of `spec` (config.json's text `config_text`, `file` naming the

@@ -4,7 +4,8 @@
     python3 tests/check_gguf_families.py KQLORA_TRAIN KQLORA_EXPORT WORKDIR [FAMILY ...]
 
 For each case, a tiny random model of the family (tools/make_hf_model.py, its "tiny"
-preset with the fields llama.cpp can express: docs/GGUF.md, "Families") is trained for 4
+preset with the fields llama.cpp can express: docs/GGUF.md, "Families"; Gemma 4's built here
+by transformers, gemma4_model) is trained for 4
 AdamW steps by kqlora-train (LoRA on every projection, eval after the last step) and
 exported with --merged and --gguf (f32, bf16, q8_0). Then:
   - transformers' GGUF loader, given --merged's config.json (it drops fields), gives
@@ -13,7 +14,8 @@ exported with --merged and --gguf (f32, bf16, q8_0). Then:
   - the GGUF's hyperparameter keys equal config.json's (read back with the gguf package;
     Granite's multipliers, YaRN's factor and original context, OLMo 3's window and layer
     pattern, the Gated DeltaNet sizes, layer pattern and mrope sections of Qwen3.5,
-    Qwen3.5-MoE and Qwen3-Next too);
+    Qwen3.5-MoE and Qwen3-Next, Gemma 4's per-type head sizes and ropes, kv heads and MLP
+    widths a layer and rope_freqs too);
   - where llama-cpp-python can be imported (tools/install_llama_cpp.sh puts it into
     .venv-tools, which this script then re-runs itself under): llama.cpp's logits for
     every position of each eval row match transformers' on --merged (float32 KV cache,
@@ -134,15 +136,51 @@ CASES = {
     # dense one there), renormalised, beside a shared expert
     "qwen3_next": ("qwen3_next", {"attention_bias": False, "mlp_only_layers": [],
                                   "norm_topk_prob": True}),
+    # Gemma 4 (GEMMA4_TINY, built here: make_hf_model.py has no gemma4_text): sliding layers
+    # of heads 16 (2 kv heads) and full ones of heads 32 and 1 kv head whose v is k_proj's
+    # raw output (attention_k_eq_v: no attn_v), proportional rope with a factor on the full
+    # layers (rope_freqs), w * n norms, layer_scalar, a final soft-cap, an untied head; the
+    # last 2 layers attending over layers 1 and 2's keys and values (llama.cpp's reuse: the
+    # last unshared layer full, the one before it sliding) with double-wide MLPs
+    "gemma4_text": ("gemma4_text", {
+        "tie_word_embeddings": False, "num_hidden_layers": 5, "num_kv_shared_layers": 2,
+        "use_double_wide_mlp": True,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
+                        "sliding_attention", "full_attention"]}),
+    # Gemma 4 as the hub ships it: a multimodal gemma4 directory (a vision tower beside), with
+    # per-layer inputs of 8 a layer (as E2B's, per_layer_token_embd, ...), tied, without a
+    # soft-cap (llama.cpp's default of 30 is written as 0)
+    "gemma4": ("gemma4_text", {"final_logit_softcapping": None,
+                               "hidden_size_per_layer_input": 8,
+                               "vocab_size_per_layer_input": 96}),
 }
+# Gemma 4's tiny model (tools/gen_llama_reference.py's gemma4_text case, smaller; the cases
+# add key/value sharing and per-layer inputs); the last layer full, as transformers forces.
+# (transformers warns of the proportional rope's "factor" as an unrecognised key, and
+# divides its frequencies by it: kqlora does the same)
+GEMMA4_TINY = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                   global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+                   hidden_size_per_layer_input=0, num_kv_shared_layers=0, sliding_window=21,
+                   final_logit_softcapping=5.0, max_position_embeddings=256,
+                   initializer_range=0.08,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                                "full_attention"],
+                   rope_parameters={"sliding_attention": {"rope_type": "default",
+                                                          "rope_theta": 10000.0},
+                                    "full_attention": {"rope_type": "proportional",
+                                                       "partial_rotary_factor": 0.5,
+                                                       "factor": 2.0,
+                                                       "rope_theta": 1000000.0}})
 # Cases trained from their tiny model rewritten as a multimodal directory
 # (check_llama_export.py's multimodal_directory: the decoder under model.language_model.,
 # a vision tower beside it); their GGUF is the text decoder's.
-MULTIMODAL = {"qwen3_5", "qwen3_5_moe"}
+MULTIMODAL = {"qwen3_5", "qwen3_5_moe", "gemma4"}
 # Families transformers' GGUF loader does not read as trained (Mixtral's file is llama's
-# architecture, which it loads without experts; no olmoe): llama.cpp checks their numbers.
+# architecture, which it loads without experts; no olmoe; its gemma4 maps no tensor to
+# layer_scalar, which it leaves at 1): llama.cpp checks their numbers.
 NO_HF_GGUF = {"mixtral", "olmoe", "smollm3", "olmo2", "olmo3", "granite", "qwen3_5_text",
-              "qwen3_5", "qwen3_5_moe_text", "qwen3_next"}
+              "qwen3_5", "qwen3_5_moe_text", "qwen3_next", "gemma4_text"}
 # Qwen3.5's hybrid layers (Gated DeltaNet's ssm.* keys and the layer pattern)
 HYBRID = {"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"}
 # Reference cases (tests/data/family_reference) llama.cpp cannot run as trained, and the
@@ -156,7 +194,9 @@ REFUSED = {"gemma2": "attention_bias", "gemma3_text": "query_pre_attn_scalar",
            # (its Gated DeltaNet heads: keys of 16, values of 4; llama.cpp sizes both by one)
            "qwen3_5_text": "linear_value_head_dim", "qwen3_5_moe": "linear_value_head_dim",
            # (dense layers 0 and 2: llama.cpp's qwen3next reads experts for every layer)
-           "qwen3_next": "decoder_sparse_step"}
+           "qwen3_next": "decoder_sparse_step",
+           # (layers 3 and 4 attend over layers 2 and 1: llama.cpp's gemma4 reuses 1 and 2)
+           "gemma4_kv_shared": "num_kv_shared_layers"}
 # Tiny models (family, --config over the tiny preset) with a setting llama.cpp cannot express,
 # each alone, and the field each refusal names.
 _SMOLLM3 = {"no_rope_layers": [1, 1, 1, 0], "use_sliding_window": False, "attention_bias": False,
@@ -191,6 +231,18 @@ REFUSED_TINY = {
     # llama.cpp's qwen3next always renormalises the top k
     "qwen3_next_raw_topk": ("qwen3_next", {"attention_bias": False, "mlp_only_layers": [],
                                            "norm_topk_prob": False}, "norm_topk_prob"),
+    # llama.cpp's gemma4 has no attention biases, rotates its sliding layers unscaled over the
+    # whole head (proportional rope there has no tensor), and aborts without a sliding layer
+    "gemma4_bias": ("gemma4_text", {"attention_bias": True}, "attention_bias"),
+    "gemma4_sliding_rope": ("gemma4_text", {"rope_parameters": dict(
+        GEMMA4_TINY["rope_parameters"], sliding_attention={
+            "rope_type": "proportional", "partial_rotary_factor": 0.5,
+            "rope_theta": 10000.0})}, "rope_parameters"),
+    "gemma4_all_full": ("gemma4_text", {"layer_types": ["full_attention"] * 4}, "layer_types"),
+    # (llama.cpp's gemma4 sizes the per-layer input table by vocab_size)
+    "gemma4_ple_vocab": ("gemma4_text", {"hidden_size_per_layer_input": 8,
+                                         "vocab_size_per_layer_input": 64},
+                         "vocab_size_per_layer_input"),
 }
 ROWS, T = 3, 64
 
@@ -228,12 +280,33 @@ def llama_cpp_logits(path, ids):
     return out
 
 
+def gemma4_model(out, over):
+    """A tiny random Gemma 4 text decoder (GEMMA4_TINY with `over`), saved by transformers:
+    projections normal(0, initializer_range), norm weights 1 + 0.2 randn (w * n), each
+    layer_scalar in [0.5, 1.5]."""
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+    torch.manual_seed(11)
+    model = Gemma4ForCausalLM(Gemma4TextConfig(**dict(GEMMA4_TINY, **over))).float()
+    g = torch.Generator().manual_seed(13)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(0.5 + torch.rand(b.shape, generator=g))
+    model.save_pretrained(out)
+
+
 def check_case(name, family, over, train_bin, export_bin, work, checks):
     work = os.path.join(work, name)
     os.makedirs(work)
     model = os.path.join(work, "model")
-    make_hf_model(model, "--family", family, "--preset", "tiny", "--config", json.dumps(over),
-                  "--dtype", "f32")
+    if family == "gemma4_text":
+        gemma4_model(model, over)
+    else:
+        make_hf_model(model, "--family", family, "--preset", "tiny", "--config",
+                      json.dumps(over), "--dtype", "f32")
     cfg = json.load(open(os.path.join(model, "config.json")))
     if name in MULTIMODAL:
         from check_llama_export import multimodal_directory
@@ -289,7 +362,8 @@ def check_case(name, family, over, train_bin, export_bin, work, checks):
     expect_arch = {"mistral": "llama", "gemma3_text": "gemma3", "qwen3_moe": "qwen3moe",
                    "qwen2_moe": "qwen2moe", "mixtral": "llama",
                    "olmo3": "olmo2", "qwen3_5_text": "qwen35",
-                   "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next"}.get(family, family)
+                   "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next",
+                   "gemma4_text": "gemma4"}.get(family, family)
     checks.append(("%s: general.architecture %r" % (name, arch), arch == expect_arch))
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     rope = cfg.get("rope_parameters") or {}
@@ -305,6 +379,8 @@ def check_case(name, family, over, train_bin, export_bin, work, checks):
             "attention.layer_norm_rms_epsilon": cfg["rms_norm_eps"],
             "rope.dimension_count": int(head_dim * partial)}
     experts = cfg.get("num_experts", cfg.get("num_local_experts"))
+    if family == "gemma4_text":
+        check_gemma4_keys(name, cfg, fields, work, meta, checks)
     if family == "granite":  # (the multipliers under llama.cpp's names)
         meta.update({"attention.scale": cfg["attention_multiplier"],
                      "embedding_scale": cfg["embedding_multiplier"],
@@ -384,6 +460,56 @@ def check_case(name, family, over, train_bin, export_bin, work, checks):
                    disagree == 0 and worst <= 5e-3 * span))
 
 
+def check_gemma4_keys(name, cfg, fields, work, meta, checks):
+    """Gemma 4's keys (into `meta`, checked by the caller, or checked here): the full layers'
+    head size, rope base and dims as the main keys, the sliding layers' as *_swa, the kv
+    heads a layer, the window and its layers, the soft-cap (0: none), and rope_freqs (the
+    full layers' frequency divisors: the factor where rotated, 1e30 where not)."""
+    sliding = [t == "sliding_attention" for t in cfg["layer_types"]]
+    per = cfg.get("per_layer_config") or {}
+    full_head = [per[str(l)]["head_dim"] for l in range(len(sliding))
+                 if not sliding[l] and str(l) in per][0]
+    kv = [per.get(str(l), {}).get("num_key_value_heads", cfg["num_key_value_heads"])
+          for l in range(len(sliding))]
+    ropes = cfg["rope_parameters"]
+    full, swa = ropes["full_attention"], ropes["sliding_attention"]
+    del meta["attention.head_count_kv"], meta["feed_forward_length"]
+    shared = cfg.get("num_kv_shared_layers") or 0
+    widths = [cfg["intermediate_size"] * (2 if cfg.get("use_double_wide_mlp") and
+                                          l >= len(sliding) - shared else 1)
+              for l in range(len(sliding))]
+    got = fields["gemma4.feed_forward_length"].contents()
+    checks.append(("%s: feed_forward_length %s (use_double_wide_mlp %s)"
+                   % (name, got, cfg.get("use_double_wide_mlp")),
+                   (list(got) if isinstance(got, list) else [got] * len(widths)) == widths))
+    meta["attention.shared_kv_layers"] = shared
+    meta["embedding_length_per_layer_input"] = cfg.get("hidden_size_per_layer_input") or 0
+    meta.update({"attention.key_length": full_head, "attention.value_length": full_head,
+                 "rope.dimension_count": full_head, "rope.freq_base": full["rope_theta"],
+                 "attention.key_length_swa": cfg["head_dim"],
+                 "attention.value_length_swa": cfg["head_dim"],
+                 "rope.dimension_count_swa": cfg["head_dim"],
+                 "rope.freq_base_swa": swa["rope_theta"],
+                 "attention.sliding_window": cfg["sliding_window"]})
+    got = list(fields["gemma4.attention.head_count_kv"].contents())
+    checks.append(("%s: attention.head_count_kv %s (per_layer_config %s)" % (name, got, kv),
+                   got == kv))
+    got = fields["gemma4.attention.sliding_window_pattern"].contents()
+    checks.append(("%s: attention.sliding_window_pattern %s (layer_types %s)"
+                   % (name, got, cfg["layer_types"]), got == sliding))
+    cap = fields["gemma4.final_logit_softcapping"].contents()
+    checks.append(("%s: final_logit_softcapping %s (config.json %s)"
+                   % (name, cap, cfg["final_logit_softcapping"]),
+                   abs(cap - (cfg["final_logit_softcapping"] or 0)) <= 1e-6))
+    rotated = int(full["partial_rotary_factor"] * full_head / 2)
+    want = [full.get("factor", 1.0)] * rotated + [1e30] * (full_head // 2 - rotated)
+    got = [float(t.data[i]) for t in GGUFReader(os.path.join(work, "model-f32.gguf")).tensors
+           if t.name == "rope_freqs.weight" for i in range(len(t.data))]
+    checks.append(("%s: rope_freqs.weight %s (proportional, %d of %d pairs rotated, factor %s)"
+                   % (name, got, rotated, full_head // 2, full.get("factor", 1.0)),
+                   np.allclose(got, want, rtol=1e-6)))
+
+
 def check_refusal(case, field, train_bin, export_bin, work, checks, tiny=None):
     """The reference case `case` (or, tiny = (family, config), a tiny model of the family)
     trained a step: --gguf exits 2 naming config.json's `field`, and writes nothing."""
@@ -391,8 +517,11 @@ def check_refusal(case, field, train_bin, export_bin, work, checks, tiny=None):
     os.makedirs(w)
     if tiny:
         src = os.path.join(w, "model")
-        make_hf_model(src, "--family", tiny[0], "--preset", "tiny", "--config",
-                      json.dumps(tiny[1]), "--dtype", "f32")
+        if tiny[0] == "gemma4_text":
+            gemma4_model(src, tiny[1])
+        else:
+            make_hf_model(src, "--family", tiny[0], "--preset", "tiny", "--config",
+                          json.dumps(tiny[1]), "--dtype", "f32")
         data = os.path.join(w, "data.h5")
         ids = np.random.default_rng(7).integers(3, 96, size=(3, 40)).astype(np.int32)
         with h5py.File(data, "w", libver=("v110", "v110")) as f:
