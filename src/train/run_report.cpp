@@ -9,6 +9,7 @@
 #include "kqlora/core/dtype.hpp"
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/human_units.hpp"
+#include "kqlora/core/kernel_times.hpp"
 #include "kqlora/core/kokkos_compat.hpp"
 #include "kqlora/core/memory.hpp"
 
@@ -48,6 +49,7 @@ void RunReport::enter(Phase p) {
   if (!loop_started_) {  // the set-up ends with the first phase of the first step
     loop_started_ = true;
     loop_ = now;
+    kernel_times_start();  // (KQLORA_KERNEL_TIMES=1: the loop's kernels, not the set-up's)
   } else {
     total_[static_cast<int>(current_)] += seconds(now - since_);
   }
@@ -166,6 +168,7 @@ void RunReport::finish(const std::string& parallel_stats) {
   row("setup", avg_total - phases_avg, avg_total - phases_avg, avg_total - phases_avg);
   row("total", mn[kPhases], avg_total, mx[kPhases]);
   log_ << "(setup: initialisation, quantization and file reading, on average)\n" << parallel_stats;
+  kernel_times_report(log_, phases_avg);  // (rank 0's kernels against the ranks' loop)
   // Rank 0's line first (its form is what scripts read), then the others'; each rank's peak
   // (the larger of the two) against the estimate the memory check used.
   double largest = 0;
