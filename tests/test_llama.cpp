@@ -373,6 +373,46 @@ TEST_P(LlamaReference, FiveAdamWStepsMatchPeft) {
   expect_matches_peft_run(c, run_train(c, "", "init_file=" + c.dir + "/init.h5"));
 }
 
+// KQLORA_KERNEL_TIMES=1 (core/kernel_times.hpp): the table counts each kernel's launches --
+// the RMSNorm's forward 2 a layer and the final one a forward: 2 layers, 2 steps, 10 -- and
+// gives shares of the loop below 100%, and the time outside the kernels.
+TEST(KernelTimes, CountLaunchesAndShareTheLoop) {
+  const Case& c = kCases[0];
+  const std::string dir = tmp_dir("kernel_times");
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  std::ofstream(dir + "/deck.in") << "model = causal_lm\n";
+  const std::string cmd = "KQLORA_KERNEL_TIMES=1 " + train_bin + " " + dir +
+                          "/deck.in hf_model_dir=" + c.dir + " data_file=" + c.dir +
+                          "/data.h5 lora_rank=4 lora_alpha=8 global_bs=3 num_steps=2 lr=0 "
+                          "save_dir=" +
+                          dir + "/ckpt > " + dir + "/log 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_text(dir + "/log");
+  const std::string log = read_text(dir + "/log");
+  ASSERT_NE(log.find("kernel times (KQLORA_KERNEL_TIMES=1"), std::string::npos) << log;
+  std::istringstream lines(log.substr(log.find("kernel times")));
+  double shares = 0;
+  int64_t norms = -1;
+  bool outside = false;
+  for (std::string line; std::getline(lines, line);) {
+    const auto pct = line.find('%');
+    if (pct == std::string::npos || line.find("shares of") != std::string::npos) continue;
+    const double share = std::stod(line.substr(0, pct));
+    EXPECT_GE(share, 0.0) << line;
+    shares += share;
+    if (line.find("outside Kokkos kernels") != std::string::npos) {
+      outside = true;
+      break;
+    }
+    const std::string label = "  kqlora::rms_norm_forward";
+    if (line.size() > label.size() &&
+        line.compare(line.size() - label.size(), label.size(), label) == 0)
+      norms = std::stoll(line.substr(line.find(" s ") + 3));
+  }
+  EXPECT_TRUE(outside) << log;
+  EXPECT_EQ(norms, 10) << log;
+  EXPECT_NEAR(shares, 100.0, 0.5) << log;  // (the kernels and the rest: the whole loop)
+}
+
 // The cases with a bfloat16 run: gqa (Llama) and gemma2 (soft-caps, sandwich norms), each
 // family's, within 1% of PyTorch's bfloat16 losses (a case's case.txt may say otherwise:
 // gpt_oss's clamps, 1.5%).
