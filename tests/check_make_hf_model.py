@@ -4,8 +4,9 @@ make_hf_model_families):
 
     python3 tests/check_make_hf_model.py KQLORA_TRAIN WORKDIR [KQLORA_QUANTIZE]
 
-For every family, the "tiny" preset in bfloat16 split over several shards (an index
-file): transformers loads it with no missing or unexpected tensor (the tool's --check),
+For every family (gemma4: Gemma 4 as the hub ships it, its text decoder beside a vision
+tower), the "tiny" preset in bfloat16 split over several shards (an index file):
+transformers loads it with no missing or unexpected tensor (the tool's --check),
 and kqlora-train imports it -- every tensor found and of the right shape -- and trains two
 steps on random tokens in bfloat16 (both losses finite and positive: two steps show the
 run works end to end). With KQLORA_QUANTIZE, --nf4-base too: a qwen3_moe directory of
@@ -31,7 +32,7 @@ from tool_in_process import run_tool  # noqa: E402
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "qwen3_moe",
             "qwen2_moe", "mixtral", "olmoe", "smollm3", "olmo2", "olmo3", "granite",
-            "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"]
+            "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "gemma4_text", "gemma4"]
 
 
 def main():
@@ -53,7 +54,8 @@ def main():
         shards = [f for f in os.listdir(model) if f.endswith(".safetensors")]
         index = os.path.exists(os.path.join(model, "model.safetensors.index.json"))
         import json
-        vocab = json.load(open(os.path.join(model, "config.json")))["vocab_size"]
+        cfg = json.load(open(os.path.join(model, "config.json")))
+        vocab = cfg.get("text_config", cfg)["vocab_size"]  # (a multimodal one's: its decoder's)
         data = os.path.join(work, family + "_data.h5")
         ids = np.random.default_rng(7).integers(1, vocab, size=(4, 40)).astype(np.int32)
         with h5py.File(data, "w", libver=("v110", "v110")) as f:

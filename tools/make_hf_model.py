@@ -14,7 +14,13 @@ qwen3.5-0.8b), and the mixtures of experts qwen3_moe, qwen2_moe, mixtral, olmoe,
 qwen3_5_moe_text (Qwen3.5's layers, every MLP experts and a shared expert; preset
 qwen3.5-35b-a3b) and qwen3_next (the same with Gated DeltaNet's fused in_proj_qkvz and
 in_proj_ba; preset qwen3-next-80b-a3b) (each expert's tensors in the hub's per-expert
-names; presets olmoe-1b-7b, qwen3-30b-a3b, ...).
+names; presets olmoe-1b-7b, qwen3-30b-a3b, ...), gemma4_text (Gemma 4's text decoder:
+sliding and full layers of their own head sizes, attention_k_eq_v, key/value sharing,
+double-wide MLPs, per-layer inputs, layer_scalar; presets gemma-4-e2b, gemma-4-e4b,
+gemma-4-31b) and gemma4 (Gemma 4 as the hub ships it, Gemma4ForConditionalGeneration: the
+text decoder under model.language_model. beside a vision tower and its embedder, no audio
+tower; the gemma4_text presets give its text_config, with that model's vision_config; a
+--config's text_config and vision_config objects update the preset's field by field).
 The shape comes from --preset (realistic shapes of public models, and "tiny" per family:
 PRESETS) with --config (a JSON object, inline or a file) overriding fields; neither: the
 family's transformers defaults. OUT_DIR gets:
@@ -34,7 +40,10 @@ neither the order, the sharding nor the other tensors:
   Llama-kind RMSNorm weights (w * x)         1 + 0.2 * randn   (llama, mistral, qwen2,
                                              qwen3 incl. q_norm/k_norm, phi3, smollm3,
                                              granite, olmo2/olmo3/olmoe incl. their
-                                             whole-projection q_norm/k_norm)
+                                             whole-projection q_norm/k_norm; every
+                                             gemma4_text/gemma4 norm, their
+                                             layer_scalar and the vision tower's
+                                             std_scale)
   Gemma-kind RMSNorm weights ((1 + w) * x)   0.2 * randn       (gemma2, gemma3_text incl.
                                              q_norm/k_norm; every qwen3_5_text,
                                              qwen3_5_moe_text and qwen3_next norm but the
@@ -43,6 +52,8 @@ neither the order, the sharding nor the other tensors:
   Gated DeltaNet's A_log, dt_bias            log(U(0.005, 0.3)), 0.5 * randn (decays
                                              exp(-exp(A_log) softplus(a + dt_bias)) that
                                              carry the state over many tokens)
+  Gemma 4's vision clamp bounds (scalars)    -inf and inf, transformers' initial values
+                                             (no clipping)
 Tied embeddings (tie_word_embeddings) write no lm_head.weight. BF16 is float32 rounded to
 nearest even (the top 16 bits). The safetensors writer is this file's own: an 8-byte
 little-endian header length, the JSON header (dtype, shape, data_offsets; metadata
@@ -94,6 +105,10 @@ FAMILIES = {
     "qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
     "qwen3_5_moe_text": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
     "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
+    "gemma4_text": ("Gemma4TextConfig", "Gemma4ForCausalLM"),
+    # Gemma 4 as the hub ships it: the text decoder under model.language_model. beside a
+    # vision tower (what AutoModelForCausalLM.from_pretrained builds from such a directory)
+    "gemma4": ("Gemma4Config", "Gemma4ForConditionalGeneration"),
 }
 MOE = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "qwen3_5_moe_text", "qwen3_next")
 # Qwen3.5's hybrid layers (Gated DeltaNet and gated full attention by layer_types)
@@ -106,6 +121,8 @@ ZERO_CENTRED = GEMMA_KIND + HYBRID
 # post-norm blocks: no input_layernorm, no norm before the MLP; q_norm / k_norm over the
 # whole q and k projections, post_attention_layernorm and post_feedforward_layernorm
 OLMO_KIND = ("olmo2", "olmo3")
+# Gemma 4: its text decoder alone (gemma4_text) and as the hub ships it (gemma4); w * x norms
+GEMMA4 = ("gemma4_text", "gemma4")
 
 
 def _longrope(n, long_max):
@@ -432,6 +449,109 @@ PRESETS.update({
                          "partial_rotary_factor": 0.25})),
 })
 
+# ---- Gemma 4's text decoder ----
+# The hub's config.json text_config of each model (no hub access here: read from public
+# copies of it, named per preset; where they disagree or say nothing, the comment says so
+# and the value is Gemma4TextConfig's default). Sources for E2B and E4B: a Rust adapter in a
+# public repository pinned to google/gemma-4-E2B and -E4B revisions (3e22461f, ee0ef602)
+# that checks every text_config field exactly; public test fixtures of E2B's and E4B's
+# whole config.json (Rust, Swift, Go; E2B's with its vision and audio configs); NVIDIA
+# Megatron-Bridge's E4B recipe (docs.nvidia.com/nemo/megatron-bridge, bridge.recipes.
+# gemma.h100.gemma4: 42 layers of 2560, MLP 10240, 8 heads, 2 kv heads, full layers of
+# head 512 every sixth, ropes 1e4 and 1e6 x 0.25, per-layer inputs 256 x 262144, the last
+# 18 layers sharing); google/gemma.cpp PR 919 (E2B: 35 layers of 1536, 4 sliding to 1 full,
+# MLP 6144, 12288 on the sharing layers; E4B: 42 of 2560, 5 to 1, MLP 10240; heads 256 and
+# 512, window 512, soft-cap 30, vocab 262144); huggingface.co/FINAL-Bench/Darwin-4B-David
+# (an E4B derivative's config.json). Both ropes, in every copy, are Gemma4TextConfig's
+# defaults:
+_GEMMA4_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                   "rope_theta": 1000000.0}}
+
+
+def _gemma4_layers(n, period):
+    """(period - 1) sliding layers to one full, the last layer full."""
+    return ["full_attention" if (i + 1) % period == 0 else "sliding_attention" for i in range(n)]
+
+
+PRESETS.update({
+    # google/gemma-4-E2B(-it): 35 layers of 1536, 8 heads of 256 and 1 kv head on the
+    # sliding layers (window 512), the full layers (every fifth) heads of 512 and the same
+    # kv head (num_global_key_value_heads null; attention_k_eq_v false); the last 20 layers
+    # share the keys and values of layers 13 (sliding) and 14 (full), their MLPs double-wide
+    # (12288); per-layer inputs of 256 a layer from a table of 262144 rows; a tied head
+    "gemma-4-e2b": ("gemma4_text", dict(
+        vocab_size=262144, hidden_size=1536, intermediate_size=6144, num_hidden_layers=35,
+        num_attention_heads=8, num_key_value_heads=1, head_dim=256, global_head_dim=512,
+        attention_k_eq_v=False, sliding_window=512, layer_types=_gemma4_layers(35, 5),
+        max_position_embeddings=131072, rms_norm_eps=1e-6, final_logit_softcapping=30.0,
+        hidden_activation="gelu_pytorch_tanh", hidden_size_per_layer_input=256,
+        vocab_size_per_layer_input=262144, num_kv_shared_layers=20, use_double_wide_mlp=True,
+        enable_moe_block=False, use_bidirectional_attention=None, attention_bias=False,
+        tie_word_embeddings=True, pad_token_id=0, bos_token_id=2, eos_token_id=1,
+        rope_parameters=_GEMMA4_ROPE)),
+    # google/gemma-4-E4B(-it): 42 layers of 2560, 8 heads of 256 and 2 kv heads (window
+    # 512), every sixth layer full with heads of 512 (the same 2 kv heads); the last 18
+    # layers share the keys and values of layers 22 (sliding) and 23 (full), MLPs not
+    # double-wide (10240); per-layer inputs of 256 x 262144; tied (one Swift fixture writes
+    # tie_word_embeddings false; the pinned adapter and the other copies say true)
+    "gemma-4-e4b": ("gemma4_text", dict(
+        vocab_size=262144, hidden_size=2560, intermediate_size=10240, num_hidden_layers=42,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=256, global_head_dim=512,
+        attention_k_eq_v=False, sliding_window=512, layer_types=_gemma4_layers(42, 6),
+        max_position_embeddings=131072, rms_norm_eps=1e-6, final_logit_softcapping=30.0,
+        hidden_activation="gelu_pytorch_tanh", hidden_size_per_layer_input=256,
+        vocab_size_per_layer_input=262144, num_kv_shared_layers=18, use_double_wide_mlp=False,
+        enable_moe_block=False, use_bidirectional_attention=None, attention_bias=False,
+        tie_word_embeddings=True, pad_token_id=0, bos_token_id=2, eos_token_id=1,
+        rope_parameters=_GEMMA4_ROPE)),
+    # google/gemma-4-31B(-it): 60 layers of 5376 (MLP 21504), 32 heads of 256 and 16 kv
+    # heads (window 1024), every sixth layer full with heads of 512, 4 kv heads and v =
+    # k_proj's output (attention_k_eq_v); no per-layer inputs, no sharing; tied. Sources:
+    # the text_config of huggingface.co/lthn/lemrd (an MLX quantization of it) and
+    # OpenMOSE/Gemma4-Text (hidden, MLP, head sizes, k_eq_v, soft-cap 30, 5 sliding to 1
+    # full, no per-layer inputs); a Rust fixture of its text_config cut to 6 layers (32
+    # heads, kv heads 16 and 4, window 1024, 262144 positions, no sharing, no double-wide
+    # MLP, use_bidirectional_attention "vision"); a Gemma 4 reference in Spanish in a
+    # public repository (all four models' text_configs: 60 layers) and
+    # apxml.com/models/gemma-4-31b (60 layers, window 1024, 30.7B parameters, which the
+    # tensors here sum to). The hub writes use_bidirectional_attention "vision" (image
+    # tokens attend both ways; text-only rows are causal either way); kqlora refuses any
+    # value but null, so the preset writes null (--config
+    # '{"use_bidirectional_attention": "vision"}' writes the hub's)
+    "gemma-4-31b": ("gemma4_text", dict(
+        vocab_size=262144, hidden_size=5376, intermediate_size=21504, num_hidden_layers=60,
+        num_attention_heads=32, num_key_value_heads=16, head_dim=256, global_head_dim=512,
+        num_global_key_value_heads=4, attention_k_eq_v=True, sliding_window=1024,
+        layer_types=_gemma4_layers(60, 6), max_position_embeddings=262144,
+        rms_norm_eps=1e-6, final_logit_softcapping=30.0, hidden_activation="gelu_pytorch_tanh",
+        hidden_size_per_layer_input=0, vocab_size_per_layer_input=262144,
+        num_kv_shared_layers=0, use_double_wide_mlp=False, enable_moe_block=False,
+        use_bidirectional_attention=None, attention_bias=False, tie_word_embeddings=True,
+        pad_token_id=0, bos_token_id=2, eos_token_id=1, rope_parameters=_GEMMA4_ROPE)),
+})
+# --family gemma4 with a gemma-4-* preset: its text_config beside that model's vision tower
+# (no audio tower: E2B's and E4B's are not written; kqlora reads neither). E2B's
+# vision_config from the E2B fixture above (768 wide, 16 layers, 12 heads and kv heads of
+# 64, MLP 3072, patch 16, pooling 3, 10240 positions, clipped linears); E4B's taken the
+# same (the Spanish reference gives both towers 768 x 16 layers, 12 heads, patch 16;
+# use_clipped_linears not found for E4B: E2B's true); the 31B's from the Spanish
+# reference and a Go fixture of a gemma4 tower 1152 wide (27 layers, 16 heads of 72, MLP
+# 4304, standardize true); its kv heads not found: 16, the heads (the attention needs a
+# divisor of them); use_clipped_linears not found: false, as a 26B-A4B-derived copy's. The
+# rest are Gemma4VisionConfig's defaults.
+GEMMA4_VISION = {
+    "gemma-4-e2b": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=16,
+                        num_attention_heads=12, num_key_value_heads=12, head_dim=64,
+                        patch_size=16, pooling_kernel_size=3, position_embedding_size=10240,
+                        use_clipped_linears=True, standardize=False),
+    "gemma-4-31b": dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27,
+                        num_attention_heads=16, num_key_value_heads=16, head_dim=72,
+                        patch_size=16, pooling_kernel_size=3, position_embedding_size=10240,
+                        use_clipped_linears=False, standardize=True),
+}
+GEMMA4_VISION["gemma-4-e4b"] = dict(GEMMA4_VISION["gemma-4-e2b"])
+
 TINY = {
     "llama": dict(_TINY),
     "mistral": dict(_TINY, sliding_window=37),
@@ -517,7 +637,30 @@ TINY = {
                        norm_topk_prob=False,
                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                         "partial_rotary_factor": 0.5}),
+    # sliding layers 0, 2, 3 (heads 16, 2 kv heads, window 37) and full layers 1, 4 (heads
+    # 32, 1 kv head, v = k_proj's output: attention_k_eq_v; proportional rope); layers 3
+    # and 4 share the keys and values of layers 2 and 1 (no k_proj, v_proj, k_norm) with
+    # double-wide MLPs (192), as E2B's; per-layer inputs of 16 a layer (E2B's, smaller); an
+    # untied head, a final soft-cap
+    "gemma4_text": dict(_TINY, num_hidden_layers=5, head_dim=16, global_head_dim=32,
+                        num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=37,
+                        layer_types=["sliding_attention", "full_attention",
+                                     "sliding_attention", "sliding_attention",
+                                     "full_attention"],
+                        num_kv_shared_layers=2, use_double_wide_mlp=True,
+                        hidden_size_per_layer_input=16, vocab_size_per_layer_input=96,
+                        final_logit_softcapping=5.0, tie_word_embeddings=False),
 }
+# Gemma 4 as the hub ships it: the tiny gemma4_text decoder (tied, as the hub's) beside a
+# vision tower of one layer with clipped linears (E2B's) and the standardizing bias and
+# scale (the 31B's)
+TINY["gemma4"] = dict(
+    text_config=dict(TINY["gemma4_text"], tie_word_embeddings=True),
+    vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                       num_attention_heads=2, num_key_value_heads=2, head_dim=16, patch_size=4,
+                       pooling_kernel_size=2, position_embedding_size=16,
+                       use_clipped_linears=True, standardize=True, initializer_range=0.08),
+    initializer_range=0.08, tie_word_embeddings=True)
 
 CHUNK = 1 << 22  # elements generated at a time (fixed: the values do not depend on memory)
 DTYPES = {"f32": ("F32", 4, torch.float32), "bf16": ("BF16", 2, torch.bfloat16)}
@@ -534,7 +677,9 @@ def make_config(family, fields, dtype):
 
 def tensor_specs(family, cfg):
     """[(name, shape, kind)] in the model's order; kind: matrix, bias, norm, gemma_norm,
-    a_log, dt_bias."""
+    a_log, dt_bias, clip_min, clip_max."""
+    if family in GEMMA4:
+        return gemma4_specs(family, cfg)
     # (Qwen3.5-MoE has no dense MLP, so no intermediate_size)
     H, V, I = cfg.hidden_size, cfg.vocab_size, getattr(cfg, "intermediate_size", None)
     nh = cfg.num_attention_heads
@@ -596,6 +741,109 @@ def tensor_specs(family, cfg):
     specs.append(("model.norm.weight", (H,), norm))
     if not cfg.tie_word_embeddings:
         specs.append(("lm_head.weight", (V, H), "matrix"))
+    return specs
+
+
+def gemma4_specs(family, cfg):
+    """Gemma 4's tensors (transformers' Gemma4ForCausalLM; gemma4: Gemma4ForConditionalGeneration,
+    the text decoder under model.language_model. and the vision tower and its embedder
+    beside). Per layer: the head size and key/value heads of its type (per_layer_config:
+    global_head_dim, num_global_key_value_heads), no v_proj on attention_k_eq_v's full layers,
+    no k_proj, v_proj or k_norm on a layer sharing an earlier one's keys and values
+    (kv_sharing_modes "reuse"), then an MLP twice intermediate_size wide with
+    use_double_wide_mlp; the v norm has no weight. Every norm is w * x; layer_scalar [1]."""
+    if family == "gemma4":
+        if cfg.audio_config is not None:
+            sys.exit("audio_config: the audio tower is not written (kqlora does not read it); "
+                     "leave it null")
+        t, m = cfg.text_config, "model.language_model."
+    else:
+        t, m = cfg, "model."
+    H, V, I, nh = t.hidden_size, t.vocab_size, t.intermediate_size, t.num_attention_heads
+    P, L, bias = t.hidden_size_per_layer_input, t.num_hidden_layers, bool(t.attention_bias)
+    if t.enable_moe_block:
+        sys.exit("enable_moe_block: Gemma 4's MoE block is not written (kqlora refuses it)")
+    specs = [(m + "embed_tokens.weight", (V, H), "matrix")]
+    modes = t.kv_sharing_modes
+    for i in range(L):
+        p = "%slayers.%d." % (m, i)
+
+        def lin(name, out, inp, with_bias=False):
+            specs.append((p + name + ".weight", (out, inp), "matrix"))
+            if with_bias:
+                specs.append((p + name + ".bias", (out,), "bias"))
+        lc = t.per_layer_config[i]
+        hd, nkv = lc.head_dim, lc.num_key_value_heads
+        shared = modes[i] == "reuse"
+        specs.append((p + "input_layernorm.weight", (H,), "norm"))
+        lin("self_attn.q_proj", nh * hd, H, bias)
+        specs.append((p + "self_attn.q_norm.weight", (hd,), "norm"))
+        if not shared:
+            lin("self_attn.k_proj", nkv * hd, H, bias)
+            if not (t.attention_k_eq_v and t.layer_types[i] != "sliding_attention"):
+                lin("self_attn.v_proj", nkv * hd, H, bias)
+            specs.append((p + "self_attn.k_norm.weight", (hd,), "norm"))
+        lin("self_attn.o_proj", H, nh * hd, bias)
+        for name in ("post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm"):
+            specs.append((p + name + ".weight", (H,), "norm"))
+        w = I * (2 if t.use_double_wide_mlp and shared else 1)
+        lin("mlp.gate_proj", w, H)
+        lin("mlp.up_proj", w, H)
+        lin("mlp.down_proj", H, w)
+        if P:
+            lin("per_layer_input_gate", P, H)
+            lin("per_layer_projection", H, P)
+            specs.append((p + "post_per_layer_input_norm.weight", (H,), "norm"))
+        specs.append((p + "layer_scalar", (1,), "norm"))
+    specs.append((m + "norm.weight", (H,), "norm"))
+    if P:
+        specs.append((m + "embed_tokens_per_layer.weight",
+                      (t.vocab_size_per_layer_input, L * P), "matrix"))
+        specs.append((m + "per_layer_model_projection.weight", (L * P, H), "matrix"))
+        specs.append((m + "per_layer_projection_norm.weight", (P,), "norm"))
+    if family == "gemma4" and cfg.vision_config is not None:
+        specs += gemma4_vision_specs(cfg.vision_config, H)
+    tied = cfg.tie_word_embeddings if family == "gemma4" else t.tie_word_embeddings
+    if not tied:
+        specs.append(("lm_head.weight", (V, H), "matrix"))
+    return specs
+
+
+def gemma4_vision_specs(v, text_hidden):
+    """Gemma 4's vision tower (Gemma4VisionModel) and its embedder into the text decoder: the
+    patch embedder, encoder layers of Gemma4ClippableLinear projections (each with its
+    clamp bounds, scalars, when use_clipped_linears: written as transformers initialises
+    them, -inf and inf, no clipping), w * x norms and q/k norms; standardize's bias and
+    scale."""
+    t, H, hd = "model.vision_tower.", v.hidden_size, v.head_dim
+    specs = []
+    if v.standardize:
+        specs += [(t + "std_bias", (H,), "bias"), (t + "std_scale", (H,), "norm")]
+    specs.append((t + "patch_embedder.position_embedding_table",
+                  (2, v.position_embedding_size, H), "matrix"))
+    specs.append((t + "patch_embedder.input_proj.weight", (H, 3 * v.patch_size ** 2), "matrix"))
+    for i in range(v.num_hidden_layers):
+        p = "%sencoder.layers.%d." % (t, i)
+
+        def lin(name, out, inp):
+            if v.use_clipped_linears:
+                for b in ("input_min", "input_max", "output_min", "output_max"):
+                    specs.append((p + name + "." + b, (), "clip_" + b[-3:]))
+            specs.append((p + name + ".linear.weight", (out, inp), "matrix"))
+        lin("self_attn.q_proj", v.num_attention_heads * hd, H)
+        lin("self_attn.k_proj", v.num_key_value_heads * hd, H)
+        lin("self_attn.v_proj", v.num_key_value_heads * hd, H)
+        lin("self_attn.o_proj", H, v.num_attention_heads * hd)
+        specs.append((p + "self_attn.q_norm.weight", (hd,), "norm"))
+        specs.append((p + "self_attn.k_norm.weight", (hd,), "norm"))
+        lin("mlp.gate_proj", v.intermediate_size, H)
+        lin("mlp.up_proj", v.intermediate_size, H)
+        lin("mlp.down_proj", H, v.intermediate_size)
+        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm"):
+            specs.append((p + name + ".weight", (H,), "norm"))
+    specs.append(("model.embed_vision.embedding_projection.weight", (text_hidden, H), "matrix"))
     return specs
 
 
@@ -674,6 +922,8 @@ def tensor_chunks(name, shape, kind, seed, std, dtype):
             x.mul_(0.1)
         elif kind == "norm":
             x.mul_(0.2).add_(1.0)
+        elif kind in ("clip_min", "clip_max"):  # (transformers' initial bounds: no clipping)
+            x.fill_(-math.inf if kind == "clip_min" else math.inf)
         else:  # gemma_norm
             x.mul_(0.2)
         if dtype == "bf16":  # round to nearest even: torch's float32 -> bfloat16
@@ -746,7 +996,8 @@ def main(argv=None):
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="presets: tiny (every family), " + ", ".join(
-            "%s (%s)" % (k, v[0]) for k, v in PRESETS.items()))
+            "%s (%s)" % (k, v[0] + (" or gemma4" if v[0] == "gemma4_text" else ""))
+            for k, v in PRESETS.items()))
     ap.add_argument("out_dir", help="the model directory to write (created)")
     ap.add_argument("--family", required=True, choices=sorted(FAMILIES))
     ap.add_argument("--preset", help="a realistic shape (see below) or 'tiny'")
@@ -785,16 +1036,30 @@ def main(argv=None):
         if args.preset not in PRESETS:
             sys.exit("unknown preset '%s' (tiny, %s)" % (args.preset, ", ".join(PRESETS)))
         fam, preset = PRESETS[args.preset]
-        if fam != args.family:
+        if args.family == "gemma4" and fam == "gemma4_text":  # (the model as the hub ships it)
+            fields = dict(text_config=copy.deepcopy(preset),
+                          vision_config=copy.deepcopy(GEMMA4_VISION.get(args.preset)))
+        elif fam != args.family:
             sys.exit("preset %s is a %s model, not %s" % (args.preset, fam, args.family))
-        fields = copy.deepcopy(preset)
+        else:
+            fields = copy.deepcopy(preset)
+    over = {}
     if args.config:
         over = load_config_arg(args.config)
         if not isinstance(over, dict):
             sys.exit("--config must be a JSON object")
         over.pop("model_type", None)
         over.pop("architectures", None)
+        if args.family == "gemma4":  # (text_config and vision_config: fields over fields)
+            for sub in ("text_config", "vision_config"):
+                if isinstance(over.get(sub), dict):
+                    over[sub].pop("model_type", None)
+                    fields[sub] = dict(fields.get(sub) or {}, **over.pop(sub))
         fields.update(over)
+    if args.family == "gemma4" and "tie_word_embeddings" not in over:
+        # (kqlora asks the top-level tie_word_embeddings to agree with the text config's)
+        fields["tie_word_embeddings"] = (fields.get("text_config") or {}).get(
+            "tie_word_embeddings", True)
 
     cfg = make_config(args.family, fields, args.dtype)
     specs = tensor_specs(args.family, cfg)
@@ -862,7 +1127,8 @@ def check(out_dir, family):
     problems = {k: sorted(v) for k, v in info.items() if v}
     if type(model).__name__ != FAMILIES[family][1] or problems:
         sys.exit("check failed: %s %s" % (type(model).__name__, problems))
-    ids = torch.randint(1, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    vocab = model.config.get_text_config().vocab_size  # (a multimodal model's: its text config's)
+    ids = torch.randint(1, vocab, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         logits = model(input_ids=ids).logits
     if not torch.isfinite(logits).all():
