@@ -128,8 +128,10 @@ def check_case(train, export, case, work):
     # PEFT reads gate_proj / up_proj / down_proj of a model with experts as the experts'
     # (its v4-to-v5 conversion): a dense layer's adapters of those names are refused by
     # --peft (checked below), so such a model trains the attention and the experts.
-    # (Gemma 4's per_layer_model_projection stays frozen in kqlora: docs/MODELS.md)
-    want_targets = [t for t in linear_names(case) if t != "per_layer_model_projection"]
+    # (Gemma 4's per_layer_model_projection and its router's proj stay frozen in kqlora, as
+    # every router: docs/MODELS.md)
+    want_targets = [t for t in linear_names(case)
+                    if t not in ("per_layer_model_projection", "proj")]
     dense_mlp = experts and "gate_proj" in want_targets
     if dense_mlp:  # (the attention's, a Gated DeltaNet's too; the shared expert's [1, hidden]
         # gate frozen as the router: docs/MODELS.md, "Experts")
@@ -189,11 +191,12 @@ def check_case(train, export, case, work):
                            if "eval_loss" in l][-1]
         all_linear_merged = os.path.join(work, "merged_all_linear")
     if experts:  # PEFT's target_parameters; --merged in transformers 5's fused layout
+        # (Gemma 4's experts are under the layer, not its mlp)
+        m = "experts" if hf_cfg.get("model_type") == "gemma4_text" else "mlp.experts"
         checks.append(("target_parameters %s" % cfg.get("target_parameters"),
-                       cfg.get("target_parameters") == ["mlp.experts.down_proj",
-                                                        "mlp.experts.gate_up_proj"]))
-        checks.append(("--merged: the fused experts (model.layers.L.mlp.experts.gate_up_proj)",
-                       any(n.endswith(".mlp.experts.gate_up_proj") for n in names) and
+                       cfg.get("target_parameters") == [m + ".down_proj", m + ".gate_up_proj"]))
+        checks.append(("--merged: the fused experts (model.layers.L.%s.gate_up_proj)" % m,
+                       any(n.endswith("." + m + ".gate_up_proj") for n in names) and
                        not any(".experts.0." in n for n in names)))
 
     with h5py.File(data) as f:

@@ -55,7 +55,8 @@ std::vector<Case> family_cases() {
         "phi3_long",   "mistral_window", "qwen3_moe",   "qwen3_moe_raw",    "qwen3_moe_experts",
         "mixtral",     "qwen3_moe_aux",  "olmoe",       "qwen2_moe",        "gpt_oss",
         "smollm3",     "olmo2",          "olmo3",       "granite",          "qwen3_5_text",
-        "qwen3_5_moe", "qwen3_next",     "gemma4_text", "gemma4_kv_shared", "gemma4_ple"}) {
+        "qwen3_5_moe", "qwen3_next",     "gemma4_text", "gemma4_kv_shared", "gemma4_ple",
+        "gemma4_moe"}) {
     Case c{name, root + name, "all-linear"};
     std::ifstream f(c.dir + "/case.txt");
     for (std::string line; std::getline(f, line);) {
@@ -903,7 +904,8 @@ TEST(NewFamilies, BadFieldsAreRefusedNamingThem) {
   };
   const std::string smol = config("smollm3"), olmo3 = config("olmo3"), granite = config("granite"),
                     qwen35 = config("qwen3_5_text"), q35moe = config("qwen3_5_moe"),
-                    next = config("qwen3_next"), g4 = config("gemma4_text");
+                    next = config("qwen3_next"), g4 = config("gemma4_text"),
+                    g4moe = config("gemma4_moe");
   const std::vector<std::tuple<const std::string*, std::string, std::string>> bad = {
       {&smol, "no_rope_layers", "[1, 0]"},
       {&smol, "no_rope_layers", "[1, 2, 1]"},
@@ -946,7 +948,8 @@ TEST(NewFamilies, BadFieldsAreRefusedNamingThem) {
       {&g4, "hidden_size_per_layer_input", "-1"},
       {&g4, "num_kv_shared_layers", "4"},  // (no layer left to compute them)
       {&g4, "num_kv_shared_layers", "3"},  // (layer 1, full: no earlier full layer)
-      {&g4, "enable_moe_block", "true"},
+      {&g4moe, "top_k_experts", "9"},      // (more than its 8 experts)
+      {&g4moe, "moe_intermediate_size", "0"},
       {&g4, "use_bidirectional_attention", "\"all\""},
       {&g4, "per_layer_config", "{\"1\": {\"head_dim\": 32, \"num_key_value_heads\": 3}}"},
       {&g4, "per_layer_config", "{\"7\": {\"head_dim\": 32}}"},
@@ -1055,6 +1058,18 @@ TEST(NewFamilies, FieldsGiveTheSpecTransformersBuilds) {
                  "num_global_key_value_heads", "1"),
       "c");
   EXPECT_EQ(kqlora::first_spec_difference(v525, hub4), "");
+  // (transformers' save_pretrained pads the keys with zeros past 10 layers: "01", "03")
+  const kqlora::DecoderSpec padded = kqlora::parse_decoder_config(
+      with_field(g4, "per_layer_config",
+                 "{\"01\": {\"head_dim\": 32, \"num_key_value_heads\": 1}, "
+                 "\"03\": {\"head_dim\": 32, \"num_key_value_heads\": 1}}"),
+      "c");
+  EXPECT_EQ(kqlora::first_spec_difference(v525, padded), "");
+  // (the hub's 31B: bidirectional attention among image tokens, none on text)
+  EXPECT_EQ(kqlora::first_spec_difference(
+                v525, kqlora::parse_decoder_config(
+                          with_field(g4, "use_bidirectional_attention", "\"vision\""), "c")),
+            "");
   for (int64_t l = 0; l < 4; ++l) {
     EXPECT_EQ(v525.head_dim_of(l), l % 2 ? 32 : 16) << l;
     EXPECT_EQ(v525.kv_heads_of(l), l % 2 ? 1 : 2) << l;

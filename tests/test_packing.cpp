@@ -53,7 +53,7 @@ std::vector<Case> all_cases() {
   for (const char* name :
        {"qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "phi3_long", "mistral_window",
         "qwen3_moe", "olmoe", "qwen2_moe", "gpt_oss", "smollm3", "olmo2", "olmo3", "granite",
-        "qwen3_5_text", "gemma4_kv_shared", "gemma4_ple"}) {
+        "qwen3_5_text", "gemma4_kv_shared", "gemma4_ple", "gemma4_moe"}) {
     Case c{name, data_root + "/family_reference/" + name};
     std::ifstream f(c.dir + "/case.txt");
     for (std::string line; std::getline(f, line);)

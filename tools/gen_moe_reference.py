@@ -64,6 +64,7 @@ from safetensors.torch import save_file
 import peft.utils.transformers_weight_conversion as peft_conversion  # noqa: E402
 from transformers import (GptOssConfig, GptOssForCausalLM, MixtralConfig, MixtralForCausalLM,
                           OlmoeConfig, OlmoeForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                          Gemma4ForCausalLM, Gemma4TextConfig,
                           Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3MoeConfig,
                           Qwen3MoeForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM)
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
@@ -156,6 +157,20 @@ CASES = {
                                  num_experts_per_tok=2, moe_intermediate_size=32,
                                  shared_expert_intermediate_size=48, decoder_sparse_step=2,
                                  norm_topk_prob=False)),
+    # Gemma 4's MoE block (26B-A4B): on every layer the dense MLP (64) beside 8 experts of
+    # 32 (top 2, renormalised, times per_expert_scale), each branch with its own norms; the
+    # router reading unitnorm(x) * router.scale * hidden^-1/2; sliding and full layers as
+    # the gemma4_text case (k = v, per-layer heads, proportional rope, layer_scalar);
+    # adapters on attention, the dense MLP and the experts
+    "gemma4_moe": dict(seed=1801, family="gemma4_text", experts=True, bf16=True, eps=1e-3,
+                       targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                "down_proj"],
+                       arch=dict(ref.FAM, num_hidden_layers=2, head_dim=16, global_head_dim=32,
+                                 num_global_key_value_heads=1, attention_k_eq_v=True,
+                                 hidden_size_per_layer_input=0, sliding_window=ref.WINDOW,
+                                 final_logit_softcapping=5.0, enable_moe_block=True,
+                                 num_experts=8, top_k_experts=2, moe_intermediate_size=32,
+                                 layer_types=["sliding_attention", "full_attention"])),
     # gpt-oss: the experts MXFP4 in model.safetensors (per-row magnitudes, so the blocks'
     # scale bytes differ), biases on them, gate and up interleaved in gate_up_proj, the
     # clamped SwiGLU (swiglu_limit GPT_OSS_LIMIT: 6% of the gate values and 14% of the up
@@ -198,6 +213,9 @@ FAMILIES = {
                          ("mlp.experts", "mlp.gate", "gate_proj", "up_proj", "down_proj")),
     "qwen3_next": (Qwen3NextConfig, Qwen3NextForCausalLM,
                    ("mlp.experts", "mlp.gate", "gate_proj", "up_proj", "down_proj")),
+    # (Gemma 4: the experts and the router under the layer, not mlp.)
+    "gemma4_text": (Gemma4TextConfig, Gemma4ForCausalLM,
+                    ("experts", "router.proj", "gate_proj", "up_proj", "down_proj")),
     # (the experts' names are kqlora's own for the NF4 in init.h5: the hub file has MXFP4)
     "gpt_oss": (GptOssConfig, GptOssForCausalLM,
                 ("mlp.experts", "mlp.router", "gate_proj", "up_proj", "down_proj")),
@@ -222,7 +240,24 @@ def experts_modules(model):
 
 
 def routers(model):
-    return [(n, m) for n, m in model.named_modules() if type(m).__name__.endswith("TopKRouter")]
+    """(name, module) of each router whose .weight is [E, hidden] (Gemma 4's: its proj)."""
+    out = []
+    for n, m in model.named_modules():
+        if type(m).__name__.endswith("TopKRouter"):
+            out.append((n, m))
+        elif type(m).__name__ == "Gemma4TextRouter":
+            out.append((n + ".proj", m.proj))
+    return out
+
+
+def router_std(model):
+    """ROUTER_STD, or 8 times it for Gemma 4's router, whose input is scaled by
+    hidden^-1/2 (1/8 here): logits of the same spread."""
+    return ROUTER_STD * (8.0 if gemma4_routers(model) else 1.0)
+
+
+def gemma4_routers(model):
+    return [(n, m) for n, m in model.named_modules() if type(m).__name__ == "Gemma4TextRouter"]
 
 
 def randomise(model, gen):
@@ -241,6 +276,11 @@ def randomise(model, gen):
                     done.add(pre + "bias")
             elif isinstance(mod, torch.nn.Embedding):
                 done.add(pre + "weight")
+                if mod.padding_idx is not None and "Gemma4" in type(mod).__name__:
+                    # (Gemma 4's pad row starts at zero: a router
+                    # over it would see exact ties; the data's padding is that id)
+                    mod.weight[mod.padding_idx].copy_(
+                        0.08 * torch.randn(mod.weight.shape[1], generator=gen))
             elif isinstance(mod, torch.nn.Conv1d):  # (Gated DeltaNet's, as gen_llama_reference)
                 mod.weight.copy_(0.3 * torch.randn(mod.weight.shape, generator=gen))
                 done.add(pre + "weight")
@@ -249,7 +289,8 @@ def randomise(model, gen):
                 mod.A_log.copy_(a.log())
                 mod.dt_bias.copy_(0.5 * torch.randn(mod.dt_bias.shape, generator=gen))
                 done.update({pre + "A_log", pre + "dt_bias"})
-            elif "RMSNorm" in type(mod).__name__:
+            elif "RMSNorm" in type(mod).__name__ and hasattr(mod, "weight"):  # (Gemma 4's v
+                # norm and router norm have none)
                 zero = type(mod).__name__ in ZERO_CENTRED
                 mod.weight.copy_((0 if zero else 1) + 0.2 * torch.randn(mod.weight.shape,
                                                                           generator=gen))
@@ -268,12 +309,19 @@ def randomise(model, gen):
                     b.copy_(GPT_OSS_STD[p + "_bias"] * torch.randn(b.shape, generator=gen))
                     done.add(name + "." + p + "_bias")
         for name, mod in routers(model):
-            mod.weight.copy_(ROUTER_STD * torch.randn(mod.weight.shape, generator=gen))
+            mod.weight.copy_(router_std(model) * torch.randn(mod.weight.shape, generator=gen))
             done.add(name + ".weight")
             if isinstance(getattr(mod, "bias", None), torch.nn.Parameter):  # gpt-oss
                 mod.bias.copy_(0.3 * torch.randn(mod.bias.shape, generator=gen))
                 done.add(name + ".bias")
+        for name, mod in gemma4_routers(model):  # (its input scale 1 + 0.2 randn, its
+            # per-expert scales in [0.5, 1.5])
+            mod.scale.copy_(1 + 0.2 * torch.randn(mod.scale.shape, generator=gen))
+            mod.per_expert_scale.copy_(0.5 + torch.rand(mod.per_expert_scale.shape, generator=gen))
+            done.update({name + ".scale", name + ".per_expert_scale"})
         for name, mod in model.named_modules():
+            if hasattr(mod, "layer_scalar"):  # (Gemma 4's, a buffer: in [0.5, 1.5])
+                mod.layer_scalar.copy_(0.5 + torch.rand(mod.layer_scalar.shape, generator=gen))
             if isinstance(getattr(mod, "sinks", None), torch.nn.Parameter):  # gpt-oss
                 mod.sinks.copy_(0.5 * torch.randn(mod.sinks.shape, generator=gen))
                 done.add(name + ".sinks")
@@ -300,7 +348,7 @@ def expert_slices(mod):
 def hub_expert_name(module_name, j, kind, hub):
     """transformers 5's module path model.layers.<l>.mlp.experts -> the hub's name of
     expert j's weight `kind`."""
-    layer = module_name[:module_name.index(".mlp.experts")]
+    layer = module_name[:module_name.rindex("." + hub[0])]
     return "%s.%s.%d.%s.weight" % (layer, hub[0], j, hub[2 + kind])
 
 
@@ -388,8 +436,9 @@ def hub_state_dict(model, hub, mxfp4=None):
     sd = {}
     fused = {name for name, _ in experts_modules(model)}
     router_names = {n + ".weight" for n, _ in routers(model)}
+    tied = getattr(model.config, "tie_word_embeddings", False)
     for name, t in model.state_dict().items():
-        if name.rsplit(".", 1)[0] in fused:
+        if name.rsplit(".", 1)[0] in fused or (tied and name == "lm_head.weight"):
             continue
         if name in router_names:
             name = name.replace(".mlp.gate.", "." + hub[1] + ".")
@@ -406,14 +455,18 @@ def hub_state_dict(model, hub, mxfp4=None):
 def router_gap(model, ids):
     """The smallest logit gap between each token's k-th and (k+1)-th experts, any layer."""
     gaps = []
-    k = model.config.num_experts_per_tok
+    k = getattr(model.config, "top_k_experts", None) or model.config.num_experts_per_tok
 
     def hook(mod, inp, out):
         logits = out[0].detach().float()
+        if type(mod).__name__ == "Gemma4TextRouter":  # (its probabilities: their logs)
+            logits = logits.log()
         top = torch.topk(logits, k + 1, dim=-1).values
         gaps.append((top[:, k - 1] - top[:, k]).min().item())
 
-    handles = [m.register_forward_hook(hook) for _, m in routers(model)]
+    # (Gemma 4's router returns its probabilities first: their gaps are read)
+    mods = gemma4_routers(model) or routers(model)
+    handles = [m.register_forward_hook(hook) for _, m in mods]
     try:
         with torch.no_grad():
             model(input_ids=ids)
@@ -467,7 +520,7 @@ def swiglu_stats(model, ids):
     return (gate > limit).float().mean().item(), (up.abs() > limit).float().mean().item(), near
 
 
-def kq_expert_adapters(params, arch, hub, interleaved=False):
+def kq_expert_adapters(params, arch, hub, interleaved=False, module="mlp.experts"):
     """PEFT's expert adapters in kqlora's names and expert-major layout (causal_lm.cpp):
     A [E * r, in] as PEFT's lora_A; B [E * out, r] from PEFT's lora_B [out, r * E], whose
     column k * E + e is expert e's k-th. Which wrapper is gate_up and which down (PEFT nests
@@ -477,10 +530,10 @@ def kq_expert_adapters(params, arch, hub, interleaved=False):
     E, H = arch.get("num_experts", arch.get("num_local_experts")), arch["hidden_size"]
     out = {}
     for n, p in params.items():
-        if ".mlp.experts." not in n:
+        if "." + module + "." not in n:  # (module: the experts' path, Gemma 4's "experts")
             out[n] = (n, None)
             continue
-        layer = n[:n.index(".mlp.experts.")]
+        layer = n[:n.index("." + module + ".")]
         a_name = n.replace("lora_b", "lora_a")
         in_features = params[a_name].shape[1]
         which = "gate_up_proj" if in_features == H else "down_proj"
@@ -611,7 +664,7 @@ def generate(name, case, folder, gen):
             break
         with torch.no_grad():
             for _, mod in routers(model):
-                mod.weight.copy_(ROUTER_STD * torch.randn(mod.weight.shape, generator=gen))
+                mod.weight.copy_(router_std(model) * torch.randn(mod.weight.shape, generator=gen))
     else:
         sys.exit("%s: no router draw without a near-tie" % name)
     config.save_pretrained(folder)
@@ -636,13 +689,15 @@ def generate(name, case, folder, gen):
     float_model = copy.deepcopy(model)
     nf4 = ref.replace_with_nf4(model, torch.float32, proj)
     nf4.update(replace_experts_with_nf4(model, torch.float32, hub))
-    experts = EXPERT_PARAMS if case.get("experts") else None
+    experts = ((["experts.gate_up_proj", "experts.down_proj"] if family == "gemma4_text"
+                else EXPERT_PARAMS) if case.get("experts") else None)  # (Gemma 4's: no mlp.)
     peft_model = get_peft_model(model, LoraConfig(r=ref.RANK, lora_alpha=ref.ALPHA,
                                                   lora_dropout=0.0, target_modules=targets,
                                                   target_parameters=experts))
     params = ref.lora_params(peft_model)
     assert bool(experts) == any("experts" in n for n in params), "adapters on the experts?"
-    convert = kq_expert_adapters(params, case["arch"], hub, interleaved=family == "gpt_oss")
+    convert = kq_expert_adapters(params, case["arch"], hub, interleaved=family == "gpt_oss",
+                                 module="experts" if family == "gemma4_text" else "mlp.experts")
     kq = lambda d: dict(convert(n, t.detach()) for n, t in d.items())  # noqa: E731
     with torch.no_grad():
         for n, p in params.items():

@@ -127,6 +127,10 @@ CausalLm<ExecSpace>::CausalLm(const ExecSpace& exec, const ModelConfig& cfg, boo
       }
       if (spec_.shared_expert(l))
         b.shared_gate = &t.at(g + "." + spec_.experts.shared_gate_module + ".weight");
+      if (!spec_.experts.router_scale.empty()) {  // (Gemma 4)
+        b.router_scale = &t.at(g + "." + spec_.experts.router_scale);
+        b.per_expert_scale = &t.at(g + "." + spec_.experts.per_expert_scale);
+      }
       for (int64_t j = 0; j < spec_.experts.experts; ++j)
         b.experts.push_back({&t.at(expert_weight_name(spec_, g, j, 0)),
                              &t.at(expert_weight_name(spec_, g, j, 1)),
@@ -373,7 +377,7 @@ void CausalLm<ExecSpace>::block_forward(int l, Buffers& c, const Matrix<Mem>& ne
   if (norm_of(NormRole::mlp_in))
     norm_forward(norm_of(NormRole::mlp_in), NormRole::mlp_in, c[B::kMid], c[B::kN2], c[B::kInv2]);
   if (spec_.layer[l].sparse) {  // (the aux loss's sums once per forward, not in a recomputation)
-    if (spec_.shared_expert(l)) dense_mlp_forward(l, c);
+    if (spec_.dense_beside_experts(l)) dense_mlp_forward(l, c);
     experts_forward(l, c, aux_on_ && next.data());
   } else {
     dense_mlp_forward(l, c);

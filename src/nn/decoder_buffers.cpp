@@ -19,7 +19,8 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
   const int64_t KI = K * s.experts.intermediate, KH = K * H;
   const int64_t r = cfg.rank;
   bool shared = false;  // (a layer with a shared expert)
-  for (int64_t l = 0; l < s.layers; ++l) shared = shared || s.shared_expert(l);
+  for (int64_t l = 0; l < s.layers; ++l) shared = shared || s.dense_beside_experts(l);
+  const bool beside = sparse && s.experts.beside;  // (Gemma 4's MoE block)
   const bool qk_norm = s.norm(NormRole::q) != nullptr, v_norm = s.norm(NormRole::v) != nullptr;
   // (a norm's 1/rms per (token, head) or per token: its most over the layers)
   const auto norms_per_token = [&](NormRole role, bool q) {
@@ -98,7 +99,14 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
              {"ple_gate", P, true},
              {"ple_act", P, true},
              {"ple_raw", P > 0 ? H : 0, true},
-             {"inv_ple", P > 0 ? 1 : 0}};
+             {"inv_ple", P > 0 ? 1 : 0},
+             {"router_in", beside ? H : 0, true},
+             {"inv_router", beside ? 1 : 0},
+             {"n3", beside ? H : 0, true},
+             {"inv3", beside ? 1 : 0},
+             {"experts_raw", beside ? H : 0, true},
+             {"inv_e1", beside ? 1 : 0},
+             {"inv_e2", beside ? 1 : 0}};
   int64_t widest_in = 0, widest_fused = 0, widest_out = 0;
   for (size_t p = 0; p < s.projections.size(); ++p) {
     const ProjectionSpec& proj = s.projections[p];
@@ -171,7 +179,10 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
       {"ple_proj", P * s.layers},
       {"inv_ple_proj", P > 0 ? s.layers : 0},
       {"g_ple_act", P},
-      {"g_ple_gate", P}};
+      {"g_ple_gate", P},
+      {"moe_tmp", beside ? H : 0},
+      {"g_n3", beside ? H : 0},
+      {"g_router_in", beside ? H : 0}};
   return b;
 }
 

@@ -19,7 +19,7 @@ void CausalLm<ExecSpace>::dense_mlp_forward(int l, Buffers& c) {
                     c[B::kAct]);
   // (its adapter's h and dropout mask too; a shared expert's output kept apart, the
   // experts adding to it through its gate: decoder_sparse_mlp.cpp)
-  if (spec_.shared_expert(l))
+  if (spec_.dense_beside_experts(l))
     project(l, spec_.writer(Slot::down), c, c[B::kShared]);
   else
     project_all(l, ProjectionInput::mlp_act, c);

@@ -33,6 +33,10 @@ inline std::string norm_name(const NormSpec& n, const std::string& layer) {
 inline bool layer_has_norm(const DecoderSpec& s, int64_t l, const NormSpec& n) {
   const bool qk = n.role == NormRole::q || n.role == NormRole::k || n.role == NormRole::v;
   const LayerSpec& at = s.layer[static_cast<size_t>(l)];
+  // (Gemma 4's MoE block's norms: on its sparse layers)
+  if (n.role == NormRole::dense_out || n.role == NormRole::experts_in ||
+      n.role == NormRole::experts_out)
+    return at.sparse;
   // (a layer attending over another's keys and values has no k or v norm: Gemma 4)
   if ((n.role == NormRole::k || n.role == NormRole::v) && at.kv_source >= 0) return false;
   return !qk || at.mixer == Mixer::attention;

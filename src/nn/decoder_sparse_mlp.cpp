@@ -3,6 +3,8 @@
 // load-balancing loss over a forward (docs/MODELS.md, "Experts").
 #include "decoder_names.hpp"
 #include "kqlora/nn/causal_lm.hpp"
+#include "kqlora/nn/residual.hpp"
+#include "kqlora/nn/router_input_norm.hpp"
 #include "kqlora/nn/shared_expert_gate.hpp"
 #include "kqlora/nn/sparse_mlp.hpp"
 
@@ -17,6 +19,7 @@ using decoder::flat;
 
 template <class ExecSpace>
 void CausalLm<ExecSpace>::experts_forward(int l, Buffers& c, bool sum_aux) {
+  if (spec_.experts.beside) return moe_block_forward(l, c, sum_aux);
   SparseMlpCache<Mem> sc = sparse_cache(c);
   sparse_mlp_forward(this->exec_, spec_.experts, spec_.mlp_activation, router_weights(l),
                      expert_weights(l), sublayer_input(c, NormRole::mlp_in), this->cfg_.bf16(), sc,
@@ -27,6 +30,62 @@ void CausalLm<ExecSpace>::experts_forward(int l, Buffers& c, bool sum_aux) {
     shared_expert_gate_forward(
         this->exec_, sublayer_input(c, NormRole::mlp_in), dense_vector(blocks_[l].shared_gate),
         c[B::kShared], this->cfg_.bf16(), flat(c[B::kSharedGate]), slot_output(c, Slot::down));
+}
+
+template <class ExecSpace>
+void CausalLm<ExecSpace>::moe_block_forward(int l, Buffers& c, bool sum_aux) {
+  // Gemma 4 (docs/MODELS.md): d = dense_out(dense MLP of mlp_in(m)) +
+  // experts_out(experts of experts_in(m), routed by unitnorm(m) * scale * hidden^-1/2);
+  // the dense MLP ran first (block_forward), its output in kShared.
+  const ExecSpace& exec = this->exec_;
+  const bool bf16 = this->cfg_.bf16();
+  const Block& B = blocks_[l];
+  const auto norm_of = [&](NormRole r) { return B.norm[static_cast<int>(r)]; };
+  router_input_forward(exec, c[B::kMid], dense_vector(B.router_scale), router_root(),
+                       static_cast<float>(spec_.norm_eps), bf16, c[B::kRouterIn],
+                       flat(c[B::kInvRouter]));
+  norm_forward(norm_of(NormRole::experts_in), NormRole::experts_in, c[B::kMid], c[B::kN3],
+               c[B::kInv3]);
+  SparseMlpCache<Mem> sc = sparse_cache(c);
+  sparse_mlp_forward(exec, spec_.experts, spec_.mlp_activation, router_weights(l),
+                     expert_weights(l), c[B::kN3], bf16, sc, lora_, ws_, c[B::kExpertsRaw],
+                     sum_aux ? &aux_ : nullptr, buf_[B::kGLogits], c[B::kRouterIn]);
+  offsets_[l] = std::move(sc.offsets);
+  const Matrix<Mem> d = slot_output(c, Slot::down);
+  norm_forward(norm_of(NormRole::dense_out), NormRole::dense_out, c[B::kShared], d, c[B::kInvE1]);
+  norm_forward(norm_of(NormRole::experts_out), NormRole::experts_out, c[B::kExpertsRaw],
+               buf_[B::kMoeTmp], c[B::kInvE2]);
+  residual_add(exec, buf_[B::kMoeTmp], bf16, d);
+}
+
+template <class ExecSpace>
+void CausalLm<ExecSpace>::moe_block_backward(int l, Buffers& c, const Matrix<Mem>& g_out,
+                                             bool accumulate, const Matrix<Mem>& gx) {
+  // g_out: the sum's gradient (each branch's); the experts' and the router's inputs add
+  // their gradients into the residual's (kG) through their own norms, the dense MLP's
+  // into gx (the mlp_in norm's output, block backward's next step).
+  const ExecSpace& exec = this->exec_;
+  const bool bf16 = this->cfg_.bf16();
+  const Block& B = blocks_[l];
+  const auto norm_of = [&](NormRole r) { return B.norm[static_cast<int>(r)]; };
+  Buffers& s = buf_;
+  norm_backward(norm_of(NormRole::experts_out), NormRole::experts_out, c[B::kExpertsRaw],
+                c[B::kInvE2], g_out, s[B::kMoeTmp]);
+  if (bf16) round_bf16(exec, s[B::kMoeTmp]);
+  SparseMlpCache<Mem> sc = sparse_cache(c);
+  sc.offsets = offsets_[l];
+  sparse_mlp_backward(exec, spec_.experts, spec_.mlp_activation, router_weights(l),
+                      expert_weights(l), sc, s[B::kMoeTmp], bf16, sparse_scratch(), lora_, ws_,
+                      s[B::kGN3], aux_on_ ? &aux_ : nullptr, s[B::kGRouterIn]);
+  norm_backward(norm_of(NormRole::experts_in), NormRole::experts_in, c[B::kMid], c[B::kInv3],
+                s[B::kGN3], s[B::kG], NormGradOut::add);
+  router_input_backward(exec, c[B::kMid], dense_vector(B.router_scale), router_root(),
+                        Kokkos::View<const float*, Mem>(flat(c[B::kInvRouter])), bf16,
+                        s[B::kGRouterIn], s[B::kG]);
+  norm_backward(norm_of(NormRole::dense_out), NormRole::dense_out, c[B::kShared], c[B::kInvE1],
+                g_out, s[B::kGShared]);
+  if (bf16) round_bf16(exec, s[B::kGShared]);
+  dense_mlp_backward(l, c, s[B::kGShared], accumulate, gx, 0.0f);
 }
 
 template <class ExecSpace>
@@ -44,6 +103,7 @@ void CausalLm<ExecSpace>::experts_backward(int l, Buffers& c, const Matrix<Mem>&
         Kokkos::deep_copy(
             exec, Kokkos::subview(this->grads, std::make_pair(e->offset, e->offset + e->numel())),
             0.0f);
+  if (spec_.experts.beside) return moe_block_backward(l, c, g_out, accumulate, gx);
   SparseMlpCache<Mem> sc = sparse_cache(c);
   sc.offsets = offsets_[l];
   sparse_mlp_backward(exec, spec_.experts, spec_.mlp_activation, router_weights(l),
@@ -100,8 +160,10 @@ auto CausalLm<ExecSpace>::sparse_scratch() const -> SparseMlpScratch<Mem> {
 template <class ExecSpace>
 auto CausalLm<ExecSpace>::router_weights(int l) const -> RouterWeights<Mem> {
   const Block& B = blocks_[l];
-  return {dense_matrix(B.router),
-          B.router_bias ? dense_vector(B.router_bias) : Kokkos::View<const float*, Mem>()};
+  return {
+      dense_matrix(B.router),
+      B.router_bias ? dense_vector(B.router_bias) : Kokkos::View<const float*, Mem>(),
+      B.per_expert_scale ? dense_vector(B.per_expert_scale) : Kokkos::View<const float*, Mem>()};
 }
 
 template <class ExecSpace>
@@ -198,6 +260,10 @@ template auto CausalLm<Kokkos::DefaultExecutionSpace>::sparse_cache(Buffers&) co
     -> SparseMlpCache<Mem>;
 template auto CausalLm<Kokkos::DefaultExecutionSpace>::sparse_scratch() const
     -> SparseMlpScratch<Mem>;
+template void CausalLm<Kokkos::DefaultExecutionSpace>::moe_block_forward(int, Buffers&, bool);
+template void CausalLm<Kokkos::DefaultExecutionSpace>::moe_block_backward(int, Buffers&,
+                                                                          const Matrix<Mem>&, bool,
+                                                                          const Matrix<Mem>&);
 template auto CausalLm<Kokkos::DefaultExecutionSpace>::router_weights(int) const
     -> RouterWeights<Mem>;
 template auto CausalLm<Kokkos::DefaultExecutionSpace>::expert_weights(int) const

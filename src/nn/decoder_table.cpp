@@ -207,6 +207,10 @@ ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
         add_dense(g + "." + s.experts.router_module + ".bias", {s.experts.experts}, g);
       if (s.shared_expert(l))  // (its gate dense as the router, for the same reasons)
         add_dense(g + "." + s.experts.shared_gate_module + ".weight", {1, s.hidden}, g);
+      if (!s.experts.router_scale.empty()) {  // (Gemma 4's router input scale, expert scales)
+        add_dense(g + "." + s.experts.router_scale, {s.hidden}, g);
+        add_dense(g + "." + s.experts.per_expert_scale, {s.experts.experts}, g);
+      }
     }
     for (const NormSpec& n : s.norms)
       if (n.role != NormRole::final && n.role != NormRole::ple_proj && n.kind != NormKind::unit &&

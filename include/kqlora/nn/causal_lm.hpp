@@ -17,6 +17,8 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cmath>
+
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -92,6 +94,8 @@ class CausalLm : public Model<ExecSpace> {
     const ParamEntry *gate_bias = nullptr, *up_bias = nullptr, *down_bias = nullptr;
     const ParamEntry* sinks = nullptr;
     const ParamEntry* layer_scalar = nullptr;  // Gemma 4's [1] factor on the block's output
+    // Gemma 4's MoE block: the router's input scale [hidden] and per-expert scale [E]
+    const ParamEntry *router_scale = nullptr, *per_expert_scale = nullptr;
     // A Gated DeltaNet layer's frozen conv weight, dt_bias, A_log and gated norm weight.
     const ParamEntry *lin_conv = nullptr, *lin_dt_bias = nullptr, *lin_a_log = nullptr,
                      *lin_norm = nullptr;
@@ -229,6 +233,15 @@ class CausalLm : public Model<ExecSpace> {
   /// The attention's buffers of c (and the shared gradients') as views of `layer`'s q and
   /// k/v widths: Gemma 4's full-attention layers' differ from the others'.
   void attention_views(int layer, Buffers& c);
+  /// Gemma 4's MoE block (docs/MODELS.md): the experts beside the dense MLP, each with its
+  /// norms, the router on its own input; forward and backward.
+  void moe_block_forward(int layer, Buffers& c, bool sum_aux);
+  void moe_block_backward(int layer, Buffers& c, const Matrix<Mem>& g_out, bool accumulate,
+                          const Matrix<Mem>& gx);
+  /// The router input's factor hidden^-1/2 (a Python float in transformers).
+  float router_root() const {
+    return static_cast<float>(1.0 / std::sqrt(static_cast<double>(spec_.hidden)));
+  }
   /// Gemma 4's shared keys (or values) of a producer layer, or their gradients' sum, as a
   /// [T, kv] view of DecoderBuffers::kSharedKV (kGSharedKV).
   Matrix<Mem> shared_kv(int producer, bool value, bool gradient);

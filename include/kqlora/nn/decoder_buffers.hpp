@@ -107,6 +107,16 @@ struct DecoderBuffers {
     kPleAct,
     kPleRaw,
     kInvPle,
+    // Gemma 4's MoE block: the router's input and its norm's 1/rms, the experts' input
+    // (pre_feedforward_layernorm_2's output) and 1/rms, the experts' output before its
+    // norm, and the two output norms' 1/rms (the dense MLP's output is kShared's).
+    kRouterIn,
+    kInvRouter,
+    kN3,
+    kInv3,
+    kExpertsRaw,
+    kInvE1,
+    kInvE2,
     kBlockBuffers
   };
 
@@ -169,6 +179,11 @@ struct DecoderBuffers {
     kInvPleProj,
     kGPleAct,
     kGPleGate,
+    // Gemma 4's MoE block: the experts' normalised output (forward) or its norm's input
+    // gradient (backward), and the gradients of the experts' and the router's inputs.
+    kMoeTmp,
+    kGN3,
+    kGRouterIn,
     kSharedBuffers
   };
 

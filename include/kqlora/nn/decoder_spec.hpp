@@ -87,8 +87,24 @@ inline bool linear_slot(Slot s) {
 /// the per-head v norm (Gemma 4's, without a weight: NormKind::unit), Gemma 4's
 /// post_per_layer_input_norm (a layer's) and per_layer_projection_norm (the model's, over
 /// the per-layer input width).
-enum class NormRole { attn_in, attn_out, mlp_in, mlp_out, q, k, final, v, ple_out, ple_proj };
-constexpr int kNormRoles = 10;
+/// Gemma 4's MoE block: post_feedforward_layernorm_1 (the dense MLP's output),
+/// pre_feedforward_layernorm_2 (the experts' input), post_feedforward_layernorm_2 (theirs).
+enum class NormRole {
+  attn_in,
+  attn_out,
+  mlp_in,
+  mlp_out,
+  q,
+  k,
+  final,
+  v,
+  ple_out,
+  ple_proj,
+  dense_out,
+  experts_in,
+  experts_out
+};
+constexpr int kNormRoles = 13;
 
 struct ProjectionSpec {
   std::string name;    // the LoRA target name (PEFT's): "q_proj", "qkv_proj", ...
@@ -178,6 +194,13 @@ struct ExpertsSpec {
   // `interleaved`, gpt-oss's [E, hidden, 2I] gate_up_proj (gate in even, up in odd columns)
   // and [E, I, hidden] down_proj, or their MXFP4 _blocks and _scales (docs/MODELS.md).
   enum class Layout { rows, interleaved } layout = Layout::rows;
+  // Gemma 4's MoE block: the dense MLP and the experts side by side on every sparse layer,
+  // each reading the residual through its own norm (the experts' NormRole::experts_in),
+  // their outputs normalised apart (dense_out, experts_out) and summed; the router reads
+  // unitnorm(x) * <router_scale> * hidden^-1/2 (<layer>.<router_scale> [hidden]), and each
+  // chosen expert's weight, after the renormalisation, is times <per_expert_scale> [E].
+  bool beside = false;
+  std::string router_scale, per_expert_scale;
 };
 
 struct LayerSpec {
@@ -292,7 +315,7 @@ struct DecoderSpec {
       return at.mixer == Mixer::attention && !(at.k_eq_v && p.slots[0] == Slot::v) &&
              !(at.kv_source >= 0 && (p.slots[0] == Slot::k || p.slots[0] == Slot::v));
     if (linear_slot(p.slots[0])) return at.mixer == Mixer::linear;
-    return !at.sparse || !reads_mlp(p) || shared_expert(l);
+    return !at.sparse || !reads_mlp(p) || shared_expert(l) || experts.beside;
   }
   /// Whether any layer has the mixer.
   bool any_mixer(Mixer m) const {
@@ -303,6 +326,10 @@ struct DecoderSpec {
   /// Whether p is one of the dense MLP's projections.
   static bool reads_mlp(const ProjectionSpec& p) {
     return p.input == ProjectionInput::mlp_norm || p.input == ProjectionInput::mlp_act;
+  }
+  /// Whether layer l runs a dense MLP beside its experts: a shared expert, or Gemma 4's.
+  bool dense_beside_experts(int64_t l) const {
+    return shared_expert(l) || (layer[static_cast<size_t>(l)].sparse && experts.beside);
   }
   /// Whether layer l has a shared expert (its dense MLP projections are that).
   bool shared_expert(int64_t l) const {

@@ -81,6 +81,8 @@ template <class M>
 struct RouterWeights {
   Matrix<M> weight;
   Kokkos::View<const float*, M> bias;
+  // Gemma 4: each chosen expert's weight, after the renormalisation, times its entry [E]
+  Kokkos::View<const float*, M> per_expert_scale;
 };
 
 namespace impl {
@@ -94,7 +96,9 @@ Matrix<M> row_block(const Matrix<M>& m, int64_t a, int64_t b) {
 /// The k experts of each token and their weights (see the header).
 template <class ExecSpace, class M>
 void route(const ExecSpace& exec, const ExpertsSpec& spec, bool bf16, const Matrix<M>& logits,
-           const IndexMatrix<M>& chosen, const Matrix<M>& weight) {
+           const IndexMatrix<M>& chosen, const Matrix<M>& weight,
+           const Kokkos::View<const float*, M>& per_expert_scale = {}) {
+  const bool scaled = per_expert_scale.data() != nullptr;
   const int64_t E = logits.extent(1), K = chosen.extent(1);
   const bool norm = spec.norm_topk, softmax_first = spec.router == RouterKind::softmax_topk;
   Kokkos::parallel_for(
@@ -124,6 +128,8 @@ void route(const ExecSpace& exec, const ExpertsSpec& spec, bool bf16, const Matr
         }
         if (!softmax_first || norm)
           for (int64_t j = 0; j < K; ++j) weight(t, j) /= wsum;
+        if (scaled)
+          for (int64_t j = 0; j < K; ++j) weight(t, j) *= per_expert_scale(chosen(t, j));
         if (bf16)  // (transformers casts the weights to the activations' dtype)
           for (int64_t j = 0; j < K; ++j) weight(t, j) = round_to_bf16(weight(t, j));
       });
@@ -463,16 +469,17 @@ void sparse_mlp_forward(const ExecSpace& exec, const ExpertsSpec& spec, Activati
                         const std::vector<ExpertWeights<M>>& experts, const Matrix<M>& x, bool bf16,
                         SparseMlpCache<M>& c, LoraScratch<M>& lora, LinearNf4Workspace<M>& ws,
                         const Matrix<M>& y, const RouterAuxLoss<M>* aux = nullptr,
-                        const Matrix<M>& aux_scratch = {}) {
+                        const Matrix<M>& aux_scratch = {}, const Matrix<M>& router_x = {}) {
   const int64_t E = spec.experts, K = spec.top_k;
   KQLORA_CHECK(K <= kMaxTopK && static_cast<int64_t>(experts.size()) == E,
                "sparse_mlp_forward: top_k " << K << " or experts");
-  gemm(exec, "N", "T", 1.0f, x, router.weight, 0.0f, c.logits);
+  // (the router reads router_x where given: Gemma 4's, its own norm of the residual)
+  gemm(exec, "N", "T", 1.0f, router_x.data() ? router_x : x, router.weight, 0.0f, c.logits);
   if (router.bias.data())
     add_bias(exec, router.bias, bf16, c.logits);  // (one rounding of the sum, as addmm)
   else if (bf16)
     round_bf16(exec, c.logits);
-  impl::route(exec, spec, bf16, c.logits, c.chosen, c.weight);
+  impl::route(exec, spec, bf16, c.logits, c.chosen, c.weight, router.per_expert_scale);
   if (aux) impl::aux_accumulate(exec, c, aux_scratch, *aux);
   impl::group_by_expert(exec, E, c);
   impl::gather_rows(exec, x, c.order, K, c.xg);
@@ -557,7 +564,7 @@ void sparse_mlp_backward(const ExecSpace& exec, const ExpertsSpec& spec, Activat
                          const std::vector<ExpertWeights<M>>& experts, const SparseMlpCache<M>& c,
                          const Matrix<M>& gy, bool bf16, const SparseMlpScratch<M>& s,
                          LoraScratch<M>& lora, LinearNf4Workspace<M>& ws, const Matrix<M>& gx,
-                         const RouterAuxLoss<M>* aux = nullptr) {
+                         const RouterAuxLoss<M>* aux = nullptr, const Matrix<M>& router_gx = {}) {
   impl::combine_backward(exec, c, gy, bf16, s);
   if (grouped_expert_products<M>()) {
     // (each adapter's gh in a buffer free at that point: gxg before gate and up write it,
@@ -578,10 +585,21 @@ void sparse_mlp_backward(const ExecSpace& exec, const ExpertsSpec& spec, Activat
     sparse_mlp_experts_backward_loop(exec, spec, act, experts, c, bf16, s, lora, ws);
   }
   impl::scatter_rows(exec, c, s.gxg, bf16, gx);
+  if (router.per_expert_scale.data()) {  // (w = renormalised * scale: the former's gradient)
+    const auto gw = s.gw;
+    const auto chosen = c.chosen;
+    const auto pes = router.per_expert_scale;
+    Kokkos::parallel_for(
+        "kqlora::sparse_mlp::per_expert_scale_backward", over(exec, gw.extent(0), gw.extent(1)),
+        KOKKOS_LAMBDA(int64_t t, int64_t j) { gw(t, j) *= pes(chosen(t, j)); });
+  }
   impl::route_backward(exec, spec, c, s);
   if (aux) impl::aux_backward(exec, c, *aux, s.glogits);
-  gemm(exec, "N", "N", 1.0f, s.glogits, router.weight, 1.0f, gx);  // gx += dlogits R
+  // gx += dlogits R (or, where the router reads its own input, router_gx = dlogits R)
+  const bool own = router_gx.data() != nullptr;
+  gemm(exec, "N", "N", 1.0f, s.glogits, router.weight, own ? 0.0f : 1.0f, own ? router_gx : gx);
   if (bf16) round_bf16(exec, gx);
+  if (bf16 && own) round_bf16(exec, router_gx);
 }
 
 }  // namespace kqlora

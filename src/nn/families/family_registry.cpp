@@ -247,7 +247,8 @@ std::string DecoderSpec::module_of(int64_t l, const ProjectionSpec& p) const {
 int64_t DecoderSpec::widest_mlp() const {
   int64_t w = 0;
   for (int64_t l = 0; l < layers; ++l)
-    if (!layer[static_cast<size_t>(l)].sparse || shared_expert(l)) w = std::max(w, mlp_width(l));
+    if (!layer[static_cast<size_t>(l)].sparse || dense_beside_experts(l))
+      w = std::max(w, mlp_width(l));
   return w;
 }
 

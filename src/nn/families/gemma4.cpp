@@ -8,8 +8,8 @@
 // output times its frozen layer_scalar; embeddings times sqrt(hidden); a final soft-cap;
 // key/value sharing (the last num_kv_shared_layers layers attend over an earlier layer's
 // keys and values, their MLP double-wide when use_double_wide_mlp); the per-layer inputs
-// (hidden_size_per_layer_input > 0: E2B, E4B) (docs/MODELS.md, "Gemma 4"). Not yet read:
-// the MoE block (enable_moe_block), refused naming the field.
+// (hidden_size_per_layer_input > 0: E2B, E4B); the MoE block (enable_moe_block: 26B-A4B)
+// (docs/MODELS.md, "Gemma 4").
 #include <cmath>
 #include <string>
 
@@ -80,10 +80,16 @@ DecoderSpec gemma4_family(HfConfigReader& r, const std::string& model_type) {
              {"self_attn.q_norm", NormRole::q, w},
              {"self_attn.k_norm", NormRole::k, w},
              {"self_attn.v_norm", NormRole::v, NormKind::unit}};
-  if (r.present("use_bidirectional_attention") && r.get("use_bidirectional_attention"))
-    r.fail("use_bidirectional_attention", "is " +
-                                              value_text(*r.get("use_bidirectional_attention")) +
-                                              "; kqlora trains causal decoders (null: causal)");
+  // (null: causal; "vision": image tokens see each other, which text alone never has: the
+  // hub's 31B says so; "all": bidirectional, refused)
+  const std::string bidirectional = r.string("use_bidirectional_attention", "", false);
+  if (!bidirectional.empty() && bidirectional != "vision")
+    r.fail("use_bidirectional_attention",
+           "is " + json::quote(bidirectional) +
+               "; kqlora trains causal decoders (null: causal; \"vision\": causal on text)");
+  if (bidirectional == "vision")
+    s.notes.push_back(
+        "use_bidirectional_attention \"vision\": causal on text (no image tokens here)");
   // (what kqlora does not read yet: refused, never ignored)
   // Per-layer inputs (hidden_size_per_layer_input P > 0; transformers' default 256): a
   // table of vocab_size_per_layer_input rows of layers x P, the model's projection and norm,
@@ -100,10 +106,31 @@ DecoderSpec gemma4_family(HfConfigReader& r, const std::string& model_type) {
     s.norms.push_back({"model.per_layer_projection_norm", NormRole::ple_proj, w});
   }
   r.accept({"vocab_size_per_layer_input"});  // (without per-layer inputs: unused)
-  if (r.boolean("enable_moe_block", false))
-    r.fail("enable_moe_block",
-           "is true: Gemma 4's MoE block is not supported yet (docs/MODELS.md, \"Gemma 4\")");
-  r.accept({"num_experts", "top_k_experts", "moe_intermediate_size"});  // (MoE block's only)
+  // The MoE block (26B-A4B): every layer's dense MLP beside num_experts experts of
+  // moe_intermediate_size, the top top_k_experts of a softmax renormalised, each times its
+  // per_expert_scale; the router reading unitnorm(x) * router.scale * hidden^-1/2.
+  if (r.boolean("enable_moe_block", false)) {
+    ExpertsSpec& e = s.experts;
+    e.experts = r.integer("num_experts", 0, true);
+    e.top_k = r.integer("top_k_experts", 0, true);
+    if (e.top_k > e.experts || e.top_k > kMaxTopK)
+      r.fail("top_k_experts", "is " + std::to_string(e.top_k) + ": at most num_experts " +
+                                  std::to_string(e.experts) + " and " + std::to_string(kMaxTopK));
+    e.intermediate = r.integer("moe_intermediate_size", 0, true);
+    e.norm_topk = true;
+    e.router = RouterKind::softmax_topk;
+    e.router_module = e.fused_router = "router.proj";
+    e.experts_module = e.fused_module = "experts";
+    e.beside = true;
+    e.router_scale = "router.scale";
+    e.per_expert_scale = "router.per_expert_scale";
+    for (LayerSpec& at : s.layer) at.sparse = true;
+    s.norms.push_back({"post_feedforward_layernorm_1", NormRole::dense_out, w});
+    s.norms.push_back({"pre_feedforward_layernorm_2", NormRole::experts_in, w});
+    s.norms.push_back({"post_feedforward_layernorm_2", NormRole::experts_out, w});
+  } else {
+    r.accept({"num_experts", "top_k_experts", "moe_intermediate_size"});  // (MoE block's)
+  }
   s.embed_scale = static_cast<float>(std::sqrt(static_cast<double>(s.hidden)));
   s.attn_scale = 1.0f;
   if (r.has("final_logit_softcapping")) {
@@ -135,17 +162,22 @@ DecoderSpec gemma4_family(HfConfigReader& r, const std::string& model_type) {
     for (const char* key : {"global_head_dim", "num_global_key_value_heads"})
       if (r.has(key))
         r.fail(key, "is set beside per_layer_config, which says the same per layer: keep one");
+    // (keys are layer indices; transformers' save_pretrained pads them with zeros to the
+    // widest: "04" of 35 layers)
     HfConfigReader p = r.object("per_layer_config");
-    for (int64_t l = 0; l < s.layers; ++l) {
-      const std::string key = std::to_string(l);
-      if (!p.has(key.c_str())) continue;
+    for (const auto& [key, value] : r.get("per_layer_config")->object) {
+      const bool digits = !key.empty() && key.size() <= 9 &&
+                          key.find_first_not_of("0123456789") == std::string::npos;
+      const int64_t l = digits ? std::stoll(key) : -1;
+      if (l < 0 || l >= s.layers)
+        r.fail("per_layer_config", "has the key " + json::quote(key) +
+                                       ": not a layer index below " + std::to_string(s.layers));
       HfConfigReader o = p.object(key.c_str());
       LayerSpec& at = s.layer[static_cast<size_t>(l)];
       at.head_dim = o.integer("head_dim", s.head_dim, false);
       at.kv_heads = o.integer("num_key_value_heads", s.kv_heads, false);
       o.finish();
     }
-    p.finish();  // (a key that is no layer index below num_hidden_layers: refused)
   } else {
     const int64_t global = r.integer("global_head_dim", 512, false);
     const int64_t global_kv = r.integer("num_global_key_value_heads", 0, false, 0);

@@ -22,7 +22,7 @@ std::string value_text(const json::Value& v) {
     case json::Value::Kind::string:
       return json::quote(v.string);
     default:
-      return std::string("an ") + v.kind_name();
+      return v.kind_name();  // ("an object", "an array")
   }
 }
 
