@@ -59,7 +59,9 @@ def token_file(path, rows, seq, vocab):
 
 def has_experts(model_dir):
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
-    return "num_experts" in cfg or "num_local_experts" in cfg
+    cfg = dict(cfg, **cfg.get("text_config", {}))
+    # (Gemma 4 writes num_experts null without its MoE block)
+    return bool(cfg.get("num_experts") or cfg.get("num_local_experts"))
 
 
 def torch_steps(model_dir, ids, batch, steps, dtype="float32", experts_impl=None):
@@ -92,6 +94,9 @@ def torch_steps(model_dir, ids, batch, steps, dtype="float32", experts_impl=None
     if has_experts(model_dir):  # (named: PEFT's all-linear would also adapt the routers)
         lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=sorted(linears),
                           target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+    elif "per_layer_model_projection" in linears:  # (Gemma 4: kqlora keeps it frozen)
+        lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                          target_modules=sorted(linears - {"per_layer_model_projection"}))
     else:
         lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear")
     model = get_peft_model(model, lora)
