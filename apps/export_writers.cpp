@@ -112,12 +112,21 @@ std::string loaded_name(const DecoderSpec* spec, const std::string& name) {
 void add_skipped_tensors(const DecoderSpec& spec, const std::string& dir,
                          std::list<std::vector<uint8_t>>& bytes,
                          std::vector<safetensors::TensorToWrite>& tensors) {
-  if (spec.skipped.empty() || dir.empty()) return;
+  // (only where the model loaded from the directory is the multimodal one: Qwen3.5's is
+  // its text decoder, which the towers would not fit)
+  if (spec.skipped.empty() || spec.loaded_prefix.empty()) return;
+  if (dir.empty() || (!std::ifstream(dir + "/model.safetensors").good() &&
+                      !std::ifstream(dir + "/model.safetensors.index.json").good())) {
+    std::cout << "note: hf_model_dir '" << dir
+              << "' has no weights file: the towers the model loads beside its text decoder "
+                 "are not copied (transformers initialises them at random)\n";
+    return;
+  }
   std::vector<std::string> files;
   const std::string single = dir + "/model.safetensors", index = single + ".index.json";
   if (std::ifstream(single).good())
     files.push_back(single);
-  else if (std::ifstream(index).good())
+  else
     files = safetensors::index_shards(index);
   for (const std::string& path : files) {
     const safetensors::Header h = safetensors::read_header(path);
@@ -365,10 +374,12 @@ void write_peft(const CheckpointContents& c, const std::string& file, const std:
     }
     for (const auto& a : table.expert_adapters) {  // (target_parameters)
       if (table.at(a.a).group != g) continue;
-      add(peft::expert_adapter_key(a, false), find_param(c, a.a, file));
+      const std::string module = loaded_name(loaded.get(), a.module);
+      add(peft::expert_adapter_key(a, false, module), find_param(c, a.a, file));
       converted.push_back(peft::convert_expert_b(a, find_param(c, a.b, file).data, true));
-      tensors.push_back({peft::expert_adapter_key(a, true), "F32", peft::peft_expert_b_shape(a),
-                         converted.back().data(), 4 * converted.back().size()});
+      tensors.push_back({peft::expert_adapter_key(a, true, module), "F32",
+                         peft::peft_expert_b_shape(a), converted.back().data(),
+                         4 * converted.back().size()});
       parameters.insert(a.target);
     }
     for (const auto& e : table.entries) {

@@ -239,9 +239,10 @@ REFUSED_TINY = {
             "rope_type": "proportional", "partial_rotary_factor": 0.5,
             "rope_theta": 10000.0})}, "rope_parameters"),
     "gemma4_all_full": ("gemma4_text", {"layer_types": ["full_attention"] * 4}, "layer_types"),
-    # (llama.cpp's gemma4 sizes the per-layer input table by vocab_size)
+    # (llama.cpp's gemma4 sizes the per-layer input table by vocab_size: a larger table is
+    # refused; a smaller one kqlora-train refuses itself, as a token would have no row)
     "gemma4_ple_vocab": ("gemma4_text", {"hidden_size_per_layer_input": 8,
-                                         "vocab_size_per_layer_input": 64},
+                                         "vocab_size_per_layer_input": 200},
                          "vocab_size_per_layer_input"),
 }
 ROWS, T = 3, 64

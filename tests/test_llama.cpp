@@ -905,7 +905,8 @@ TEST(NewFamilies, BadFieldsAreRefusedNamingThem) {
   const std::string smol = config("smollm3"), olmo3 = config("olmo3"), granite = config("granite"),
                     qwen35 = config("qwen3_5_text"), q35moe = config("qwen3_5_moe"),
                     next = config("qwen3_next"), g4 = config("gemma4_text"),
-                    g4moe = config("gemma4_moe");
+                    g4moe = config("gemma4_moe"), g4kv = config("gemma4_kv_shared"),
+                    g4ple = config("gemma4_ple");
   const std::vector<std::tuple<const std::string*, std::string, std::string>> bad = {
       {&smol, "no_rope_layers", "[1, 0]"},
       {&smol, "no_rope_layers", "[1, 2, 1]"},
@@ -946,9 +947,14 @@ TEST(NewFamilies, BadFieldsAreRefusedNamingThem) {
       {&next, "moe_intermediate_size", "-1"},
       // (Gemma 4: what is not read yet, refused; per-layer heads that cannot be)
       {&g4, "hidden_size_per_layer_input", "-1"},
-      {&g4, "num_kv_shared_layers", "4"},  // (no layer left to compute them)
-      {&g4, "num_kv_shared_layers", "3"},  // (layer 1, full: no earlier full layer)
-      {&g4moe, "top_k_experts", "9"},      // (more than its 8 experts)
+      {&g4, "num_kv_shared_layers", "4"},            // (no layer left to compute them)
+      {&g4, "num_kv_shared_layers", "3"},            // (layer 1, full: no earlier full layer)
+      {&g4moe, "top_k_experts", "9"},                // (more than its 8 experts)
+      {&g4ple, "vocab_size_per_layer_input", "95"},  // (token 95 would have no row)
+      // (layer 3 shares layer 2's keys and values, of 2 heads: 4 of its own refused)
+      {&g4kv, "per_layer_config",
+       "{\"1\": {\"head_dim\": 32, \"num_key_value_heads\": 1}, \"4\": {\"head_dim\": 32, "
+       "\"num_key_value_heads\": 1}, \"3\": {\"num_key_value_heads\": 4}}"},
       {&g4moe, "moe_intermediate_size", "0"},
       {&g4, "use_bidirectional_attention", "\"all\""},
       {&g4, "per_layer_config", "{\"1\": {\"head_dim\": 32, \"num_key_value_heads\": 3}}"},

@@ -162,7 +162,9 @@ CASES = {
     # router reading unitnorm(x) * router.scale * hidden^-1/2; sliding and full layers as
     # the gemma4_text case (k = v, per-layer heads, proportional rope, layer_scalar);
     # adapters on attention, the dense MLP and the experts
-    "gemma4_moe": dict(seed=1801, family="gemma4_text", experts=True, bf16=True, eps=1e-3,
+    # (AdamW eps 1e-2: at 1e-3 a build at -O1 (the sanitizers') put a 5-step adapter 2% past
+    # the 1e-4 tolerance: the experts' last-bit differences through eps)
+    "gemma4_moe": dict(seed=1801, family="gemma4_text", experts=True, bf16=True, eps=1e-2,
                        targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                 "down_proj"],
                        arch=dict(ref.FAM, num_hidden_layers=2, head_dim=16, global_head_dim=32,

@@ -30,9 +30,9 @@ std::string kqlora_name(const std::string& key, const std::string& where) {
   return name;
 }
 
-std::string expert_adapter_key(const ExpertAdapter& ad, bool b) {
-  return std::string(kPrefix) + ad.module + (ad.inner ? ".base_layer" : "") +
-         (b ? ".lora_B.weight" : ".lora_A.weight");
+std::string expert_adapter_key(const ExpertAdapter& ad, bool b, const std::string& module) {
+  return std::string(kPrefix) + (module.empty() ? ad.module : module) +
+         (ad.inner ? ".base_layer" : "") + (b ? ".lora_B.weight" : ".lora_A.weight");
 }
 
 std::vector<int64_t> peft_expert_b_shape(const ExpertAdapter& ad) {

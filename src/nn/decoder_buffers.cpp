@@ -179,7 +179,6 @@ DecoderBuffers decoder_buffers(const DecoderSpec& s, const ModelConfig& cfg,
       {"ple_proj", P * s.layers},
       {"inv_ple_proj", P > 0 ? s.layers : 0},
       {"g_ple_act", P},
-      {"g_ple_gate", P},
       {"moe_tmp", beside ? H : 0},
       {"g_n3", beside ? H : 0},
       {"g_router_in", beside ? H : 0}};

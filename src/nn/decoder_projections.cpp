@@ -92,8 +92,8 @@ auto CausalLm<ExecSpace>::slot_gradient(Slot s) -> Matrix<Mem> {
       return buf_[B::kGLinB];
     case Slot::lin_a:
       return buf_[B::kGLinA];
-    case Slot::ple_gate:
-      return buf_[B::kGPleGate];
+    case Slot::ple_gate:  // (its gradient in place of act(gate) * input's)
+      return buf_[B::kGPleAct];
     default:
       return buf_[B::kGUp];
   }

@@ -62,6 +62,8 @@ std::string first_spec_difference(const DecoderSpec& a, const DecoderSpec& b) {
   d.field("attention sinks", a.sinks, b.sinks);
   d.field("attn_output_gate", a.attn_output_gate, b.attn_output_gate);
   d.field("layer_scalar", a.layer_scalar, b.layer_scalar);
+  d.field("hidden_size_per_layer_input", a.ple_width, b.ple_width);
+  d.field("vocab_size_per_layer_input", a.ple_vocab, b.ple_vocab);
   const LinearAttentionSpec &la = a.linear, &lb = b.linear;
   d.field("linear_num_key_heads", la.key_heads, lb.key_heads);
   d.field("linear_num_value_heads", la.value_heads, lb.value_heads);
@@ -111,6 +113,9 @@ std::string first_spec_difference(const DecoderSpec& a, const DecoderSpec& b) {
     d.field("layer " + std::to_string(l) + " key/value heads", a.kv_heads_of(l), b.kv_heads_of(l));
     d.field("layer " + std::to_string(l) + " attention_k_eq_v", a.layer[l].k_eq_v,
             b.layer[l].k_eq_v);
+    d.field("layer " + std::to_string(l) + " keys and values of layer", a.layer[l].kv_source,
+            b.layer[l].kv_source);
+    d.field("layer " + std::to_string(l) + " MLP width", a.mlp_width(l), b.mlp_width(l));
   }
   const ExpertsSpec &x = a.experts, &y = b.experts;
   d.field("num_experts", x.experts, y.experts);
@@ -135,6 +140,9 @@ std::string first_spec_difference(const DecoderSpec& a, const DecoderSpec& b) {
   d.field("swiglu_alpha", x.swiglu_alpha, y.swiglu_alpha);
   d.field("swiglu_limit", x.swiglu_limit, y.swiglu_limit);
   d.code("experts layout", x.layout, y.layout);
+  d.field("experts beside the dense MLP", x.beside, y.beside);
+  d.field("router input scale", x.router_scale, y.router_scale);
+  d.field("per-expert scale", x.per_expert_scale, y.per_expert_scale);
   return d.text();
 }
 

@@ -146,11 +146,14 @@ struct InitFile {
         const std::string key = peft::expert_adapter_key(a, b);
         const std::string as_read = peft::kqlora_name(key, path);
         if (!names.count(as_read)) continue;
+        // (the file's own key: a multimodal model's under its prefix, map_file_prefix)
+        const auto it = stored.find(as_read);
+        const std::string file_key = it != stored.end() ? it->second : key;
         names.erase(as_read);
         stored.erase(as_read);
         const std::string& mine = b ? a.b : a.a;
         names.insert(mine);
-        stored[mine] = key;
+        stored[mine] = file_key;
         if (b) peft_expert_b[mine] = &a;
       }
   }

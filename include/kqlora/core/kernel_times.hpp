@@ -2,11 +2,12 @@
 // Where a run's time goes, kernel by kernel (KQLORA_KERNEL_TIMES=1, docs/BENCHMARKS.md):
 // Kokkos Tools callbacks set in-process time each parallel_for, parallel_reduce and
 // parallel_scan by its label with a host clock. Exact on host back ends (Serial, OpenMP:
-// a kernel returns when it is done); on a GPU a launch returns at once, so there the times
-// are launch costs unless CUDA_LAUNCH_BLOCKING=1. What no Kokkos kernel runs (the vendor
-// GEMMs, host code) is the rest of the time. Off unless asked: the callbacks slow every
-// launch a little. Where a Kokkos Tools library is loaded (KOKKOS_TOOLS_LIBS) its callbacks
-// are left alone and nothing is timed.
+// a kernel returns when it is done). With Kokkos >= 3.6 tool callbacks make Kokkos fence
+// around every kernel (its tools' default), so on a GPU the times are the kernels' own too,
+// but the run is serialised: no overlap of kernels with communication while it is on (a
+// diagnostic, never for a production run). What no Kokkos kernel runs (the vendor GEMMs,
+// host code) is the rest of the time. Off unless asked. Where a Kokkos Tools library is
+// loaded (KOKKOS_TOOLS_LIBS) its callbacks are left alone and nothing is timed.
 
 #include <ostream>
 

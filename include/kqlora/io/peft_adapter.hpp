@@ -25,7 +25,9 @@ std::string tensor_key(const std::string& name);
 std::string kqlora_name(const std::string& key, const std::string& where);
 
 /// PEFT's name of an expert adapter's A (b false) or B (b true).
-std::string expert_adapter_key(const ExpertAdapter& ad, bool b);
+/// (`module`: the experts' module path on the model PEFT loads, when not ad.module: a
+/// multimodal model's, under its prefix)
+std::string expert_adapter_key(const ExpertAdapter& ad, bool b, const std::string& module = "");
 /// PEFT's shape of an expert adapter's B: [out, r * E].
 std::vector<int64_t> peft_expert_b_shape(const ExpertAdapter& ad);
 /// An expert adapter's B from kqlora's expert-major [E * out, r] to PEFT's [out, r * E]

@@ -172,13 +172,12 @@ struct DecoderBuffers {
     kSharedKV,
     kGSharedKV,
     // Gemma 4's per-layer inputs [T, layers * P] (made once a pass), the projection's part
-    // before the combine, its norm's 1/rms per (token, layer), and a layer's gradients of
-    // act(gate) * input and of the gate.
+    // before the combine, its norm's 1/rms per (token, layer), and a layer's gradient of
+    // act(gate) * input (then, in place, of the gate).
     kPle,
     kPleProj,
     kInvPleProj,
     kGPleAct,
-    kGPleGate,
     // Gemma 4's MoE block: the experts' normalised output (forward) or its norm's input
     // gradient (backward), and the gradients of the experts' and the router's inputs.
     kMoeTmp,

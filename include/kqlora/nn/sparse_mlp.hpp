@@ -473,6 +473,9 @@ void sparse_mlp_forward(const ExecSpace& exec, const ExpertsSpec& spec, Activati
   const int64_t E = spec.experts, K = spec.top_k;
   KQLORA_CHECK(K <= kMaxTopK && static_cast<int64_t>(experts.size()) == E,
                "sparse_mlp_forward: top_k " << K << " or experts");
+  // (route_backward recomputes the softmax of the logits where the weights are scaled)
+  KQLORA_CHECK(!router.per_expert_scale.data() || spec.router == RouterKind::softmax_topk,
+               "sparse_mlp_forward: per-expert scales with a softmax over the top k");
   // (the router reads router_x where given: Gemma 4's, its own norm of the residual)
   gemm(exec, "N", "T", 1.0f, router_x.data() ? router_x : x, router.weight, 0.0f, c.logits);
   if (router.bias.data())

@@ -97,6 +97,11 @@ DecoderSpec gemma4_family(HfConfigReader& r, const std::string& model_type) {
   s.ple_width = r.integer("hidden_size_per_layer_input", 256, false, 0);
   if (s.ple_width > 0) {
     s.ple_vocab = r.integer("vocab_size_per_layer_input", 262144, false);
+    // (its rows are looked up by the token ids: each must have one)
+    if (s.ple_vocab < s.vocab)
+      r.fail("vocab_size_per_layer_input", "is " + std::to_string(s.ple_vocab) +
+                                               ", below vocab_size " + std::to_string(s.vocab) +
+                                               ": a token id would have no per-layer row");
     using PI = ProjectionInput;
     s.projections.push_back(
         {"per_layer_input_gate", "per_layer_input_gate", PI::block_out, {Slot::ple_gate}});
@@ -208,17 +213,34 @@ DecoderSpec gemma4_family(HfConfigReader& r, const std::string& model_type) {
                  "share");
     if (double_wide) at.mlp_width = 2 * s.intermediate;
   }
+  const bool per_layer = r.has("per_layer_config");
   for (int64_t l = 0; l < s.layers; ++l) {
     LayerSpec& at = s.layer[static_cast<size_t>(l)];
     at.k_eq_v = k_eq_v && at.window == 0;
     const int64_t hd = s.head_dim_of(l), kv = s.kv_heads_of(l);
+    // (the field the layer's sizes came from)
+    const bool own = at.head_dim > 0 || at.kv_heads > 0;
+    const char* head_field = per_layer ? "per_layer_config" : own ? "global_head_dim" : "head_dim";
+    const char* kv_field = per_layer         ? "per_layer_config"
+                           : at.kv_heads > 0 ? "num_global_key_value_heads"
+                                             : "num_key_value_heads";
     if (hd % 2 != 0)
-      r.fail("per_layer_config", "gives layer " + std::to_string(l) + " head_dim " +
-                                     std::to_string(hd) + ": the rotary needs an even one");
+      r.fail(head_field, "gives layer " + std::to_string(l) + " head_dim " + std::to_string(hd) +
+                             ": the rotary needs an even one");
     if (s.heads % kv != 0)
-      r.fail("per_layer_config", "gives layer " + std::to_string(l) + " " + std::to_string(kv) +
-                                     " key/value heads, not dividing num_attention_heads " +
-                                     std::to_string(s.heads));
+      r.fail(kv_field, "gives layer " + std::to_string(l) + " " + std::to_string(kv) +
+                           " key/value heads, not dividing num_attention_heads " +
+                           std::to_string(s.heads));
+    // (a sharing layer attends over its producer's keys and values: their heads)
+    if (at.kv_source >= 0 &&
+        (kv != s.kv_heads_of(at.kv_source) || hd != s.head_dim_of(at.kv_source)))
+      r.fail(kv_field, "gives layer " + std::to_string(l) + " " + std::to_string(kv) + " x " +
+                           std::to_string(hd) +
+                           " key/value heads, but the layer whose keys and "
+                           "values it shares (" +
+                           std::to_string(at.kv_source) + ") has " +
+                           std::to_string(s.kv_heads_of(at.kv_source)) + " x " +
+                           std::to_string(s.head_dim_of(at.kv_source)));
   }
 
   // The ropes, one a layer type (rope_parameters keyed by it), each over the head size of
