@@ -60,6 +60,25 @@ TEST(FastExp, TanhViaExpIsWithinItsAbsoluteBound) {
   EXPECT_LE(worst, 2.5e-7);
 }
 
+// fast_tanh (the final soft-cap's) within a few ulp of double tanh: relative on the series
+// side (|z| < 1/2, down to the smallest values) and across the switch, over [-20, 20].
+TEST(FastExp, FastTanhWithinFourUlpOfTanh) {
+  double worst = 0;
+  float at = 0;
+  for (float z = 1e-30f; z < 20.0f;) {
+    for (float s : {z, -z}) {
+      const double exact = std::tanh(static_cast<double>(s));
+      const double e = ulps(kqlora::fast_tanh(s), exact);
+      if (e > worst) worst = e, at = s;
+    }
+    z = std::nextafter(z + std::max(z * 1e-5f, 1e-9f), 100.0f);
+  }
+  EXPECT_LE(worst, 4.0) << "at z = " << at;
+  EXPECT_EQ(kqlora::fast_tanh(0.0f), 0.0f);
+  EXPECT_EQ(kqlora::fast_tanh(40.0f), 1.0f);
+  EXPECT_EQ(kqlora::fast_tanh(-40.0f), -1.0f);
+}
+
 /// Rows of W normal values (sd 4; hx on the host, x to be copied from it) and each row's
 /// range length in len (on the device already).
 template <class Mem>

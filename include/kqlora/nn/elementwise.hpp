@@ -25,6 +25,27 @@ KOKKOS_FORCEINLINE_FUNCTION float tanh_via_exp(float u) {
   return 1.0f - 2.0f / (fast_exp(2.0f * u) + 1.0f);
 }
 
+/// tanh(z) within a few ulp, inline so that loops over it vectorise (libm's tanhf is a call
+/// per element, over every logit of a Gemma vocabulary in the final soft-cap:
+/// docs/BENCHMARKS.md): for |z| < 1/2 the odd Taylor series to z^17 (the rest
+/// under 1e-9 relative), else 1 - 2 / (exp(2|z|) + 1) through fast_exp with z's sign
+/// (tests/test_vector_math.cpp checks both against double tanh).
+KOKKOS_FORCEINLINE_FUNCTION float fast_tanh(float z) {
+  const float a = z < 0.0f ? -z : z, z2 = z * z;
+  float p = 6404582.0f / 10854718875.0f;
+  p = fmaf(p, z2, -929569.0f / 638512875.0f);
+  p = fmaf(p, z2, 21844.0f / 6081075.0f);
+  p = fmaf(p, z2, -1382.0f / 155925.0f);
+  p = fmaf(p, z2, 62.0f / 2835.0f);
+  p = fmaf(p, z2, -17.0f / 315.0f);
+  p = fmaf(p, z2, 2.0f / 15.0f);
+  p = fmaf(p, z2, -1.0f / 3.0f);
+  const float series = fmaf(p * z2, z, z);
+  const float e = fast_exp(2.0f * (a < 15.0f ? a : 15.0f));  // (tanh(15) is 1 in float)
+  const float far = 1.0f - 2.0f / (e + 1.0f);
+  return a < 0.5f ? series : (z < 0.0f ? -far : far);
+}
+
 KOKKOS_FORCEINLINE_FUNCTION float activation_value(Activation a, float z) {
   switch (a) {
     case Activation::relu:

@@ -105,7 +105,8 @@ void vocab_chunk_softmax(const ExecSpace& exec, const Matrix<M>& lg, const RowLa
           return;
         }
         if (cap > 0.0f) {
-          row_for(team, 0, vc, [&](int64_t v) { x[v] = soft_cap(x[v], cap, false); });
+          // (float32: c tanh(x / c) through the inline tanh, as soft_cap does with libm's)
+          row_for(team, 0, vc, [&](int64_t v) { x[v] = fast_tanh(x[v] / cap) * cap; });
           team.team_barrier();
         }
         const float m_old = st.max(r), mc = row_max(team, x, 0, vc);
