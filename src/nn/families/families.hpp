@@ -23,7 +23,7 @@ DecoderSpec smollm3_family(HfConfigReader& r, const std::string& model_type);
 DecoderSpec olmo2_family(HfConfigReader& r, const std::string& model_type);
 DecoderSpec olmo3_family(HfConfigReader& r, const std::string& model_type);
 DecoderSpec granite_family(HfConfigReader& r, const std::string& model_type);
-DecoderSpec qwen3_5_family(HfConfigReader& r, const std::string& model_type);  // qwen3_5_text
+DecoderSpec qwen3_5_family(HfConfigReader& r, const std::string& model_type);      // qwen3_5_text
 DecoderSpec qwen3_5_moe_family(HfConfigReader& r, const std::string& model_type);  // _text
 DecoderSpec qwen3_5_multimodal_family(HfConfigReader& r,
                                       const std::string& model_type);  // qwen3_5, qwen3_5_moe
