@@ -71,7 +71,7 @@ void randomize(CausalLm<Exec>& model, std::mt19937& gen) {
     // (bfloat16 values in a bfloat16 run, as train/init.cpp holds them)
     fill(w, e->shape.size() == 1 ? 0.1f : 0.02f, e->shape.size() == 1 ? 1.0f : 0.0f, gen,
          e->dtype == DType::bfloat16);
-    model.dense[e->offset] = w;
+    model.set_dense(*e, w);
   }
   fill(model.params, 0.02f, 0.0f, gen);
   model.params_changed();

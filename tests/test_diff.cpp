@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "kqlora/core/content_hash.hpp"
 #include "kqlora/io/checkpoint.hpp"
 #include "kqlora/io/checkpoint_diff.hpp"
 #include "nf4_test_util.hpp"
@@ -102,4 +103,27 @@ TEST(Diff, LibraryComparesNanAsAsked) {
   o.equal_nan = true;
   lines = kqlora::diff_checkpoints(a, b, o);
   EXPECT_TRUE(lines[1].equal);
+}
+
+// kqlora-diff compares bases by hash (docs/CHECKPOINTS.md): a hash fed in pieces (a compact
+// tensor widened a slab at a time) equals the hash of the same bytes added whole, and any
+// changed byte or split length changes it.
+TEST(Diff, ContentHashInPiecesEqualsWhole) {
+  std::vector<unsigned char> bytes(1000);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i * 37 + 11);
+  kqlora::ContentHash whole;
+  whole.add(bytes.data(), bytes.size());
+  for (size_t split : {0, 8, 64, 992}) {
+    kqlora::ContentHash pieces;
+    pieces.add_words(bytes.data(), split);
+    pieces.add_last(bytes.data() + split, bytes.size() - split, bytes.size());
+    EXPECT_EQ(pieces.hex(), whole.hex()) << split;
+  }
+  kqlora::ContentHash shorter, changed;
+  shorter.add(bytes.data(), bytes.size() - 1);
+  EXPECT_NE(shorter.hex(), whole.hex());
+  bytes[500] ^= 1;
+  changed.add(bytes.data(), bytes.size());
+  EXPECT_NE(changed.hex(), whole.hex());
+  EXPECT_THROW(whole.add_words(bytes.data(), 12), std::exception);  // (not whole words)
 }

@@ -435,9 +435,11 @@ TEST_P(LlamaReference, Bfloat16LossesWithinOnePercentOfPyTorchBfloat16) {
 // sources (F32, BF16, F16, sharded) and their errors; data files; empty batches.
 #include <cstring>
 
+#include "kqlora/core/bfloat16.hpp"
 #include "kqlora/core/float16.hpp"
 #include "kqlora/io/chunk_writer.hpp"
 #include "kqlora/io/safetensors.hpp"
+#include "kqlora/train/checkpointing.hpp"
 #include "kqlora/train/component_configs.hpp"
 #include "kqlora/train/config.hpp"
 #include "kqlora/train/trainer.hpp"
@@ -551,6 +553,10 @@ void expect_same_weights(kqlora::CausalLm<Exec>& a, kqlora::CausalLm<Exec>& b) {
     auto x = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a.dense[i]);
     auto y = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b.dense[i]);
     for (size_t j = 0; j < x.extent(0); ++j) ASSERT_EQ(x(j), y(j)) << i << "," << j;
+    auto p = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a.dense_bf16[i]);
+    auto q = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b.dense_bf16[i]);
+    ASSERT_EQ(p.extent(0), q.extent(0));
+    for (size_t j = 0; j < p.extent(0); ++j) ASSERT_EQ(p(j).bits, q(j).bits) << i << "," << j;
   }
 }
 
@@ -1166,6 +1172,102 @@ TEST(NewFamilies, Qwen35MultimodalDirectoryReadsTheTextDecoder) {
                             "\"text_config\": " + with_field(cfg, "model_type", "\"qwen3_text\"") +
                             "}";
   expect_config_error(other, {"dir/config.json", "'text_config.model_type'", "qwen3_text"});
+}
+
+// Gemma 4's per-layer table is held in bfloat16 (2 bytes a value) where config.json's dtype
+// says its values are bfloat16 ones: the same model as that table in float32, bit for bit
+// (loss, gradients, the base's hash), half its bytes in the memory estimate; a float32 file
+// whose values are not bfloat16 under such a config is refused, naming the element.
+TEST(LlamaImport, Gemma4PerLayerTableHeldInBfloat16) {
+  const Case c = family_cases()[24];
+  ASSERT_EQ(c.name, "gemma4_ple");
+  const std::string table = "model.embed_tokens_per_layer.weight";
+  const auto src = kqlora::safetensors::read_header(c.dir + "/model.safetensors");
+  // The case with its table rounded to bfloat16: `dtype` in config.json, the table stored
+  // as BF16 or as F32 (the same values); `exact` false: the original float32 values.
+  auto write_case = [&](const std::string& name, const std::string& dtype, bool bf16_file,
+                        bool exact) {
+    const std::string dir = tmp_dir(name);
+    std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+    std::ofstream(dir + "/config.json")
+        << with_field(read_text(c.dir + "/config.json"), "dtype", "\"" + dtype + "\"");
+    std::vector<std::vector<uint8_t>> bytes;
+    bytes.reserve(src.tensors.size());
+    std::vector<kqlora::safetensors::TensorToWrite> ts;
+    for (const auto& t : src.tensors) {
+      bytes.push_back(kqlora::safetensors::read_bytes(src, t));
+      std::string dt = t.dtype;
+      if (t.name == table && exact) {
+        std::vector<float> v(static_cast<size_t>(t.numel()));
+        std::memcpy(v.data(), bytes.back().data(), bytes.back().size());
+        std::vector<uint8_t> out;
+        for (float x : v) {
+          const kqlora::bfloat16 b(x);
+          const float w = static_cast<float>(b);
+          const auto* p = reinterpret_cast<const uint8_t*>(
+              bf16_file ? static_cast<const void*>(&b.bits) : static_cast<const void*>(&w));
+          out.insert(out.end(), p, p + (bf16_file ? 2 : 4));
+        }
+        bytes.back() = out;
+        dt = bf16_file ? "BF16" : "F32";
+      }
+      ts.push_back({t.name, dt, t.shape, bytes.back().data(), bytes.back().size()});
+    }
+    kqlora::safetensors::write(dir + "/model.safetensors", ts);
+    return dir;
+  };
+  auto load_case = [&](const std::string& dir) {
+    Case k{"x", dir, c.targets};
+    auto m = std::make_unique<kqlora::CausalLm<Exec>>(Exec(), config_of(k));
+    std::ostringstream os;
+    kqlora::initialize_model(Exec(), *m, "", os);
+    return m;
+  };
+  auto compact = load_case(write_case("g4_table_bf16", "bfloat16", true, true));
+  auto wide = load_case(write_case("g4_table_f32", "float32", false, true));
+  const kqlora::ParamEntry& e = compact->table().at(table);
+  ASSERT_TRUE(e.compact);
+  EXPECT_FALSE(wide->table().at(table).compact);
+  EXPECT_EQ(compact->dense[e.offset].extent(0), 0u);
+  ASSERT_EQ(static_cast<int64_t>(compact->dense_bf16[e.offset].extent(0)), e.numel());
+  // (the same values, read back through the two storages)
+  const auto x = compact->dense_host(e), y = wide->dense_host(wide->table().at(table));
+  ASSERT_EQ(x.extent(0), y.extent(0));
+  for (size_t i = 0; i < x.extent(0); ++i) ASSERT_EQ(x(i), y(i)) << i;
+  EXPECT_EQ(kqlora::model_base_hash(*compact), kqlora::model_base_hash(*wide));
+
+  Data d = read_data(c.dir);
+  auto grads = [&](kqlora::CausalLm<Exec>& m) {
+    const double loss = m.forward_backward(d.batch, d.count, false);
+    auto g = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m.grads);
+    return std::make_pair(loss, std::vector<float>(g.data(), g.data() + g.extent(0)));
+  };
+  const auto [la, ga] = grads(*compact);
+  const auto [lb, gb] = grads(*wide);
+  EXPECT_EQ(la, lb);
+  EXPECT_EQ(ga, gb);
+  // (a table that changes the loss: the lookup reads it)
+  EXPECT_NE(la, load_dir(c.dir)->loss(d.batch, d.count));
+
+  // The memory estimate counts it at 2 bytes a value.
+  const auto fa =
+      kqlora::model_footprint(config_of(Case{"x", tmp_dir("g4_table_bf16"), c.targets}));
+  const auto fb = kqlora::model_footprint(config_of(Case{"x", tmp_dir("g4_table_f32"), c.targets}));
+  EXPECT_EQ(fa.compact_dense_elements, e.numel());
+  EXPECT_EQ(fb.compact_dense_elements, 0);
+  EXPECT_EQ(fa.dense_elements, fb.dense_elements);
+
+  // A float32 table whose values are not bfloat16 ones, under dtype bfloat16: refused.
+  const std::string bad = write_case("g4_table_inexact", "bfloat16", false, false);
+  try {
+    load_case(bad);
+    ADD_FAILURE() << "no error";
+  } catch (const kqlora::InputError& err) {
+    const std::string w = err.what();
+    for (const std::string& part : {bad + "/model.safetensors", "'" + table + "' element ",
+                                    std::string("not a bfloat16 value")})
+      EXPECT_NE(w.find(part), std::string::npos) << w;
+  }
 }
 
 // Mixtral in transformers 5's names (what its save_pretrained writes: mlp.gate, the fused

@@ -1,5 +1,8 @@
 #include "kqlora/io/base_hash.hpp"
 
+#include <algorithm>
+#include <vector>
+
 #include "kqlora/core/content_hash.hpp"
 #include "kqlora/core/error.hpp"
 
@@ -22,7 +25,23 @@ std::string base_hash(const ParamTable& table,
   for (const ParamEntry* e : table.of_kind(ParamKind::dense)) {
     const FloatSpan v = dense(*e);
     h.add(e->name);
-    h.add(v.data, sizeof(float) * static_cast<size_t>(v.size));
+    if (!v.bf16) {
+      h.add(v.data, sizeof(float) * static_cast<size_t>(v.size));
+      continue;
+    }
+    // (widened a slab at a time, an even count: whole words but in the last)
+    const int64_t slab = std::min<int64_t>(v.size, int64_t(1) << 20);
+    std::vector<float> w(static_cast<size_t>(slab));
+    const size_t total = sizeof(float) * static_cast<size_t>(v.size);
+    for (int64_t first = 0; first < v.size; first += slab) {
+      const int64_t c = std::min(slab, v.size - first);
+      for (int64_t i = 0; i < c; ++i)
+        w[static_cast<size_t>(i)] = static_cast<float>(v.bf16[first + i]);
+      if (first + c < v.size)
+        h.add_words(w.data(), sizeof(float) * static_cast<size_t>(c));
+      else
+        h.add_last(w.data(), sizeof(float) * static_cast<size_t>(c), total);
+    }
   }
   return h.hex();
 }

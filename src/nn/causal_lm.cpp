@@ -413,7 +413,12 @@ void CausalLm<ExecSpace>::per_layer_inputs(const TokenMatrix<Mem>& tokens, const
   const bool bf16 = this->cfg_.bf16();
   const int64_t P = spec_.ple_width;
   Buffers& s = buf_;
-  embedding_forward(exec, dense_vector(ple_embed_), tokens, s[B::kPle]);
+  if (ple_embed_->compact)  // (held in bfloat16)
+    embedding_forward(exec,
+                      Kokkos::View<const bfloat16*, Mem>(this->dense_bf16[ple_embed_->offset]),
+                      tokens, s[B::kPle]);
+  else
+    embedding_forward(exec, dense_vector(ple_embed_), tokens, s[B::kPle]);
   embedding_scale(exec, static_cast<float>(std::sqrt(static_cast<double>(P))), bf16, s[B::kPle]);
   this->acquire(ple_proj_->group);  // (FSDP: its group's NF4, gathered)
   lora_projection_forward<ExecSpace, Mem>(exec, this->nf4[ple_proj_->offset], nullptr, x0, x0, bf16,

@@ -64,6 +64,7 @@ std::string first_spec_difference(const DecoderSpec& a, const DecoderSpec& b) {
   d.field("layer_scalar", a.layer_scalar, b.layer_scalar);
   d.field("hidden_size_per_layer_input", a.ple_width, b.ple_width);
   d.field("vocab_size_per_layer_input", a.ple_vocab, b.ple_vocab);
+  d.field("dtype (the per-layer table's)", a.ple_table_bf16, b.ple_table_bf16);
   const LinearAttentionSpec &la = a.linear, &lb = b.linear;
   d.field("linear_num_key_heads", la.key_heads, lb.key_heads);
   d.field("linear_num_value_heads", la.value_heads, lb.value_heads);

@@ -221,6 +221,9 @@ ParamTable CausalLm<ExecSpace>::make_table(const ModelConfig& cfg) {
   if (s.ple_width > 0) {  // (Gemma 4's per-layer inputs: frozen, nn/per_layer_input.hpp)
     const int64_t LP = s.layers * s.ple_width;
     add_dense("model.embed_tokens_per_layer.weight", {s.ple_vocab, LP}, "embed");
+    // (read only by lookups: held in 16 bits where its values are bfloat16 ones)
+    if (s.ple_table_bf16) t.entries.back().dtype = DType::bfloat16;
+    t.entries.back().compact = t.entries.back().dtype == DType::bfloat16;
     ParamEntry e;
     e.name = "model.per_layer_model_projection.weight";
     e.shape = {LP, s.hidden};

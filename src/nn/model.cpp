@@ -19,6 +19,39 @@ Model<ExecSpace>::Model(const ExecSpace& exec, const ModelConfig& cfg, ParamTabl
   compute_ = cfg.bf16() ? alloc("kqlora::Model::params_bf16") : params;
   nf4.resize(static_cast<size_t>(table_.count(ParamKind::nf4)));
   dense.resize(static_cast<size_t>(table_.count(ParamKind::dense)));
+  dense_bf16.resize(dense.size());
+}
+
+template <class ExecSpace>
+Kokkos::View<float*, Kokkos::HostSpace> Model<ExecSpace>::dense_host(const ParamEntry& e) const {
+  if (!e.compact)
+    // device-wide: checkpoints, exports (host copies outside the step)
+    return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dense.at(e.offset));
+  const auto& src = dense_bf16.at(e.offset);
+  // device-wide: checkpoints, exports (host copies outside the step)
+  const auto bits = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), src);
+  Kokkos::View<float*, Kokkos::HostSpace> v(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::Model::dense_host"), bits.extent(0));
+  for (size_t i = 0; i < v.extent(0); ++i) v(i) = static_cast<float>(bits(i));
+  return v;
+}
+
+template <class ExecSpace>
+void Model<ExecSpace>::set_dense(const ParamEntry& e, const Vec& values) {
+  if (!e.compact) {
+    dense.at(e.offset) = values;
+    return;
+  }
+  Kokkos::View<bfloat16*, Mem> b(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "kqlora::Model::dense_bf16"),
+      values.extent(0));
+  Kokkos::parallel_for(
+      "kqlora::Model::narrow_dense",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec_, 0, values.extent(0)),
+      KOKKOS_LAMBDA(int64_t i) { b(i) = bfloat16(values(i)); });
+  fence(exec_, "kqlora::Model::set_dense");  // (the caller may free `values`)
+  dense_bf16.at(e.offset) = b;
+  dense.at(e.offset) = Vec();
 }
 
 template <class ExecSpace>

@@ -149,6 +149,8 @@ ModelFootprint footprint_of(const ParamTable& t) {
     }
     if (e.kind == ParamKind::dense)
       f.dense_elements = checked_add(f.dense_elements, n, "the model's size");
+    if (e.kind == ParamKind::dense && e.compact)
+      f.compact_dense_elements = checked_add(f.compact_dense_elements, n, "the model's size");
     if (e.kind == ParamKind::trainable)
       f.trainable_elements = checked_add(f.trainable_elements, n, "the model's size");
   }

@@ -44,6 +44,7 @@ void broadcast_model(Communicator& comm, Model<ExecSpace>& model) {
     broadcast_bytes(comm, &t.scaler_mean, sizeof(t.scaler_mean));
   }
   for (auto& t : model.dense) broadcast_view(comm, t);
+  for (auto& t : model.dense_bf16) broadcast_view(comm, t);
   broadcast_view(comm, model.params);
   model.params_changed();
 }

@@ -39,8 +39,7 @@ void load_base_from_model_dir(CheckpointContents& c, const std::string& where) {
   for (const ParamEntry* e : model->table().of_kind(ParamKind::nf4))
     c.nf4.emplace_back(e->name, nf4_host(model->nf4[e->offset]));
   for (const ParamEntry* e : model->table().of_kind(ParamKind::dense)) {
-    // device-wide: set-up
-    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model->dense[e->offset]);
+    const auto h = model->dense_host(*e);
     c.params.push_back({e->name, e->shape, std::vector<float>(h.data(), h.data() + e->numel())});
   }
 }

@@ -115,7 +115,7 @@ std::string save_shared(
   std::vector<Kokkos::View<float*, Kokkos::HostSpace>> dense_keep;
   for (const ParamEntry* e : model.table().of_kind(ParamKind::dense)) {
     if (!with_base) break;
-    dense_keep.push_back(host_copy(model.dense[e->offset]));
+    dense_keep.push_back(model.dense_host(*e));
     const auto [lo, hi] = chunk_range(e->shape, rank, nranks);
     sc.parts.push_back({SharedPart::Type::f32, "params/" + e->name, e->shape, lo, std::max(lo, hi),
                         dense_keep.back().data() + lo});
@@ -216,7 +216,7 @@ void restore_frozen(Model<ExecSpace>& model, const CheckpointReader& c) {
     auto h = Kokkos::create_mirror_view(v);
     c.read_param(e->name, 0, e->numel(), h.data());
     Kokkos::deep_copy(v, h);  // device-wide: restart (set-up)
-    model.dense[e->offset] = v;
+    model.set_dense(*e, v);
   }
 }
 
@@ -358,7 +358,7 @@ std::string save_checkpoint(
   // a slice of all of it (the other ranks' files hold none).
   for (const ParamEntry* e : table.of_kind(ParamKind::dense)) {
     if (!with_base || (fsdp && rank != 0)) continue;
-    auto h = host_copy(model.dense[e->offset]);
+    auto h = model.dense_host(*e);
     CheckpointTensor t{e->name, fsdp ? std::vector<int64_t>{e->numel()} : e->shape,
                        std::vector<float>(h.data(), h.data() + e->numel())};
     if (fsdp) {
@@ -374,9 +374,15 @@ std::string save_checkpoint(
 template <class ExecSpace>
 std::string model_base_hash(const Model<ExecSpace>& model) {
   std::vector<Kokkos::View<const float*, Kokkos::HostSpace>> keep;
+  std::vector<Kokkos::View<const bfloat16*, Kokkos::HostSpace>> keep16;
   return base_hash(
       model.table(), [&](const ParamEntry& e) { return nf4_host(model.nf4.at(e.offset)); },
       [&](const ParamEntry& e) {
+        if (e.compact) {  // (hashed as its float32 values, without a float32 copy)
+          keep16.push_back(host_copy(model.dense_bf16.at(e.offset)));
+          return FloatSpan{nullptr, static_cast<int64_t>(keep16.back().extent(0)),
+                           keep16.back().data()};
+        }
         keep.push_back(host_copy(model.dense.at(e.offset)));
         return FloatSpan{keep.back().data(), static_cast<int64_t>(keep.back().extent(0))};
       });

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "kqlora/build_config.hpp"
+#include "kqlora/core/bfloat16.hpp"
 #include "kqlora/core/json.hpp"
 #include "kqlora/core/non_finite.hpp"
 #include "kqlora/core/random.hpp"
@@ -221,6 +222,22 @@ struct InitFile {
                                          << " has shape " << shape_text(got) << ", expected "
                                          << shape_text(shape));
     source->load_f32(stored, dst);
+  }
+
+  /// `count` values from element `first` of a tensor (row-major) of a safetensors source,
+  /// widened to float32 (the shape checked as floats_into does).
+  void floats_range_into(const std::string& name, const std::vector<int64_t>& shape, int64_t first,
+                         int64_t count, float* dst) {
+    KQLORA_CHECK(source, "floats_range_into: " << path << " is not a safetensors source");
+    used.insert(name);
+    const std::string stored = stored_name(name);
+    std::vector<int64_t> got;
+    for (const auto& e : source->entries())
+      if (e.name == stored) got = e.shape;
+    KQLORA_INPUT_CHECK(got == shape, path + ": tensor '" + name + "'"
+                                         << " has shape " << shape_text(got) << ", expected "
+                                         << shape_text(shape));
+    source->load_f32_range(stored, first, count, dst);
   }
 
   /// The tensors of an alternative place (MXFP4: its blocks and scales).
@@ -463,7 +480,47 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
   }
   w32_staging = Kokkos::View<float*, Mem>();  // (gone before the dense tensors come)
   w16_staging = Kokkos::View<bfloat16*, Mem>();
+  // A compact (bfloat16) dense tensor, a slab at a time: never whole in float32 (a real
+  // Gemma 4 E2B's per-layer table is 4.7 GB so, 9.4 GB as float32). In a float32 run its
+  // values must be bfloat16 values already (its config.json's dtype said so).
+  auto load_compact = [&](const ParamEntry& e) {
+    InitFile* f = file_of(e);
+    KQLORA_CHECK(f, "compact tensor '" << e.name << "' comes from no file");
+    const int64_t n = e.numel(), slab = std::min<int64_t>(n, int64_t(1) << 22);
+    Kokkos::View<bfloat16*, Mem> b(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kqlora::init::dense_bf16")),
+        n);
+    std::vector<float> whole;  // (an HDF5 init_file: read whole)
+    if (!f->source) whole = f->floats(e.name, e.shape);
+    std::vector<float> w(static_cast<size_t>(f->source ? slab : 0));
+    std::vector<bfloat16> h(static_cast<size_t>(slab));
+    const bool rounded = model.config().bf16();  // (a bfloat16 run rounds every dense value)
+    for (int64_t first = 0; first < n; first += slab) {
+      const int64_t c = std::min(slab, n - first);
+      const float* v = whole.empty() ? w.data() : whole.data() + first;
+      if (whole.empty()) f->floats_range_into(e.name, e.shape, first, c, w.data());
+      for (int64_t i = 0; i < c; ++i) {
+        h[static_cast<size_t>(i)] = bfloat16(v[i]);
+        KQLORA_INPUT_CHECK(
+            rounded || static_cast<float>(h[static_cast<size_t>(i)]) == v[i],
+            f->path << ": tensor '" << e.name << "' element " << first + i << " is " << v[i]
+                    << ", not a bfloat16 value, while config.json's dtype is bfloat16 (kqlora "
+                    << "holds this table in bfloat16; docs/MODELS.md, \"Gemma 4\"): store the "
+                    << "table in bfloat16, or set config.json's dtype to float32");
+      }
+      // device-wide: set-up
+      Kokkos::deep_copy(Kokkos::subview(b, std::make_pair(first, first + c)),
+                        Kokkos::View<const bfloat16*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
+                            h.data(), static_cast<size_t>(c)));
+    }
+    model.dense_bf16[e.offset] = b;
+    count(f);
+  };
   for (const ParamEntry* ep : model.table().of_kind(ParamKind::dense)) {
+    if (ep->compact) {
+      load_compact(*ep);
+      continue;
+    }
     Kokkos::View<float*, Mem> w(
         Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kqlora::init::w")),
         ep->numel());

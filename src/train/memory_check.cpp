@@ -62,7 +62,9 @@ MemoryEstimate estimate_memory(const Config& c, int world_size, int ranks_per_no
   // NF4: half a byte per element, a scaler byte per block, a float per scaler block.
   const int64_t nf4 = f.nf4_elements / 2 + f.nf4_elements / m.block_size +
                       mul(4, f.nf4_elements / m.block_size / m.scaler_block_size + 1);
-  const int64_t dense = mul(4, f.dense_elements);
+  // (float32 values; compact ones bfloat16)
+  const int64_t dense = checked_add(mul(4, f.dense_elements - f.compact_dense_elements),
+                                    mul(2, f.compact_dense_elements), "the memory estimate");
   model_parts.push_back({"frozen NF4 base", fsdp ? nf4 / world : nf4});
   if (dense > 0) model_parts.push_back({"frozen dense tensors", dense});
   model_parts.push_back({"trainable parameters and gradients", mul(8, f.trainable_elements)});

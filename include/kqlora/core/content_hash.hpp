@@ -14,6 +14,10 @@ class ContentHash {
   /// Adds n bytes (their length too, so ("ab", "c") and ("a", "bc") differ).
   void add(const void* data, size_t n);
   void add(const std::string& s) { add(s.data(), s.size()); }
+  /// add(data, n) for bytes that come in pieces: add_words for each but the last (whole
+  /// 8-byte words), then add_last with the last piece and n, the length of them all.
+  void add_words(const void* data, size_t n);
+  void add_last(const void* data, size_t n, size_t total);
   /// 16 lowercase hex digits.
   std::string hex() const;
 

@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 
+#include "kqlora/core/bfloat16.hpp"
 #include "kqlora/io/checkpoint_contents.hpp"
 
 namespace kqlora {
@@ -14,6 +15,8 @@ namespace kqlora {
 struct FloatSpan {
   const float* data = nullptr;
   int64_t size = 0;
+  /// Or bfloat16 values (a compact tensor), hashed as the float32 values they widen to.
+  const bfloat16* bf16 = nullptr;
 };
 
 /// The hash, with the tensors from the callbacks.

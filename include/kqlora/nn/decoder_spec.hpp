@@ -259,6 +259,9 @@ struct DecoderSpec {
   // Gemma 4's per-layer inputs (nn/per_layer_input.hpp): P = hidden_size_per_layer_input
   // (0: none) and the rows of model.embed_tokens_per_layer [ple_vocab, layers * P]
   int64_t ple_width = 0, ple_vocab = 0;
+  // Its table's values are bfloat16 (config.json's dtype): held so, at 2 bytes a value
+  // (ParamEntry::compact; in a bfloat16 run it is held so anyway)
+  bool ple_table_bf16 = false;
   LinearAttentionSpec linear;  // the Gated DeltaNet layers' (LayerSpec::mixer linear)
   bool tied = false;
   std::vector<RopeSpec> ropes;

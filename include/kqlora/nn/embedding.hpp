@@ -6,6 +6,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include "kqlora/core/bfloat16.hpp"
 #include "kqlora/nn/batch.hpp"
 #include "kqlora/nn/elementwise.hpp"
 
@@ -18,6 +19,18 @@ void embedding_forward(const ExecSpace& exec, const Kokkos::View<const float*, M
   Kokkos::parallel_for(
       "kqlora::embedding_forward", over(exec, x.extent(0), F),
       KOKKOS_LAMBDA(int64_t t, int64_t f) { x(t, f) = table(ids(t / S, t % S) * F + f); });
+}
+
+/// The same from a table held in bfloat16 (ParamEntry::compact), widened exactly.
+template <class ExecSpace, class M>
+void embedding_forward(const ExecSpace& exec, const Kokkos::View<const bfloat16*, M>& table,
+                       const TokenMatrix<M>& ids, const Matrix<M>& x) {
+  const int64_t S = ids.extent(1), F = x.extent(1);
+  Kokkos::parallel_for(
+      "kqlora::embedding_forward_bf16", over(exec, x.extent(0), F),
+      KOKKOS_LAMBDA(int64_t t, int64_t f) {
+        x(t, f) = static_cast<float>(table(ids(t / S, t % S) * F + f));
+      });
 }
 
 /// x *= s, s rounded to bfloat16 first when `bf16` (then the product).

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kqlora/core/bfloat16.hpp"
 #include "kqlora/nn/batch.hpp"
 #include "kqlora/nn/model_config.hpp"
 #include "kqlora/nn/param_table.hpp"
@@ -43,6 +44,14 @@ class Model {
   std::vector<Nf4Tensor<Mem>> nf4;
   /// Frozen dense tensors, as float32 values of their dtype.
   std::vector<Vec> dense;
+  /// The compact ones (ParamEntry::compact) in bfloat16, indexed as `dense` (where their
+  /// `dense` view is empty).
+  std::vector<Kokkos::View<bfloat16*, Mem>> dense_bf16;
+  /// A frozen dense tensor's values as float32 on the host (a compact one widened: a copy).
+  Kokkos::View<float*, Kokkos::HostSpace> dense_host(const ParamEntry& e) const;
+  /// Sets a frozen dense tensor from float32 values of its dtype (a compact one narrowed,
+  /// exactly: they are bfloat16 values).
+  void set_dense(const ParamEntry& e, const Vec& values);
 
   /// Moves the master weights and gradients into caller-owned buffers of num_params()
   /// floats (e.g. memory the ranks of a node share) that the caller has filled.

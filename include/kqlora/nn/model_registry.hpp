@@ -20,6 +20,7 @@ using DefaultModel = Model<Kokkos::DefaultExecutionSpace>;
 /// refused before any is made): element counts by kind of tensor.
 struct ModelFootprint {
   int64_t tensors = 0, nf4_elements = 0, dense_elements = 0, trainable_elements = 0;
+  int64_t compact_dense_elements = 0;      // (of dense_elements: held in bfloat16)
   int64_t largest_nf4_elements = 0;        // (set-up holds its float32 values while quantizing it)
   int64_t largest_group_nf4_elements = 0;  // (FSDP gathers a group's NF4 whole: a layer's)
 };

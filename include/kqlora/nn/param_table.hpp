@@ -18,7 +18,8 @@ namespace kqlora {
 enum class ParamKind {
   trainable,  // float32 master weights, in the model's flat parameter buffer
   nf4,        // frozen, NF4 (quantized from its dtype)
-  dense,      // frozen, dense in its dtype (held as float32 values of that dtype)
+  dense,      // frozen, dense in its dtype (held as float32 values of that dtype; a
+              // `compact` bfloat16 one as bfloat16)
 };
 
 /// How a tensor is initialised from the seed (core/random.hpp), when no file provides it.
@@ -61,6 +62,9 @@ struct ParamEntry {
   /// tensors of that kind (Model::nf4, Model::dense).
   int64_t offset = 0;
   int64_t block_size = 64, scaler_block_size = 256;  // nf4
+  /// dense, dtype bfloat16: held in 16 bits (Model::dense_bf16), not as float32 values --
+  /// a large table read only by lookups (Gemma 4's per-layer embeddings).
+  bool compact = false;
   /// Where a model file may hold it instead (TensorSlice; none: nowhere else), in order of
   /// preference for writing (kqlora-export writes the first).
   std::vector<TensorSlice> alts;

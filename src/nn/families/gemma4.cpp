@@ -57,6 +57,13 @@ RopeSpec gemma4_rope(HfConfigReader& p, double theta_default, int64_t head_dim) 
   return r;
 }
 
+// config.json's dtype (or torch_dtype) is bfloat16: the weights' values are bfloat16 ones.
+bool bfloat16_dtype(HfConfigReader& r) {
+  for (const char* key : {"dtype", "torch_dtype"})
+    if (r.string(key, "", false) == "bfloat16") return true;
+  return false;
+}
+
 }  // namespace
 
 DecoderSpec gemma4_family(HfConfigReader& r, const std::string& model_type) {
@@ -111,6 +118,7 @@ DecoderSpec gemma4_family(HfConfigReader& r, const std::string& model_type) {
     s.norms.push_back({"model.per_layer_projection_norm", NormRole::ple_proj, w});
   }
   r.accept({"vocab_size_per_layer_input"});  // (without per-layer inputs: unused)
+  s.ple_table_bf16 = s.ple_width > 0 && bfloat16_dtype(r);
   // The MoE block (26B-A4B): every layer's dense MLP beside num_experts experts of
   // moe_intermediate_size, the top top_k_experts of a softmax renormalised, each times its
   // per_expert_scale; the router reading unitnorm(x) * router.scale * hidden^-1/2.
@@ -303,6 +311,7 @@ DecoderSpec gemma4_multimodal_family(HfConfigReader& r, const std::string& model
            "is " + json::quote(inner) + "; a gemma4 directory's text_config is \"gemma4_text\"");
   DecoderSpec s = gemma4_family(t, model_type);
   t.finish();
+  s.ple_table_bf16 = s.ple_table_bf16 || (s.ple_width > 0 && bfloat16_dtype(r));
   if (r.has("tie_word_embeddings") && r.boolean("tie_word_embeddings", true) != s.tied)
     r.fail("tie_word_embeddings", "is " + value_text(*r.get("tie_word_embeddings")) +
                                       " but text_config's is " + (s.tied ? "true" : "false") +
