@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "h5_test_util.hpp"
@@ -242,6 +243,96 @@ void expect_identical(const PassResult& a, const PassResult& b, const std::strin
 // operations on the same values, so the loss and every gradient are bit for bit those of
 // the run that keeps every block's activations -- with dropout too (the masks are keyed,
 // not drawn) and over micro-batches of different widths.
+// What preference objectives read of the model (nn/model.hpp): each row's summed
+// log-probability of its scored tokens, against transformers' logits (float64 log-softmax
+// here); the weighted backward, against forward_backward (whose gradients match PEFT's):
+// weights -1/count give the cross-entropy's gradient, and the gradient is linear in the
+// weights; use_weights runs the forward on other adapters, use_masters goes back.
+TEST_P(LlamaReference, SequenceLogProbsAndWeightedBackward) {
+  const Case& c = GetParam();
+  // (one case a head and layer kind: a plain head, a soft-capped one, a divisor, experts,
+  // Gated DeltaNet, Gemma 4's per-layer inputs)
+  const std::set<std::string> kinds = {"gqa",       "llama3_qv",    "gemma2",    "granite",
+                                       "qwen3_moe", "qwen3_5_text", "gemma4_ple"};
+  if (!kinds.count(c.name)) GTEST_SKIP() << "covered by the other head and layer kinds";
+  // (the router's load-balancing loss is no part of a sequence's log-probability)
+  kqlora::ModelConfig cfg = config_of(c);
+  cfg.router_aux_loss = "off";
+  auto load_no_aux = [&] {
+    auto m = std::make_unique<kqlora::CausalLm<Exec>>(Exec(), cfg);
+    std::ostringstream log;
+    kqlora::initialize_model(Exec(), *m, c.dir + "/init.h5", log);
+    return m;
+  };
+  auto model = load_no_aux();
+  Data data = read_data(c.dir);
+  auto ref = kqlora::h5::open_file(c.dir + "/reference.h5");
+  const auto ref_logits = read_doubles(ref, "logits");
+  const int64_t V = model->spec().vocab, n = data.n, S = data.S;
+  std::vector<int64_t> scored;
+  const std::vector<double> logp = model->sequence_logps(data.batch, true, &scored);
+  ASSERT_EQ(static_cast<int64_t>(logp.size()), n);
+  for (int64_t s = 0; s < n; ++s) {
+    double want = 0;
+    int64_t count = 0;
+    for (int64_t p = 0; p + 1 < S; ++p) {
+      const int32_t label = data.labels[s * S + p + 1];
+      if (label == kqlora::kIgnoreLabel) continue;
+      const double* z = &ref_logits[(s * S + p) * V];
+      const double m = *std::max_element(z, z + V);
+      double sum = 0;
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(z[v] - m);
+      want += z[label] - m - std::log(sum);
+      count += 1;
+    }
+    EXPECT_EQ(scored[s], count) << c.name << " row " << s;
+    EXPECT_NEAR(logp[s], want, 1e-5 * std::max(1.0, std::fabs(want))) << c.name << " row " << s;
+  }
+  auto grads_of = [&](const std::vector<double>& w) {
+    model->sequence_logps(data.batch, true);
+    model->backward_weighted(w, false);
+    auto g = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model->grads);
+    return std::vector<double>(g.data(), g.data() + g.extent(0));
+  };
+  const double loss = model->forward_backward(data.batch, data.count, false);
+  auto g = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model->grads);
+  const std::vector<double> ce(g.data(), g.data() + g.extent(0));
+  double total = 0;
+  for (double v : logp) total -= v;
+  EXPECT_NEAR(total / data.count, loss, 1e-6 * std::fabs(loss)) << c.name;
+  const double scale = max_abs(ce);
+  ASSERT_GT(scale, 0) << c.name;
+  auto expect_close = [&](const std::vector<double>& a, const std::vector<double>& b,
+                          const char* what) {
+    ASSERT_EQ(a.size(), b.size());
+    double d = 0;
+    for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
+    EXPECT_LE(d, 1e-5 * scale) << c.name << ": " << what;
+  };
+  expect_close(grads_of(std::vector<double>(n, -1.0 / data.count)), ce, "w = -1/count");
+  std::vector<double> w(n), sum(ce.size(), 0.0);
+  for (int64_t s = 0; s < n; ++s) {
+    w[s] = (s % 2 ? -0.7 : 0.4) / data.count;  // (signs as a chosen / rejected pair's)
+    std::vector<double> e(n, 0.0);
+    e[s] = w[s];
+    const auto gs = grads_of(e);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += gs[i];
+  }
+  expect_close(grads_of(w), sum, "linear in the weights");
+
+  // use_weights: the forward over other adapters (the masters untouched), then back.
+  auto other = load_no_aux();
+  auto p = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), other->params);
+  for (size_t i = 0; i < p.extent(0); ++i) p(i) += 0.01f * static_cast<float>(i % 7) - 0.03f;
+  Kokkos::deep_copy(other->params, p);
+  other->params_changed();
+  const auto want_other = other->sequence_logps(data.batch, false);
+  model->use_weights(other->params);
+  EXPECT_EQ(model->sequence_logps(data.batch, false), want_other) << c.name;
+  model->use_masters();
+  EXPECT_EQ(model->sequence_logps(data.batch, false), logp) << c.name;
+}
+
 TEST_P(LlamaReference, ActivationCheckpointingGivesTheSameNumbers) {
   const Case& c = GetParam();
   const Data data = read_data(c.dir);

@@ -602,6 +602,63 @@ double CausalLm<ExecSpace>::loss(const Batch<Mem>& b, double normaliser) {
 }
 
 template <class ExecSpace>
+std::vector<double> CausalLm<ExecSpace>::sequence_logps(const Batch<Mem>& b, bool with_grads,
+                                                        std::vector<int64_t>* scored) {
+  // The head's loss over the sequences, undivided: its gradient (kept for backward_weighted)
+  // is that of -sum logp, each token's row scaled there by its sequence's weight. (The
+  // router's load-balancing loss is no part of it: off in both passes.)
+  const bool aux = aux_on_;
+  aux_on_ = false;
+  forward(b, 1.0, with_grads, with_grads);
+  aux_on_ = aux;
+  const int64_t n = b.tokens.extent(0);
+  if (static_cast<int64_t>(seq_loss_.extent(0)) != n) {
+    seq_loss_ = Kokkos::View<double*, Mem>("kqlora::CausalLm::sequence_loss", n);
+    seq_count_ = Kokkos::View<int64_t*, Mem>("kqlora::CausalLm::sequence_count", n);
+  }
+  const auto loss = seq_loss_;
+  const auto count = seq_count_;
+  sequence_losses(this->exec_, ce_ws_, b.labels, loss, count);
+  const auto hl = Kokkos::create_mirror_view(loss);
+  const auto hc = Kokkos::create_mirror_view(count);
+  Kokkos::deep_copy(this->exec_, hl, loss);
+  Kokkos::deep_copy(this->exec_, hc, count);
+  this->exec_.fence();
+  std::vector<double> out(static_cast<size_t>(n));
+  for (int64_t s = 0; s < n; ++s) out[static_cast<size_t>(s)] = -hl(s);
+  if (scored) scored->assign(hc.data(), hc.data() + n);
+  weighted_rows_ = n;
+  weighted_len_ = b.tokens.extent(1);
+  return out;
+}
+
+template <class ExecSpace>
+void CausalLm<ExecSpace>::backward_weighted(const std::vector<double>& row_weights,
+                                            bool accumulate) {
+  KQLORA_CHECK(
+      static_cast<int64_t>(row_weights.size()) == weighted_rows_,
+      "backward_weighted: " << row_weights.size() << " weights for " << weighted_rows_ << " rows");
+  // (the head's gradient is of -sum logp: token t's row times -w[t / S])
+  Kokkos::View<float*, Mem> w("kqlora::CausalLm::row_weights", row_weights.size());
+  const auto hw = Kokkos::create_mirror_view(w);
+  for (size_t r = 0; r < row_weights.size(); ++r) hw(r) = static_cast<float>(-row_weights[r]);
+  Kokkos::deep_copy(this->exec_, w, hw);
+  const Matrix<Mem> g = buf_[B::kGN];
+  const int64_t S = weighted_len_;
+  const bool bf16 = this->cfg_.bf16();
+  Kokkos::parallel_for(
+      "kqlora::CausalLm::weight_rows", over(this->exec_, tokens_, g.extent(1)),
+      KOKKOS_LAMBDA(int64_t t, int64_t f) {
+        const float v = g(t, f) * w(t / S);
+        g(t, f) = bf16 ? round_to_bf16(v) : v;
+      });
+  const bool aux = aux_on_;
+  aux_on_ = false;
+  backward(accumulate);
+  aux_on_ = aux;
+}
+
+template <class ExecSpace>
 auto CausalLm<ExecSpace>::logits(const Batch<Mem>& b) -> Matrix<Mem> {
   forward(b, 1.0, false, false);
   Matrix<Mem> out("kqlora::CausalLm::logits", tokens_, spec_.vocab);

@@ -1,6 +1,7 @@
 #include "kqlora/nn/model.hpp"
 
 #include "kqlora/core/bfloat16.hpp"
+#include "kqlora/core/error.hpp"
 #include "kqlora/core/kokkos_compat.hpp"
 
 namespace kqlora {
@@ -16,7 +17,8 @@ Model<ExecSpace>::Model(const ExecSpace& exec, const ModelConfig& cfg, ParamTabl
   };
   params = alloc("kqlora::Model::params");
   grads = alloc("kqlora::Model::grads");
-  compute_ = cfg.bf16() ? alloc("kqlora::Model::params_bf16") : params;
+  if (cfg.bf16()) rounded_ = alloc("kqlora::Model::params_bf16");
+  compute_ = cfg.bf16() ? rounded_ : params;
   nf4.resize(static_cast<size_t>(table_.count(ParamKind::nf4)));
   dense.resize(static_cast<size_t>(table_.count(ParamKind::dense)));
   dense_bf16.resize(dense.size());
@@ -68,11 +70,51 @@ template <class ExecSpace>
 void Model<ExecSpace>::params_changed() {
   if (!cfg_.bf16()) return;
   auto src = params;
-  auto dst = compute_;
+  auto dst = rounded_;
   Kokkos::parallel_for(
       "kqlora::Model::round_params",
       Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec_, 0, src.extent(0)),
       KOKKOS_LAMBDA(int64_t i) { dst(i) = round_to_bf16(src(i)); });
+}
+
+template <class ExecSpace>
+std::vector<double> Model<ExecSpace>::sequence_logps(const Batch<Mem>&, bool,
+                                                     std::vector<int64_t>*) {
+  KQLORA_INPUT_CHECK(false, "model kind '" << cfg_.kind << "' has no sequence log-probabilities: "
+                                           << "preference objectives need model = causal_lm");
+  return {};
+}
+
+template <class ExecSpace>
+void Model<ExecSpace>::backward_weighted(const std::vector<double>&, bool) {
+  KQLORA_INPUT_CHECK(false, "model kind '" << cfg_.kind << "' has no weighted backward: "
+                                           << "preference objectives need model = causal_lm");
+}
+
+template <class ExecSpace>
+void Model<ExecSpace>::use_weights(const Vec& values) {
+  KQLORA_CHECK(values.extent(0) == params.extent(0),
+               "Model::use_weights: " << values.extent(0) << " values for " << params.extent(0)
+                                      << " parameters");
+  if (!cfg_.bf16()) {
+    compute_ = values;
+    return;
+  }
+  if (rounded_other_.extent(0) != values.extent(0))
+    rounded_other_ = Vec(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("kqlora::Model::other_bf16")),
+        values.extent(0));
+  auto dst = rounded_other_;
+  Kokkos::parallel_for(
+      "kqlora::Model::round_other",
+      Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec_, 0, values.extent(0)),
+      KOKKOS_LAMBDA(int64_t i) { dst(i) = round_to_bf16(values(i)); });
+  compute_ = rounded_other_;
+}
+
+template <class ExecSpace>
+void Model<ExecSpace>::use_masters() {
+  compute_ = cfg_.bf16() ? rounded_ : params;
 }
 
 template <class ExecSpace>

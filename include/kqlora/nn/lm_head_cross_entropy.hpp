@@ -59,6 +59,7 @@ struct CrossEntropyWorkspace {
   VocabChunkRows<M> rows;             // (vocabulary chunks) [pass]
   // (HiddenAfter::scratch) the token of each scored row, the row of each token (-1: none)
   Kokkos::View<int32_t*, M> token_of, row_of;
+  bool gathered = false;  // the last call's row_loss rows were token_of's (else row t: token t)
   /// Token chunks (bfloat16 runs): at most this many bytes of logits, and at most
   /// kMaxChunkTokens tokens, per chunk: the head W is read once per chunk by each product, so the
   /// products run faster with more tokens a chunk (oneDNN on an AVX-512 Xeon, a 49152 x 576 head:
@@ -354,11 +355,13 @@ double lm_head_cross_entropy(const ExecSpace& exec, const Matrix<M>& h, const Ma
   const bool grad = gh.data() != nullptr;
   const float inv = static_cast<float>(1.0 / normaliser);
   int64_t rows = T;  // (the rows whose losses are summed)
+  ws.gathered = false;
   if (CrossEntropyWorkspace<M>::by_vocab_chunks(bf16)) {
     const int64_t scored =
         grad && hidden == HiddenAfter::scratch ? impl::scored_rows(exec, labels, T, ws) : T;
     if (scored < T) {  // the scored rows into gh, their gradient into h, then back to gh
       rows = scored;
+      ws.gathered = true;
       const auto first = Kokkos::make_pair(int64_t(0), scored);
       const Matrix<M> hs = Kokkos::subview(gh, first, Kokkos::ALL);
       const Matrix<M> gs = Kokkos::subview(h, first, Kokkos::ALL);
@@ -399,6 +402,37 @@ double lm_head_cross_entropy(const ExecSpace& exec, const Matrix<M>& h, const Ma
       Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<int64_t>>(exec, 0, rows),
       KOKKOS_LAMBDA(int64_t t, double& acc) { acc += losses(t); }, sum);
   return sum / normaliser;
+}
+
+/// The last call's token losses (-log p of each scored token's label) summed per sequence
+/// of S tokens into out [T / S] (sums in double, each sequence's in token order), and the
+/// scored tokens of each into count.
+template <class ExecSpace, class M>
+void sequence_losses(const ExecSpace& exec, const CrossEntropyWorkspace<M>& ws,
+                     const TokenMatrix<M>& labels, const Kokkos::View<double*, M>& out,
+                     const Kokkos::View<int64_t*, M>& count) {
+  using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  const int64_t S = labels.extent(1);
+  const auto losses = ws.row_loss;
+  const auto row_of = ws.row_of;
+  const bool gathered = ws.gathered;
+  Kokkos::parallel_for(
+      "kqlora::cross_entropy::sequence_losses",
+      Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(labels.extent(0)), 1),
+      KOKKOS_LAMBDA(const Team& team) {
+        const int64_t s = team.league_rank();
+        Kokkos::single(Kokkos::PerTeam(team), [&] {
+          double sum = 0;
+          int64_t n = 0;
+          for (int64_t t = s * S; t < (s + 1) * S; ++t) {
+            if (impl::next_token_label(labels, t) == kIgnoreLabel) continue;
+            sum += gathered ? losses(row_of(t)) : losses(t);
+            n += 1;
+          }
+          out(s) = sum;
+          count(s) = n;
+        });
+      });
 }
 
 }  // namespace kqlora

@@ -65,6 +65,20 @@ class Model {
   virtual double forward_backward(const Batch<Mem>& batch, double normaliser, bool accumulate) = 0;
   /// The loss alone (evaluation: no dropout, no gradients).
   virtual double loss(const Batch<Mem>& batch, double normaliser) = 0;
+
+  /// Preference objectives (train/preference_loss.hpp) score whole sequences: each row's
+  /// summed log-probability of its scored tokens (and their count, into `scored`), from a
+  /// forward that keeps what backward_weighted needs when `with_grads` (with dropout: a
+  /// training forward). backward_weighted(w) then adds (or writes, `accumulate` false) the
+  /// gradient of sum_r w[r] * logp[r] into `grads`. Models without them: InputError.
+  virtual std::vector<double> sequence_logps(const Batch<Mem>& batch, bool with_grads,
+                                             std::vector<int64_t>* scored = nullptr);
+  virtual void backward_weighted(const std::vector<double>& row_weights, bool accumulate);
+  /// The forward reads `values` (num_params() floats in the table's layout: a frozen
+  /// reference's adapters) in place of the masters until use_masters(); rounded to
+  /// bfloat16 in a bfloat16 run, as the masters are.
+  void use_weights(const Vec& values);
+  void use_masters();
   /// The share of the last forward's loss that is an auxiliary loss (a router's
   /// load-balancing loss), for the log; 0 where there is none.
   virtual double aux_loss() const { return 0; }
@@ -97,6 +111,7 @@ class Model {
   /// The trainable weights the forward and backward read: the masters themselves, or with
   /// dtype bfloat16 their bfloat16 rounding (as PyTorch's bfloat16 modules hold them).
   Vec compute_;
+  Vec rounded_, rounded_other_;  // (bfloat16 runs) the masters' rounding, use_weights's
   std::function<void(int)> group_done_, acquire_, release_;
   std::function<void()> progress_;
 
