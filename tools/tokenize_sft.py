@@ -4,7 +4,8 @@
     python3 tools/tokenize_sft.py --model MODEL_DIR --input train.jsonl --output train.h5 \\
         --max-len 512 [--pack] [--overlong drop|truncate|split] [--system TEXT]
 
-Each line is one example, in any of these forms (the keys say which):
+SFT data: each line is one example, in any of these forms (the keys say which; preference
+data, below, is told apart the same way):
   {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}
       a chat (OpenAI / TRL style), multi-turn, the system message optional;
   {"conversations": [{"from": "system"|"human"|"gpt", "value": "..."}, ...]}
@@ -64,15 +65,42 @@ the real templates):
   The empty thought channel "<|channel>thought\\n<channel|>" that the generation prompt
   adds is not in a chat's rendering: neither in the row nor scored.
 
---overlong: an example longer than --max-len is dropped (default), truncated to its first
---max-len tokens, or split into pieces of --max-len whose positions restart at 0. An
-example or piece left with no scored label (a row's first label is never scored) is
-dropped and counted, never written.
+Preference data (TRL 1.16's forms; one form a file, the first line's, and no line of
+another, SFT lines included: exit 2 naming the line), each tokenized exactly as TRL 1.16's
+DPOTrainer / KTOTrainer does (tools/preference_rows.py says its rules, the
+tokenize_preference test compares every id with TRL's own):
+  {"prompt": ..., "chosen": ..., "rejected": ...}
+      a pair: strings, or lists of messages (the prompt any chat, chosen and rejected the
+      assistant's messages only);
+  {"chosen": ..., "rejected": ...}
+      a pair with an implicit prompt: the longest common prefix of the two (messages, or
+      text as TRL's extract_prompt cuts it); past it, only assistant messages (else the
+      prompt differs between them: exit 2);
+  {"prompt": ..., "completion": ..., "label": true|false}
+      KTO's unpaired row (label: whether the completion is desirable).
+Strings: the completion with the EOS text appended (unless it ends with it), prompt and
+prompt + completion tokenized as text; messages: the prompt rendered with the generation
+prompt, prompt + completion without, through the chat template, checked and refused as
+SFT chats are (role order, a template that raises or drops tool calls; --system and
+"tools" apply). The prompt is the common token prefix of the prompt's ids and each
+prompt + completion's (a pair's shorter one), every token after it scored (the end of
+turn and what the template writes after it included, as TRL trains them), the prompt -100.
+An empty completion (a side with nothing to score), a label that is not a boolean or a
+pair of strings and messages mixed exits 2. A pair whose rows are equal is skipped and
+counted (TRL trains it; it teaches nothing). --max-len: TRL's rule by default (each row
+keeps its first --max-len tokens; an example whose prompt alone holds --max-len tokens is
+dropped), --overlong drop drops every example longer than --max-len whole; --pack and
+--overlong split exit 2.
 
---pack: rows of --max-len filled with whole examples (pieces), first fit in input order,
-with a position_ids dataset: each example's positions 0, 1, 2, ...; padding after the last
-one has label -100 and position 0; the label at each example's first position is -100.
-Without --pack, an example a row, padded on the right.
+--overlong (SFT data): an example longer than --max-len is dropped (default), truncated
+to its first --max-len tokens, or split into pieces of --max-len whose positions restart
+at 0. An example or piece left with no scored label (a row's first label is never scored)
+is dropped and counted, never written.
+
+--pack (SFT data): rows of --max-len filled with whole examples (pieces), first fit in
+input order, with a position_ids dataset: each example's positions 0, 1, 2, ...; padding
+after the last one has label -100 and position 0; the label at each example's first
+position is -100. Without --pack, an example a row, padded on the right.
 
 System prompt: without --system no system message is added to examples that have none,
 and the template does what it does then (SmolLM2's inserts its default system prompt);
@@ -94,12 +122,17 @@ assistant turn with calls (or another tool message). A chat that breaks it (one 
 with the assistant's turn) is refused and counted as "role order: ...".
 
 Output (HDF5 1.10 format, checksummed metadata): input_ids and labels int32 [N, max_len],
-position_ids with --pack; attributes vocab_size (int64, config.json's) and
+position_ids with --pack; preference data: the root string attribute form, "pairs" (rows
+2i and 2i+1 pair i's chosen and rejected, both starting with its prompt; int64 attribute
+pairs) or "unpaired" (desirable int8 [N]: 1 where the label is true), and prompt_len int32
+[N] (each row's prompt tokens: its first scored position); attributes vocab_size (int64,
+config.json's) and
 tokenizer_sha256: the SHA-256 hex digest of the bytes of the model directory's file that
 maps text to ids, tokenizer.json where it has one, else tokenizer.model, else "" (the
 trainer computes the same of its hf_model_dir and compares: exactly this definition). The
 summary line counts examples, tokens and scored labels written, and what was dropped or
-refused, by reason.
+refused, by reason (preference data: pairs or unpaired rows read, kept, truncated,
+dropped, skipped as identical, refused).
 
 Bad input exits 2 with "tokenize_sft: error: " and the reason, naming the file and line
 where there is one, never a traceback: a line that is not UTF-8, not JSON (or nested too
@@ -119,8 +152,11 @@ import collections
 import hashlib
 import json
 import os
+import itertools
 import re
 
+import preference_rows
+from preference_rows import FILE_NAMES, FORM_NAMES
 from safe_output import check_output_file, fail, file_output
 
 # <turn|> ends Gemma 4's turns; <|tool_response> is where its model stops after a tool call.
@@ -418,40 +454,54 @@ def checked_tool_calls(calls, where, i):
     return calls
 
 
+def checked_messages(msgs, where, role_key="role", content_key="content", roles=CHAT_ROLES):
+    """A list of messages in the chat form ({"role", "content"}, or ShareGPT's keys),
+    normalized: {"role", "content"} with an assistant's tool_calls and reasoning, a tool
+    message's name and tool_call_id; exit 2 naming the line where a message is malformed."""
+    if not isinstance(msgs, list) or not msgs:
+        fail("%s: expected a non-empty list of messages" % where)
+    out = []
+    for i, m in enumerate(msgs):
+        role = roles.get(m.get(role_key)) if isinstance(m, dict) and \
+            isinstance(m.get(role_key), str) else None
+        calls = m.get("tool_calls") if role is not None and role_key == "role" else None
+        if calls is not None and role != "assistant":
+            fail("%s: message %d: tool_calls in a %s message (only an assistant's)"
+                 % (where, i, role))
+        content = m.get(content_key) if role is not None else None
+        if calls and content is None:
+            content = ""  # (an assistant turn of calls only)
+        if role is None or not isinstance(content, str):
+            fail("%s: expected messages {\"%s\": %s, \"%s\": text}, got %s"
+                 % (where, role_key, "|".join(sorted(roles)), content_key,
+                    json.dumps(m)[:80]))
+        msg = {"role": role, "content": content}
+        if calls:
+            msg["tool_calls"] = checked_tool_calls(calls, where, i)
+        if role == "tool":
+            msg.update({k: m[k] for k in ("name", "tool_call_id")
+                        if isinstance(m.get(k), str)})
+        if role == "assistant" and role_key == "role":
+            msg.update({k: m[k] for k in REASONING_KEYS if isinstance(m.get(k), str)})
+        out.append(msg)
+    return out
+
+
+def checked_tools(ex, where):
+    """A line's "tools" (function definitions for the template), or None."""
+    tools = ex.get("tools")
+    if tools is not None and (not isinstance(tools, list) or
+                              not all(isinstance(t, dict) for t in tools)):
+        fail("%s: expected \"tools\" to be a list of objects (function definitions)" % where)
+    return tools
+
+
 def messages_of(ex, where):
     """The example's chat messages, or None for the plain forms."""
-    def checked(msgs, role_key, content_key, roles):
-        if not isinstance(msgs, list) or not msgs:
-            fail("%s: expected a non-empty list of messages" % where)
-        out = []
-        for i, m in enumerate(msgs):
-            role = roles.get(m.get(role_key)) if isinstance(m, dict) and \
-                isinstance(m.get(role_key), str) else None
-            calls = m.get("tool_calls") if role is not None and role_key == "role" else None
-            if calls is not None and role != "assistant":
-                fail("%s: message %d: tool_calls in a %s message (only an assistant's)"
-                     % (where, i, role))
-            content = m.get(content_key) if role is not None else None
-            if calls and content is None:
-                content = ""  # (an assistant turn of calls only)
-            if role is None or not isinstance(content, str):
-                fail("%s: expected messages {\"%s\": %s, \"%s\": text}, got %s"
-                     % (where, role_key, "|".join(sorted(roles)), content_key,
-                        json.dumps(m)[:80]))
-            msg = {"role": role, "content": content}
-            if calls:
-                msg["tool_calls"] = checked_tool_calls(calls, where, i)
-            if role == "tool":
-                msg.update({k: m[k] for k in ("name", "tool_call_id")
-                            if isinstance(m.get(k), str)})
-            if role == "assistant" and role_key == "role":
-                msg.update({k: m[k] for k in REASONING_KEYS if isinstance(m.get(k), str)})
-            out.append(msg)
-        return out
     if "messages" in ex:
-        return checked(ex["messages"], "role", "content", CHAT_ROLES)
+        return checked_messages(ex["messages"], where)
     if "conversations" in ex:
-        return checked(ex["conversations"], "from", "value", SHAREGPT_ROLES)
+        return checked_messages(ex["conversations"], where, "from", "value", SHAREGPT_ROLES)
     if "instruction" in ex or "response" in ex:
         if not isinstance(ex.get("instruction"), str) or not isinstance(ex.get("response"), str):
             fail("%s: expected \"instruction\" and \"response\" strings" % where)
@@ -461,8 +511,15 @@ def messages_of(ex, where):
         if not isinstance(ex.get("completion"), list):
             fail("%s: a conversational \"prompt\" needs a list of messages as \"completion\""
                  % where)
-        return checked(ex["prompt"] + ex["completion"], "role", "content", CHAT_ROLES)
+        return checked_messages(ex["prompt"] + ex["completion"], where)
     return None
+
+
+def with_system(msgs, system):
+    """--system: the messages with a system message first where they have none."""
+    if system is not None and (not msgs or msgs[0]["role"] != "system"):
+        return [{"role": "system", "content": system}] + msgs
+    return msgs
 
 
 def example_of(tz, ex, where, system):
@@ -471,13 +528,8 @@ def example_of(tz, ex, where, system):
         fail("%s: expected a JSON object, got %s" % (where, type(ex).__name__))
     msgs = messages_of(ex, where)
     if msgs is not None:
-        tools = ex.get("tools")
-        if tools is not None and (not isinstance(tools, list) or
-                                  not all(isinstance(t, dict) for t in tools)):
-            fail("%s: expected \"tools\" to be a list of objects (function definitions)" % where)
-        if system is not None and msgs[0]["role"] != "system":
-            msgs = [{"role": "system", "content": system}] + msgs
-        return tz.chat(msgs, tools)
+        tools = checked_tools(ex, where)
+        return tz.chat(with_system(msgs, system), tools)
     if "prompt" in ex or "completion" in ex:
         if not isinstance(ex.get("prompt"), str) or not isinstance(ex.get("completion"), str):
             fail("%s: expected \"prompt\" and \"completion\" strings (or lists of messages)"
@@ -596,6 +648,159 @@ def pack(pieces, max_len, window=64):
     return rows
 
 
+def preference_parts(ex, where, form):
+    """(prompt, completions, conversational, label) of a preference line, checked: all
+    strings or all lists of messages (a completion holds the assistant's messages only), a
+    KTO label true or false; exit 2 naming the line otherwise."""
+    keys = {"pairs": ("prompt", "chosen", "rejected"), "implicit": ("chosen", "rejected"),
+            "unpaired": ("prompt", "completion")}[form]
+    values = [ex.get(k) for k in keys]
+    conv = all(isinstance(v, list) for v in values)
+    if not conv and not all(isinstance(v, str) for v in values):
+        fail("%s: expected %s, all strings or all lists of messages"
+             % (where, ", ".join('"%s"' % k for k in keys)))
+    label = ex.get("label")
+    if form == "unpaired" and not isinstance(label, bool):
+        fail("%s: \"label\" is %s, expected true or false (whether the completion is "
+             "desirable)" % (where, json.dumps(label)[:40]))
+    names = keys[1:] if form != "implicit" else keys
+    for name, v in zip(keys, values):
+        if v == [] and name != "prompt":
+            empty(where, name)
+    if form == "implicit":
+        prompt, completions = implicit_parts(values, where, conv)
+    elif conv:
+        prompt = checked_messages(values[0], where)
+        completions = [assistant_messages(c, where, n) for c, n in zip(values[1:], names)]
+    else:
+        prompt, completions = values[0], values[1:]
+    for name, c in zip(names, completions):
+        if c == "" or conv and not any(shown_text(m) for m in c):
+            empty(where, name)
+    return prompt, completions, conv, label
+
+
+def empty(where, name):
+    fail("%s: an empty \"%s\" completion: nothing to score on that side" % (where, name))
+
+
+def assistant_messages(msgs, where, name):
+    """A completion's messages: the assistant's only (exit 2 otherwise)."""
+    msgs = checked_messages(msgs, where)
+    for i, m in enumerate(msgs):
+        if m["role"] != "assistant":
+            fail("%s: \"%s\" message %d is a %s message: a completion holds the assistant's "
+                 "messages only" % (where, name, i, m["role"]))
+    return msgs
+
+
+def implicit_parts(values, where, conv):
+    """(prompt, [chosen, rejected]) of an implicit-prompt pair, split where TRL's
+    extract_prompt splits it: the prompt is what the two share, and past it only the
+    assistant's messages may follow (exit 2 otherwise: the prompt differs)."""
+    chosen, rejected = values
+    i = preference_rows.implicit_split(chosen, rejected)  # (on the lines' own values, as TRL)
+    if not conv:
+        if i <= 0:
+            fail("%s: \"chosen\" and \"rejected\" share no prompt (they differ from their "
+                 "first character)" % where)
+        return chosen[:i], [chosen[i:], rejected[i:]]
+    sides = [checked_messages(chosen, where), checked_messages(rejected, where)]
+    for name, msgs in zip(("chosen", "rejected"), sides):
+        other = next((k for k in range(i, len(msgs)) if msgs[k]["role"] != "assistant"), None)
+        if other is not None:
+            fail("%s: the prompt differs between \"chosen\" and \"rejected\": they part at "
+                 "message %d, and %s's message %d is a %s message (an implicit prompt is all "
+                 "they share; after it only the assistant's messages)"
+                 % (where, i, name, other, msgs[other]["role"]))
+    return sides[0][:i], [sides[0][i:], sides[1][i:]]
+
+
+def preference_ids(tz, ex, where, parts, system):
+    """(prompt tokens, full rows) of a preference line's parts, as TRL 1.16 tokenizes them
+    (tools/preference_rows.py); a chat is refused as an SFT chat would be."""
+    prompt, completions, conv, _ = parts
+    if conv:
+        tools = checked_tools(ex, where)
+        prompt = with_system(prompt, system)
+        for c in completions:
+            tz.chat(prompt + c, tools)  # SFT's checks (role order, template, tool calls)
+        n, fulls = preference_rows.chat_rows(tz.render, prompt, completions, tools)
+    else:
+        tz.need_eos()
+        n, fulls = preference_rows.string_rows(tz.tok, prompt, completions)
+    if n == 0:  # (a row's first label is never scored: it needs a prompt token)
+        raise Refused("no prompt token before the completion")
+    for f, name in zip(fulls, ("chosen", "rejected") if len(fulls) == 2 else ("completion",)):
+        if len(f) == n:  # (a completion that adds no token to its prompt's)
+            empty(where, name)
+    return n, fulls
+
+
+def preference_file(args, tz, examples, form):
+    """The PreferenceFile of a preference input, one form throughout."""
+    if args.pack:
+        fail("--pack: preference data (%s) is not packed (one pair is two rows, one "
+             "unpaired example a row); leave --pack out" % FORM_NAMES[form])
+    if args.overlong == "split":
+        fail("--overlong split: preference data is truncated as TRL does (the default) or "
+             "dropped whole (--overlong drop), never split")
+    pf = preference_rows.PreferenceFile(form, args.max_len)
+    first_conv = None  # (the first line's place, whether it holds messages)
+    for where, ex in examples:
+        pf.read += 1
+        if not isinstance(ex, dict):
+            fail("%s: expected a JSON object, got %s" % (where, type(ex).__name__))
+        this = preference_rows.form_of(ex)
+        if this != form:
+            mixed(where, this, form)
+        parts = preference_parts(ex, where, form)
+        conv = parts[2]
+        if first_conv is None:
+            first_conv = (where, conv)
+        elif conv != first_conv[1]:
+            fail("%s: %s in a file of %s (%s's form; one form a file)"
+                 % (where, "lists of messages" if conv else "strings",
+                    "strings" if conv else "lists of messages", first_conv[0]))
+        try:
+            n, fulls = preference_ids(tz, ex, where, parts, args.system)
+        except Refused as e:
+            pf.refuse(str(e))
+            continue
+        if pf.add(n, fulls, args.overlong or "truncate", parts[3]) and pf.examples() == 1:
+            print("tokenize_sft: first %s as the model sees it, its prompt then each "
+                  "completion:\n%s" % (pf.unit, "\n---\n".join(
+                      [tz.tok.decode(fulls[0][:n])] + [tz.tok.decode(f[n:]) for f in fulls])),
+                  flush=True)
+    if not pf.rows:
+        fail("%s: nothing left: %s" % (args.input, pf.summary(args.output, 0)))
+    return pf
+
+
+def mixed(where, this, form):
+    """Exit 2: a line of another form than the file's (its first line's)."""
+    fail("%s: %s in a file of %s (the first line's form; one form a file)"
+         % (where, FORM_NAMES[this], FILE_NAMES[form]))
+
+
+def write_token_file(path, data, attrs, vocab_size, model):
+    """The HDF5 token file (checksummed 1.10 format), written to a temporary name beside
+    `path` and renamed (tools/safe_output.py): an earlier file at that path survives a
+    failed write (a full disk), which exits 1."""
+    import h5py
+    import numpy as np
+    if data["input_ids"].max() >= vocab_size:
+        fail("token id %d >= vocab_size %d of %s/config.json"
+             % (data["input_ids"].max(), vocab_size, model))
+    with file_output(path) as tmp:
+        with h5py.File(tmp, "w", libver=("v110", "v110")) as h:
+            for name, values in data.items():
+                h.create_dataset(name, data=values)
+            h.attrs["vocab_size"] = np.int64(vocab_size)
+            for name, value in attrs.items():
+                h.attrs[name] = value
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -604,9 +809,10 @@ def main(argv=None):
     ap.add_argument("--input", required=True, help="JSON lines, one example a line")
     ap.add_argument("--output", required=True, help="the HDF5 token file to write")
     ap.add_argument("--max-len", type=int, required=True, help="tokens per row")
-    ap.add_argument("--pack", action="store_true", help="several examples a row")
-    ap.add_argument("--overlong", choices=("drop", "truncate", "split"), default="drop",
-                    help="an example longer than --max-len (default: drop)")
+    ap.add_argument("--pack", action="store_true", help="several examples a row (SFT data)")
+    ap.add_argument("--overlong", choices=("drop", "truncate", "split"), default=None,
+                    help="an example longer than --max-len (default: drop; preference data: "
+                         "truncate, as TRL)")
     ap.add_argument("--system", default=None, help="a system message for chats without one")
     args = ap.parse_args(argv)
     if not 2 <= args.max_len <= 2 ** 31 - 1:
@@ -623,30 +829,48 @@ def main(argv=None):
     check_output_file("--output", args.output, inputs)
 
     try:
-        import h5py
+        import h5py  # noqa: F401 (write_token_file's)
         import numpy as np
     except ImportError as e:
         fail("needs h5py and numpy (pip install h5py): %s" % e)
     tz = Tokenizer(args.model)
-    sha = tokenizer_sha256(args.model)
+    attrs = {"tokenizer_sha256": tokenizer_sha256(args.model)}
+
+    # The first line says the file's form: SFT examples, or one of the preference forms.
+    examples = read_examples(args.input)
+    first = next(examples, None)
+    form = preference_rows.form_of(first[1]) if first else None
+    examples = itertools.chain([first] if first else [], examples)
+    if form is not None:
+        pf = preference_file(args, tz, examples, form)
+        try:
+            data, more = pf.arrays(np, tz.pad)
+        except MemoryError:
+            fail("--max-len %d: %d rows of it do not fit in memory" % (args.max_len, len(pf.rows)))
+        write_token_file(args.output, data, dict(attrs, **more), vocab_size, args.model)
+        print("tokenize_sft: " + pf.summary(args.output,
+                                            int((data["labels"][:, 1:] != -100).sum())))
+        return
 
     counts = collections.Counter()  # dropped or refused, by reason
-    pieces, examples, written = [], 0, 0
-    for where, ex in read_examples(args.input):
-        examples += 1
+    pieces, examples_read, written = [], 0, 0
+    for where, ex in examples:
+        examples_read += 1
+        if preference_rows.form_of(ex) is not None:
+            mixed(where, preference_rows.form_of(ex), None)
         try:
             ids, labels = example_of(tz, ex, where, args.system)
         except Refused as e:
             counts["refused: " + str(e)] += 1
             continue
-        if examples == 1:
+        if examples_read == 1:
             print("tokenize_sft: first example as the model sees it:\n%s"
                   % tz.tok.decode(ids), flush=True)
-        mine = pieces_of(ids, labels, args.max_len, args.overlong, counts)
+        mine = pieces_of(ids, labels, args.max_len, args.overlong or "drop", counts)
         written += bool(mine)
         pieces += mine
     if not pieces:
-        fail("%s: no example left (%d read; %s)" % (args.input, examples, dict(counts)))
+        fail("%s: no example left (%d read; %s)" % (args.input, examples_read, dict(counts)))
 
     T = args.max_len
     rows = pack(pieces, T) if args.pack else [[p] for p in pieces]
@@ -665,25 +889,17 @@ def main(argv=None):
             labels_a[r, at] = -100  # a document's first label is never scored
             pos_a[r, at:at + n] = np.arange(n)
             at += n
-    if ids_a.max() >= vocab_size:
-        fail("token id %d >= vocab_size %d of %s/config.json"
-             % (ids_a.max(), vocab_size, args.model))
-    # Written to a temporary name beside the output, then renamed (tools/safe_output.py): an
-    # earlier file at that path survives a failed write (a full disk), which exits 1.
-    with file_output(args.output) as tmp:
-        with h5py.File(tmp, "w", libver=("v110", "v110")) as h:
-            h.create_dataset("input_ids", data=ids_a)
-            h.create_dataset("labels", data=labels_a)
-            if args.pack:
-                h.create_dataset("position_ids", data=pos_a)
-            h.attrs["vocab_size"] = np.int64(vocab_size)
-            h.attrs["tokenizer_sha256"] = sha
+    data = {"input_ids": ids_a, "labels": labels_a}
+    if args.pack:
+        data["position_ids"] = pos_a
+    write_token_file(args.output, data, attrs, vocab_size, args.model)
     tokens = sum(len(p[0]) for p in pieces)
     labels_scored = int((labels_a[:, 1:] != -100).sum())
     print("tokenize_sft: %s: %d examples read, %d written as %d %s of %d (%d pieces, %d tokens, "
           "%d scored labels, %.0f%% of the rows' positions real); %s"
-          % (args.output, examples, written, len(rows), "packed rows" if args.pack else "rows", T, len(pieces), tokens,
-             labels_scored, 100.0 * tokens / (len(rows) * T),
+          % (args.output, examples_read, written, len(rows),
+             "packed rows" if args.pack else "rows", T, len(pieces), tokens, labels_scored,
+             100.0 * tokens / (len(rows) * T),
              "; ".join("%s: %d" % kv for kv in sorted(counts.items())) or "none dropped"))
 
 
