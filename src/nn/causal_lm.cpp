@@ -512,10 +512,10 @@ double CausalLm<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool
   norm_forward(norm_, NormRole::final, buf_[B::kXOut], buf_[B::kNf], buf_[B::kInvF]);
   if (aux_on_) aux_value_ = finish_aux_loss(n, b.global_bs);
   // (kNf, the final norm's output, is read by the head alone: its rows are scratch there)
-  return aux_value_ + lm_head_cross_entropy(exec, buf_[B::kNf], dense_matrix(head_), b.labels,
-                                            normaliser, bf16,
-                                            with_grads ? buf_[B::kGN] : Matrix<Mem>(), ce_ws_,
-                                            final_logits(), head_inputs(), HiddenAfter::scratch);
+  return aux_value_ +
+         lm_head_cross_entropy(exec, buf_[B::kNf], dense_matrix(head_), b.labels, normaliser, bf16,
+                               with_grads ? buf_[B::kGN] : Matrix<Mem>(), ce_ws_, final_logits(),
+                               head_inputs(), HiddenAfter::scratch, buf_[B::kGN]);
 }
 
 template <class ExecSpace>

@@ -37,9 +37,10 @@ BatchLoader<ExecSpace>::BatchLoader(const ExecSpace& exec, const Config& cfg, co
   mb_ = std::min(cfg.micro_bs, largest);
   micro_batches_ = ((lockstep ? largest : count_) + mb_ - 1) / mb_;
   if (spec.tokens) {
-    buf_.tokens = TokenMatrix<Mem>("kqlora::train::tokens", mb_, spec.seq_len);
-    buf_.labels = TokenMatrix<Mem>("kqlora::train::labels", mb_, spec.seq_len);
-    ids_.resize(static_cast<size_t>(mb_ * spec.seq_len));
+    const int64_t rows = mb_ * spec.rows_per_sample;
+    buf_.tokens = TokenMatrix<Mem>("kqlora::train::tokens", rows, spec.seq_len);
+    buf_.labels = TokenMatrix<Mem>("kqlora::train::labels", rows, spec.seq_len);
+    ids_.resize(static_cast<size_t>(rows * spec.seq_len));
     labels_.resize(ids_.size());
     // (Whether a file is packed is known once it is read: the buffer comes with the first.)
   } else {
@@ -53,6 +54,68 @@ BatchLoader<ExecSpace>::BatchLoader(const ExecSpace& exec, const Config& cfg, co
 }
 
 template <class ExecSpace>
+double BatchLoader<ExecSpace>::run_preference(Model<ExecSpace>& model, DataParallel<ExecSpace>* dp,
+                                              const DataSource& src, int64_t step,
+                                              const PreferenceConfig& objective,
+                                              const typename Model<ExecSpace>::Vec& reference,
+                                              PreferenceSums& sums, RunReport* report) {
+  tokens_ = flops_ = aux_ = 0;
+  if (step >= 0)
+    return preference_pass(model, dp, src, step, global_bs_, static_cast<double>(global_bs_),
+                           src.chosen_tokens(step), objective, reference, sums, report);
+  // (evaluation: every pair of the file in global batches, the last one short; the loss a
+  // mean over all of them)
+  double loss = 0.0;
+  const double pairs = static_cast<double>(src.rows()), chosen = src.file_chosen_tokens(src.rows());
+  for (int64_t b = 0; b * global_bs_ < src.rows(); ++b)
+    loss += preference_pass(model, nullptr, src, b, src.rows() - b * global_bs_, pairs, chosen,
+                            objective, reference, sums, nullptr);
+  return loss;
+}
+
+template <class ExecSpace>
+double BatchLoader<ExecSpace>::preference_pass(Model<ExecSpace>& model, DataParallel<ExecSpace>* dp,
+                                               const DataSource& src, int64_t step, int64_t valid,
+                                               double pairs, double chosen_tokens,
+                                               const PreferenceConfig& objective,
+                                               const typename Model<ExecSpace>::Vec& reference,
+                                               PreferenceSums& sums, RunReport* report) {
+  double loss = 0.0;
+  const int64_t mine = std::clamp<int64_t>(valid - first_, 0, count_);
+  std::vector<int64_t> scored;
+  for (int64_t k = 0; k < micro_batches_; ++k) {
+    const int64_t m0 = k * mb_, n = std::clamp<int64_t>(mine - m0, 0, mb_);
+    if (report) report->enter(Phase::data);
+    const Batch<Mem> b = load(src, step, m0, n);
+    if (report) report->enter(Phase::forward_backward);
+    std::vector<double> ref(static_cast<size_t>(2 * n), 0.0);
+    if (reference.data()) {  // (the frozen reference: the base with the starting adapters)
+      model.use_weights(reference);
+      ref = model.sequence_logps(b, false);
+      model.use_masters();
+    }
+    const std::vector<double> logp = model.sequence_logps(b, dp != nullptr, &scored);
+    std::vector<double> w(logp.size());
+    for (int64_t i = 0; i < n; ++i) {
+      const size_t c = static_cast<size_t>(2 * i), r = c + 1;
+      const PairTerms t =
+          preference_pair(objective, {logp[c], logp[r], scored[c], scored[r], ref[c], ref[r]},
+                          pairs, chosen_tokens);
+      loss += t.loss;
+      sums.add(t);
+      w[c] = t.d_chosen;
+      w[r] = t.d_rejected;
+    }
+    if (!dp) continue;
+    tokens_ += real_tokens_;
+    flops_ += model.train_flops(2 * n, b.tokens.extent(1));
+    if (k + 1 == micro_batches_) dp->before_last_backward();  // the last one reduces
+    model.backward_weighted(w, k > 0);                        // the first writes the grads
+  }
+  return loss;
+}
+
+template <class ExecSpace>
 Batch<typename ExecSpace::memory_space> BatchLoader<ExecSpace>::load(const DataSource& src,
                                                                      int64_t step, int64_t m0,
                                                                      int64_t n) {
@@ -61,14 +124,18 @@ Batch<typename ExecSpace::memory_space> BatchLoader<ExecSpace>::load(const DataS
   b.first_sample = first_ + m0;
   b.global_bs = global_bs_;
   if (spec_.tokens) {
-    const int64_t T = spec_.seq_len;
+    const int64_t T = spec_.seq_len, ps = spec_.rows_per_sample;
+    // (a pair's two rows are two sequences: the dropout keys count rows)
+    b.first_sample = (first_ + m0) * ps;
+    b.global_bs = global_bs_ * ps;
     const bool packed = src.packed();
     if (packed && !buf_.positions.data()) {
       buf_.positions = TokenMatrix<Mem>("kqlora::train::positions", mb_, T);
       positions_.resize(ids_.size());
     }
-    src.tokens(step, b.first_sample, n, ids_.data(), labels_.data(),
+    src.tokens(step, first_ + m0, n, ids_.data(), labels_.data(),
                packed ? positions_.data() : nullptr);
+    n *= ps;  // (rows from here on)
     // Trimmed to the longest row's last scored label: the positions after it score
     // nothing and, attention being causal, change nothing before them. A row's real
     // tokens are those up to its own last scored label (padding, packed or not, is after).

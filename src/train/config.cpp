@@ -214,6 +214,11 @@ std::vector<Key> make_keys() {
       KQ_INT(micro_bs, kPlain, "global_bs"),
       KQ_INT(num_steps, kPlain),
       KQ_CHOICE(loss, kModel, "sum", "mse", "cross_entropy"),
+      KQ_CHOICE(objective, kFixed, "sft", "dpo", "simpo", "orpo"),
+      KQ_CHOICE(loss_type, kFixed, "sigmoid", "hinge", "ipo", "robust"),
+      KQ_FLOAT(beta, kFixed),
+      KQ_FLOAT(label_smoothing, kFixed),
+      KQ_FLOAT(simpo_gamma, kFixed),
       KQ_CHOICE(optimizer, kFixed, "sgd", "adam", "adamw"),
       KQ_FLOAT(lr, kPlain),
       KQ_FLOAT(momentum, kPlain),
@@ -280,6 +285,23 @@ std::vector<Key> make_keys() {
       };
     }
     if (x.name == "checkpoint_layout") x.help = "per_rank|shared (per_rank; fsdp: shared)";
+    // (the preference objectives' keys, where their objective reads them)
+    if (x.name == "beta")
+      x.unused = [](const Config& c) {
+        return c.objective == "sft" ? "preference objectives" : "";
+      };
+    if (x.name == "loss_type")
+      x.unused = [](const Config& c) { return c.objective != "dpo" ? "objective = dpo only" : ""; };
+    if (x.name == "simpo_gamma")
+      x.unused = [](const Config& c) {
+        return c.objective != "simpo" ? "objective = simpo only" : "";
+      };
+    if (x.name == "label_smoothing")
+      x.unused = [](const Config& c) {
+        return c.objective == "simpo" || (c.objective == "dpo" && c.loss_type == "robust")
+                   ? ""
+                   : "objective = simpo, or dpo with loss_type = robust";
+      };
   }
   return k;
 }
@@ -606,6 +628,21 @@ Config parse_deck_text(const std::string& text, const std::string& source,
                          << dtype_name(c.dtype) << " (its activations are float32 values)");
   KQLORA_INPUT_CHECK(c.eval_file.empty() || c.eval_every > 0,
                      at("eval_file") << ": eval_file is set but eval_every is 0");
+  if (c.objective != "sft") {
+    KQLORA_INPUT_CHECK(c.model == "causal_lm",
+                       at("objective")
+                           << ": objective = " << c.objective
+                           << " scores sequences of a causal_lm, not model = " << c.model);
+    KQLORA_INPUT_CHECK(c.beta > 0, at("beta") << ": beta must be > 0, got " << c.beta);
+    KQLORA_INPUT_CHECK(!c.data_file.empty(),
+                       at("objective")
+                           << ": objective = " << c.objective
+                           << " needs a data_file of preference pairs "
+                              "(tools/tokenize_sft.py; docs/MODELS.md, \"Data files\")");
+  }
+  KQLORA_INPUT_CHECK(c.label_smoothing >= 0 && c.label_smoothing < 0.5,
+                     at("label_smoothing")
+                         << ": label_smoothing must be in [0, 0.5), got " << c.label_smoothing);
 #if !defined(KOKKOS_ENABLE_CUDA)
   KQLORA_INPUT_CHECK(c.device != "cuda", at("device")
                                              << ": device = cuda, but this kqlora was built "

@@ -232,6 +232,25 @@ DataSource::DataSource(const std::string& path, const InputSpec& spec, int64_t g
     }
     check_scored(where, what, rows_, T, labels_, first_labels, &notes_);
     check_tokenizer(f, where, checks, &notes_);
+    if (h5::has_attribute(f, "form")) form_ = h5::read_string_attribute(f, "form", where);
+    KQLORA_INPUT_CHECK(form_.empty() || form_ == "pairs",
+                       where << ": attribute form = \"" << form_
+                             << "\" is not a form kqlora reads (\"pairs\": preference pairs; "
+                                "KTO's unpaired rows are not read yet)");
+    if (form_ == "pairs") {
+      KQLORA_INPUT_CHECK(rows_ % 2 == 0, where << ": form \"pairs\" with " << rows_
+                                               << " rows: a pair is two rows (chosen, rejected)");
+      KQLORA_INPUT_CHECK(positions_.empty(),
+                         where << ": packed preference pairs (position_ids) are not read: a "
+                                  "pair's rows are one sample");
+      for (int64_t r = 0; r < rows_; ++r)
+        KQLORA_INPUT_CHECK(scored_in_row(r) > 0,
+                           where << ": pair " << r / 2 << "'s " << (r % 2 ? "rejected" : "chosen")
+                                 << " row (row " << r
+                                 << ") scores nothing: each side of a pair needs its completion");
+      spec_.rows_per_sample = 2;
+      rows_ /= 2;
+    }
     return;
   }
   const int64_t dim = spec.features;
@@ -282,9 +301,10 @@ void DataSource::fill(const std::vector<T>& src, int64_t width, int64_t step, in
   KQLORA_CHECK(!path_.empty(),
                "DataSource: synthetic rows are generated on the device "
                "(fill_normal_rows), not read");
+  const int64_t w = width * spec_.rows_per_sample;  // (a sample's rows, consecutive)
   for (int64_t i = 0; i < n; ++i) {
     const int64_t g = step * global_bs_ + first + i;  // global sample index over the run
-    std::memcpy(out + i * width, src.data() + row_of(g) * width, sizeof(T) * width);
+    std::memcpy(out + i * w, src.data() + row_of(g) * w, sizeof(T) * w);
   }
 }
 
@@ -318,20 +338,36 @@ double DataSource::normaliser(int64_t step, bool mse) const {
   if (!spec_.tokens) return mse ? static_cast<double>(global_bs_ * spec_.target_features) : 1.0;
   const int64_t T = spec_.seq_len;
   if (synthetic()) return static_cast<double>(global_bs_ * (T - 1));
+  const int64_t ps = spec_.rows_per_sample;
   int64_t n = 0;
-  for (int64_t i = 0; i < global_bs_; ++i) {
-    const int32_t* row = labels_.data() + row_of(step * global_bs_ + i) * T;
-    for (int64_t t = 1; t < T; ++t) n += row[t] != kIgnoreLabel;
-  }
+  for (int64_t i = 0; i < global_bs_; ++i)
+    for (int64_t k = 0; k < ps; ++k) n += scored_in_row(row_of(step * global_bs_ + i) * ps + k);
+  return static_cast<double>(n);
+}
+
+int64_t DataSource::scored_in_row(int64_t r) const {
+  const int64_t T = spec_.seq_len;
+  int64_t n = 0;
+  for (int64_t t = 1; t < T; ++t) n += labels_[r * T + t] != kIgnoreLabel;
+  return n;
+}
+
+double DataSource::chosen_tokens(int64_t step) const {
+  int64_t n = 0;
+  for (int64_t i = 0; i < global_bs_; ++i) n += scored_in_row(row_of(step * global_bs_ + i) * 2);
+  return static_cast<double>(n);
+}
+
+double DataSource::file_chosen_tokens(int64_t samples) const {
+  int64_t n = 0;
+  for (int64_t i = 0; i < samples; ++i) n += scored_in_row(i * 2);
   return static_cast<double>(n);
 }
 
 double DataSource::file_normaliser(bool mse) const {
   if (!spec_.tokens) return mse ? static_cast<double>(rows_ * spec_.target_features) : 1.0;
-  const int64_t T = spec_.seq_len;
   int64_t n = 0;
-  for (int64_t i = 0; i < rows_; ++i)
-    for (int64_t t = 1; t < T; ++t) n += labels_[i * T + t] != kIgnoreLabel;
+  for (int64_t r = 0; r < rows_ * spec_.rows_per_sample; ++r) n += scored_in_row(r);
   return static_cast<double>(n);
 }
 

@@ -348,6 +348,20 @@ std::string hf_weights_file(const std::string& dir, bool optional) {
   return "";
 }
 
+std::vector<float> starting_trainables(const ModelConfig& cfg, const ParamTable& table,
+                                       const std::string& init_file) {
+  InitFile init(init_file, &cfg);
+  init.map_file_prefix(table.file_prefix);
+  init.map_expert_adapters(table);
+  std::vector<float> out(static_cast<size_t>(table.num_trainable));
+  for (const ParamEntry* p : table.of_kind(ParamKind::trainable)) {
+    const std::vector<float> v =
+        init.has(p->name) ? init.floats(p->name, p->shape) : seed_values(cfg, *p);
+    std::copy(v.begin(), v.end(), out.begin() + p->offset);
+  }
+  return out;
+}
+
 template <class ExecSpace>
 void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std::string& init_file,
                       std::ostream& log) {

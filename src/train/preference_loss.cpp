@@ -29,6 +29,34 @@ double tokens(int64_t n) {
 
 }  // namespace
 
+void PreferenceSums::add(const PairTerms& t) {
+  const double x[kCount] = {1,
+                            t.reward_chosen,
+                            t.reward_rejected,
+                            t.reward_chosen > t.reward_rejected ? 1.0 : 0.0,
+                            t.reward_chosen - t.reward_rejected,
+                            t.logp_chosen,
+                            t.logp_rejected,
+                            t.nll,
+                            t.log_odds_ratio,
+                            t.log_odds_chosen};
+  for (int i = 0; i < kCount; ++i) v[i] += x[i];
+}
+
+std::vector<std::pair<std::string, double>> PreferenceSums::means(const PreferenceConfig& c) const {
+  const double n = v[0] > 0 ? v[0] : 1;
+  std::vector<std::pair<std::string, double>> out = {
+      {"rewards/chosen", v[1] / n},     {"rewards/rejected", v[2] / n},
+      {"rewards/accuracies", v[3] / n}, {"rewards/margins", v[4] / n},
+      {"logps/chosen", v[5] / n},       {"logps/rejected", v[6] / n}};
+  if (c.objective == "orpo") {
+    out.emplace_back("nll_loss", v[7]);
+    out.emplace_back("log_odds_ratio", v[8] / n);
+    out.emplace_back("log_odds_chosen", v[9] / n);
+  }
+  return out;
+}
+
 bool needs_reference(const PreferenceConfig& c) {
   return c.objective == "dpo";
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <iomanip>
 #include <ostream>
+#include <sstream>
 #include <vector>
 
 #include "kqlora/core/dtype.hpp"
@@ -14,6 +15,20 @@
 #include "kqlora/core/memory.hpp"
 
 namespace kqlora {
+
+namespace {
+
+/// "  accuracy A  margin M" for the log line, from a preference objective's metrics.
+std::string reward_summary(const std::vector<std::pair<std::string, double>>& metrics) {
+  std::ostringstream s;
+  for (const auto& [name, value] : metrics) {
+    if (name == "rewards/accuracies") s << "  accuracy " << std::setprecision(3) << value;
+    if (name == "rewards/margins") s << "  margin " << std::setprecision(4) << value;
+  }
+  return s.str();
+}
+
+}  // namespace
 
 namespace {
 const char* phase_names[] = {"data",      "forward+backward", "communication",
@@ -86,7 +101,8 @@ void RunReport::step(int64_t step, double loss, double lr, double norm, bool fin
       log_ << "  tokens/s " << std::fixed << std::setprecision(0) << tokens_ / elapsed;
     if (flops_ > 0 && peak_ > 0)
       log_ << "  MFU " << std::setprecision(1) << 100 * flops_ / elapsed / peak_ << "%";
-    log_ << std::defaultfloat << "  elapsed " << human_time(elapsed) << "  ETA " << human_time(eta)
+    log_ << std::defaultfloat << reward_summary(step_metrics_) << "  elapsed "
+         << human_time(elapsed) << "  ETA " << human_time(eta)
          << (finite ? "" : "  (non-finite: step skipped)") << "\n";
     log_.flush();
   }
@@ -106,18 +122,22 @@ void RunReport::step(int64_t step, double loss, double lr, double norm, bool fin
     if (tokens_ > 0) metrics_ << ", \"tokens\": " << tokens_;
     if (flops_ > 0) metrics_ << ", \"model_flops\": " << flops_;
     if (flops_ > 0 && peak_ > 0) metrics_ << ", \"mfu\": " << flops_ / elapsed / peak_;
+    for (const auto& [name, value] : step_metrics_) metrics_ << ", \"" << name << "\": " << value;
     metrics_ << "}\n";
     metrics_.flush();
   }
 }
 
-void RunReport::eval(int64_t step, double loss) {
+void RunReport::eval(int64_t step, double loss,
+                     const std::vector<std::pair<std::string, double>>& metrics) {
   if (root_)
     log_ << "eval   " << std::setw(6) << step + 1 << "  loss " << std::scientific
-         << std::setprecision(6) << loss << std::defaultfloat << "\n";
-  if (metrics_.is_open())
-    metrics_ << std::setprecision(17) << "{\"step\": " << step + 1 << ", \"eval_loss\": " << loss
-             << "}\n";
+         << std::setprecision(6) << loss << std::defaultfloat << reward_summary(metrics) << "\n";
+  if (metrics_.is_open()) {
+    metrics_ << std::setprecision(17) << "{\"step\": " << step + 1 << ", \"eval_loss\": " << loss;
+    for (const auto& [name, value] : metrics) metrics_ << ", \"eval_" << name << "\": " << value;
+    metrics_ << "}\n";
+  }
 }
 
 void RunReport::finish(const std::string& parallel_stats) {

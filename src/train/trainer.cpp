@@ -25,6 +25,7 @@
 #include "kqlora/train/data.hpp"
 #include "kqlora/train/init.hpp"
 #include "kqlora/train/memory_check.hpp"
+#include "kqlora/train/preference_loss.hpp"
 #include "kqlora/train/run_checkpoints.hpp"
 #include "kqlora/train/run_report.hpp"
 #if KQLORA_HAVE_NCCL
@@ -84,6 +85,37 @@ bool sum_and_stop(Communicator& comm, double& v, double* tokens = nullptr, doubl
 /// The FMA peak of the cores this run computes on (host runs; 0 on a device, whose peak
 /// kqlora does not measure, and for bfloat16 products on bfloat16 hardware, which the float32 FMA
 /// peak does not bound): one core's, measured now, times the threads of all ranks.
+/// The deck's preference objective (objective != sft).
+PreferenceConfig preference_config(const Config& cfg) {
+  PreferenceConfig p;
+  p.objective = cfg.objective;
+  p.loss_type = cfg.loss_type;
+  p.beta = cfg.beta;
+  p.label_smoothing = cfg.label_smoothing;
+  p.simpo_gamma = cfg.simpo_gamma;
+  return p;
+}
+
+/// A token file's form must be the objective's: pairs for a preference objective, SFT rows
+/// for sft.
+void check_form(const Config& cfg, const DataSource& d, const std::string& key) {
+  if (d.synthetic()) return;
+  const bool pairs = d.form() == "pairs";
+  KQLORA_INPUT_CHECK(
+      pairs == (cfg.objective != "sft"),
+      key << " " << d.path() << ": "
+          << (pairs ? "preference pairs (form \"pairs\"), but objective = sft: set objective = "
+                      "dpo, simpo or orpo"
+                    : "SFT rows, but objective = " + cfg.objective +
+                          " needs preference pairs (tools/tokenize_sft.py on prompt / chosen / "
+                          "rejected rows; docs/MODELS.md, \"Data files\")"));
+}
+
+/// The sums of every rank's preference metrics.
+void sum_over_ranks(Communicator& comm, PreferenceSums& s) {
+  if (comm.size() > 1) comm.wait(comm.allreduce_sum(s.v, PreferenceSums::kCount));
+}
+
 double run_peak_flops(const Communicator& comm, const Config& cfg) {
   if (!std::is_same<Mem, Kokkos::HostSpace>::value) return 0;
   if (cfg.dtype == DType::bfloat16 && host_bf16_products()) return 0;
@@ -201,6 +233,10 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   if (!cfg.eval_file.empty())
     eval = std::make_unique<DataSource>(cfg.eval_file, model->input(), cfg.global_bs, cfg.seed,
                                         "eval_file", false, checks);
+  check_form(cfg, data, "data_file");
+  if (eval) check_form(cfg, *eval, "eval_file");
+  const bool preference = cfg.objective != "sft";
+  const PreferenceConfig objective = preference_config(cfg);
   const bool resume = cfg.restart != "none";
   std::ostringstream init_log;
   if (!resume) initialize_model(exec, *model, cfg.init_file, init_log);
@@ -212,6 +248,18 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   if (report.root()) dp->describe(log);
   Optimizer<Exec> opt = dp->make_optimizer(exec, optimizer_config(cfg));
   if (resume) checkpoints->restore_state(*model, *dp, opt);
+  // A preference objective's frozen reference: the base with the adapters the run started
+  // from (none: zeros, the base alone), the same on a restart (docs/TRAINING.md).
+  Model<Exec>::Vec reference;
+  if (preference && needs_reference(objective)) {
+    const std::vector<float> start =
+        starting_trainables(model->config(), model->table(), cfg.init_file);
+    reference = Model<Exec>::Vec("kqlora::train::reference", start.size());
+    // device-wide: set-up
+    Kokkos::deep_copy(reference,
+                      Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
+                          start.data(), start.size()));
+  }
   // (Measured once the run is set up: a run refused before costs no measurement.)
   report.set_peak_flops(run_peak_flops(comm, cfg));
   const InputSpec spec = data.spec();  // (token models: the file's sequence length)
@@ -255,11 +303,18 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
             << "-100 or at a document's first position); skipped, no update ("
             << summary.steps_empty << " so far)\n";
     } else {
-      double loss = batches.run(*model, dp.get(), data, step, &report);  // forward, backward
+      PreferenceSums sums;
+      double loss = preference ? batches.run_preference(*model, dp.get(), data, step, objective,
+                                                        reference, sums, &report)
+                               : batches.run(*model, dp.get(), data, step, &report);
       report.enter(Phase::communication);
       dp->reduce_gradients();  // the gradient of the whole global batch
       double tokens = batches.tokens(), flops = batches.flops(), aux = batches.aux();
       stop = sum_and_stop(comm, loss, &tokens, &flops, &aux);
+      if (preference) {
+        sum_over_ranks(comm, sums);
+        report.set_step_metrics(sums.means(objective));
+      }
       report.enter(Phase::optimizer);
       const double norm = dp->grad_norm(exec);
       const bool finite = std::isfinite(loss) && std::isfinite(norm);
@@ -282,9 +337,16 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
     }
     if (eval && (step + 1) % cfg.eval_every == 0) {
       report.enter(Phase::evaluation);
-      double eval_loss = eval_batches->evaluate(*model, *eval);
+      PreferenceSums sums;
+      double eval_loss = preference
+                             ? eval_batches->run_preference(*model, nullptr, *eval, -1, objective,
+                                                            reference, sums, nullptr)
+                             : eval_batches->evaluate(*model, *eval);
       sum_and_stop(comm, eval_loss);
-      report.eval(step, eval_loss);
+      if (preference) sum_over_ranks(comm, sums);
+      report.eval(
+          step, eval_loss,
+          preference ? sums.means(objective) : std::vector<std::pair<std::string, double>>());
     }
     if (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0) save(step + 1);
     if (stop && step + 1 < cfg.num_steps) {

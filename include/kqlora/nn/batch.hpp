@@ -23,6 +23,8 @@ struct InputSpec {
   int64_t target_features = 0;  // float rows: the targets' width (0: no targets)
   int64_t seq_len = 0;          // tokens: positions per sequence
   int64_t vocab = 0;            // tokens: ids are < vocab
+  int64_t rows_per_sample = 1;  // tokens: a sample's rows (2: a preference pair's chosen,
+                                //   rejected; docs/MODELS.md, "Data files")
 };
 
 template <class MemSpace>

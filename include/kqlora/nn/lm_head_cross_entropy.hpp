@@ -345,21 +345,34 @@ void scatter_rows(const ExecSpace& exec, const Matrix<M>& src,
 /// gradient of that into it. `fl`: a logits divisor or soft-cap. `head_inputs` =
 /// bfloat16: h and W hold bfloat16 values (with `bf16`, the logits' gradient is rounded
 /// too), core/blas.hpp. `hidden`: whether h may be overwritten (the top of this file).
+/// `gather` ([tokens, hidden], float32 runs without gradients): a buffer the scored
+/// tokens' rows are gathered into, so the head runs over them alone -- as a call with
+/// gradients does, the same sums: a sequence's log-probability is bit for bit the one a
+/// training forward gives (a preference objective's reference against its policy).
 template <class ExecSpace, class M>
 double lm_head_cross_entropy(const ExecSpace& exec, const Matrix<M>& h, const Matrix<M>& W,
                              const TokenMatrix<M>& labels, double normaliser, bool bf16,
                              const Matrix<M>& gh, CrossEntropyWorkspace<M>& ws, FinalLogits fl = {},
                              GemmInputs head_inputs = GemmInputs::float32,
-                             HiddenAfter hidden = HiddenAfter::kept) {
+                             HiddenAfter hidden = HiddenAfter::kept,
+                             const Matrix<M>& gather = Matrix<M>()) {
   const int64_t T = h.extent(0), V = W.extent(0), H = W.extent(1);
   const bool grad = gh.data() != nullptr;
   const float inv = static_cast<float>(1.0 / normaliser);
   int64_t rows = T;  // (the rows whose losses are summed)
   ws.gathered = false;
   if (CrossEntropyWorkspace<M>::by_vocab_chunks(bf16)) {
-    const int64_t scored =
-        grad && hidden == HiddenAfter::scratch ? impl::scored_rows(exec, labels, T, ws) : T;
-    if (scored < T) {  // the scored rows into gh, their gradient into h, then back to gh
+    const bool gathered = hidden == HiddenAfter::scratch && (grad || gather.data());
+    const int64_t scored = gathered ? impl::scored_rows(exec, labels, T, ws) : T;
+    if (scored < T && !grad) {  // the scored rows into `gather`, their losses alone
+      rows = scored;
+      ws.gathered = true;
+      const Matrix<M> hs =
+          Kokkos::subview(gather, Kokkos::make_pair(int64_t(0), scored), Kokkos::ALL);
+      impl::gather_rows(exec, h, ws.token_of, scored, hs);
+      impl::lm_head_cross_entropy_vocab_chunks(exec, hs, W, RowLabels<M>(labels, ws.token_of), inv,
+                                               Matrix<M>(), ws, fl);
+    } else if (scored < T) {  // the scored rows into gh, their gradient into h, then back to gh
       rows = scored;
       ws.gathered = true;
       const auto first = Kokkos::make_pair(int64_t(0), scored);

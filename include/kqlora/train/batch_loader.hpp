@@ -14,6 +14,7 @@
 #include "kqlora/parallel/data_parallel.hpp"
 #include "kqlora/train/config.hpp"
 #include "kqlora/train/data.hpp"
+#include "kqlora/train/preference_loss.hpp"
 #include "kqlora/train/run_report.hpp"
 
 namespace kqlora {
@@ -37,6 +38,16 @@ class BatchLoader {
   /// before the last micro-batch. Phases are charged to `report` where given.
   double run(Model<ExecSpace>& model, DataParallel<ExecSpace>* dp, const DataSource& src,
              int64_t step, RunReport* report);
+  /// A preference objective's pass (train/preference_loss.hpp) over this rank's pairs of
+  /// `step` (training, with `dp`: the gradients too) or, `step` < 0, over every pair of the
+  /// file (evaluation): each micro-batch's reference log-probabilities (the forward over
+  /// `reference`'s adapters; empty: none needed), then the policy's, then the backward
+  /// weighted by the pairs' loss derivatives. Returns this rank's share of the loss, its
+  /// pairs' metric sums in `sums`.
+  double run_preference(Model<ExecSpace>& model, DataParallel<ExecSpace>* dp, const DataSource& src,
+                        int64_t step, const PreferenceConfig& objective,
+                        const typename Model<ExecSpace>::Vec& reference, PreferenceSums& sums,
+                        RunReport* report);
   /// The loss over every row of the file `src` (no dropout, no gradients): the rows in
   /// global batches, each split across ranks as a step's, the last one short; this rank's
   /// share of it (the ranks' shares add up to the loss).
@@ -64,6 +75,12 @@ class BatchLoader {
   /// `valid` (the global batch's first `valid` exist), the loss divided by `normaliser`.
   double pass(Model<ExecSpace>& model, DataParallel<ExecSpace>* dp, const DataSource& src,
               int64_t step, double normaliser, int64_t valid, RunReport* report);
+  /// One preference pass over this rank's pairs of global batch `step` below `valid`.
+  double preference_pass(Model<ExecSpace>& model, DataParallel<ExecSpace>* dp,
+                         const DataSource& src, int64_t step, int64_t valid, double pairs,
+                         double chosen_tokens, const PreferenceConfig& objective,
+                         const typename Model<ExecSpace>::Vec& reference, PreferenceSums& sums,
+                         RunReport* report);
   /// Samples [first + m0, first + m0 + n) of `step` into the buffers' first n rows.
   Batch<Mem> load(const DataSource& src, int64_t step, int64_t m0, int64_t n);
 };

@@ -32,6 +32,11 @@ struct Config {
   // batch and steps
   int64_t global_bs = 8, micro_bs = 8, num_steps = 3;
   std::string loss = "sum";  // sum | mse
+  // what the run optimises on token files (docs/TRAINING.md, "Preference training"): sft,
+  // or a preference objective over pair files, with TRL's names and defaults
+  std::string objective = "sft";      // sft | dpo | simpo | orpo
+  std::string loss_type = "sigmoid";  // dpo: sigmoid | hinge | ipo | robust
+  double beta = 0.1, label_smoothing = 0, simpo_gamma = 0.5;
   // optimizer
   std::string optimizer = "adam";  // sgd | adam | adamw
   double lr = 1e-2, momentum = 0, eps = 1e-8, weight_decay = 0;

@@ -64,8 +64,15 @@ class DataSource {
   /// The count the loss over every row of the file is divided by (evaluation, as
   /// normaliser() for one step).
   double file_normaliser(bool mse) const;
-  /// Rows of the file (0 for synthetic data).
+  /// Samples of the file (0 for synthetic data): its rows, or its pairs (form()).
   int64_t rows() const { return rows_; }
+  /// The file's root attribute `form`: "" (SFT rows) or "pairs" (a preference pair a
+  /// sample: file rows 2i, 2i + 1 its chosen and rejected; spec().rows_per_sample 2).
+  const std::string& form() const { return form_; }
+  /// The scored labels of the chosen rows of `step`'s global batch of pairs, and of the
+  /// first `samples` pairs of the file (ORPO's cross-entropy is over them).
+  double chosen_tokens(int64_t step) const;
+  double file_chosen_tokens(int64_t samples) const;
 
   bool synthetic() const { return path_.empty(); }
   /// The model's InputSpec with the file's sequence length (token models whose spec
@@ -89,6 +96,9 @@ class DataSource {
   std::vector<float> inputs_, targets_;
   std::vector<int32_t> ids_, labels_, positions_;
   std::vector<std::string> notes_;
+  std::string form_;
+  /// The scored labels of file row r (positions 1 ..).
+  int64_t scored_in_row(int64_t r) const;
   /// The file row of global sample g.
   int64_t row_of(int64_t g) const;
   template <class T>

@@ -19,6 +19,13 @@ std::vector<float> seed_values(const ModelConfig& cfg, const ParamEntry& p);
 /// else InputError.
 std::string hf_weights_file(const std::string& dir, bool optional = false);
 
+/// The trainable parameters a run starts from (the flat layout of the table): the
+/// init_file's where it has them, else the seed's -- what initialize_model writes, without
+/// the base. A preference objective's frozen reference (train/preference_loss.hpp) is the
+/// base with these adapters, at the start and on every restart.
+std::vector<float> starting_trainables(const ModelConfig& cfg, const ParamTable& table,
+                                       const std::string& init_file);
+
 /// Fills every tensor of the model's table; notes what came from where on `log`.
 template <class ExecSpace>
 void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std::string& init_file,

@@ -25,6 +25,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace kqlora {
 
@@ -53,6 +55,19 @@ struct PairTerms {
          logp_rejected = 0;  // logps/chosen, logps/rejected (averages: SimPO, ORPO)
   double nll = 0;            // ORPO's nll_loss share
   double log_odds_ratio = 0, log_odds_chosen = 0;  // ORPO's, each pair's
+};
+
+/// The metrics' sums over pairs (a step's, over every rank: the log shows their means over
+/// `pairs`; TRL's names in docs/TRAINING.md).
+struct PreferenceSums {
+  static constexpr int kCount = 10;
+  // pairs, rewards/chosen, rewards/rejected, rewards/accuracies (chosen > rejected, strict),
+  // rewards/margins, logps/chosen, logps/rejected, nll_loss, log_odds_ratio, log_odds_chosen
+  double v[kCount] = {};
+  void add(const PairTerms& t);
+  /// (name, mean over the pairs) of the objective's metrics, TRL's names; nll_loss is a
+  /// sum of shares already.
+  std::vector<std::pair<std::string, double>> means(const PreferenceConfig& c) const;
 };
 
 /// Whether the objective compares against a reference (DPO: its forward or its precomputed

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <iosfwd>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kqlora/parallel/communicator.hpp"
 #include "kqlora/train/config.hpp"
@@ -43,7 +45,14 @@ class RunReport {
   void set_peak_flops(double peak) { peak_ = peak; }
   /// The memory check's estimate per rank (finish() sets each rank's peak beside it).
   void set_memory_estimate(int64_t bytes) { estimate_ = bytes; }
-  void eval(int64_t step, double loss);
+  /// `metrics`: more of the step's numbers by name (a preference objective's rewards and
+  /// log-probabilities, TRL's names): in the metrics file with the step's, or eval's with
+  /// "eval_" before each name; the log line shows the rewards' accuracy and margin.
+  void eval(int64_t step, double loss,
+            const std::vector<std::pair<std::string, double>>& metrics = {});
+  void set_step_metrics(std::vector<std::pair<std::string, double>> metrics) {
+    step_metrics_ = std::move(metrics);
+  }
   /// Collective: the timing table over every rank, `parallel_stats` (lines), the peak
   /// memory.
   void finish(const std::string& parallel_stats);
@@ -70,7 +79,8 @@ class RunReport {
   // Minor page faults when the run's first step ended and when its last step did, and the
   // steps between.
   int64_t faults_after_first_ = 0, faults_at_last_ = 0, steps_after_first_ = 0;
-  double peak_ = 0, tokens_ = 0, flops_ = 0;  // (sums over the run's steps)
+  double peak_ = 0, tokens_ = 0, flops_ = 0;                  // (sums over the run's steps)
+  std::vector<std::pair<std::string, double>> step_metrics_;  // (the next step()'s)
 };
 
 }  // namespace kqlora
