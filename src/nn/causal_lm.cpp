@@ -603,7 +603,9 @@ double CausalLm<ExecSpace>::loss(const Batch<Mem>& b, double normaliser) {
 
 template <class ExecSpace>
 std::vector<double> CausalLm<ExecSpace>::sequence_logps(const Batch<Mem>& b, bool with_grads,
-                                                        std::vector<int64_t>* scored) {
+                                                        std::vector<int64_t>* scored,
+                                                        const std::vector<int64_t>* prefix_end,
+                                                        std::vector<double>* prefix_logps) {
   // The head's loss over the sequences, undivided: its gradient (kept for backward_weighted)
   // is that of -sum logp, each token's row scaled there by its sequence's weight. (The
   // router's load-balancing loss is no part of it: off in both passes.)
@@ -614,42 +616,59 @@ std::vector<double> CausalLm<ExecSpace>::sequence_logps(const Batch<Mem>& b, boo
   const int64_t n = b.tokens.extent(0);
   if (static_cast<int64_t>(seq_loss_.extent(0)) != n) {
     seq_loss_ = Kokkos::View<double*, Mem>("kqlora::CausalLm::sequence_loss", n);
+    seq_prefix_loss_ = Kokkos::View<double*, Mem>("kqlora::CausalLm::sequence_prefix_loss", n);
     seq_count_ = Kokkos::View<int64_t*, Mem>("kqlora::CausalLm::sequence_count", n);
+    seq_prefix_end_ = Kokkos::View<int64_t*, Mem>("kqlora::CausalLm::sequence_prefix_end", n);
   }
-  const auto loss = seq_loss_;
-  const auto count = seq_count_;
-  sequence_losses(this->exec_, ce_ws_, b.labels, loss, count);
-  const auto hl = Kokkos::create_mirror_view(loss);
-  const auto hc = Kokkos::create_mirror_view(count);
-  Kokkos::deep_copy(this->exec_, hl, loss);
-  Kokkos::deep_copy(this->exec_, hc, count);
+  const auto hp = Kokkos::create_mirror_view(seq_prefix_end_);
+  for (int64_t s = 0; s < n; ++s) hp(s) = prefix_end ? (*prefix_end)[static_cast<size_t>(s)] : 0;
+  Kokkos::deep_copy(this->exec_, seq_prefix_end_, hp);
+  sequence_losses(this->exec_, ce_ws_, b.labels, seq_loss_, seq_count_, seq_prefix_end_,
+                  seq_prefix_loss_);
+  const auto hl = Kokkos::create_mirror_view(seq_loss_);
+  const auto hb = Kokkos::create_mirror_view(seq_prefix_loss_);
+  const auto hc = Kokkos::create_mirror_view(seq_count_);
+  Kokkos::deep_copy(this->exec_, hl, seq_loss_);
+  Kokkos::deep_copy(this->exec_, hb, seq_prefix_loss_);
+  Kokkos::deep_copy(this->exec_, hc, seq_count_);
   this->exec_.fence();
   std::vector<double> out(static_cast<size_t>(n));
   for (int64_t s = 0; s < n; ++s) out[static_cast<size_t>(s)] = -hl(s);
   if (scored) scored->assign(hc.data(), hc.data() + n);
+  if (prefix_logps) {
+    prefix_logps->resize(static_cast<size_t>(n));
+    for (int64_t s = 0; s < n; ++s) (*prefix_logps)[static_cast<size_t>(s)] = -hb(s);
+  }
   weighted_rows_ = n;
   weighted_len_ = b.tokens.extent(1);
   return out;
 }
 
 template <class ExecSpace>
-void CausalLm<ExecSpace>::backward_weighted(const std::vector<double>& row_weights,
-                                            bool accumulate) {
+void CausalLm<ExecSpace>::backward_weighted(const std::vector<double>& row_weights, bool accumulate,
+                                            const std::vector<double>* prefix_weights) {
   KQLORA_CHECK(
       static_cast<int64_t>(row_weights.size()) == weighted_rows_,
       "backward_weighted: " << row_weights.size() << " weights for " << weighted_rows_ << " rows");
-  // (the head's gradient is of -sum logp: token t's row times -w[t / S])
-  Kokkos::View<float*, Mem> w("kqlora::CausalLm::row_weights", row_weights.size());
+  // (the head's gradient is of -sum logp: token t's row times -w[t / S], or the prefix's
+  // weight where its label's position is below the row's prefix_end)
+  const size_t n = row_weights.size();
+  Kokkos::View<float*, Mem> w("kqlora::CausalLm::row_weights", 2 * n);
   const auto hw = Kokkos::create_mirror_view(w);
-  for (size_t r = 0; r < row_weights.size(); ++r) hw(r) = static_cast<float>(-row_weights[r]);
+  for (size_t r = 0; r < n; ++r) {
+    hw(r) = static_cast<float>(-row_weights[r]);
+    hw(n + r) = prefix_weights ? static_cast<float>(-(*prefix_weights)[r]) : 0.0f;
+  }
   Kokkos::deep_copy(this->exec_, w, hw);
   const Matrix<Mem> g = buf_[B::kGN];
   const int64_t S = weighted_len_;
+  const auto end = seq_prefix_end_;
   const bool bf16 = this->cfg_.bf16();
   Kokkos::parallel_for(
       "kqlora::CausalLm::weight_rows", over(this->exec_, tokens_, g.extent(1)),
       KOKKOS_LAMBDA(int64_t t, int64_t f) {
-        const float v = g(t, f) * w(t / S);
+        const int64_t s = t / S;
+        const float v = g(t, f) * (t % S + 1 < end(s) ? w(n + s) : w(s));
         g(t, f) = bf16 ? round_to_bf16(v) : v;
       });
   const bool aux = aux_on_;

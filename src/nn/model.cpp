@@ -78,15 +78,17 @@ void Model<ExecSpace>::params_changed() {
 }
 
 template <class ExecSpace>
-std::vector<double> Model<ExecSpace>::sequence_logps(const Batch<Mem>&, bool,
-                                                     std::vector<int64_t>*) {
+std::vector<double> Model<ExecSpace>::sequence_logps(const Batch<Mem>&, bool, std::vector<int64_t>*,
+                                                     const std::vector<int64_t>*,
+                                                     std::vector<double>*) {
   KQLORA_INPUT_CHECK(false, "model kind '" << cfg_.kind << "' has no sequence log-probabilities: "
                                            << "preference objectives need model = causal_lm");
   return {};
 }
 
 template <class ExecSpace>
-void Model<ExecSpace>::backward_weighted(const std::vector<double>&, bool) {
+void Model<ExecSpace>::backward_weighted(const std::vector<double>&, bool,
+                                         const std::vector<double>*) {
   KQLORA_INPUT_CHECK(false, "model kind '" << cfg_.kind << "' has no weighted backward: "
                                            << "preference objectives need model = causal_lm");
 }

@@ -4,6 +4,7 @@
 
 #include "kqlora/core/kokkos_compat.hpp"
 #include "kqlora/core/random.hpp"
+#include "kqlora/train/preference_step.hpp"
 #include "kqlora/train/synthetic.hpp"
 
 namespace kqlora {
@@ -82,36 +83,24 @@ double BatchLoader<ExecSpace>::preference_pass(Model<ExecSpace>& model, DataPara
                                                PreferenceSums& sums, RunReport* report) {
   double loss = 0.0;
   const int64_t mine = std::clamp<int64_t>(valid - first_, 0, count_);
-  std::vector<int64_t> scored;
+  const bool orpo = objective.objective == "orpo";
+  score_chosen_prompts_ = orpo;
   for (int64_t k = 0; k < micro_batches_; ++k) {
     const int64_t m0 = k * mb_, n = std::clamp<int64_t>(mine - m0, 0, mb_);
     if (report) report->enter(Phase::data);
     const Batch<Mem> b = load(src, step, m0, n);
     if (report) report->enter(Phase::forward_backward);
-    std::vector<double> ref(static_cast<size_t>(2 * n), 0.0);
-    if (reference.data()) {  // (the frozen reference: the base with the starting adapters)
-      model.use_weights(reference);
-      ref = model.sequence_logps(b, false);
-      model.use_masters();
+    if (dp) {
+      tokens_ += real_tokens_;
+      flops_ += model.train_flops(2 * n, b.tokens.extent(1));
     }
-    const std::vector<double> logp = model.sequence_logps(b, dp != nullptr, &scored);
-    std::vector<double> w(logp.size());
-    for (int64_t i = 0; i < n; ++i) {
-      const size_t c = static_cast<size_t>(2 * i), r = c + 1;
-      const PairTerms t =
-          preference_pair(objective, {logp[c], logp[r], scored[c], scored[r], ref[c], ref[r]},
-                          pairs, chosen_tokens);
-      loss += t.loss;
-      sums.add(t);
-      w[c] = t.d_chosen;
-      w[r] = t.d_rejected;
-    }
-    if (!dp) continue;
-    tokens_ += real_tokens_;
-    flops_ += model.train_flops(2 * n, b.tokens.extent(1));
-    if (k + 1 == micro_batches_) dp->before_last_backward();  // the last one reduces
-    model.backward_weighted(w, k > 0);                        // the first writes the grads
+    const bool last = k + 1 == micro_batches_;
+    loss += preference_micro_batch(model, b, orpo ? &prompt_end_ : nullptr, objective, reference,
+                                   pairs, chosen_tokens, dp != nullptr, k > 0, sums, [&] {
+                                     if (last) dp->before_last_backward();  // the last one reduces
+                                   });
   }
+  score_chosen_prompts_ = false;
   return loss;
 }
 
@@ -135,7 +124,9 @@ Batch<typename ExecSpace::memory_space> BatchLoader<ExecSpace>::load(const DataS
     }
     src.tokens(step, first_ + m0, n, ids_.data(), labels_.data(),
                packed ? positions_.data() : nullptr);
-    n *= ps;  // (rows from here on)
+    n *= ps;                    // (rows from here on)
+    if (score_chosen_prompts_)  // (ORPO: the chosen rows' prompt tokens scored too)
+      prompt_end_ = score_chosen_prompts(ids_.data(), labels_.data(), n, T);
     // Trimmed to the longest row's last scored label: the positions after it score
     // nothing and, attention being causal, change nothing before them. A row's real
     // tokens are those up to its own last scored label (padding, packed or not, is after).

@@ -352,15 +352,27 @@ int64_t DataSource::scored_in_row(int64_t r) const {
   return n;
 }
 
+namespace {
+/// Positions 1 .. the last scored label of a row (0: none scored).
+int64_t tokens_to_last_label(const int32_t* labels, int64_t T) {
+  for (int64_t t = T - 1; t >= 1; --t)
+    if (labels[t] != kIgnoreLabel) return t;
+  return 0;
+}
+}  // namespace
+
 double DataSource::chosen_tokens(int64_t step) const {
+  const int64_t T = spec_.seq_len;
   int64_t n = 0;
-  for (int64_t i = 0; i < global_bs_; ++i) n += scored_in_row(row_of(step * global_bs_ + i) * 2);
+  for (int64_t i = 0; i < global_bs_; ++i)
+    n += tokens_to_last_label(labels_.data() + row_of(step * global_bs_ + i) * 2 * T, T);
   return static_cast<double>(n);
 }
 
 double DataSource::file_chosen_tokens(int64_t samples) const {
+  const int64_t T = spec_.seq_len;
   int64_t n = 0;
-  for (int64_t i = 0; i < samples; ++i) n += scored_in_row(i * 2);
+  for (int64_t i = 0; i < samples; ++i) n += tokens_to_last_label(labels_.data() + i * 2 * T, T);
   return static_cast<double>(n);
 }
 

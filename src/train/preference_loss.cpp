@@ -127,10 +127,11 @@ PairTerms preference_pair(const PreferenceConfig& c, const PairLogps& p, double 
   t.loss /= pairs;
   t.d_chosen = dc / pairs;
   t.d_rejected = dr / pairs;
-  if (c.objective == "orpo") {  // the chosen completions' cross-entropy, over the batch's tokens
-    t.nll = -p.chosen / chosen_tokens;
+  if (c.objective == "orpo") {  // the chosen rows' cross-entropy, over the batch's tokens
+    t.nll = -(p.chosen + p.chosen_prompt) / chosen_tokens;
     t.loss += t.nll;
     t.d_chosen += -1 / chosen_tokens;
+    t.d_chosen_prompt = -1 / chosen_tokens;
   }
   return t;
 }

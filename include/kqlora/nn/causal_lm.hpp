@@ -64,8 +64,11 @@ class CausalLm : public Model<ExecSpace> {
   double forward_backward(const Batch<Mem>& batch, double normaliser, bool accumulate) override;
   double loss(const Batch<Mem>& batch, double normaliser) override;
   std::vector<double> sequence_logps(const Batch<Mem>& batch, bool with_grads,
-                                     std::vector<int64_t>* scored = nullptr) override;
-  void backward_weighted(const std::vector<double>& row_weights, bool accumulate) override;
+                                     std::vector<int64_t>* scored = nullptr,
+                                     const std::vector<int64_t>* prefix_end = nullptr,
+                                     std::vector<double>* prefix_logps = nullptr) override;
+  void backward_weighted(const std::vector<double>& row_weights, bool accumulate,
+                         const std::vector<double>* prefix_weights = nullptr) override;
   double train_flops(int64_t sequences, int64_t positions) const override;
 
   /// The load-balancing loss the last forward added (0: none).
@@ -120,8 +123,8 @@ class CausalLm : public Model<ExecSpace> {
   std::vector<Kokkos::View<float*, Mem>> lin_states_;
   const ParamEntry *embed_ = nullptr, *norm_ = nullptr, *head_ = nullptr;
   // sequence_logps's per-row sums, and the shape backward_weighted's weights are of
-  Kokkos::View<double*, Mem> seq_loss_;
-  Kokkos::View<int64_t*, Mem> seq_count_;
+  Kokkos::View<double*, Mem> seq_loss_, seq_prefix_loss_;
+  Kokkos::View<int64_t*, Mem> seq_count_, seq_prefix_end_;
   int64_t weighted_rows_ = 0, weighted_len_ = 1;
   // Gemma 4's per-layer inputs: the table, the model's projection (NF4) and its norm
   const ParamEntry *ple_embed_ = nullptr, *ple_proj_ = nullptr, *ple_norm_ = nullptr;

@@ -419,11 +419,14 @@ double lm_head_cross_entropy(const ExecSpace& exec, const Matrix<M>& h, const Ma
 
 /// The last call's token losses (-log p of each scored token's label) summed per sequence
 /// of S tokens into out [T / S] (sums in double, each sequence's in token order), and the
-/// scored tokens of each into count.
+/// scored tokens of each into count. With prefix_end [T / S]: the labels at positions
+/// below prefix_end(s) into prefix [T / S] instead (not counted).
 template <class ExecSpace, class M>
 void sequence_losses(const ExecSpace& exec, const CrossEntropyWorkspace<M>& ws,
                      const TokenMatrix<M>& labels, const Kokkos::View<double*, M>& out,
-                     const Kokkos::View<int64_t*, M>& count) {
+                     const Kokkos::View<int64_t*, M>& count,
+                     const Kokkos::View<int64_t*, M>& prefix_end = {},
+                     const Kokkos::View<double*, M>& prefix = {}) {
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const int64_t S = labels.extent(1);
   const auto losses = ws.row_loss;
@@ -435,15 +438,22 @@ void sequence_losses(const ExecSpace& exec, const CrossEntropyWorkspace<M>& ws,
       KOKKOS_LAMBDA(const Team& team) {
         const int64_t s = team.league_rank();
         Kokkos::single(Kokkos::PerTeam(team), [&] {
-          double sum = 0;
+          double sum = 0, before = 0;
           int64_t n = 0;
+          const int64_t end = prefix_end.data() ? prefix_end(s) : 0;
           for (int64_t t = s * S; t < (s + 1) * S; ++t) {
             if (impl::next_token_label(labels, t) == kIgnoreLabel) continue;
-            sum += gathered ? losses(row_of(t)) : losses(t);
+            const double v = gathered ? losses(row_of(t)) : losses(t);
+            if (t % S + 1 < end) {  // (its label's position)
+              before += v;
+              continue;
+            }
+            sum += v;
             n += 1;
           }
           out(s) = sum;
           count(s) = n;
+          if (prefix.data()) prefix(s) = before;
         });
       });
 }

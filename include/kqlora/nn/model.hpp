@@ -70,10 +70,16 @@ class Model {
   /// summed log-probability of its scored tokens (and their count, into `scored`), from a
   /// forward that keeps what backward_weighted needs when `with_grads` (with dropout: a
   /// training forward). backward_weighted(w) then adds (or writes, `accumulate` false) the
-  /// gradient of sum_r w[r] * logp[r] into `grads`. Models without them: InputError.
+  /// gradient of sum_r w[r] * logp[r] into `grads`. With `prefix_end`, row r's labels at
+  /// positions below prefix_end[r] are summed apart, into `prefix_logps` (not counted in
+  /// `scored`), and weighted by `prefix_weights` (ORPO's cross-entropy over the prompt).
+  /// Models without them: InputError.
   virtual std::vector<double> sequence_logps(const Batch<Mem>& batch, bool with_grads,
-                                             std::vector<int64_t>* scored = nullptr);
-  virtual void backward_weighted(const std::vector<double>& row_weights, bool accumulate);
+                                             std::vector<int64_t>* scored = nullptr,
+                                             const std::vector<int64_t>* prefix_end = nullptr,
+                                             std::vector<double>* prefix_logps = nullptr);
+  virtual void backward_weighted(const std::vector<double>& row_weights, bool accumulate,
+                                 const std::vector<double>* prefix_weights = nullptr);
   /// The forward reads `values` (num_params() floats in the table's layout: a frozen
   /// reference's adapters) in place of the masters until use_masters(); rounded to
   /// bfloat16 in a bfloat16 run, as the masters are.

@@ -68,6 +68,10 @@ class BatchLoader {
   double tokens_ = 0, flops_ = 0, aux_ = 0, real_tokens_ = 0;  // (real_tokens_: last load()'s)
   int64_t global_bs_, first_ = 0, count_ = 0, mb_ = 1, micro_batches_ = 1;
   Batch<Mem> buf_;
+  // ORPO: load() scores the chosen rows' prompts too, and notes where each row's prompt
+  // ends (the first label the file scores; 0 for the rejected rows)
+  bool score_chosen_prompts_ = false;
+  std::vector<int64_t> prompt_end_;
   std::vector<float> rows_, trows_;
   std::vector<int32_t> ids_, labels_, positions_;
 

@@ -69,8 +69,9 @@ class DataSource {
   /// The file's root attribute `form`: "" (SFT rows) or "pairs" (a preference pair a
   /// sample: file rows 2i, 2i + 1 its chosen and rejected; spec().rows_per_sample 2).
   const std::string& form() const { return form_; }
-  /// The scored labels of the chosen rows of `step`'s global batch of pairs, and of the
-  /// first `samples` pairs of the file (ORPO's cross-entropy is over them).
+  /// The tokens of the chosen rows of `step`'s global batch of pairs, and of the first
+  /// `samples` pairs of the file, from position 1 to the last scored label: the prompt's
+  /// and the completion's (ORPO's cross-entropy is over them, as TRL's).
   double chosen_tokens(int64_t step) const;
   double file_chosen_tokens(int64_t samples) const;
 

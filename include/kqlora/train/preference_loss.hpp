@@ -17,10 +17,11 @@
 //   SimPO    u = c / n_c - r / n_r - gamma / b;
 //            -(1 - e) logsigmoid(b u) - e logsigmoid(-b u); rewards b c / n_c, b r / n_r
 //   ORPO     a_c = c / n_c, a_r = r / n_r; log_odds = (a_c - a_r) - (log1mexp(a_c) -
-//            log1mexp(a_r)); the pair's -b logsigmoid(log_odds), plus the chosen
-//            completions' cross-entropy sum_chosen(-c) / N (N: the global batch's scored
-//            chosen tokens, as PyTorch's CrossEntropyLoss means over the batch's tokens);
-//            rewards b a_c, b a_r
+//            log1mexp(a_r)); the pair's -b logsigmoid(log_odds), plus the chosen rows'
+//            cross-entropy over all their tokens, the prompt's too (TRL's ORPOTrainer:
+//            "computed over the full prompt and response"): sum_chosen -(c + p) / N, p the
+//            prompt tokens' log-probabilities, N the global batch's chosen tokens from
+//            position 1 (PyTorch's CrossEntropyLoss means over them); rewards b a_c, b a_r
 // and every pair's loss is divided by P (TRL's mean over the batch).
 
 #include <cstdint>
@@ -43,6 +44,7 @@ struct PairLogps {
   double chosen = 0, rejected = 0;
   int64_t chosen_tokens = 0, rejected_tokens = 0;
   double ref_chosen = 0, ref_rejected = 0;
+  double chosen_prompt = 0;  // ORPO: the chosen row's prompt tokens' (positions 1 ..)
 };
 
 /// One pair's share of the step (divided by the global pair count already) and what its
@@ -50,6 +52,7 @@ struct PairLogps {
 struct PairTerms {
   double loss = 0;
   double d_chosen = 0, d_rejected = 0;  // d loss / d (the policy's summed log-probabilities)
+  double d_chosen_prompt = 0;           // ORPO: d loss / d chosen_prompt
   double reward_chosen = 0, reward_rejected = 0;
   double logp_chosen = 0,
          logp_rejected = 0;  // logps/chosen, logps/rejected (averages: SimPO, ORPO)
