@@ -121,6 +121,7 @@ void write_checkpoint_file(const std::string& path, const CheckpointContents& c)
   }
   if (!c.arch_text.empty()) h5::write_attribute(f, "hf_config", c.arch_text);
   if (!c.base_hash.empty()) h5::write_attribute(f, "base_hash", c.base_hash);
+  if (!c.reference_hash.empty()) h5::write_attribute(f, "reference_hash", c.reference_hash);
   h5::write_attribute(f, "kqlora_version", version());
   auto params = h5::create_group(f, "params");
   for (const auto& [name, t] : c.nf4) h5::write_nf4(params, name, t, &writeback);
@@ -412,6 +413,8 @@ CheckpointContents read_checkpoint_file(const std::string& path, bool with_optim
   }
   if (h5::has_attribute(f, "base_hash"))
     c.base_hash = h5::read_string_attribute(f, "base_hash", path);
+  if (h5::has_attribute(f, "reference_hash"))
+    c.reference_hash = h5::read_string_attribute(f, "reference_hash", path);
   const auto kinds = model_kinds();
   KQLORA_INPUT_CHECK(std::find(kinds.begin(), kinds.end(), model.kind) != kinds.end(),
                      path << ": model '" << model.kind << "' is not a model this kqlora knows");

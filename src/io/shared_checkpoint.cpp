@@ -139,6 +139,7 @@ void create_layout(hid_t file, const SharedCheckpoint& s, const std::vector<Shar
   }
   if (!c.arch_text.empty()) h5::write_attribute(file, "hf_config", c.arch_text);
   if (!c.base_hash.empty()) h5::write_attribute(file, "base_hash", c.base_hash);
+  if (!c.reference_hash.empty()) h5::write_attribute(file, "reference_hash", c.reference_hash);
   h5::write_attribute(file, "kqlora_version", version());
   for (const auto& p : parts)
     h5::create_checkpoint_dataset(file, p.path, file_type(p.type), p.dims, true).close();

@@ -291,7 +291,8 @@ std::string save_checkpoint(
     const Config& cfg, Model<ExecSpace>& model, const Optimizer<ExecSpace>& opt,
     const std::vector<std::pair<std::string, typename Model<ExecSpace>::Vec>>& opt_state,
     const DataParallel<ExecSpace>& dp, Communicator& comm, int64_t steps_done,
-    const std::string& data_source, const std::string& base_hash) {
+    const std::string& data_source, const std::string& base_hash,
+    const std::string& reference_hash) {
   const auto* shards = dp.nf4_shards();  // FSDP: the NF4 shards and this rank's chunk
   const bool with_base = base_hash.empty();
   const bool fsdp = shards != nullptr;
@@ -310,6 +311,7 @@ std::string save_checkpoint(
   c.seed = cfg.seed;
   c.data_source = data_source;
   c.base_hash = base_hash;
+  c.reference_hash = reference_hash;
   if (cfg.checkpoint_layout == "shared")  // written straight from the model's buffers
     return save_shared(cfg, model, opt_state, dp, comm, c, with_base);
   auto hp = host_copy(model.params);
@@ -435,6 +437,6 @@ template double restore_optimizer(Optimizer<Exec>&, const Model<Exec>&, const Ch
 template std::string save_checkpoint(const Config&, Model<Exec>&, const Optimizer<Exec>&,
                                      const std::vector<std::pair<std::string, Model<Exec>::Vec>>&,
                                      const DataParallel<Exec>&, Communicator&, int64_t,
-                                     const std::string&, const std::string&);
+                                     const std::string&, const std::string&, const std::string&);
 
 }  // namespace kqlora

@@ -36,6 +36,8 @@ class Hdf5Checkpoints : public RunCheckpoints<ExecSpace> {
     // A checkpoint with base_hash holds no base: the one quantized again must be it.
     const std::string path = cfg_.restart == "latest" ? cfg_.save_dir : cfg_.restart;
     const std::string& stored_hash = reader_->contents().base_hash;
+    restart_reference_ = reader_->contents().reference_hash;
+    restart_path_ = path;
     std::vector<Nf4Tensor<Kokkos::HostSpace>> base;
     if (!cfg_.hf_model_dir.empty()) {
       std::ostringstream quiet;
@@ -65,6 +67,19 @@ class Hdf5Checkpoints : public RunCheckpoints<ExecSpace> {
   void note_base(const Model<ExecSpace>& model) override {
     if (cfg_.checkpoint_base == "auto" && !model.config().arch_text.empty())
       base_hash_ = model_base_hash(model);
+  }
+
+  void note_reference(const std::string& hash) override {
+    KQLORA_INPUT_CHECK(restart_path_.empty() || restart_reference_ == hash,
+                       "restart from "
+                           << restart_path_ << ": the adapters this run starts from "
+                           << "(its preference reference; init_file "
+                           << (cfg_.init_file.empty() ? "none" : cfg_.init_file) << ", seed "
+                           << cfg_.seed << ") have hash " << hash
+                           << ", the checkpoint's reference_hash is "
+                           << (restart_reference_.empty() ? "absent" : restart_reference_)
+                           << ": the reference would change mid-run");
+    reference_hash_ = hash;
   }
 
   void restore_state(Model<ExecSpace>& model, DataParallel<ExecSpace>& dp,
@@ -100,7 +115,7 @@ class Hdf5Checkpoints : public RunCheckpoints<ExecSpace> {
                    const Optimizer<ExecSpace>& opt, int64_t steps_done,
                    const std::string& data_source) override {
     const std::string dir = save_checkpoint(cfg_, model, opt, dp.optimizer_state(opt), dp, comm_,
-                                            steps_done, data_source, base_hash_);
+                                            steps_done, data_source, base_hash_, reference_hash_);
     if (root_) log_ << "checkpoint: " << dir << "\n";
     return dir;
   }
@@ -112,6 +127,7 @@ class Hdf5Checkpoints : public RunCheckpoints<ExecSpace> {
   bool root_;
   std::unique_ptr<CheckpointReader> reader_;
   std::string base_hash_;  // checkpoint_base = auto: the base's identity, written instead
+  std::string reference_hash_, restart_reference_, restart_path_;
   double open_s_ = 0;
   Clock::time_point set_up_;
 };

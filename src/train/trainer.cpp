@@ -10,6 +10,7 @@
 
 #include "kqlora/build_config.hpp"
 #include "kqlora/core/blas_selection.hpp"
+#include "kqlora/core/content_hash.hpp"
 #include "kqlora/core/fma_peak.hpp"
 #include "kqlora/core/gemm_engine.hpp"
 #include "kqlora/core/gpu_device.hpp"
@@ -254,6 +255,9 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   if (preference && needs_reference(objective)) {
     const std::vector<float> start =
         starting_trainables(model->config(), model->table(), cfg.init_file);
+    ContentHash h;
+    h.add(start.data(), sizeof(float) * start.size());
+    checkpoints->note_reference(h.hex());
     reference = Model<Exec>::Vec("kqlora::train::reference", start.size());
     // device-wide: set-up
     Kokkos::deep_copy(reference,

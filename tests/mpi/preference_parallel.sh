@@ -6,7 +6,7 @@
 # a pair's rows stay together through the shuffle, the micro-batches (micro_bs 1: one pair)
 # and the ranks, and ORPO's token count is the global batch's. An FSDP DPO run of 3 steps
 # resumed to 5 equals the straight 5 bit for bit (the reference: the starting adapters,
-# read again from the init_file).
+# read again from the init_file), and one from other starting adapters is refused.
 # usage: preference_parallel.sh MPIEXEC "MPIEXEC_FLAGS" KQLORA_TRAIN KQLORA_DIFF MODEL_DIR
 #        PAIRS_FILE WORKDIR
 set -u
@@ -54,4 +54,13 @@ done
 run 2 dpo_split objective=dpo parallel=fsdp num_steps=3
 run 2 dpo_split objective=dpo parallel=fsdp restart=latest
 same dpo_fsdp dpo_split --rtol 0 --atol 0 --optimizer
+# A restart whose starting adapters are not the checkpoint's (another init_file) would
+# change the reference mid-run: refused (exit 2), naming both hashes.
+# shellcheck disable=SC2086
+"$train" "$dir/deck.in" $keys objective=dpo save_dir="$dir/dpo_split" num_steps=6 \
+  restart=latest init_file="$(dirname "$pairs")/init_fresh.h5" > "$dir/refused.log" 2>&1
+rc=$?
+[ "$rc" -eq 2 ] && grep -q "the checkpoint's reference_hash is" "$dir/refused.log" \
+  || { echo "FAILED: a restart from other adapters (exit $rc)"; cat "$dir/refused.log"; exit 1; }
+echo "refused: a restart from other starting adapters"
 echo "ok"

@@ -41,6 +41,9 @@ struct CheckpointContents {
   /// checkpoint_base = auto (root attribute base_hash): the frozen base is not stored, only
   /// its identity (io/base_hash.hpp); empty: the base is in the file.
   std::string base_hash;
+  /// A preference objective's reference: the hash of the adapters the run started from
+  /// (root attribute reference_hash; docs/CHECKPOINTS.md); empty: none.
+  std::string reference_hash;
   ParamTable table;
   std::vector<std::pair<std::string, Nf4Tensor<Kokkos::HostSpace>>> nf4;  // frozen base weights
   std::vector<std::pair<std::string, Nf4Shard<Kokkos::HostSpace>>> nf4_shards;  // FSDP

@@ -60,7 +60,8 @@ std::string save_checkpoint(
     const Config& cfg, Model<ExecSpace>& model, const Optimizer<ExecSpace>& opt,
     const std::vector<std::pair<std::string, typename Model<ExecSpace>::Vec>>& opt_state,
     const DataParallel<ExecSpace>& dp, Communicator& comm, int64_t steps_done,
-    const std::string& data_source, const std::string& base_hash = "");
+    const std::string& data_source, const std::string& base_hash = "",
+    const std::string& reference_hash = "");
 
 /// The identity of the model's whole frozen base (io/base_hash.hpp).
 template <class ExecSpace>

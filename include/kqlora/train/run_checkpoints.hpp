@@ -29,6 +29,10 @@ class RunCheckpoints {
   /// shards it): with checkpoint_base = auto, a Hugging Face model's checkpoints store
   /// this base's identity (io/base_hash.hpp) instead of its tensors.
   virtual void note_base(const Model<ExecSpace>& model) { (void)model; }
+  /// A preference objective's reference (train/preference_loss.hpp): the hash of the
+  /// adapters the run started from, written into its checkpoints; a restart's must be the
+  /// checkpoint's (InputError naming both: another init_file or seed).
+  virtual void note_reference(const std::string& hash) { (void)hash; }
   /// After the data-parallel set-up: this rank's parameters and optimizer state read
   /// straight into where they live, then dp.after_restore(); the files are closed.
   virtual void restore_state(Model<ExecSpace>& model, DataParallel<ExecSpace>& dp,
