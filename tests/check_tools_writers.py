@@ -23,6 +23,10 @@ The files are stand-ins (refusals come before anything is parsed); make_hf_model
 cases run where torch and transformers import (it is run in this Python), plot_metrics.py
 draws a real picture over an earlier one where matplotlib imports; both are skipped
 otherwise, as the rest needs only Python's standard library (it never exits 77).
+plot_metrics.py's panels: a DPO and an ORPO metrics file (TRL's reward metrics on the
+training and the eval lines) get the five panels and rewards, rewards/accuracies, logps
+(ORPO also its nll_loss and log odds), each series with its eval_ one dashed; an SFT file
+the five alone (the choice of panels checked everywhere, the figure where matplotlib is).
 """
 import contextlib
 import hashlib
@@ -285,6 +289,118 @@ def bind_mount_cases(work, model, data, plot_dir, m1, m2):
     print("bind mounts (inodes only): ok")
 
 
+def plot_panel_cases(work):
+    """plot_metrics.py's panels for preference runs (TRL's reward metrics, train and eval
+    lines) and for an SFT run (the five panels it always drew, nothing more)."""
+    pm = _tool("plot_metrics")
+    d = os.path.join(work, "plot_panels")
+    sft_lines, dpo_lines, orpo_lines = [], [], []
+    for step in range(1, 5):  # kqlora-train's lines (docs/TRAINING.md "Preference training")
+        base = {"step": step, "loss": 0.7 - 0.05 * step, "lr": 0.01, "grad_norm": 0.48,
+                "skipped": False, "elapsed_s": 0.1 * step, "tokens": 60 * step,
+                "model_flops": 1.2e6, "mfu": 0.001}
+        rew = {"rewards/chosen": 0.1 * step, "rewards/rejected": -0.1 * step,
+               "rewards/accuracies": int(step > 1), "rewards/margins": 0.2 * step,
+               "logps/chosen": -12.0 + step, "logps/rejected": -14.0 - step}
+        orpo = {"nll_loss": 2.0 - 0.1 * step, "log_odds_ratio": -0.6 + 0.05 * step,
+                "log_odds_chosen": 0.1 * step}
+        base, rew, orpo = ({k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()}
+                           for r in (base, rew, orpo))
+        sft_lines.append(json.dumps(base))
+        dpo_lines.append(json.dumps({**base, **rew}))
+        orpo_lines.append(json.dumps({**base, **rew, **orpo}))
+        if step % 2 == 0:  # the eval lines: the same with "eval_" before each name
+            ev = {"step": step, "eval_loss": 0.8 - 0.05 * step}
+            erew = {"eval_" + k: (1 if k == "rewards/accuracies" else round(v + 0.01, 6))
+                    for k, v in rew.items()}
+            eorpo = {"eval_" + k: round(v + 0.01, 6) for k, v in orpo.items()}
+            sft_lines.append(json.dumps(ev))
+            dpo_lines.append(json.dumps({**ev, **erew}))
+            orpo_lines.append(json.dumps({**ev, **erew, **eorpo}))
+    files = {}
+    for name, lines in (("sft", sft_lines), ("dpo", dpo_lines), ("orpo", orpo_lines)):
+        files[name] = os.path.join(d, name + ".jsonl")
+        write(files[name], "\n".join(lines) + "\n")
+    runs = {name: [(name + ".jsonl", *pm.read_metrics(f))] for name, f in files.items()}
+    check(len(runs["dpo"][0][1]) == 4 and len(runs["dpo"][0][2]) == 2 and
+          runs["dpo"][0][2][0].get("eval_rewards/accuracies") == 1 and
+          runs["orpo"][0][2][1].get("eval_log_odds_chosen") == 0.41,
+          "plot_panels: the test's metrics files: %s" % open(files["orpo"]).read())
+    five = ["training loss", "eval loss", "learning rate", "tokens/s", "gradient norm"]
+    pref = ["rewards", "rewards/accuracies", "logps"]
+    want = {"sft": [], "dpo": pref, "orpo": pref + ["ORPO nll_loss", "ORPO log odds"],
+            "sft+dpo": pref}
+    runs["sft+dpo"] = runs["sft"] + runs["dpo"]
+    for name, panels in want.items():
+        got = [label for label, _ in pm.preference_panels(runs[name])]
+        check(got == panels, "plot_panels %s: preference panels %s, expected %s"
+              % (name, got, panels))
+    # Only eval lines with the keys still get the panels (an eval_file of pairs, no log yet).
+    only_eval = [(n, [{k: v for k, v in r.items() if "/" not in k} for r in s], e)
+                 for n, s, e in runs["dpo"]]
+    got = [label for label, _ in pm.preference_panels(only_eval)]
+    check(got == pref, "plot_panels: eval lines alone: %s" % got)
+    bad = os.path.join(d, "bad.jsonl")
+    write(bad, dpo_lines[0] + "\n" + json.dumps({**json.loads(dpo_lines[1]),
+                                                 "eval_rewards/margins": "0.4"}) + "\n")
+    refused("plot_metrics an eval_rewards/margins that is a string",
+            lambda: in_process(lambda: pm.read_metrics(bad)), [bad],
+            ["bad.jsonl:2", "eval_rewards/margins", "expected a number"])
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("plot_metrics.py: the preference figure skipped (no matplotlib)")
+        return
+    legends = {
+        "rewards": ["rewards/chosen", "eval_rewards/chosen", "rewards/rejected",
+                    "eval_rewards/rejected", "rewards/margins", "eval_rewards/margins"],
+        "rewards/accuracies": ["rewards/accuracies", "eval_rewards/accuracies"],
+        "logps": ["logps/chosen", "eval_logps/chosen", "logps/rejected",
+                  "eval_logps/rejected"],
+        "ORPO nll_loss": ["nll_loss", "eval_nll_loss"],
+        "ORPO log odds": ["log_odds_ratio", "eval_log_odds_ratio", "log_odds_chosen",
+                          "eval_log_odds_chosen"]}
+    for name, panels in want.items():
+        fig, _ = pm.draw(plt, runs[name])
+        labels = [ax.get_ylabel() for ax in fig.axes]
+        check(labels == five + panels, "plot_panels %s: the figure's panels %s, expected %s"
+              % (name, labels, five + panels))
+        for ax in fig.axes[len(five):]:
+            lines = {ln.get_label(): ln for ln in ax.get_lines()}
+            names = list(lines)
+            expected = legends[ax.get_ylabel()]
+            if name == "sft+dpo":
+                expected = ["dpo.jsonl: " + k for k in expected]
+            check(names == expected and ax.get_legend() is not None,
+                  "plot_panels %s: panel %s draws %s, expected %s"
+                  % (name, ax.get_ylabel(), names, expected))
+            for k in expected:  # the eval series dashed, in its training series' colour
+                if "eval_" in k and k in lines and k.replace("eval_", "") in lines:
+                    train, ev = lines[k.replace("eval_", "")], lines[k]
+                    check(train.get_linestyle() == "-" and ev.get_linestyle() == "--" and
+                          train.get_color() == ev.get_color() and
+                          list(ev.get_xdata()) == [2, 4] and len(train.get_xdata()) == 4,
+                          "plot_panels %s: %s against %s" % (name, k, train.get_label()))
+        if name == "dpo":
+            acc = dict((ln.get_label(), list(ln.get_ydata())) for ln in fig.axes[6].get_lines())
+            check(acc == {"rewards/accuracies": [0, 1, 1, 1],
+                          "eval_rewards/accuracies": [1, 1]},
+                  "plot_panels dpo: the accuracies drawn: %s" % acc)
+        plt.close(fig)
+    # The tool itself: the PNG, and the panels named in its last line (SFT: as before).
+    for name, args, tail in (
+            ("sft", [files["sft"]], "grad_norm)"),
+            ("orpo", [files["dpo"], files["orpo"]],
+             "grad_norm, rewards, rewards/accuracies, logps, ORPO nll_loss, ORPO log odds)")):
+        png = os.path.join(d, name + ".png")
+        status, log = tool("plot_metrics", args + ["-o", png])
+        check(status == 0 and log.strip().endswith(tail) and
+              open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n",
+              "plot_panels: the tool on %s: %d %s" % (name, status, log))
+
+
 def main():
     work = os.path.abspath(sys.argv[1])
     shutil.rmtree(work, ignore_errors=True)
@@ -327,6 +443,7 @@ def main():
         refused("plot_metrics -o a format matplotlib lacks",
                 lambda: tool("plot_metrics", [m1, "-o", os.path.join(work, "plot_out", "x.bogus")]),
                 [m1, png], ["-o", "cannot write .bogus"])
+    plot_panel_cases(work)
     print("plot_metrics.py: ok")
     bind_mount_cases(work, model, data, os.path.dirname(m1), m1, m2)
 
