@@ -103,6 +103,21 @@ TEST(Deck, EveryErrorNamesFileAndLine) {
   expect_error("init_file = /no/such/file.h5\n",
                "deck.in:1: init_file: cannot read '/no/such/file.h5'");
   expect_error("data_file = /no/such/data.h5\n", "deck.in:1: data_file: cannot read");
+  // Preference objectives' keys (docs/TRAINING.md, "Preference training").
+  const std::string pairs =
+      std::string(KQLORA_TEST_DATA_DIR) + "/preference_reference/gqa/pairs.h5";
+  const std::string pref =
+      "model = causal_lm\nhf_model_dir = " + gqa + "\ndata_file = " + pairs + "\nobjective = dpo\n";
+  expect_error(pref + "beta = 0\n", "deck.in:5: beta must be > 0, got 0");
+  expect_error(pref + "beta = -0.1\n", "beta must be > 0, got -0.1");
+  expect_error(pref + "loss_type = robust\nlabel_smoothing = 0.5\n",
+               "deck.in:6: label_smoothing must be in [0, 0.5), got 0.5");
+  expect_error(pref + "loss_type = kto\n",
+               "deck.in:5: loss_type: expected sigmoid|hinge|ipo|robust, got 'kto'");
+  expect_error("objective = kto\n", "objective: expected sft|dpo|simpo|orpo, got 'kto'");
+  expect_error("objective = dpo\n",
+               "deck.in:1: objective = dpo scores sequences of a causal_lm, not model = "
+               "lora_stack");
   expect_error("", "argument 'dim=abc': dim: expected an integer", {"dim=abc"});
   expect_error("", "argument 'bogus=1': unknown key 'bogus'", {"bogus=1"});
   expect_error("", "argument 'dim': expected key=value", {"dim"});

@@ -8,11 +8,13 @@
 #include <gtest/gtest.h>
 
 #include <hdf5.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -257,3 +259,53 @@ INSTANTIATE_TEST_SUITE_P(Trl, PreferenceReference, ::testing::ValuesIn(variants(
                            std::replace(s.begin(), s.end(), '/', '_');
                            return s;
                          });
+
+// Data files that cannot train the objective exit 2 naming the file and what is wrong
+// (docs/TRAINING.md, "Preference training"; docs/MODELS.md, "Data files").
+TEST(PreferenceData, BadFilesExitTwoNamingTheFile) {
+  const std::string dir = std::string(KQLORA_TEST_BIN_DIR) + "/../tests/tmp_pref_bad";
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  std::ofstream(dir + "/deck.in") << "model = causal_lm\n";
+  const std::string model = kData + "/llama_reference/gqa";
+  const std::string pairs = kData + "/preference_reference/gqa/pairs.h5";
+  // A copy of the pairs file, changed by `edit` (on the open file).
+  auto variant = [&](const std::string& name, const std::function<void(hid_t)>& edit) {
+    const std::string path = dir + "/" + name + ".h5";
+    std::system(("cp " + pairs + " " + path).c_str());
+    auto f = kqlora::h5::open_file(path, true);
+    edit(f);
+    return path;
+  };
+  auto run = [&](const std::string& data, const std::string& objective,
+                 const std::vector<std::string>& needles) {
+    const std::string cmd = std::string(KQLORA_TEST_BIN_DIR) + "/kqlora-train " + dir +
+                            "/deck.in hf_model_dir=" + model + " data_file=" + data +
+                            " global_bs=2 num_steps=1 objective=" + objective + " save_dir=" + dir +
+                            "/ckpt > " + dir + "/log 2>&1";
+    const int rc = std::system(cmd.c_str());
+    EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 2) << cmd << "\n" << read_text(dir + "/log");
+    const std::string log = read_text(dir + "/log");
+    for (const auto& n : needles) EXPECT_NE(log.find(n), std::string::npos) << n << "\n" << log;
+  };
+  // pairs to sft, and SFT rows (no form) to dpo
+  run(pairs, "sft", {pairs, "preference pairs (form \"pairs\"), but objective = sft"});
+  const std::string sft = variant("sft_rows", [](hid_t f) { H5Adelete(f, "form"); });
+  run(sft, "dpo", {sft, "SFT rows, but objective = dpo needs preference pairs"});
+  // KTO's unpaired rows: not read yet
+  const std::string unpaired = variant("unpaired", [](hid_t f) {
+    H5Adelete(f, "form");
+    kqlora::h5::write_attribute(f, "form", std::string("unpaired"));
+  });
+  run(unpaired, "dpo", {unpaired, "attribute form = \"unpaired\" is not a form kqlora reads"});
+  // a pair whose rejected row scores nothing
+  const std::string empty = variant("empty_side", [](hid_t f) {
+    const auto d = kqlora::h5::dataset_dims(f, "labels", "labels");
+    std::vector<int32_t> labels(static_cast<size_t>(d[0] * d[1]));
+    kqlora::h5::read_dataset(f, "labels", H5T_NATIVE_INT32, d[0] * d[1], labels.data(), "labels");
+    std::fill(labels.begin() + 3 * d[1], labels.begin() + 4 * d[1], kqlora::kIgnoreLabel);
+    const hid_t ds = H5Dopen2(f, "labels", H5P_DEFAULT);
+    H5Dwrite(ds, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels.data());
+    H5Dclose(ds);
+  });
+  run(empty, "dpo", {empty, "pair 1's rejected row (row 3) scores nothing"});
+}
