@@ -309,3 +309,59 @@ TEST(PreferenceData, BadFilesExitTwoNamingTheFile) {
   });
   run(empty, "dpo", {empty, "pair 1's rejected row (row 3) scores nothing"});
 }
+
+// precompute_ref_log_probs: the reference's log-probabilities computed once before the
+// first step give the run the on-the-fly reference gives (losses, eval losses and metrics,
+// bit for bit here); the side file is read back by a run on the same data, base and
+// starting adapters, and not by one from other adapters (another key).
+TEST(PreferenceData, PrecomputedReferenceGivesTheSameRun) {
+  const std::string dir = std::string(KQLORA_TEST_BIN_DIR) + "/../tests/tmp_pref_precompute";
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  std::ofstream(dir + "/deck.in") << "model = causal_lm\n";
+  const std::string model = kData + "/llama_reference/gqa";
+  const std::string pairs = kData + "/preference_reference/gqa/pairs.h5";
+  auto run = [&](const std::string& name, const std::string& extra) {
+    const std::string cmd =
+        std::string(KQLORA_TEST_BIN_DIR) + "/kqlora-train " + dir +
+        "/deck.in hf_model_dir=" + model + " init_file=" + model + "/init.h5 data_file=" + pairs +
+        " eval_file=" + pairs +
+        " eval_every=2 lora_rank=4 lora_alpha=8 block_size=32 scaler_block_size=32 global_bs=4 "
+        "micro_bs=2 num_steps=4 optimizer=adamw lr=1e-2 eps=1e-3 objective=dpo save_dir=" +
+        dir + "/" + name + " metrics_file=" + dir + "/" + name + ".jsonl " + extra + " > " + dir +
+        "/" + name + ".log 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd << "\n" << read_text(dir + "/" + name + ".log");
+    return read_text(dir + "/" + name + ".log");
+  };
+  // (the metrics lines without their times)
+  auto numbers = [&](const std::string& name) {
+    std::ifstream f(dir + "/" + name + ".jsonl");
+    std::string out;
+    for (std::string line; std::getline(f, line);) {
+      if (line.find("\"step\"") == std::string::npos) continue;
+      std::istringstream fields(line);
+      for (std::string field; std::getline(fields, field, ',');)
+        if (field.find("elapsed") == std::string::npos && field.find("mfu") == std::string::npos)
+          out += field + ",";
+      out += "\n";
+    }
+    return out;
+  };
+  run("fly", "");
+  const std::string first = run("pre", "precompute_ref_log_probs=true");
+  EXPECT_NE(first.find("reference: data_file's 4 pairs' log-probabilities precomputed"),
+            std::string::npos)
+      << first;
+  EXPECT_EQ(numbers("pre"), numbers("fly"));
+  EXPECT_NE(numbers("fly").find("\"eval_rewards/margins\""), std::string::npos);
+  // a later run over the same save_dir reads the side file; other adapters do not
+  std::system(("cp " + dir + "/pre/reference_logps_* " + dir + "/fly/").c_str());
+  const std::string again =
+      run("fly", "precompute_ref_log_probs=true metrics_file=" + dir + "/again.jsonl");
+  EXPECT_NE(again.find("reference: data_file's 4 pairs' log-probabilities read in"),
+            std::string::npos)
+      << again;
+  EXPECT_EQ(numbers("again"), numbers("fly"));
+  const std::string other = run("fly", "precompute_ref_log_probs=true init_file=" + kData +
+                                           "/preference_reference/gqa/init_fresh.h5");
+  EXPECT_NE(other.find("log-probabilities precomputed"), std::string::npos) << other;
+}

@@ -59,19 +59,39 @@ double BatchLoader<ExecSpace>::run_preference(Model<ExecSpace>& model, DataParal
                                               const DataSource& src, int64_t step,
                                               const PreferenceConfig& objective,
                                               const typename Model<ExecSpace>::Vec& reference,
-                                              PreferenceSums& sums, RunReport* report) {
+                                              PreferenceSums& sums, RunReport* report,
+                                              const std::vector<double>* precomputed) {
   tokens_ = flops_ = aux_ = 0;
   if (step >= 0)
     return preference_pass(model, dp, src, step, global_bs_, static_cast<double>(global_bs_),
-                           src.chosen_tokens(step), objective, reference, sums, report);
+                           src.chosen_tokens(step), objective, reference, sums, report,
+                           precomputed);
   // (evaluation: every pair of the file in global batches, the last one short; the loss a
   // mean over all of them)
   double loss = 0.0;
   const double pairs = static_cast<double>(src.rows()), chosen = src.file_chosen_tokens(src.rows());
   for (int64_t b = 0; b * global_bs_ < src.rows(); ++b)
     loss += preference_pass(model, nullptr, src, b, src.rows() - b * global_bs_, pairs, chosen,
-                            objective, reference, sums, nullptr);
+                            objective, reference, sums, nullptr, precomputed);
   return loss;
+}
+
+template <class ExecSpace>
+std::vector<double> BatchLoader<ExecSpace>::reference_logps(
+    Model<ExecSpace>& model, const DataSource& src, const typename Model<ExecSpace>::Vec& reference,
+    int rank, int nranks) {
+  const int64_t P = src.rows(), ps = spec_.rows_per_sample;
+  std::vector<double> out(static_cast<size_t>(P * ps), 0.0);
+  const int64_t rounds = (P + mb_ * nranks - 1) / (mb_ * nranks);
+  model.use_weights(reference);
+  for (int64_t k = 0; k < rounds; ++k) {
+    const int64_t p0 = (k * nranks + rank) * mb_, n = std::clamp<int64_t>(P - p0, 0, mb_);
+    const Batch<Mem> b = load(src, 0, 0, n, std::min(p0, P));
+    const std::vector<double> v = model.sequence_logps(b, false);
+    std::copy(v.begin(), v.end(), out.begin() + std::min(p0, P) * ps);
+  }
+  model.use_masters();
+  return out;
 }
 
 template <class ExecSpace>
@@ -80,7 +100,8 @@ double BatchLoader<ExecSpace>::preference_pass(Model<ExecSpace>& model, DataPara
                                                double pairs, double chosen_tokens,
                                                const PreferenceConfig& objective,
                                                const typename Model<ExecSpace>::Vec& reference,
-                                               PreferenceSums& sums, RunReport* report) {
+                                               PreferenceSums& sums, RunReport* report,
+                                               const std::vector<double>* precomputed) {
   double loss = 0.0;
   const int64_t mine = std::clamp<int64_t>(valid - first_, 0, count_);
   const bool orpo = objective.objective == "orpo";
@@ -95,10 +116,20 @@ double BatchLoader<ExecSpace>::preference_pass(Model<ExecSpace>& model, DataPara
       flops_ += model.train_flops(2 * n, b.tokens.extent(1));
     }
     const bool last = k + 1 == micro_batches_;
-    loss += preference_micro_batch(model, b, orpo ? &prompt_end_ : nullptr, objective, reference,
-                                   pairs, chosen_tokens, dp != nullptr, k > 0, sums, [&] {
-                                     if (last) dp->before_last_backward();  // the last one reduces
-                                   });
+    std::vector<double> ref;  // (precomputed: each row's, by its file row)
+    if (precomputed)
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t s = src.sample_of(step, first_ + m0 + i);
+        ref.push_back((*precomputed)[static_cast<size_t>(2 * s)]);
+        ref.push_back((*precomputed)[static_cast<size_t>(2 * s + 1)]);
+      }
+    loss += preference_micro_batch(
+        model, b, orpo ? &prompt_end_ : nullptr, objective, reference, pairs, chosen_tokens,
+        dp != nullptr, k > 0, sums,
+        [&] {
+          if (last) dp->before_last_backward();  // the last one reduces
+        },
+        precomputed ? &ref : nullptr);
   }
   score_chosen_prompts_ = false;
   return loss;
@@ -107,7 +138,8 @@ double BatchLoader<ExecSpace>::preference_pass(Model<ExecSpace>& model, DataPara
 template <class ExecSpace>
 Batch<typename ExecSpace::memory_space> BatchLoader<ExecSpace>::load(const DataSource& src,
                                                                      int64_t step, int64_t m0,
-                                                                     int64_t n) {
+                                                                     int64_t n,
+                                                                     int64_t file_sample) {
   Batch<Mem> b;
   b.step = step;
   b.first_sample = first_ + m0;
@@ -122,8 +154,11 @@ Batch<typename ExecSpace::memory_space> BatchLoader<ExecSpace>::load(const DataS
       buf_.positions = TokenMatrix<Mem>("kqlora::train::positions", mb_, T);
       positions_.resize(ids_.size());
     }
-    src.tokens(step, first_ + m0, n, ids_.data(), labels_.data(),
-               packed ? positions_.data() : nullptr);
+    if (file_sample >= 0)
+      src.file_tokens(file_sample, n, ids_.data(), labels_.data());
+    else
+      src.tokens(step, first_ + m0, n, ids_.data(), labels_.data(),
+                 packed ? positions_.data() : nullptr);
     n *= ps;                    // (rows from here on)
     if (score_chosen_prompts_)  // (ORPO: the chosen rows' prompt tokens scored too)
       prompt_end_ = score_chosen_prompts(ids_.data(), labels_.data(), n, T);

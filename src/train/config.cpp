@@ -219,6 +219,15 @@ std::vector<Key> make_keys() {
       KQ_FLOAT(beta, kFixed),
       KQ_FLOAT(label_smoothing, kFixed),
       KQ_FLOAT(simpo_gamma, kFixed),
+      key(
+          "precompute_ref_log_probs", kPlain,
+          [](Config& c, const std::string& v, const std::string& w) {
+            c.precompute_ref_log_probs = to_bool(v, w);
+          },
+          [](const Config& c) {
+            return std::string(c.precompute_ref_log_probs ? "true" : "false");
+          },
+          "false"),
       KQ_CHOICE(optimizer, kFixed, "sgd", "adam", "adamw"),
       KQ_FLOAT(lr, kPlain),
       KQ_FLOAT(momentum, kPlain),
@@ -291,6 +300,8 @@ std::vector<Key> make_keys() {
         return c.objective == "sft" ? "preference objectives" : "";
       };
     if (x.name == "loss_type")
+      x.unused = [](const Config& c) { return c.objective != "dpo" ? "objective = dpo only" : ""; };
+    if (x.name == "precompute_ref_log_probs")
       x.unused = [](const Config& c) { return c.objective != "dpo" ? "objective = dpo only" : ""; };
     if (x.name == "simpo_gamma")
       x.unused = [](const Config& c) {

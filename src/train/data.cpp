@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kqlora/build_config.hpp"
+#include "kqlora/core/content_hash.hpp"
 #include "kqlora/core/error.hpp"
 #include "kqlora/core/human_units.hpp"
 #include "kqlora/core/memory_budget.hpp"
@@ -316,6 +317,12 @@ void DataSource::targets(int64_t step, int64_t first, int64_t n, float* out) con
   fill(targets_, spec_.target_features, step, first, n, out);
 }
 
+void DataSource::file_tokens(int64_t first, int64_t n, int32_t* ids, int32_t* labels) const {
+  const int64_t w = spec_.seq_len * spec_.rows_per_sample;
+  std::memcpy(ids, ids_.data() + first * w, sizeof(int32_t) * n * w);
+  std::memcpy(labels, labels_.data() + first * w, sizeof(int32_t) * n * w);
+}
+
 void DataSource::tokens(int64_t step, int64_t first, int64_t n, int32_t* ids, int32_t* labels,
                         int32_t* positions) const {
   const int64_t T = spec_.seq_len;
@@ -374,6 +381,14 @@ double DataSource::file_chosen_tokens(int64_t samples) const {
   int64_t n = 0;
   for (int64_t i = 0; i < samples; ++i) n += tokens_to_last_label(labels_.data() + i * 2 * T, T);
   return static_cast<double>(n);
+}
+
+std::string DataSource::content_hash() const {
+  ContentHash h;
+  h.add(ids_.data(), sizeof(int32_t) * ids_.size());
+  h.add(labels_.data(), sizeof(int32_t) * labels_.size());
+  h.add(form_);
+  return h.hex();
 }
 
 double DataSource::file_normaliser(bool mse) const {

@@ -22,10 +22,13 @@ double preference_micro_batch(Model<ExecSpace>& model,
                               const PreferenceConfig& objective,
                               const typename Model<ExecSpace>::Vec& reference, double pairs,
                               double chosen_tokens, bool grads, bool accumulate,
-                              PreferenceSums& sums, const std::function<void()>& before_backward) {
+                              PreferenceSums& sums, const std::function<void()>& before_backward,
+                              const std::vector<double>* precomputed) {
   const size_t rows = b.tokens.extent(0);
   std::vector<double> ref(rows, 0.0);
-  if (reference.data()) {  // (the frozen reference: the base with the starting adapters)
+  if (precomputed) {
+    ref = *precomputed;
+  } else if (reference.data()) {  // (the frozen reference: the base with the starting adapters)
     model.use_weights(reference);
     ref = model.sequence_logps(b, false);
     model.use_masters();
@@ -59,6 +62,6 @@ template double preference_micro_batch(Model<Kokkos::DefaultExecutionSpace>&,
                                        const std::vector<int64_t>*, const PreferenceConfig&,
                                        const Model<Kokkos::DefaultExecutionSpace>::Vec&, double,
                                        double, bool, bool, PreferenceSums&,
-                                       const std::function<void()>&);
+                                       const std::function<void()>&, const std::vector<double>*);
 
 }  // namespace kqlora

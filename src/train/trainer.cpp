@@ -16,6 +16,7 @@
 #include "kqlora/core/gpu_device.hpp"
 #include "kqlora/core/human_units.hpp"
 #include "kqlora/core/runtime.hpp"
+#include "kqlora/core/seconds_since.hpp"
 #include "kqlora/core/signals.hpp"
 #include "kqlora/nn/model_registry.hpp"
 #include "kqlora/parallel/comm_choice.hpp"
@@ -27,8 +28,12 @@
 #include "kqlora/train/init.hpp"
 #include "kqlora/train/memory_check.hpp"
 #include "kqlora/train/preference_loss.hpp"
+#include "kqlora/train/reference_logps_file.hpp"
 #include "kqlora/train/run_checkpoints.hpp"
 #include "kqlora/train/run_report.hpp"
+#if KQLORA_HAVE_HDF5
+#include "kqlora/train/checkpointing.hpp"
+#endif
 #if KQLORA_HAVE_NCCL
 #include "kqlora/parallel/nccl_communicator.hpp"
 #endif
@@ -244,6 +249,12 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   if (report.root()) log << init_log.str();
   const int64_t start_step = resume ? checkpoints->open_restart(*model) : 0;
   checkpoints->note_base(*model);  // (whole, before FSDP shards it)
+  // (a precomputed reference's side file is keyed by the base: its identity, whole too)
+  std::string base_identity;
+#if KQLORA_HAVE_HDF5
+  if (preference && cfg.precompute_ref_log_probs && needs_reference(objective))
+    base_identity = model_base_hash(*model);
+#endif
   const std::string model_line = describe_model(*model);
   auto dp = make_data_parallel(exec, comm, *model, data_parallel_config(cfg, !resume), log);
   if (report.root()) dp->describe(log);
@@ -252,12 +263,14 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   // A preference objective's frozen reference: the base with the adapters the run started
   // from (none: zeros, the base alone), the same on a restart (docs/TRAINING.md).
   Model<Exec>::Vec reference;
+  std::string reference_hash;
   if (preference && needs_reference(objective)) {
     const std::vector<float> start =
         starting_trainables(model->config(), model->table(), cfg.init_file);
     ContentHash h;
     h.add(start.data(), sizeof(float) * start.size());
-    checkpoints->note_reference(h.hex());
+    reference_hash = h.hex();
+    checkpoints->note_reference(reference_hash);
     reference = Model<Exec>::Vec("kqlora::train::reference", start.size());
     // device-wide: set-up
     Kokkos::deep_copy(reference,
@@ -273,6 +286,34 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
   if (eval)
     eval_batches = std::make_unique<BatchLoader<Exec>>(exec, cfg, eval->spec(), comm.rank(),
                                                        comm.size(), lockstep);
+  // precompute_ref_log_probs: the reference's log-probabilities of every pair, once (or
+  // from the side file an earlier run on the same data, base and adapters left)
+  std::vector<double> ref_data, ref_eval;
+  if (cfg.precompute_ref_log_probs && reference.data()) {
+    auto precompute = [&](const DataSource& d, BatchLoader<Exec>& b, const std::string& what,
+                          std::vector<double>& out) {
+      const auto t = std::chrono::steady_clock::now();
+      ContentHash k;
+      k.add(d.content_hash());
+      k.add(base_identity);
+      k.add(reference_hash);
+      const std::string key = k.hex(), path = reference_logps_path(cfg.save_dir, what, key);
+      double found = read_reference_logps(path, key, 2 * d.rows(), out) ? 1 : 0;
+      if (comm.size() > 1) comm.wait(comm.allreduce_sum(&found, 1));
+      if (found < comm.size()) {  // (every rank computes its share; a sum over the ranks)
+        out = b.reference_logps(*model, d, reference, comm.rank(), comm.size());
+        if (comm.size() > 1)
+          comm.wait(comm.allreduce_sum(out.data(), static_cast<int64_t>(out.size())));
+        if (report.root()) write_reference_logps(path, key, out);
+      }
+      if (report.root())
+        log << "reference: " << what << "'s " << d.rows() << " pairs' log-probabilities "
+            << (found < comm.size() ? "precomputed in " : "read in ")
+            << human_time(seconds_since(t)) << " (" << path << ")\n";
+    };
+    precompute(data, batches, "data_file", ref_data);
+    if (eval) precompute(*eval, *eval_batches, "eval_file", ref_eval);
+  }
   if (report.root()) {
     for (const DataSource* d : {&data, static_cast<const DataSource*>(eval.get())}) {
       if (d && !d->synthetic() && !d->metadata_checksummed()) log << unchecksummed_data_note(*d);
@@ -308,9 +349,10 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
             << summary.steps_empty << " so far)\n";
     } else {
       PreferenceSums sums;
-      double loss = preference ? batches.run_preference(*model, dp.get(), data, step, objective,
-                                                        reference, sums, &report)
-                               : batches.run(*model, dp.get(), data, step, &report);
+      double loss =
+          preference ? batches.run_preference(*model, dp.get(), data, step, objective, reference,
+                                              sums, &report, ref_data.empty() ? nullptr : &ref_data)
+                     : batches.run(*model, dp.get(), data, step, &report);
       report.enter(Phase::communication);
       dp->reduce_gradients();  // the gradient of the whole global batch
       double tokens = batches.tokens(), flops = batches.flops(), aux = batches.aux();
@@ -342,10 +384,10 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
     if (eval && (step + 1) % cfg.eval_every == 0) {
       report.enter(Phase::evaluation);
       PreferenceSums sums;
-      double eval_loss = preference
-                             ? eval_batches->run_preference(*model, nullptr, *eval, -1, objective,
-                                                            reference, sums, nullptr)
-                             : eval_batches->evaluate(*model, *eval);
+      double eval_loss = preference ? eval_batches->run_preference(
+                                          *model, nullptr, *eval, -1, objective, reference, sums,
+                                          nullptr, ref_eval.empty() ? nullptr : &ref_eval)
+                                    : eval_batches->evaluate(*model, *eval);
       sum_and_stop(comm, eval_loss);
       if (preference) sum_over_ranks(comm, sums);
       report.eval(

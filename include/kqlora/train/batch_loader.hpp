@@ -44,10 +44,17 @@ class BatchLoader {
   /// `reference`'s adapters; empty: none needed), then the policy's, then the backward
   /// weighted by the pairs' loss derivatives. Returns this rank's share of the loss, its
   /// pairs' metric sums in `sums`.
+  /// `precomputed`: reference_logps's values for every row of `src` (no reference forward).
   double run_preference(Model<ExecSpace>& model, DataParallel<ExecSpace>* dp, const DataSource& src,
                         int64_t step, const PreferenceConfig& objective,
                         const typename Model<ExecSpace>::Vec& reference, PreferenceSums& sums,
-                        RunReport* report);
+                        RunReport* report, const std::vector<double>* precomputed = nullptr);
+  /// The reference's log-probabilities of every row of the preference file `src` (this
+  /// rank's pairs: micro-batches rank, rank + nranks, ...; 0 elsewhere: the caller sums over
+  /// the ranks). Every rank runs as many forwards (FSDP's gathers are collective).
+  std::vector<double> reference_logps(Model<ExecSpace>& model, const DataSource& src,
+                                      const typename Model<ExecSpace>::Vec& reference, int rank,
+                                      int nranks);
   /// The loss over every row of the file `src` (no dropout, no gradients): the rows in
   /// global batches, each split across ranks as a step's, the last one short; this rank's
   /// share of it (the ranks' shares add up to the loss).
@@ -84,9 +91,11 @@ class BatchLoader {
                          const DataSource& src, int64_t step, int64_t valid, double pairs,
                          double chosen_tokens, const PreferenceConfig& objective,
                          const typename Model<ExecSpace>::Vec& reference, PreferenceSums& sums,
-                         RunReport* report);
-  /// Samples [first + m0, first + m0 + n) of `step` into the buffers' first n rows.
-  Batch<Mem> load(const DataSource& src, int64_t step, int64_t m0, int64_t n);
+                         RunReport* report, const std::vector<double>* precomputed);
+  /// Samples [first + m0, first + m0 + n) of `step` into the buffers' first n rows; with
+  /// file_sample >= 0, the file's samples from there instead.
+  Batch<Mem> load(const DataSource& src, int64_t step, int64_t m0, int64_t n,
+                  int64_t file_sample = -1);
 };
 
 }  // namespace kqlora

@@ -37,6 +37,9 @@ struct Config {
   std::string objective = "sft";      // sft | dpo | simpo | orpo
   std::string loss_type = "sigmoid";  // dpo: sigmoid | hinge | ipo | robust
   double beta = 0.1, label_smoothing = 0, simpo_gamma = 0.5;
+  // dpo: the reference's log-probabilities computed once, before the first step, and kept
+  // in a side file of save_dir keyed by the data, the base and the starting adapters
+  bool precompute_ref_log_probs = false;
   // optimizer
   std::string optimizer = "adam";  // sgd | adam | adamw
   double lr = 1e-2, momentum = 0, eps = 1e-8, weight_decay = 0;

@@ -52,6 +52,9 @@ class DataSource {
   /// position_ids where the file has them (packed(); `positions` may be null).
   void tokens(int64_t step, int64_t first, int64_t n, int32_t* ids, int32_t* labels,
               int32_t* positions = nullptr) const;
+  /// The file's samples first .. first + n - 1 in file order (a preference file's
+  /// precomputed reference goes over them once).
+  void file_tokens(int64_t first, int64_t n, int32_t* ids, int32_t* labels) const;
   /// Whether the file's rows are packed: it has position_ids, each row documents that are
   /// runs of positions 0, 1, 2, ... (checked when read; the label at a document's first
   /// position is ignored, whatever the file says).
@@ -79,6 +82,10 @@ class DataSource {
   /// The model's InputSpec with the file's sequence length (token models whose spec
   /// leaves it open, seq_len 0).
   const InputSpec& spec() const { return spec_; }
+  /// The file's sample (row, or pair) that sample i of `step`'s global batch is.
+  int64_t sample_of(int64_t step, int64_t i) const { return row_of(step * global_bs_ + i); }
+  /// A content hash of the token file's ids and labels (its identity for side files).
+  std::string content_hash() const;
   /// Global sample index of sample `first` of `step` (the counter of synthetic rows).
   int64_t global_sample(int64_t step, int64_t first) const { return step * global_bs_ + first; }
   const std::string& path() const { return path_; }

@@ -25,12 +25,14 @@ std::vector<int64_t> score_chosen_prompts(const int32_t* ids, int32_t* labels, i
 /// ORPO's token count); its pairs' metrics added into `sums`. `reference` empty: no
 /// reference forward (the objective needs none). `prompt_end`: score_chosen_prompts's
 /// (ORPO), else null. With `grads`, the weighted backward after before_backward() (the
-/// data-parallel hook), adding to the gradients with `accumulate`.
+/// data-parallel hook), adding to the gradients with `accumulate`. `precomputed`: the
+/// reference's log-probabilities of the batch's rows, precomputed (no reference forward).
 template <class ExecSpace>
 double preference_micro_batch(
     Model<ExecSpace>& model, const Batch<typename ExecSpace::memory_space>& b,
     const std::vector<int64_t>* prompt_end, const PreferenceConfig& objective,
     const typename Model<ExecSpace>::Vec& reference, double pairs, double chosen_tokens, bool grads,
-    bool accumulate, PreferenceSums& sums, const std::function<void()>& before_backward = {});
+    bool accumulate, PreferenceSums& sums, const std::function<void()>& before_backward = {},
+    const std::vector<double>* precomputed = nullptr);
 
 }  // namespace kqlora
