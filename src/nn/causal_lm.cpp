@@ -471,6 +471,7 @@ double CausalLm<ExecSpace>::forward(const Batch<Mem>& b, double normaliser, bool
                                     bool with_grads) {
   const ExecSpace& exec = this->exec_;
   const int64_t n = b.tokens.extent(0), S = b.tokens.extent(1);
+  weighted_ready_ = false;
   step_ = b.step;
   first_sample_ = b.first_sample;
   global_bs_ = b.global_bs;
@@ -614,7 +615,9 @@ std::vector<double> CausalLm<ExecSpace>::sequence_logps(const Batch<Mem>& b, boo
   forward(b, 1.0, with_grads, with_grads);
   aux_on_ = aux;
   const int64_t n = b.tokens.extent(0);
-  if (static_cast<int64_t>(seq_loss_.extent(0)) != n) {
+  // (grown, never shrunk: under lockstep a rank's rows alternate with empty micro-batches,
+  // and a device's free would synchronise it inside the step)
+  if (static_cast<int64_t>(seq_loss_.extent(0)) < n) {
     seq_loss_ = Kokkos::View<double*, Mem>("kqlora::CausalLm::sequence_loss", n);
     seq_prefix_loss_ = Kokkos::View<double*, Mem>("kqlora::CausalLm::sequence_prefix_loss", n);
     seq_count_ = Kokkos::View<int64_t*, Mem>("kqlora::CausalLm::sequence_count", n);
@@ -641,20 +644,28 @@ std::vector<double> CausalLm<ExecSpace>::sequence_logps(const Batch<Mem>& b, boo
   }
   weighted_rows_ = n;
   weighted_len_ = b.tokens.extent(1);
+  weighted_ready_ = with_grads;  // (a forward without gradients overwrote the head's)
   return out;
 }
 
 template <class ExecSpace>
 void CausalLm<ExecSpace>::backward_weighted(const std::vector<double>& row_weights, bool accumulate,
                                             const std::vector<double>* prefix_weights) {
+  KQLORA_CHECK(weighted_ready_,
+               "backward_weighted: the last forward was not sequence_logps with gradients");
   KQLORA_CHECK(
       static_cast<int64_t>(row_weights.size()) == weighted_rows_,
       "backward_weighted: " << row_weights.size() << " weights for " << weighted_rows_ << " rows");
+  weighted_ready_ = false;
   // (the head's gradient is of -sum logp: token t's row times -w[t / S], or the prefix's
   // weight where its label's position is below the row's prefix_end)
   const size_t n = row_weights.size();
-  Kokkos::View<float*, Mem> w("kqlora::CausalLm::row_weights", 2 * n);
-  const auto hw = Kokkos::create_mirror_view(w);
+  if (row_w_.extent(0) < 2 * n) {  // (grown once: no allocation inside the step after)
+    row_w_ = Kokkos::View<float*, Mem>("kqlora::CausalLm::row_weights", 2 * n);
+    row_w_host_ = Kokkos::create_mirror_view(row_w_);
+  }
+  const auto w = row_w_;
+  const auto hw = row_w_host_;
   for (size_t r = 0; r < n; ++r) {
     hw(r) = static_cast<float>(-row_weights[r]);
     hw(n + r) = prefix_weights ? static_cast<float>(-(*prefix_weights)[r]) : 0.0f;

@@ -80,10 +80,16 @@ MemoryEstimate estimate_memory(const Config& c, int world_size, int ranks_per_no
     const auto& keys = kind.deck_keys;
     const bool kept16 = std::find(keys.begin(), keys.end(), "activation_dtype") != keys.end() &&
                         keeps_bf16_activations<Kokkos::DefaultExecutionSpace::memory_space>(m);
-    model_parts.push_back({"activations of a micro-batch of " + std::to_string(c.micro_bs) +
+    // (a preference objective's micro-batch is micro_bs pairs: twice the rows)
+    const int64_t rows = c.objective == "sft" ? c.micro_bs : 2 * c.micro_bs;
+    model_parts.push_back({"activations of a micro-batch of " + std::to_string(rows) +
+                               (c.objective == "sft" ? "" : " rows (pairs)") +
                                (kept16 ? " (kept in bfloat16)" : ""),
-                           kind.activation_bytes(m, c.micro_bs, seq_len)});
+                           kind.activation_bytes(m, rows, seq_len)});
   }
+  if (c.objective == "dpo")  // (the frozen reference's adapters, and their rounding)
+    model_parts.push_back(
+        {"the preference reference's adapters", mul(m.bf16() ? 8 : 4, f.trainable_elements)});
   const int64_t data = file_bytes(c.data_file) + file_bytes(c.eval_file);
   if (data > 0) e.parts.push_back({"data_file and eval_file (read whole)", data});
   // Set-up: every rank quantizes the whole base (FSDP shards it afterwards; DDP broadcasts

@@ -122,7 +122,13 @@ void RunReport::step(int64_t step, double loss, double lr, double norm, bool fin
     if (tokens_ > 0) metrics_ << ", \"tokens\": " << tokens_;
     if (flops_ > 0) metrics_ << ", \"model_flops\": " << flops_;
     if (flops_ > 0 && peak_ > 0) metrics_ << ", \"mfu\": " << flops_ / elapsed / peak_;
-    for (const auto& [name, value] : step_metrics_) metrics_ << ", \"" << name << "\": " << value;
+    for (const auto& [name, value] : step_metrics_) {  // (JSON has no NaN: null)
+      metrics_ << ", \"" << name << "\": ";
+      if (std::isfinite(value))
+        metrics_ << value;
+      else
+        metrics_ << "null";
+    }
     metrics_ << "}\n";
     metrics_.flush();
   }
@@ -135,7 +141,13 @@ void RunReport::eval(int64_t step, double loss,
          << std::setprecision(6) << loss << std::defaultfloat << reward_summary(metrics) << "\n";
   if (metrics_.is_open()) {
     metrics_ << std::setprecision(17) << "{\"step\": " << step + 1 << ", \"eval_loss\": " << loss;
-    for (const auto& [name, value] : metrics) metrics_ << ", \"eval_" << name << "\": " << value;
+    for (const auto& [name, value] : metrics) {
+      metrics_ << ", \"eval_" << name << "\": ";
+      if (std::isfinite(value))
+        metrics_ << value;
+      else
+        metrics_ << "null";
+    }
     metrics_ << "}\n";
   }
 }

@@ -10,6 +10,7 @@
 
 #include "kqlora/build_config.hpp"
 #include "kqlora/core/blas_selection.hpp"
+#include "kqlora/core/build_info.hpp"
 #include "kqlora/core/content_hash.hpp"
 #include "kqlora/core/fma_peak.hpp"
 #include "kqlora/core/gemm_engine.hpp"
@@ -297,8 +298,18 @@ TrainSummary train(const Config& cfg, Communicator& comm, std::ostream& log, boo
       k.add(d.content_hash());
       k.add(base_identity);
       k.add(reference_hash);
+      // (what else makes the numbers: the model's keys -- the adapters' scale among them --
+      // config.json and kqlora's version)
+      k.add(model->config().to_text());
+      k.add(model->config().arch_text);
+      k.add(version());
       const std::string key = k.hex(), path = reference_logps_path(cfg.save_dir, what, key);
-      double found = read_reference_logps(path, key, 2 * d.rows(), out) ? 1 : 0;
+      double found = 0;
+      try {  // (a damaged file is computed again, on every rank alike)
+        found = read_reference_logps(path, key, 2 * d.rows(), out) ? 1 : 0;
+      } catch (const InputError& e) {
+        log << "note: " << e.what() << ": computing the reference again\n";
+      }
       if (comm.size() > 1) comm.wait(comm.allreduce_sum(&found, 1));
       if (found < comm.size()) {  // (every rank computes its share; a sum over the ranks)
         out = b.reference_logps(*model, d, reference, comm.rank(), comm.size());

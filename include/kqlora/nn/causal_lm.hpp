@@ -126,6 +126,9 @@ class CausalLm : public Model<ExecSpace> {
   Kokkos::View<double*, Mem> seq_loss_, seq_prefix_loss_;
   Kokkos::View<int64_t*, Mem> seq_count_, seq_prefix_end_;
   int64_t weighted_rows_ = 0, weighted_len_ = 1;
+  bool weighted_ready_ = false;  // the last forward kept the head's gradient for it
+  Kokkos::View<float*, Mem> row_w_;
+  typename Kokkos::View<float*, Mem>::HostMirror row_w_host_;
   // Gemma 4's per-layer inputs: the table, the model's projection (NF4) and its norm
   const ParamEntry *ple_embed_ = nullptr, *ple_proj_ = nullptr, *ple_norm_ = nullptr;
   std::vector<RopeTable<Mem>> rope_;

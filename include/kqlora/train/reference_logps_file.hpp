@@ -1,7 +1,7 @@
 #pragma once
 // A DPO run's precomputed reference log-probabilities (precompute_ref_log_probs = true;
 // docs/TRAINING.md, "Preference training") kept beside its checkpoints: a side file
-// save_dir/reference_logps_<key>.h5 per data file, key the content hash of the data file's
+// save_dir/reference_logps_<data_file|eval_file>_<key>.h5, key the content hash of the data file's
 // tokens, the base's identity (io/base_hash.hpp) and the starting adapters' hash -- so a
 // restart, or another run on the same data, base and adapters, reads them instead of
 // computing them again. Never written into the data file.
