@@ -213,6 +213,12 @@ struct InitFile {
       std::copy(v.begin(), v.end(), dst);
       return;
     }
+    source->load_f32(stored_of_shape(name, shape), dst);
+  }
+
+  /// The stored name of a tensor of the safetensors source, checked to have `shape`
+  /// (and marked read).
+  std::string stored_of_shape(const std::string& name, const std::vector<int64_t>& shape) {
     used.insert(name);
     const std::string stored = stored_name(name);
     std::vector<int64_t> got;
@@ -221,7 +227,7 @@ struct InitFile {
     KQLORA_INPUT_CHECK(got == shape, path + ": tensor '" + name + "'"
                                          << " has shape " << shape_text(got) << ", expected "
                                          << shape_text(shape));
-    source->load_f32(stored, dst);
+    return stored;
   }
 
   /// `count` values from element `first` of a tensor (row-major) of a safetensors source,
@@ -229,15 +235,7 @@ struct InitFile {
   void floats_range_into(const std::string& name, const std::vector<int64_t>& shape, int64_t first,
                          int64_t count, float* dst) {
     KQLORA_CHECK(source, "floats_range_into: " << path << " is not a safetensors source");
-    used.insert(name);
-    const std::string stored = stored_name(name);
-    std::vector<int64_t> got;
-    for (const auto& e : source->entries())
-      if (e.name == stored) got = e.shape;
-    KQLORA_INPUT_CHECK(got == shape, path + ": tensor '" + name + "'"
-                                         << " has shape " << shape_text(got) << ", expected "
-                                         << shape_text(shape));
-    source->load_f32_range(stored, first, count, dst);
+    source->load_f32_range(stored_of_shape(name, shape), first, count, dst);
   }
 
   /// The tensors of an alternative place (MXFP4: its blocks and scales).

@@ -18,6 +18,18 @@ namespace kqlora {
 
 namespace {
 
+/// `, "<prefix>name": value` for each (JSON has no NaN: null).
+void write_metrics(std::ostream& os, const std::vector<std::pair<std::string, double>>& metrics,
+                   const char* prefix) {
+  for (const auto& [name, value] : metrics) {
+    os << ", \"" << prefix << name << "\": ";
+    if (std::isfinite(value))
+      os << value;
+    else
+      os << "null";
+  }
+}
+
 /// "  accuracy A  margin M" for the log line, from a preference objective's metrics.
 std::string reward_summary(const std::vector<std::pair<std::string, double>>& metrics) {
   std::ostringstream s;
@@ -122,13 +134,7 @@ void RunReport::step(int64_t step, double loss, double lr, double norm, bool fin
     if (tokens_ > 0) metrics_ << ", \"tokens\": " << tokens_;
     if (flops_ > 0) metrics_ << ", \"model_flops\": " << flops_;
     if (flops_ > 0 && peak_ > 0) metrics_ << ", \"mfu\": " << flops_ / elapsed / peak_;
-    for (const auto& [name, value] : step_metrics_) {  // (JSON has no NaN: null)
-      metrics_ << ", \"" << name << "\": ";
-      if (std::isfinite(value))
-        metrics_ << value;
-      else
-        metrics_ << "null";
-    }
+    write_metrics(metrics_, step_metrics_, "");
     metrics_ << "}\n";
     metrics_.flush();
   }
@@ -141,13 +147,7 @@ void RunReport::eval(int64_t step, double loss,
          << std::setprecision(6) << loss << std::defaultfloat << reward_summary(metrics) << "\n";
   if (metrics_.is_open()) {
     metrics_ << std::setprecision(17) << "{\"step\": " << step + 1 << ", \"eval_loss\": " << loss;
-    for (const auto& [name, value] : metrics) {
-      metrics_ << ", \"eval_" << name << "\": ";
-      if (std::isfinite(value))
-        metrics_ << value;
-      else
-        metrics_ << "null";
-    }
+    write_metrics(metrics_, metrics, "eval_");
     metrics_ << "}\n";
   }
 }
