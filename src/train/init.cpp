@@ -566,7 +566,9 @@ void initialize_model(const ExecSpace& exec, Model<ExecSpace>& model, const std:
     log << "init: " << from_base << " tensors from " << base.path << "\n";
     auto unused = unused_of(base);
     // (what the config says is not read -- a vision tower -- reported once a prefix)
-    for (const auto& [prefix, why] : model.table().skipped_prefixes) {
+    for (const auto& skip : model.table().skipped_prefixes) {
+      // (named, not a structured binding: a lambda captures it, C++20 for those)
+      const std::string &prefix = skip.first, &why = skip.second;
       const auto skipped = std::stable_partition(
           unused.begin(), unused.end(), [&](const auto& n) { return n.rfind(prefix, 0) == 0; });
       const auto count = skipped - unused.begin();
